@@ -1,0 +1,338 @@
+"""Attention: the shape legend, masks, the attention maths and multi-head attention.
+
+What is here:
+  * the one shape legend used by every file of qkv (below);
+  * boolean masks (``True`` = may attend): padding, causal and their combination;
+  * attention as two interchangeable pure functions, the explicit textbook path
+    (:func:`attention_explicit`, which can return the weights A') and the fused path
+    through ``torch.nn.functional.scaled_dot_product_attention`` (:func:`attention_fused`),
+    tested equal to each other;
+  * rotary (RoPE) and ALiBi position maths, since they act inside attention;
+  * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo, serves self- and
+    cross-attention, grouped-query attention, and an explicit KV cache.
+
+What is not here: feed-forward layers, embeddings and norms (``layers.py``), blocks
+(``blocks.py``), anything about a particular model family.
+
+Shape legend (every ``# (...)`` comment in qkv uses these letters):
+    B  batch                      S  source (key/value) length
+    T  target (query) length      D  model width, d_model
+    H  query heads                G  key/value heads (grouped-query; G divides H)
+    K  head width, D // H         F  feed-forward width, d_ff
+    V  vocabulary size
+
+The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
+*row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NORMALIZATIONS = ("softmax", "sigmoid")
+
+# A cache of one attention layer: keys and values of the positions seen so far,
+# each (B, G, S, K). Passed in and returned explicitly; never stored on the module.
+KVCache = tuple[Tensor, Tensor]
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def padding_mask(valid: Tensor) -> Tensor:
+    """Key-padding mask from a per-token validity tensor.
+
+    Shapes:
+        valid: (B, S) bool, True for real tokens.
+        returns: (B, 1, 1, S) bool, broadcastable over heads and queries.
+    """
+    return valid[:, None, None, :]  # (B, 1, 1, S)
+
+
+def causal_mask(t: int, s: int, *, device: torch.device | None = None) -> Tensor:
+    """Causal mask for ``t`` new queries placed at the end of ``s`` keys.
+
+    Query i sits at absolute position ``s - t + i`` and may attend to keys 0..s-t+i.
+    With ``t == s`` this is the usual lower triangle; with a KV cache (``t < s``) it is
+    the bottom rows of it.
+
+    Shapes:
+        returns: (T, S) bool.
+    """
+    q_pos = torch.arange(s - t, s, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
+    return k_pos <= q_pos  # (T, S)
+
+
+# ------------------------------------------------------------- position maths
+
+
+def rope_rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding (Su et al., 2021, "RoFormer", eq. 34), rotate-half layout.
+
+    Pairs (x[i], x[i + K/2]) are rotated by angle pos * base^(-2i/K), so that the score
+    q·k depends on positions only through their difference.
+
+    Shapes:
+        x: (B, H, T, K); positions: (B, T) or (T,) integer positions.
+        returns: (B, H, T, K).
+    """
+    k = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, k, 2, device=x.device, dtype=torch.float32) / k)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, K/2)
+    if angles.dim() == 2:
+        angles = angles[None]  # (1, T, K/2)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None].to(x.dtype)  # (B, 1, T, K)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None].to(x.dtype)  # (B, 1, T, K)
+    x1, x2 = x[..., : k // 2], x[..., k // 2 :]  # (B, H, T, K/2)
+    rotated = torch.cat([-x2, x1], dim=-1)  # (B, H, T, K)
+    return x * cos + rotated * sin
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Per-head ALiBi slopes (Press et al., 2022, "Train Short, Test Long", section 3).
+
+    For H a power of two the slopes are 2^(-8/H), 2^(-16/H), ...; otherwise the paper's
+    rule: the slopes of the next lower power of two, then every other slope of the next
+    higher one.
+
+    Shapes:
+        returns: (H,) float32.
+    """
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    lower = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * lower)[0::2][: n_heads - lower]
+    return torch.tensor(power_of_two(lower) + extra)
+
+
+def alibi_bias(slopes: Tensor, t: int, s: int, *, causal: bool) -> Tensor:
+    """Linear distance penalty added to attention scores (ALiBi).
+
+    Query i sits at position ``s - t + i``. A causal model sees only keys behind it, so the
+    penalty is slope * (j - i) <= 0; a bidirectional encoder uses -slope * |i - j|.
+
+    Shapes:
+        slopes: (H,); returns (1, H, T, S) float.
+    """
+    q_pos = torch.arange(s - t, s, device=slopes.device)[:, None]  # (T, 1)
+    k_pos = torch.arange(s, device=slopes.device)[None, :]  # (1, S)
+    distance = (k_pos - q_pos).float()  # (T, S)
+    if not causal:
+        distance = -distance.abs()
+    return slopes[None, :, None, None] * distance[None, None]  # (1, H, T, S)
+
+
+# -------------------------------------------------------------- attention maths
+
+
+def attention_explicit(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    normalization: str = "softmax",
+    dropout: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, one textbook step per line.
+
+    A = Q·Kᵀ / √K (Vaswani et al., 2017, eq. 1), plus an optional additive bias (ALiBi);
+    positions the mask forbids are removed; A' = normalize(A); O = A'·V.
+
+    ``normalization="softmax"`` normalizes each query row to sum to one. ``"sigmoid"``
+    applies an elementwise sigmoid to A + b with b = -log(n) (Ramapuram et al., 2024,
+    "Theory, Analysis, and Best Practices for Sigmoid Self-Attention", section 3.2), where
+    n is the number of keys the row may attend to: this equals the paper's sequence length
+    when nothing is masked, and keeps padded batches and KV-cached decoding equal to
+    unpadded, uncached runs.
+
+    A query row with no key to attend to (a fully padded row) gets all-zero weights and a
+    zero output, never NaN, forward or backward.
+
+    Shapes:
+        q: (B, H, T, K); k, v: (B, H, S, K).
+        mask: bool, broadcastable to (B, H, T, S); True = may attend.
+        bias: float, broadcastable to (B, H, T, S).
+        returns: output (B, H, T, K) and weights A' (B, H, T, S).
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if normalization == "softmax":
+        if mask is not None:
+            # A finite fill, not -inf: a row that is masked everywhere then stays finite
+            # (uniform), and is zeroed below instead of becoming NaN.
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    else:
+        if mask is None:
+            n_keys = torch.full(scores.shape[:-1], scores.shape[-1], device=q.device)
+        else:
+            n_keys = mask.expand(scores.shape).sum(-1)  # (B, H, T)
+        b = -torch.log(n_keys.clamp(min=1).to(scores.dtype))[..., None]  # (B, H, T, 1)
+        weights = torch.sigmoid(scores + b)  # (B, H, T, S)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    if dropout > 0.0:
+        weights = F.dropout(weights, p=dropout)
+    return weights @ v, weights  # (B, H, T, K), (B, H, T, S)
+
+
+def attention_fused(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout: float = 0.0,
+) -> Tensor:
+    """Softmax attention through PyTorch's fused kernel; equal to :func:`attention_explicit`.
+
+    Fully masked query rows are given one harmless key inside the kernel (so it cannot
+    produce NaN) and their output is zeroed afterwards, as the explicit path does.
+
+    Shapes:
+        q: (B, H, T, K); k, v: (B, H, S, K); mask, bias as in :func:`attention_explicit`.
+        returns: (B, H, T, K).
+    """
+    attn_mask: Tensor | None = None
+    row_valid: Tensor | None = None
+    if mask is not None:
+        row_valid = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
+        mask = mask | ~row_valid  # every row keeps at least one key
+        attn_mask = mask
+    if bias is not None:
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    if row_valid is not None and not bool(row_valid.all()):
+        out = out * row_valid  # (B, H, T, K)
+    return out
+
+
+# --------------------------------------------------------- multi-head attention
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: per-head projections, attention, concatenation, Wᴼ.
+
+    One module for self-attention (``context`` is None: keys and values come from ``x``)
+    and cross-attention (keys and values from ``context``, the encoder output). With
+    ``n_kv_heads < n_heads`` it is grouped-query attention (Ainslie et al., 2023): each
+    key/value head serves ``n_heads // n_kv_heads`` query heads.
+
+    The fused kernel is used unless the weights are requested or the normalization is
+    sigmoid (the fused kernel only knows softmax).
+
+    Args:
+        d_model: model width D.
+        n_heads: query heads H; D must divide by H.
+        n_kv_heads: key/value heads G (default H); H must divide by G.
+        normalization: "softmax" or "sigmoid".
+        dropout: dropout on the attention weights during training.
+        bias: whether the four projections have biases.
+        rope: rotate queries and keys by their positions (self-attention only).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        normalization: str = "softmax",
+        dropout: float = 0.0,
+        bias: bool = True,
+        rope: bool = False,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"attention must be one of {NORMALIZATIONS}, got {normalization!r}")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.normalization, self.dropout, self.rope = normalization, dropout, rope
+        self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
+        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, H, T, K)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        bias: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, KVCache, Tensor | None]:
+        """Attend from ``x`` to itself (plus the cache) or to ``context``.
+
+        For self-attention, ``cache`` holds the keys/values of earlier positions and the
+        returned cache appends this call's. For cross-attention, a given ``cache`` holds
+        the keys/values of ``context`` computed by an earlier call and is reused as is, so
+        the encoder output is projected once per generated sequence.
+
+        Shapes:
+            x: (B, T, D); context: (B, S, D).
+            mask: bool, broadcastable to (B, H, T, S) where S counts cached keys too.
+            bias: float, broadcastable to (B, H, T, S) (ALiBi).
+            positions: (B, T) or (T,) positions of x, used by RoPE.
+            cache: two (B, G, S_past, K) tensors.
+            returns: output (B, T, D), new cache (two (B, G, S, K)), and the weights
+            (B, H, T, S) when ``need_weights`` (else None).
+        """
+        q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
+        if context is not None and cache is not None:
+            k, v = cache  # (B, G, S, K) each: cross-attention keys computed earlier
+        else:
+            source = x if context is None else context
+            k = self._split(self.w_k(source), self.n_kv_heads)  # (B, G, S_new, K)
+            v = self._split(self.w_v(source), self.n_kv_heads)  # (B, G, S_new, K)
+            if self.rope and context is None:
+                assert positions is not None, "RoPE needs the positions of x"
+                k = rope_rotate(k, positions)
+            if context is None and cache is not None:
+                k = torch.cat([cache[0], k], dim=2)  # (B, G, S, K)
+                v = torch.cat([cache[1], v], dim=2)  # (B, G, S, K)
+        if self.rope and context is None:
+            q = rope_rotate(q, positions)
+        new_cache = (k, v)
+        if self.n_kv_heads != self.n_heads:
+            repeat = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
+            v = v.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
+        dropout = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights or self.normalization != "softmax":
+            out, weights = attention_explicit(
+                q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout
+            )  # (B, H, T, K), (B, H, T, S)
+        else:
+            out = attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout)  # (B, H, T, K)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*K)
+        return self.w_o(out), new_cache, (weights if need_weights else None)  # (B, T, D)

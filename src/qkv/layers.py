@@ -1,0 +1,122 @@
+"""Position-wise layers: feed-forward networks, norms, token embeddings and absolute positions.
+
+What is here: :class:`FeedForward` (ReLU, GELU, SwiGLU), :func:`make_norm` (LayerNorm or
+RMSNorm), :func:`sinusoidal_encoding` and :class:`InputEmbedding`, which turns token ids
+into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
+information, dropout).
+
+What is not here: relative position schemes that act inside attention (RoPE, ALiBi live in
+``attention.py``), blocks (``blocks.py``). Shapes use the legend of ``attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = ("relu", "gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network, FFN(x) = W2·act(W1·x) (Vaswani et al., eq. 2).
+
+    ``activation="swiglu"`` is the gated form W2·(silu(W1·x) ⊙ W3·x) (Shazeer, 2020,
+    "GLU Variants Improve Transformer", eq. 6).
+
+    Shapes:
+        x: (B, T, D); returns (B, T, D); the hidden layer is (B, T, F).
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.activation = activation
+        self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.w_1(x)  # (B, T, F)
+        if self.w_3 is not None:
+            h = F.silu(h) * self.w_3(x)  # (B, T, F)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.relu(h)
+        return self.w_2(h)  # (B, T, D)
+
+
+def make_norm(kind: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
+    """LayerNorm (Ba et al., 2016) or RMSNorm (Zhang & Sennrich, 2019) over the last axis."""
+    if kind == "layernorm":
+        return nn.LayerNorm(d_model, eps=eps)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(d_model, eps=eps)
+    raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
+
+
+def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:
+    """Sinusoidal positional encoding (Vaswani et al., 2017, section 3.5).
+
+    PE(pos, 2i) = sin(pos / 10000^(2i/D)) and PE(pos, 2i+1) = cos(pos / 10000^(2i/D)),
+    computed from the positions themselves, so any length works.
+
+    Shapes:
+        positions: (B, T) or (T,) integers; returns (B, T, D) or (T, D) float32.
+    """
+    i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)
+    angles = positions.to(torch.float32)[..., None] * torch.exp(-math.log(10000.0) * i / d_model)
+    pe = torch.zeros(*positions.shape, d_model, device=positions.device)  # (B, T, D)
+    pe[..., 0::2] = torch.sin(angles)
+    pe[..., 1::2] = torch.cos(angles[..., : d_model // 2])
+    return pe
+
+
+class InputEmbedding(nn.Module):
+    """Token ids to input vectors: embedding, √D scaling, absolute positions, dropout.
+
+    ``positions`` in ``("rope", "alibi", "none")`` add nothing here (RoPE and ALiBi act
+    inside attention). ``"learned"`` needs ``max_len``; ``"sinusoidal"`` works at any
+    length. Scaling by √D follows Vaswani et al., section 3.4.
+
+    Shapes:
+        tokens: (B, T) integers; positions: (B, T) or (T,); returns (B, T, D).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        positions: str = "sinusoidal",
+        max_len: int = 512,
+        scale: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+        self.token = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.token.weight, std=d_model**-0.5 if scale else 0.02)
+        self.position = nn.Embedding(max_len, d_model) if positions == "learned" else None
+        if self.position is not None:
+            nn.init.normal_(self.position.weight, std=0.02)
+        self.kind, self.max_len = positions, max_len
+        self.scale = math.sqrt(d_model) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        x = self.token(tokens) * self.scale  # (B, T, D)
+        if self.kind == "sinusoidal":
+            x = x + sinusoidal_encoding(positions, x.shape[-1]).to(x.dtype)
+        elif self.position is not None:
+            if int(positions.max()) >= self.max_len:
+                raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}")
+            x = x + self.position(positions)  # (B, T, D)
+        return self.dropout(x)

@@ -1,0 +1,100 @@
+"""The decoder-only Transformer (GPT; Radford et al., 2018): predict the next token.
+
+What is here: :class:`DecoderOnlyConfig` and :class:`DecoderOnly`: token embedding, N
+decoder blocks without cross-attention (masked self-attention + FFN), and an LM head.
+``decode`` takes and returns an explicit KV cache and accepts left-padded batches (a key
+mask plus per-row positions); ``forward`` is the plain training call.
+
+What is not here: losses (``training.py``), sampling and search (``generation.py``).
+Shapes use the legend of ``attention.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, cache_length
+from qkv.layers import InputEmbedding
+
+
+@dataclass(frozen=True)
+class DecoderOnlyConfig(BlockConfig):
+    """A decoder-only model: the per-block settings of :class:`BlockConfig` plus these.
+
+    Attributes:
+        vocab_size: vocabulary size V.
+        n_layers: decoder blocks N.
+        tie_output: the LM head reuses the token embedding (Press & Wolf, 2017).
+        scale_embeddings: multiply embeddings by √D.
+        pad_id, bos_id, eos_id: special token ids, or None where the vocabulary has none.
+    """
+
+    vocab_size: int = 50304
+    n_layers: int = 12
+    tie_output: bool = True
+    scale_embeddings: bool = False
+    pad_id: int | None = None
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value} is outside the vocabulary")
+
+
+class DecoderOnly(nn.Module):
+    """Decoder-only (GPT-style) language model.
+
+    Shapes:
+        tokens: (B, T); forward returns logits (B, T, V): position t predicts token t + 1.
+    """
+
+    def __init__(self, config: DecoderOnlyConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = InputEmbedding(
+            c.vocab_size, c.d_model, positions=c.positions, max_len=c.max_len, scale=c.scale_embeddings, dropout=c.dropout
+        )
+        self.decoder = DecoderStack(c, c.n_layers, cross_attention=False)
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_output:
+            self.output.weight = self.embed.token.weight
+
+    def decode(
+        self,
+        tokens: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: list[BlockCache] | None = None,
+        need_weights: bool = False,
+    ) -> DecoderOutput:
+        """Logits for the next token at every new position, with an explicit KV cache.
+
+        ``key_mask`` marks the real tokens among the cached and new ones (left padding of
+        a batch of prompts is False); ``positions`` are the new tokens' positions (default:
+        continuing the cache from 0). For left-padded rows pass ``cumsum(key_mask) - 1``
+        so every row counts its own positions from its first real token.
+
+        Shapes:
+            tokens: (B, T); key_mask: (B, P + T) bool; positions: (B, T) or (T,).
+            returns logits (B, T, V), the cache, and optionally self-attention weights.
+        """
+        if positions is None:
+            past = cache_length(cache)
+            positions = torch.arange(past, past + tokens.shape[1], device=tokens.device)  # (T,)
+        x = self.embed(tokens, positions)  # (B, T, D)
+        x, cache, weights = self.decoder(
+            x, positions=positions, key_mask=key_mask, cache=cache, need_weights=need_weights
+        )  # (B, T, D)
+        return DecoderOutput(self.output(x), cache, weights)  # (B, T, V)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Training logits for a batch of unpadded blocks. Shapes: (B, T) -> (B, T, V)."""
+        return self.decode(tokens).logits  # (B, T, V)

@@ -1,0 +1,112 @@
+"""The encoder-only Transformer (BERT; Devlin et al., 2019): read a sequence both ways.
+
+What is here: :class:`EncoderOnlyConfig` and :class:`EncoderOnly`: token (+ optional
+token-type) embedding, N encoder blocks, a masked-LM head (dense, GELU, norm, projection to
+the vocabulary) and a sequence-classification head over the pooled first token or the
+mean of the real tokens.
+
+What is not here: the 15% masking recipe and losses (``training.py``). Shapes use the
+legend of ``attention.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from qkv.blocks import BlockConfig, EncoderStack
+from qkv.layers import InputEmbedding, make_norm
+
+POOLINGS = ("first", "mean")
+
+
+@dataclass(frozen=True)
+class EncoderOnlyConfig(BlockConfig):
+    """An encoder-only model: the per-block settings of :class:`BlockConfig` plus these.
+
+    Attributes:
+        vocab_size: vocabulary size V.
+        n_layers: encoder blocks N.
+        n_classes: outputs of the classification head (0: no head).
+        pooling: "first" (the first token, as BERT's [CLS]) or "mean" (of real tokens).
+        type_vocab_size: token types (segments A/B; 0: none).
+        tie_output: the MLM projection reuses the token embedding.
+        scale_embeddings: multiply embeddings by √D.
+        pad_id: padding id.
+    """
+
+    vocab_size: int = 30522
+    n_layers: int = 12
+    n_classes: int = 0
+    pooling: str = "first"
+    type_vocab_size: int = 0
+    tie_output: bool = True
+    scale_embeddings: bool = False
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary")
+
+
+class EncoderOnly(nn.Module):
+    """Encoder-only (BERT-style) model with masked-LM and classification heads.
+
+    Shapes:
+        tokens: (B, S); mask: (B, S) bool, True for real tokens (default tokens != pad);
+        token_types: (B, S) or None. ``encode`` -> (B, S, D); ``forward`` (masked-LM
+        logits) -> (B, S, V); ``classify`` -> (B, n_classes).
+    """
+
+    def __init__(self, config: EncoderOnlyConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = InputEmbedding(
+            c.vocab_size, c.d_model, positions=c.positions, max_len=c.max_len, scale=c.scale_embeddings, dropout=c.dropout
+        )
+        self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        self.encoder = EncoderStack(c, c.n_layers)
+        # Masked-LM head as in BERT: a transform before the (tied) projection.
+        self.mlm_dense = nn.Linear(c.d_model, c.d_model)
+        self.mlm_norm = make_norm(c.norm, c.d_model, eps=c.norm_eps)
+        self.mlm_output = nn.Linear(c.d_model, c.vocab_size)
+        if c.tie_output:
+            self.mlm_output.weight = self.embed.token.weight
+        self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
+        self.dropout = nn.Dropout(c.dropout)
+
+    def encode(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
+        """Last hidden states. Shapes: tokens (B, S) -> (B, S, D)."""
+        if mask is None:
+            mask = tokens != self.config.pad_id  # (B, S)
+        positions = torch.arange(tokens.shape[1], device=tokens.device)  # (S,)
+        x = self.embed(tokens, positions)  # (B, S, D)
+        if self.token_type is not None:
+            types = token_types if token_types is not None else torch.zeros_like(tokens)
+            x = x + self.token_type(types)  # (B, S, D)
+        return self.encoder(x, valid=mask, positions=positions)  # (B, S, D)
+
+    def forward(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
+        """Masked-LM logits at every position. Shapes: (B, S) -> (B, S, V)."""
+        h = self.encode(tokens, mask=mask, token_types=token_types)  # (B, S, D)
+        h = self.mlm_norm(torch.nn.functional.gelu(self.mlm_dense(h)))  # (B, S, D)
+        return self.mlm_output(h)  # (B, S, V)
+
+    def classify(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
+        """Sequence-classification logits. Shapes: (B, S) -> (B, n_classes)."""
+        if self.classifier is None:
+            raise ValueError("this model has no classification head (n_classes=0)")
+        if mask is None:
+            mask = tokens != self.config.pad_id  # (B, S)
+        h = self.encode(tokens, mask=mask, token_types=token_types)  # (B, S, D)
+        if self.config.pooling == "first":
+            pooled = h[:, 0]  # (B, D)
+        else:
+            weights = mask.to(h.dtype)[..., None]  # (B, S, 1)
+            pooled = (h * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+        return self.classifier(self.dropout(pooled))  # (B, n_classes)
