@@ -2,8 +2,9 @@
 
 What is here: :class:`BlockConfig` (the per-block settings every model config inherits),
 :class:`EncoderBlock` (self-attention + FFN), :class:`DecoderBlock` (masked self-attention
-+ optional cross-attention + FFN), and the stacks :class:`EncoderStack` and :class:`DecoderStack`,
-which build masks once and end with the final norm of a pre-norm stack. Each sub-layer is wrapped in a residual connection and a norm, either
++ optional cross-attention + FFN), and the stacks :class:`EncoderStack` and
+:class:`DecoderStack`, which build masks once and end with the final norm of a pre-norm
+stack. Each sub-layer is wrapped in a residual connection and a norm, either
 after the residual (post-norm, Vaswani et al., 2017, section 3.1: LayerNorm(x + Sublayer(x)))
 or before the sub-layer (pre-norm, Xiong et al., 2020: x + Sublayer(LayerNorm(x))).
 

@@ -59,7 +59,12 @@ class DecoderOnly(nn.Module):
         super().__init__()
         self.config = c = config
         self.embed = InputEmbedding(
-            c.vocab_size, c.d_model, positions=c.positions, max_len=c.max_len, scale=c.scale_embeddings, dropout=c.dropout
+            c.vocab_size,
+            c.d_model,
+            positions=c.positions,
+            max_len=c.max_len,
+            scale=c.scale_embeddings,
+            dropout=c.dropout,
         )
         self.decoder = DecoderStack(c, c.n_layers, cross_attention=False)
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)

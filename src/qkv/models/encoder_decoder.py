@@ -13,6 +13,7 @@ and stop at END (``generation.py``). Shapes use the legend of ``attention.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 

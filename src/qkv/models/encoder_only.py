@@ -67,7 +67,12 @@ class EncoderOnly(nn.Module):
         super().__init__()
         self.config = c = config
         self.embed = InputEmbedding(
-            c.vocab_size, c.d_model, positions=c.positions, max_len=c.max_len, scale=c.scale_embeddings, dropout=c.dropout
+            c.vocab_size,
+            c.d_model,
+            positions=c.positions,
+            max_len=c.max_len,
+            scale=c.scale_embeddings,
+            dropout=c.dropout,
         )
         self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.encoder = EncoderStack(c, c.n_layers)

@@ -1,0 +1,194 @@
+"""Model directories: save and load a model as ``config.json`` + ``model.safetensors``.
+
+A model directory holds:
+    config.json         {"qkv_version", "kind", "config": {...}, "files": {name: sha256}, ...}
+    model.safetensors   the weights (tied tensors stored once); never pickle
+    other files         e.g. tokenizer.json, listed with their SHA-256 under "files"
+
+Writes are atomic: everything is written into a temporary sibling directory that then
+replaces the target, so a crash never leaves a half-written model. Loading checks every
+file and tensor against the config and refuses, naming the problem, with a
+:class:`~qkv.errors.UserError`.
+
+What is not here: training state (optimizer, schedule; ``training.py``), tokenizer logic
+(``tokenization.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorsError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from qkv import __version__
+from qkv.errors import UserError
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
+Model = EncoderDecoder | EncoderOnly | DecoderOnly
+
+
+def kind_of(model: nn.Module) -> str:
+    """The kind name stored in ``config.json`` for a model instance."""
+    if isinstance(model, EncoderDecoder):
+        return "encoder_decoder"
+    if isinstance(model, EncoderOnly):
+        return "encoder_only"
+    if isinstance(model, DecoderOnly):
+        return "decoder_only"
+    raise TypeError(f"not a qkv model: {type(model).__name__}")
+
+
+def build_model(kind: str, fields: dict) -> Model:
+    """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError."""
+    if kind == "encoder_decoder":
+        config_class, model_class = EncoderDecoderConfig, EncoderDecoder
+    elif kind == "encoder_only":
+        config_class, model_class = EncoderOnlyConfig, EncoderOnly
+    elif kind == "decoder_only":
+        config_class, model_class = DecoderOnlyConfig, DecoderOnly
+    else:
+        raise UserError(f"unknown model kind {kind!r}; expected one of {', '.join(KINDS)}")
+    known = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UserError(f"unknown {kind} config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    try:
+        config = config_class(**fields)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"bad {kind} config: {e}") from None
+    return model_class(config)
+
+
+def _unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """State dict with each shared tensor (tied embeddings) kept once, under its first name."""
+    seen: set[int] = set()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        state[name] = tensor
+    return state
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_model(
+    model: Model, directory: str | Path, *, files: dict[str, Path] | None = None, extra: dict | None = None
+) -> Path:
+    """Write ``model`` (and copies of ``files``, keyed by their name in the directory) atomically.
+
+    ``extra`` adds JSON fields to config.json (e.g. the task a demo model was trained on).
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
+        save_file(state, tmp / "model.safetensors")
+        hashes = {}
+        for name, source in (files or {}).items():
+            shutil.copyfile(source, tmp / name)
+            hashes[name] = sha256_file(tmp / name)
+        meta = {
+            "qkv_version": __version__,
+            "kind": kind_of(model),
+            "config": dataclasses.asdict(model.config),
+            "files": hashes,
+            **(extra or {}),
+        }
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        for path in tmp.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        old = directory.with_name(f".{directory.name}.old")
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+        os.replace(tmp, directory)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def read_meta(directory: str | Path) -> dict:
+    """Read and check ``config.json`` of a model directory (UserError on any problem)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UserError(f"model directory {directory} does not exist")
+    path = directory / "config.json"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: {directory} is not a qkv model directory")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+    for key in ("kind", "config"):
+        if key not in meta:
+            raise UserError(f"{path} has no {key!r} field")
+    for name, digest in meta.get("files", {}).items():
+        file = directory / name
+        if not file.is_file():
+            raise UserError(f"{file} is missing (listed in {path})")
+        if sha256_file(file) != digest:
+            raise UserError(f"{file} does not match the SHA-256 recorded in {path}; it was changed or replaced")
+    return meta
+
+
+def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model, dict]:
+    """Load a model directory; returns the model (in eval mode) and its config.json contents.
+
+    ``kind`` refuses a model of another kind. Nothing is unpickled: weights come from
+    safetensors and are checked name by name and shape by shape against the config.
+    """
+    directory = Path(directory)
+    meta = read_meta(directory)
+    if kind is not None and meta["kind"] != kind:
+        raise UserError(f"{directory} holds a {meta['kind']} model; this needs a {kind} model")
+    model = build_model(meta["kind"], meta["config"])
+    weights = directory / "model.safetensors"
+    if not weights.is_file():
+        raise UserError(f"{weights} is missing")
+    try:
+        tensors = load_file(weights)
+    except (SafetensorsError, OSError) as e:
+        raise UserError(f"{weights} cannot be read as safetensors: {e}") from None
+    expected = _unique_state(model)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = [
+            f"missing {', '.join(missing[:5])}" if missing else "",
+            f"unexpected {', '.join(unexpected[:5])}" if unexpected else "",
+        ]
+        raise UserError(f"{weights} does not match its config: {'; '.join(p for p in parts if p)}")
+    for name, target in expected.items():
+        if tensors[name].shape != target.shape:
+            raise UserError(
+                f"{weights}: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                f"the config needs {tuple(target.shape)}"
+            )
+    with torch.no_grad():
+        for name, target in expected.items():
+            target.copy_(tensors[name])
+    return model.eval(), meta

@@ -1,0 +1,287 @@
+"""Model-agnostic decoding: greedy, sampling and beam search, with an explicit KV cache.
+
+What is here: :func:`greedy`, :func:`sample` and :func:`stream` (one token per step for
+every row), :func:`beam_search` (batched, length penalty, finished hypotheses kept aside,
+n-best). Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are
+source sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
+once from the encoder output) and a :class:`~qkv.models.decoder_only.DecoderOnly` (inputs
+are prompts, left-padded into one batch). The cache lives in a small state that is passed
+in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never keep it.
+
+Inputs and outputs are lists of token-id lists; outputs hold the new tokens only, without
+BEGIN and END.
+
+What is not here: tokenization, batching by tokens (callers), models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from qkv.models.decoder_only import DecoderOnly
+from qkv.models.encoder_decoder import EncoderDecoder
+
+Model = EncoderDecoder | DecoderOnly
+
+
+class Hypothesis(NamedTuple):
+    """A finished beam: its tokens and its length-normalized log-probability."""
+
+    tokens: list[int]
+    score: float
+
+
+@dataclass(frozen=True)
+class _State:
+    """Everything a decoding step needs besides the new tokens; rows are hypotheses (N)."""
+
+    cache: list
+    memory: Tensor | None = None  # (N, S, D), encoder-decoder only
+    src_mask: Tensor | None = None  # (N, S)
+    key_mask: Tensor | None = None  # (N, P), decoder-only: real tokens so far
+    next_position: Tensor | None = None  # (N,), decoder-only: position of the next token
+
+
+def _pad(rows: list[list[int]], value: int, *, left: bool, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Pad token lists into a (B, L) tensor and its (B, L) validity mask."""
+    length = max(1, max(len(r) for r in rows))
+    tokens = torch.full((len(rows), length), value, dtype=torch.long, device=device)
+    valid = torch.zeros((len(rows), length), dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):
+        if r:
+            span = slice(length - len(r), length) if left else slice(0, len(r))
+            tokens[i, span] = torch.tensor(r, dtype=torch.long, device=device)
+            valid[i, span] = True
+    return tokens, valid
+
+
+def _start(model: Model, inputs: list[list[int]]) -> tuple[Tensor, _State]:
+    """Read the inputs; return the logits of the first new token (B, V) and the state."""
+    device = next(model.parameters()).device
+    c = model.config
+    if isinstance(model, EncoderDecoder):
+        src, src_mask = _pad(inputs, c.pad_id, left=False, device=device)  # (B, S)
+        memory = model.encode(src, src_mask=src_mask)  # (B, S, D)
+        bos = torch.full((len(inputs), 1), c.bos_id, dtype=torch.long, device=device)  # (B, 1)
+        out = model.decode(bos, memory, src_mask=src_mask)
+        return out.logits[:, -1], _State(out.cache, memory=memory, src_mask=src_mask)  # (B, V)
+    if not all(inputs):
+        if c.bos_id is None:
+            raise ValueError("an empty prompt needs a model with a bos_id")
+        inputs = [r or [c.bos_id] for r in inputs]
+    prompt, valid = _pad(inputs, c.pad_id or 0, left=True, device=device)  # (B, P)
+    positions = (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, P): each row counts from its first token
+    out = model.decode(prompt, key_mask=valid, positions=positions)
+    state = _State(out.cache, key_mask=valid, next_position=valid.sum(1))
+    return out.logits[:, -1], state  # (B, V)
+
+
+def _advance(model: Model, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
+    """Feed one new token per row (N,); return the next logits (N, V) and the new state."""
+    if isinstance(model, EncoderDecoder):
+        out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
+        return out.logits[:, -1], replace(state, cache=out.cache)
+    key_mask = torch.cat([state.key_mask, torch.ones_like(tokens[:, None], dtype=torch.bool)], dim=1)  # (N, P+1)
+    out = model.decode(tokens[:, None], key_mask=key_mask, positions=state.next_position[:, None], cache=state.cache)
+    return out.logits[:, -1], replace(state, cache=out.cache, key_mask=key_mask, next_position=state.next_position + 1)
+
+
+def _map(obj, fn: Callable[[Tensor], Tensor]):
+    """Apply ``fn`` to every tensor in nested lists/tuples (the cache)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map(o, fn) for o in obj)
+    return obj
+
+
+def _select(state: _State, rows: Tensor) -> _State:
+    """Keep, repeat or reorder hypotheses: row i of the result is row ``rows[i]``."""
+    pick = lambda t: t.index_select(0, rows)  # noqa: E731
+    return _State(
+        _map(state.cache, pick),
+        memory=_map(state.memory, pick),
+        src_mask=_map(state.src_mask, pick),
+        key_mask=_map(state.key_mask, pick),
+        next_position=_map(state.next_position, pick),
+    )
+
+
+def _eos(model: Model) -> int | None:
+    return model.config.eos_id
+
+
+@torch.no_grad()
+def stream(
+    model: Model, inputs: list[list[int]], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
+) -> Iterator[Tensor]:
+    """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
+
+    Rows that produced END keep yielding END; the loop ends when all have, or after
+    ``max_new_tokens`` steps.
+    """
+    eos = _eos(model)
+    logits, state = _start(model, inputs)  # (B, V)
+    finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
+    for step in range(max_new_tokens):
+        tokens = choose(logits)  # (B,)
+        if eos is not None:
+            tokens = tokens.masked_fill(finished, eos)
+            finished = finished | (tokens == eos)
+        yield tokens
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            return
+        logits, state = _advance(model, state, tokens)
+
+
+def _collect(model: Model, steps: Iterator[Tensor], n: int) -> list[list[int]]:
+    eos = _eos(model)
+    out: list[list[int]] = [[] for _ in range(n)]
+    done = [False] * n
+    for tokens in steps:
+        for i, t in enumerate(tokens.tolist()):
+            if done[i] or t == eos:
+                done[i] = True
+                continue
+            out[i].append(t)
+    return out
+
+
+def greedy(model: Model, inputs: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+    """Pick the most likely token at every step."""
+    steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=lambda logits: logits.argmax(-1))
+    return _collect(model, steps, len(inputs))
+
+
+def filter_logits(
+    logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> Tensor:
+    """Temperature, then top-k, then nucleus (top-p; Holtzman et al., 2020) filtering.
+
+    Removed tokens get -inf. Top-p keeps the smallest set of most likely tokens whose
+    probability reaches ``top_p`` (always at least one). Shapes: (N, V) -> (N, V).
+    """
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0 (use greedy for temperature 0)")
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # probability of the strictly more likely tokens
+        drop_sorted = before >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample(
+    model: Model,
+    inputs: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> list[list[int]]:
+    """Sample each token from the filtered distribution; a ``seed`` makes it reproducible."""
+    generator = torch.Generator(device=next(model.parameters()).device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    else:
+        generator.seed()
+
+    def choose(logits: Tensor) -> Tensor:
+        probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+
+    return _collect(model, stream(model, inputs, max_new_tokens=max_new_tokens, choose=choose), len(inputs))
+
+
+@torch.no_grad()
+def beam_search(
+    model: Model,
+    inputs: list[list[int]],
+    *,
+    beam_size: int,
+    max_new_tokens: int,
+    length_penalty: float = 1.0,
+    nbest: int = 1,
+) -> list[list[Hypothesis]]:
+    """Batched beam search; returns the ``nbest`` best hypotheses of every input, best first.
+
+    Each step scores all W·V extensions of the W live beams of an input and takes the best
+    2W: an extension ending in END (among the top W) becomes a finished hypothesis, set
+    aside with score log p / length^length_penalty (length counts END); the best W others
+    live on. An input is done when W hypotheses have finished (as fairseq does); beams
+    still alive after ``max_new_tokens`` steps finish there. With ``beam_size=1`` this is
+    exactly greedy search.
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    eos = _eos(model)
+    b, w = len(inputs), beam_size
+    logits, state = _start(model, inputs)  # (B, V)
+    device = logits.device
+    rows = torch.arange(b, device=device).repeat_interleave(w)  # (B*W,)
+    state, logits = _select(state, rows), logits.index_select(0, rows)  # (B*W, V)
+    scores = torch.full((b, w), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
+    history = torch.zeros((b * w, 0), dtype=torch.long, device=device)  # (B*W, L)
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    done = [False] * b
+    for step in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (B*W, V)
+        v = logp.shape[-1]
+        candidates = (scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
+        top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
+        top_rows = (top_index // v + torch.arange(b, device=device)[:, None] * w).tolist()
+        top_tokens, top_scores_list = (top_index % v).tolist(), top_scores.tolist()
+        length_norm = (step + 1) ** length_penalty
+        keep_rows, keep_tokens, keep_scores = [], [], []
+        for i in range(b):
+            kept = []
+            if not done[i]:
+                for j, (row, token, score) in enumerate(
+                    zip(top_rows[i], top_tokens[i], top_scores_list[i], strict=True)
+                ):
+                    if score == float("-inf") or len(kept) == w:
+                        break
+                    if token == eos:
+                        if j < w:
+                            finished[i].append(Hypothesis(history[row].tolist(), score / length_norm))
+                    else:
+                        kept.append((row, token, score))
+                done[i] = len(finished[i]) >= w
+            if done[i] or not kept:
+                done[i] = True
+                kept = [(i * w, eos if eos is not None else 0, float("-inf"))] * w
+            kept += [(*kept[-1][:2], float("-inf"))] * (w - len(kept))
+            for row, token, score in kept:
+                keep_rows.append(row)
+                keep_tokens.append(token)
+                keep_scores.append(score)
+        if all(done):
+            break
+        rows = torch.tensor(keep_rows, device=device)
+        tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
+        history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
+        scores = torch.tensor(keep_scores, device=device).view(b, w)
+        if step == max_new_tokens - 1:
+            break
+        logits, state = _advance(model, _select(state, rows), tokens)
+    for i in range(b):
+        if not done[i]:
+            length_norm = history.shape[1] ** length_penalty
+            for j in range(w):
+                if scores[i, j] > float("-inf"):
+                    finished[i].append(Hypothesis(history[i * w + j].tolist(), scores[i, j].item() / length_norm))
+    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
