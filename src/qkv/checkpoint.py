@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorsError
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -171,7 +171,7 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
         raise UserError(f"{weights} is missing")
     try:
         tensors = load_file(weights)
-    except (SafetensorsError, OSError) as e:
+    except (SafetensorError, OSError) as e:
         raise UserError(f"{weights} cannot be read as safetensors: {e}") from None
     expected = _unique_state(model)
     missing = sorted(set(expected) - set(tensors))

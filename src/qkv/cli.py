@@ -1,0 +1,378 @@
+"""The ``qkv`` command line: demo, train, generate, evaluate. The composition root.
+
+Every user mistake (missing file, bad option value, a model of the wrong kind) ends in one
+line on stderr and exit status 2; success exits 0. Progress bars go to stderr, results to
+stdout, so commands compose in pipes.
+
+What is not here: any model, training or decoding logic (the modules this file wires).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from qkv import __version__
+from qkv.errors import UserError
+
+EPILOG_DEMO = """example:
+  qkv demo --out qkv-demo          # ~2 minutes on 2 CPU cores
+  qkv generate --model qkv-demo/model <<< "4,317"
+"""
+EPILOG_TRAIN = """example:
+  qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=3000 --set model.d_model=96
+"""
+EPILOG_GENERATE = """examples:
+  echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
+  qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
+"""
+EPILOG_EVALUATE = """examples:
+  qkv evaluate --hyp out.txt --ref ref.txt --json
+  qkv evaluate --model qkv-demo/model --examples 500
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit status 2), not a usage dump."""
+
+    def error(self, message: str) -> None:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _read_lines(path: str | None) -> list[str]:
+    if path is None or path == "-":
+        return [line.rstrip("\n") for line in sys.stdin]
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"input file {p} does not exist")
+    lines = []
+    with open(p, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as e:
+                raise UserError(f"{p}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    return lines
+
+
+class _Output:
+    """Lines to stdout, or to a file that appears atomically once all lines are written."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = None if path in (None, "-") else Path(path)
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        if self.path is None:
+            print(line, flush=True)
+        else:
+            self.lines.append(line)
+
+    def close(self) -> None:
+        if self.path is not None:
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in self.lines), encoding="utf-8")
+            tmp.replace(self.path)
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+# ------------------------------------------------------------------- commands
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from qkv.plots import attention_heatmap, loss_curve
+    from qkv.recipes import cross_attention, load_recipe, train_numbers
+
+    overrides = [f"train.seed={args.seed}"]
+    if args.seconds is not None:
+        overrides.append(f"train.seconds={args.seconds}")
+    if args.steps is not None:
+        overrides.append(f"train.steps={args.steps}")
+    recipe = load_recipe(None, overrides)
+    out = Path(args.out)
+    print(
+        f"qkv demo: training an encoder-decoder Transformer to write numbers as English words "
+        f"({recipe['train']['steps']} steps, seed {args.seed})",
+        file=sys.stderr,
+    )
+    summary = train_numbers(recipe, out / "model", progress=not args.quiet)
+    model, tokenizer = summary["model"], summary["tokenizer"]
+    held_out, outputs = summary["held_out"], summary["outputs"]
+
+    print(f"\nheld-out examples (never seen in training), beam search width {recipe['data']['beam_size']}:")
+    for (source, reference), output in list(zip(held_out, outputs, strict=True))[:8]:
+        mark = "ok " if output == reference else "ERR"
+        print(f"  {mark} {source:>9} -> {output}")
+    wrong = [(s, r, o) for (s, r), o in zip(held_out, outputs, strict=True) if o != r]
+    for source, reference, output in wrong[:3]:
+        print(f"  wrong: {source} -> {output!r} (expected {reference!r})")
+
+    # The picture: the longest held-out example, its source tokens against its output tokens.
+    source, _ = max(held_out, key=lambda pair: len(pair[1].split()))
+    src_ids = tokenizer.encode(source)
+    out_ids = tokenizer.encode(outputs[held_out.index((source, _))])
+    weights = cross_attention(model, src_ids, out_ids)  # (H, T, S)
+    png = attention_heatmap(
+        weights.numpy(),
+        [tokenizer.id_to_token(i) for i in src_ids],
+        [tokenizer.id_to_token(i) for i in [tokenizer.bos_id, *out_ids]],
+        out / "cross_attention.png",
+        title=f"cross-attention, last decoder layer: {source!r} (row t: reading this token, predicting the next)",
+    )
+    loss_png = loss_curve(summary["losses"], out / "loss.png", title="qkv demo: training loss")
+    print(
+        f"\nexact match {summary['exact_match']:.1%} on {len(held_out)} held-out numbers | "
+        f"trained {summary['steps']} steps in {summary['train_seconds']:.0f}s "
+        f"({summary['tokens_per_second']:.0f} target tokens/s) | model {out / 'model'} | "
+        f"pictures {png}, {loss_png}",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "task": "numbers",
+                "exact_match": round(summary["exact_match"], 4),
+                "train_seconds": round(summary["train_seconds"], 1),
+                "attention_png": str(png),
+                "model": str(out / "model"),
+                "steps": summary["steps"],
+                "held_out_examples": len(held_out),
+            }
+        )
+    )
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from qkv.plots import loss_curve
+    from qkv.recipes import load_recipe, train_numbers
+
+    recipe = load_recipe(args.recipe, args.set)
+    out = Path(args.out)
+    summary = train_numbers(recipe, out, progress=not args.quiet)
+    loss_curve(summary["losses"], out.with_name(out.name + ".loss.png"), title=f"training loss: {args.recipe}")
+    result = {
+        "task": recipe["task"],
+        "model": str(out),
+        "steps": summary["steps"],
+        "train_seconds": round(summary["train_seconds"], 1),
+        "final_loss": round(summary["final_loss"], 4),
+        "exact_match": round(summary["exact_match"], 4),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"trained {result['steps']} steps in {result['train_seconds']}s, final loss {result['final_loss']}, "
+            f"held-out exact match {result['exact_match']:.1%}; model saved to {out}"
+        )
+    return 0
+
+
+def _load_for_generation(path: str):
+    from qkv.checkpoint import load_model
+    from qkv.tokenization import FILE, Tokenizer
+
+    model, meta = load_model(path)
+    if meta["kind"] == "encoder_only":
+        raise UserError(f"{path} holds an encoder_only model, which does not generate text")
+    if FILE not in meta.get("files", {}):
+        raise UserError(f"{path} has no {FILE}; generate needs a model saved with its tokenizer")
+    return model, Tokenizer.load(Path(path) / FILE)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from qkv.generation import beam_search, greedy, sample
+
+    model, tokenizer = _load_for_generation(args.model)
+    lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
+    if args.nbest > args.beam:
+        raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
+    out = _Output(args.output)
+    for chunk in _chunks(lines, args.batch_size):
+        # Empty lines give empty outputs and keep their place.
+        todo = [i for i, line in enumerate(chunk) if line.strip()]
+        inputs = tokenizer.encode_batch([chunk[i] for i in todo])
+        results: dict[int, list[str]] = {i: [""] for i in range(len(chunk))}
+        if inputs:
+            if args.sample:
+                outs = sample(
+                    model,
+                    inputs,
+                    max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature,
+                    top_k=args.top_k,
+                    top_p=args.top_p,
+                    seed=args.seed,
+                )
+                texts = [[tokenizer.decode(o)] for o in outs]
+            elif args.beam > 1:
+                hyps = beam_search(
+                    model, inputs, beam_size=args.beam, max_new_tokens=args.max_new_tokens, nbest=args.nbest
+                )
+                texts = [
+                    [tokenizer.decode(h.tokens) + (f"\t{h.score:.4f}" if args.nbest > 1 else "") for h in hs]
+                    for hs in hyps
+                ]
+            else:
+                texts = [[tokenizer.decode(o)] for o in greedy(model, inputs, max_new_tokens=args.max_new_tokens)]
+            for i, text in zip(todo, texts, strict=True):
+                results[i] = text
+        for i in range(len(chunk)):
+            for text in results[i]:
+                out.write(text)
+    out.close()
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        from qkv.recipes import evaluate_numbers
+        from qkv.tasks import numbers_pairs
+
+        model, tokenizer = _load_for_generation(args.model)
+        pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
+        start = time.perf_counter()
+        score, _ = evaluate_numbers(model, tokenizer, pairs, beam_size=args.beam)
+        result = {
+            "task": "numbers",
+            "exact_match": round(score, 4),
+            "examples": len(pairs),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    else:
+        from qkv.evaluation import corpus_scores
+
+        if args.hyp is None or args.ref is None:
+            raise UserError("give --hyp FILE and --ref FILE (or --model DIR for the numbers task)")
+        hyps, refs = _read_lines(args.hyp), _read_lines(args.ref)
+        if len(hyps) != len(refs):
+            raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
+        result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("  ".join(f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+# --------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="qkv",
+        description="qkv: the Transformer, whole. Train, run and score encoder-decoder, encoder-only "
+        "and decoder-only models.",
+        epilog="run `qkv COMMAND --help` for each command's options and an example",
+    )
+    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    raw = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser(
+        "demo",
+        help="train the built-in numbers->words task and show what the model learned",
+        description="Train a small encoder-decoder from scratch on the built-in task (numbers written with "
+        "digits -> English words), offline; report exact match on held-out numbers, show beam-search outputs, "
+        "draw the cross-attention, save the model. Ends with one JSON line on stdout.",
+        epilog=EPILOG_DEMO,
+        formatter_class=raw,
+    )
+    p.add_argument("--out", default="qkv-demo", help="output directory (default: qkv-demo)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument("--steps", type=_positive_int, default=None, help="training steps (default: the recipe's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_demo)
+
+    p = sub.add_parser(
+        "train",
+        help="train a model from a recipe (YAML)",
+        description="Train from a recipe: task, model config and training settings in YAML; any key can be "
+        "overridden with --set section.key=value.",
+        epilog=EPILOG_TRAIN,
+        formatter_class=raw,
+    )
+    p.add_argument("recipe", help="recipe YAML file, e.g. recipes/numbers.yaml")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser(
+        "generate",
+        help="translate / continue text with a trained model (stdin or a file)",
+        description="Read one input per line (stdin, --input FILE or --prompt TEXT) and write one output per "
+        "line, in order; an empty line gives an empty line. Greedy by default; --beam N for beam search, "
+        "--sample for sampling.",
+        epilog=EPILOG_GENERATE,
+        formatter_class=raw,
+    )
+    p.add_argument("--model", required=True, help="model directory (config.json + model.safetensors + tokenizer)")
+    p.add_argument("--input", default=None, help="input file (default: stdin)")
+    p.add_argument("--prompt", default=None, help="a single input given on the command line")
+    p.add_argument("--output", default=None, help="output file (default: stdout)")
+    p.add_argument("--beam", type=_positive_int, default=1, help="beam width (1: greedy)")
+    p.add_argument("--nbest", type=_positive_int, default=1, help="outputs per input, with scores (needs --beam)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="longest output (default: 64)")
+    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this probability")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs decoded together")
+    p.set_defaults(run=cmd_generate)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
+        description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
+        "--model: exact match of a numbers model on held-out numbers.",
+        epilog=EPILOG_EVALUATE,
+        formatter_class=raw,
+    )
+    p.add_argument("--hyp", default=None, help="hypotheses, one per line")
+    p.add_argument("--ref", default=None, help="references, one per line")
+    p.add_argument("--tokenize", default="13a", choices=["13a", "zh", "intl", "char", "none"], help="BLEU tokenizer")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
+    p.add_argument("--model", default=None, help="a numbers-task model directory to evaluate")
+    p.add_argument("--examples", type=_positive_int, default=1000, help="held-out numbers to evaluate")
+    p.add_argument("--beam", type=_positive_int, default=4, help="beam width for --model")
+    p.add_argument("--seed", type=int, default=1, help="which held-out numbers to draw")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.set_defaults(run=cmd_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as e:
+        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qkv {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

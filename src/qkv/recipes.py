@@ -1,0 +1,196 @@
+"""Recipes: a YAML file that names a task, a model and training settings, and its runner.
+
+What is here: :func:`load_recipe` (YAML + ``--set key=value`` overrides, checked against
+the known sections and keys, errors naming the file and key), :func:`train_numbers` (the
+built-in numbers task end to end: data, tokenizer, model, training, held-out exact match,
+model directory) and :func:`cross_attention` (last-layer cross-attention of one example,
+for pictures).
+
+What is not here: argument parsing and printing (``cli.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from qkv.checkpoint import build_model, save_model
+from qkv.errors import UserError
+from qkv.evaluation import exact_match
+from qkv.generation import beam_search
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.tasks import numbers_pairs
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import Tokenizer
+from qkv.training import fit, seq2seq_batch, sequence_loss
+
+TASKS = ("numbers",)
+
+# Every key a recipe may set, with its default. The model section takes the fields of the
+# model's config dataclass (checked when the model is built).
+DEFAULTS: dict = {
+    "task": "numbers",
+    "model": {
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 256,
+        "n_encoder_layers": 2,
+        "n_decoder_layers": 2,
+        "share_embeddings": True,
+        "tie_output": True,
+        "dropout": 0.0,
+        "max_len": 64,
+    },
+    "train": {
+        "steps": 1500,
+        "seconds": None,
+        "batch_size": 128,
+        "lr": 3e-3,
+        "warmup": 100,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {"train_examples": 150_000, "eval_examples": 1000, "beam_size": 4},
+}
+
+
+def _set(recipe: dict, key: str, value, *, where: str) -> None:
+    parts = key.split(".")
+    node = recipe
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node.get(part), dict):
+            raise UserError(f"{where}: {'.'.join(parts[: i + 1])} is not a section of the recipe")
+        node = node[part]
+    if parts[0] != "model" and parts[-1] not in node:
+        raise UserError(f"{where}: unknown key {key!r}; known in this section: {', '.join(sorted(node))}")
+    node[parts[-1]] = value
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
+    """Defaults, then the YAML file (if any), then ``key=value`` overrides (YAML-typed values)."""
+    recipe = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"recipe {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise UserError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"{path}: expected a mapping of sections (task, model, train, data)")
+        for section, value in data.items():
+            if section not in recipe:
+                raise UserError(f"{path}: unknown section {section!r}; known: {', '.join(recipe)}")
+            if isinstance(recipe[section], dict):
+                if not isinstance(value, dict):
+                    raise UserError(f"{path}: section {section!r} must be a mapping")
+                for key, v in value.items():
+                    _set(recipe, f"{section}.{key}", v, where=str(path))
+            else:
+                recipe[section] = value
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UserError(f"--set {item!r}: expected key=value, e.g. train.steps=3000")
+        _set(recipe, key.strip(), yaml.safe_load(raw), where=f"--set {item}")
+    if recipe["task"] not in TASKS:
+        raise UserError(f"unknown task {recipe['task']!r}; known: {', '.join(TASKS)}")
+    return recipe
+
+
+def cross_attention(model: EncoderDecoder, src: list[int], out: list[int]) -> torch.Tensor:
+    """Cross-attention weights of the last decoder layer while it produces ``out`` + END.
+
+    Shapes: returns (H, T, S) with T = len(out) + 1 (the decoder reads BEGIN + out).
+    """
+    c = model.config
+    source = torch.tensor([src])  # (1, S)
+    target = torch.tensor([[c.bos_id, *out]])  # (1, T)
+    with torch.no_grad():
+        memory = model.encode(source)  # (1, S, D)
+        attention = model.decode(target, memory, src_mask=source != c.pad_id, need_weights=True).attention
+    return attention[-1][0]  # (H, T, S)
+
+
+def evaluate_numbers(model: EncoderDecoder, tokenizer: Tokenizer, pairs, *, beam_size: int) -> tuple[float, list[str]]:
+    """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
+    outputs = []
+    for i in range(0, len(pairs), 250):
+        chunk = pairs[i : i + 250]
+        best = beam_search(model, tokenizer.encode_batch([a for a, _ in chunk]), beam_size=beam_size, max_new_tokens=24)
+        outputs += [tokenizer.decode(h[0].tokens) for h in best]
+    return exact_match(outputs, [b for _, b in pairs]), outputs
+
+
+def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
+
+    Returns a summary: exact match on held-out numbers, timings, and what is needed to
+    show examples (model, tokenizer, held-out pairs, outputs, losses).
+    """
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    pairs = numbers_pairs(int(data["train_examples"]), seed=seed, held_out=False)
+    tokenizer = Tokenizer.train_word_level(s for pair in pairs for s in pair)
+    src = tokenizer.encode_batch([a for a, _ in pairs])
+    tgt = tokenizer.encode_batch([b for _, b in pairs])
+    fields = {
+        **recipe["model"],
+        "src_vocab_size": tokenizer.vocab_size,
+        "tgt_vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+    }
+    model = build_model("encoder_decoder", fields)
+    rng = random.Random(seed)
+    batch_size = int(train["batch_size"])
+
+    def step_loss(m, step):
+        rows = [rng.randrange(len(src)) for _ in range(batch_size)]
+        s, t_in, t_out = seq2seq_batch(
+            [(src[i], tgt[i]) for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        return loss, int((t_out != tokenizer.pad_id).sum())
+
+    result = fit(
+        model,
+        step_loss,
+        steps=int(train["steps"]),
+        seconds=train["seconds"],
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        progress=progress,
+        desc="qkv numbers",
+    )
+    held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
+    start = time.perf_counter()
+    score, outputs = evaluate_numbers(model, tokenizer, held_out, beam_size=int(data["beam_size"]))
+    eval_seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_path = Path(tmp) / TOKENIZER_FILE
+        tokenizer.save(tokenizer_path)
+        extra = {"task": "numbers", "recipe": recipe, "exact_match": score}
+        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
+    return {
+        "exact_match": score,
+        "train_seconds": result.seconds,
+        "eval_seconds": eval_seconds,
+        "steps": result.steps,
+        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
+        "final_loss": result.losses[-1],
+        "losses": result.losses,
+        "model": model,
+        "tokenizer": tokenizer,
+        "held_out": held_out,
+        "outputs": outputs,
+    }
