@@ -170,7 +170,7 @@ def attention_explicit(
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
     if bias is not None:
-        scores = scores + bias
+        scores = scores + bias.to(scores.dtype)  # the bias is built in fp32 (exact distances)
     if normalization == "softmax":
         if mask is not None:
             # A finite fill, not -inf: a row that is masked everywhere then stays finite
@@ -216,6 +216,7 @@ def attention_fused(
         mask = mask | ~row_valid  # every row keeps at least one key
         attn_mask = mask
     if bias is not None:
+        bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
     if row_valid is not None and not bool(row_valid.all()):

@@ -101,6 +101,9 @@ def save_model(
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private (0700); a model directory is not
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
         save_file(state, tmp / "model.safetensors")

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Create .venv (Python >= 3.10) and install qkv with its test tools into it. Idempotent:
+# a second run only reinstalls when pyproject.toml or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null 2>&1; then
+  echo "qkv setup: $PY not found; install Python 3.10 or newer" >&2
+  exit 2
+fi
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+  echo "qkv setup: $("$PY" --version 2>&1) is too old; qkv needs Python 3.10 or newer" >&2
+  exit 2
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    # Debian/Ubuntu ship venv separately.
+    rm -rf .venv
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+      "$PY" -m venv .venv
+    else
+      echo "qkv setup: '$PY -m venv' failed; install the venv module (e.g. apt-get install python3-venv)" >&2
+      exit 2
+    fi
+  fi
+fi
+
+stamp=.venv/.qkv-installed
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch is pinned: on this kind of machine 2.13.0 is a local CPU wheel (see DEVELOPERS.md).
+  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi

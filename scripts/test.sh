@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Install (first time), check formatting and lint, and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff format --check src tests
+.venv/bin/ruff check src tests
+exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,342 @@
+"""Tests of qkv.attention: masks, the explicit and fused attention paths, RoPE, ALiBi, MHA.
+
+Sizes are small and mostly prime (B=2, H=3, T=5, S=7, K=5) so that a swapped axis cannot
+go unnoticed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qkv.attention import (
+    MultiHeadAttention,
+    alibi_bias,
+    alibi_slopes,
+    attention_explicit,
+    attention_fused,
+    causal_mask,
+    padding_mask,
+    rope_rotate,
+)
+
+B, H, T, S, K = 2, 3, 5, 7, 5
+TOL = 1e-5
+
+
+def _qkv(t: int = T, s: int = S, *, h: int = H, k: int = K) -> tuple[torch.Tensor, ...]:
+    q = torch.randn(B, h, t, k, requires_grad=True)
+    key = torch.randn(B, h, s, k, requires_grad=True)
+    v = torch.randn(B, h, s, k, requires_grad=True)
+    return q, key, v
+
+
+def _padding(lengths: list[int], s: int) -> torch.Tensor:
+    """(B, 1, 1, S) key mask with the first ``lengths[b]`` keys of row b real."""
+    valid = torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]  # (B, S)
+    return padding_mask(valid)
+
+
+def _grads(out: torch.Tensor, weight: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad((out * weight).sum(), tensors))
+
+
+def _cases() -> dict[str, tuple[int, int, torch.Tensor | None, torch.Tensor | None]]:
+    """name -> (t, s, mask, bias)."""
+    slopes = alibi_slopes(H)
+    return {
+        "plain": (T, T, None, None),
+        "causal": (T, T, causal_mask(T, T), None),
+        "padded": (T, T, _padding([T, 3], T), None),
+        "cross": (T, S, None, None),
+        "cross_padded": (T, S, _padding([S, 4], S), None),
+        "alibi": (T, T, None, alibi_bias(slopes, T, T, causal=True)),
+        "alibi_causal_padded": (
+            T,
+            T,
+            causal_mask(T, T)[None, None] & _padding([T, 4], T),
+            alibi_bias(slopes, T, T, causal=True),
+        ),
+        "alibi_cross_padded": (T, S, _padding([6, S], S), alibi_bias(slopes, T, S, causal=False)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_explicit_equals_fused_forward_and_backward(case: str) -> None:
+    """Explicit (textbook) and fused (SDPA) attention agree in fp32, outputs and gradients."""
+    torch.manual_seed(0)
+    t, s, mask, bias = _cases()[case]
+    q, k, v = _qkv(t, s)
+    out_e, _ = attention_explicit(q, k, v, mask=mask, bias=bias)
+    out_f = attention_fused(q, k, v, mask=mask, bias=bias)
+    assert out_e.shape == out_f.shape == (B, H, t, K)
+    assert (out_e - out_f).abs().max() <= TOL
+    weight = torch.randn_like(out_e)
+    for ge, gf in zip(_grads(out_e, weight, q, k, v), _grads(out_f, weight, q, k, v), strict=True):
+        assert torch.isfinite(ge).all() and torch.isfinite(gf).all()
+        assert (ge - gf).abs().max() <= TOL
+
+
+def test_explicit_matches_hand_computation() -> None:
+    """The explicit path is softmax(QKᵀ/√K + bias, masked)·V, computed here by hand."""
+    torch.manual_seed(1)
+    q, k, v = (x.detach() for x in _qkv(T, S))
+    mask = _padding([S, 4], S)
+    bias = alibi_bias(alibi_slopes(H), T, S, causal=False)
+    scores = torch.einsum("bhtk,bhsk->bhts", q, k) / math.sqrt(K) + bias
+    scores = scores.masked_fill(~mask, float("-inf"))
+    expected = torch.einsum("bhts,bhsk->bhtk", scores.softmax(-1), v)
+    out, _ = attention_explicit(q, k, v, mask=mask, bias=bias)
+    assert (out - expected).abs().max() <= TOL
+
+
+def test_softmax_weights_rows_sum_to_one_and_masked_are_zero() -> None:
+    """Softmax weights: each row with an allowed key sums to 1; forbidden keys get exactly 0."""
+    torch.manual_seed(2)
+    q, k, v = _qkv(T, S)
+    mask = causal_mask(T, S)[None, None] & _padding([S, 3], S)  # (B, 1, T, S)
+    _, weights = attention_explicit(q, k, v, mask=mask)
+    assert weights.shape == (B, H, T, S)
+    full = mask.expand(B, H, T, S)
+    assert torch.all(weights[~full] == 0.0)
+    row_sums = weights.sum(-1)  # (B, H, T)
+    has_key = full.any(-1)
+    assert has_key.all()
+    assert torch.allclose(row_sums, torch.ones_like(row_sums), atol=TOL)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fully_masked_query_row_is_zero_and_finite(with_bias: bool) -> None:
+    """A query row that may attend to nothing: zero output, zero weights, no NaN (fwd/bwd), both paths."""
+    torch.manual_seed(3)
+    q, k, v = _qkv(T, S)
+    mask = torch.ones(B, 1, T, S, dtype=torch.bool)
+    mask[0, :, 2] = False  # row 2 of batch 0 sees no key
+    mask[1, :, 4, 3:] = False  # an ordinary partly masked row
+    bias = alibi_bias(alibi_slopes(H), T, S, causal=False) if with_bias else None
+    out_e, weights = attention_explicit(q, k, v, mask=mask, bias=bias)
+    out_f = attention_fused(q, k, v, mask=mask, bias=bias)
+    for out in (out_e, out_f):
+        assert torch.isfinite(out).all()
+        assert torch.all(out[0, :, 2] == 0.0)
+    assert torch.all(weights[0, :, 2] == 0.0)
+    assert (out_e - out_f).abs().max() <= TOL
+    weight = torch.randn_like(out_e)
+    for out in (out_e, out_f):
+        grads = _grads(out, weight, q, k, v)
+        assert all(torch.isfinite(g).all() for g in grads)
+        assert torch.all(grads[0][0, :, 2] == 0.0)  # nothing flows back into the dead query
+
+
+def test_sigmoid_weights_match_hand_computation() -> None:
+    """Sigmoid normalization: A' = sigmoid(QKᵀ/√K - log n) with n the number of keys."""
+    torch.manual_seed(4)
+    q, k, v = (x.detach() for x in _qkv(T, S))
+    out, weights = attention_explicit(q, k, v, normalization="sigmoid")
+    expected = torch.sigmoid(q @ k.transpose(-2, -1) / math.sqrt(K) - math.log(S))
+    assert (weights - expected).abs().max() <= TOL
+    assert (out - expected @ v).abs().max() <= TOL
+
+
+def test_sigmoid_masked_uses_allowed_key_count_and_no_nan() -> None:
+    """Sigmoid with a mask: masked keys weigh 0, n counts allowed keys, fully masked rows are zero, no NaN."""
+    torch.manual_seed(5)
+    q, k, v = _qkv(T, S)
+    mask = causal_mask(T, S)[None, None].expand(B, 1, T, S).clone()
+    mask[1, :, 0] = False  # a fully masked row
+    out, weights = attention_explicit(q, k, v, mask=mask, normalization="sigmoid")
+    full = mask.expand(B, H, T, S)
+    assert torch.all(weights[~full] == 0.0)
+    n = full.sum(-1, keepdim=True).clamp(min=1).float()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(K)
+    expected = torch.sigmoid(scores - n.log()).masked_fill(~full, 0.0)
+    assert (weights - expected).abs().max() <= TOL
+    assert torch.all(out[1, :, 0] == 0.0)
+    grads = _grads(out, torch.randn_like(out), q, k, v)
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("normalization", ["softmax", "sigmoid"])
+def test_explicit_with_alibi_in_bfloat16(normalization: str) -> None:
+    """The explicit path accepts bf16 q/k/v with an ALiBi bias from bf16 slopes (a model cast to bf16)."""
+    torch.manual_seed(12)
+    q, k, v = (x.detach().bfloat16() for x in _qkv(T, T))
+    bias = alibi_bias(alibi_slopes(H).bfloat16(), T, T, causal=True)  # as DecoderStack builds it after .to(bf16)
+    mask = causal_mask(T, T)
+    out, weights = attention_explicit(q, k, v, mask=mask, bias=bias, normalization=normalization)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert torch.all(weights[..., ~mask] == 0)
+    if normalization == "softmax":
+        fused = attention_fused(q, k, v, mask=mask, bias=bias)
+        assert (out.float() - fused.float()).abs().max() <= 3e-2
+
+
+def test_unknown_normalization_raises() -> None:
+    """An unknown normalization name is a ValueError, for the function and the module."""
+    q, k, v = _qkv()
+    with pytest.raises(ValueError):
+        attention_explicit(q, k, v, normalization="relu")
+    with pytest.raises(ValueError):
+        MultiHeadAttention(H * K, H, normalization="relu")
+
+
+def test_causal_mask_with_cache_is_bottom_rows() -> None:
+    """causal_mask(t, s) for t < s is the last t rows of the full lower triangle causal_mask(s, s)."""
+    full = causal_mask(S, S)
+    assert torch.equal(full, torch.ones(S, S, dtype=torch.bool).tril())
+    for t in (1, 3, S):
+        assert torch.equal(causal_mask(t, S), full[S - t :])
+
+
+def test_padding_mask_shape() -> None:
+    """padding_mask broadcasts a (B, S) validity over heads and queries: (B, 1, 1, S)."""
+    valid = torch.tensor([[True, True, False], [True, False, False]])
+    mask = padding_mask(valid)
+    assert mask.shape == (2, 1, 1, 3)
+    assert torch.equal(mask[:, 0, 0], valid)
+
+
+def test_rope_scores_depend_only_on_position_difference() -> None:
+    """RoPE: q·k after rotation depends only on p - p' (shifting both positions keeps the score)."""
+    torch.manual_seed(6)
+    k_width = 6
+    q = torch.randn(1, H, 1, k_width, dtype=torch.float64)
+    k = torch.randn(1, H, 1, k_width, dtype=torch.float64)
+    for p, p2 in [(0, 3), (4, 1), (7, 7), (2, 11)]:
+        base = (rope_rotate(q, torch.tensor([p])) * rope_rotate(k, torch.tensor([p2]))).sum(-1)
+        for shift in (1, 5, 13):
+            shifted = (rope_rotate(q, torch.tensor([p + shift])) * rope_rotate(k, torch.tensor([p2 + shift]))).sum(-1)
+            assert torch.allclose(base, shifted, atol=1e-10)
+    # not trivially constant: a different difference gives a different score
+    a = (rope_rotate(q, torch.tensor([0])) * rope_rotate(k, torch.tensor([1]))).sum(-1)
+    b = (rope_rotate(q, torch.tensor([0])) * rope_rotate(k, torch.tensor([4]))).sum(-1)
+    assert not torch.allclose(a, b)
+
+
+def test_rope_preserves_norm_and_position_zero_is_identity() -> None:
+    """RoPE is a rotation: norms are kept; position 0 leaves the vector unchanged; (B, T) positions work."""
+    torch.manual_seed(7)
+    x = torch.randn(B, H, T, 6)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [3, 5, 8, 13, 21]])  # (B, T)
+    y = rope_rotate(x, positions)
+    assert y.shape == x.shape
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=TOL)
+    assert torch.allclose(y[0, :, 0], x[0, :, 0], atol=TOL)
+    assert not torch.allclose(y[0, :, 1], x[0, :, 1])
+    # a (T,) position vector equals the same positions given per row
+    same = rope_rotate(x, torch.arange(T))
+    assert torch.allclose(same[0], y[0], atol=TOL)
+
+
+def test_alibi_slopes_power_of_two() -> None:
+    """alibi_slopes(8) is 2^-1 ... 2^-8 (Press et al.)."""
+    expected = torch.tensor([2.0**-i for i in range(1, 9)])
+    assert torch.allclose(alibi_slopes(8), expected, rtol=1e-6, atol=0)
+
+
+def test_alibi_slopes_not_power_of_two() -> None:
+    """alibi_slopes(6): 6 slopes, the first 4 those of alibi_slopes(4), then every other one of 8."""
+    slopes = alibi_slopes(6)
+    assert slopes.shape == (6,)
+    assert torch.allclose(slopes[:4], alibi_slopes(4))
+    assert torch.allclose(slopes[4:], alibi_slopes(8)[0::2][:2])
+    assert alibi_slopes(3).shape == (3,)
+
+
+def test_alibi_bias_values() -> None:
+    """ALiBi bias is slope·(j - i) for causal and -slope·|i - j| otherwise, with queries at the end."""
+    slopes = alibi_slopes(H)
+    causal = alibi_bias(slopes, 2, 4, causal=True)
+    assert causal.shape == (1, H, 2, 4)
+    # query 0 sits at position 2: distances to keys 0..3 are -2, -1, 0, 1
+    assert torch.allclose(causal[0, :, 0], slopes[:, None] * torch.tensor([-2.0, -1.0, 0.0, 1.0]))
+    sym = alibi_bias(slopes, 4, 4, causal=False)
+    assert torch.allclose(sym, sym.transpose(-1, -2))
+    assert torch.all(sym <= 0)
+
+
+# ------------------------------------------------------------- multi-head attention
+
+
+def _mha(**kwargs) -> MultiHeadAttention:
+    return MultiHeadAttention(H * K, H, **kwargs).eval()
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1, 3])
+@pytest.mark.parametrize("cross", [False, True])
+def test_mha_weights_path_equals_fused_path(n_kv_heads: int | None, cross: bool) -> None:
+    """MultiHeadAttention: need_weights=True (explicit) and False (fused) give equal outputs, incl. GQA."""
+    torch.manual_seed(8)
+    mha = _mha(n_kv_heads=n_kv_heads)
+    x = torch.randn(B, T, H * K)
+    context = torch.randn(B, S, H * K) if cross else None
+    s = S if cross else T
+    mask = _padding([s, s - 2], s)
+    out_w, cache_w, weights = mha(x, context=context, mask=mask, need_weights=True)
+    out_f, cache_f, none = mha(x, context=context, mask=mask)
+    assert none is None
+    assert out_w.shape == out_f.shape == (B, T, H * K)
+    assert weights.shape == (B, H, T, s)
+    g = n_kv_heads or H
+    assert cache_w[0].shape == (B, g, s, K)
+    assert torch.equal(cache_w[0], cache_f[0]) and torch.equal(cache_w[1], cache_f[1])
+    assert (out_w - out_f).abs().max() <= TOL
+
+
+def test_gqa_equals_mha_with_repeated_kv_heads() -> None:
+    """GQA with G=1 kv head equals full MHA whose k/v projections repeat that head for every query head."""
+    torch.manual_seed(9)
+    d = H * K
+    gqa = _mha(n_kv_heads=1)
+    full = _mha()
+    with torch.no_grad():
+        full.w_q.load_state_dict(gqa.w_q.state_dict())
+        full.w_o.load_state_dict(gqa.w_o.state_dict())
+        for name in ("w_k", "w_v"):
+            src, dst = getattr(gqa, name), getattr(full, name)
+            dst.weight.copy_(src.weight.repeat(H, 1))  # (H*K, D): the one head, H times
+            dst.bias.copy_(src.bias.repeat(H))
+    x = torch.randn(B, T, d)
+    mask = causal_mask(T, T)
+    out_g, _, _ = gqa(x, mask=mask)
+    out_f, _, _ = full(x, mask=mask)
+    assert (out_g - out_f).abs().max() <= TOL
+
+
+def test_gqa_head_grouping() -> None:
+    """GQA with G=3 of H=6 heads: query head h uses kv head h // 2 (checked against a manual repeat)."""
+    torch.manual_seed(10)
+    h, g, k_width = 6, 3, 5
+    gqa = MultiHeadAttention(h * k_width, h, n_kv_heads=g).eval()
+    x = torch.randn(B, T, h * k_width)
+    out, (kc, vc), weights = gqa(x, need_weights=True)
+    q = gqa._split(gqa.w_q(x), h)
+    kr, vr = kc.repeat_interleave(h // g, dim=1), vc.repeat_interleave(h // g, dim=1)
+    ref, ref_w = attention_explicit(q, kr, vr)
+    assert torch.allclose(weights, ref_w, atol=TOL)
+    ref_out = gqa.w_o(ref.transpose(1, 2).reshape(B, T, h * k_width))
+    assert torch.allclose(out, ref_out, atol=TOL)
+
+
+def test_mha_self_attention_cache_equals_full() -> None:
+    """Self-attention one token at a time with the KV cache equals one causal pass (RoPE on)."""
+    torch.manual_seed(11)
+    mha = MultiHeadAttention(18, 3, rope=True).eval()
+    x = torch.randn(B, T, 18)
+    full, _, _ = mha(x, mask=causal_mask(T, T), positions=torch.arange(T))
+    cache, steps = None, []
+    for i in range(T):
+        out, cache, _ = mha(x[:, i : i + 1], mask=causal_mask(1, i + 1), positions=torch.tensor([i]), cache=cache)
+        steps.append(out)
+    assert cache[0].shape == (B, 3, T, 6)
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
+
+
+def test_mha_rejects_bad_shapes() -> None:
+    """d_model must divide by n_heads and n_heads by n_kv_heads."""
+    with pytest.raises(ValueError):
+        MultiHeadAttention(16, 3)
+    with pytest.raises(ValueError):
+        MultiHeadAttention(15, 3, n_kv_heads=2)

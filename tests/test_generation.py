@@ -1,0 +1,435 @@
+"""Tests of qkv.generation: KV cache, greedy, sampling, filtering and beam search.
+
+Two kinds of models are used: random tiny models (any positions scheme), and two tiny
+models trained for a moment to reproduce fixed sequences followed by END, so that END
+really occurs and search decisions have clear margins.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.generation import _advance, _start, beam_search, filter_logits, greedy, sample
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+
+SRC_V, TGT_V, V = 17, 13, 13
+PAD, BOS, EOS = 0, 1, 2
+ATOL = 1e-5
+
+
+def _block(positions: str, **overrides) -> dict:
+    d_model = 18 if positions == "rope" else 15
+    fields = {"d_model": d_model, "n_heads": 3, "d_ff": 11, "dropout": 0.0, "max_len": 40, "positions": positions}
+    fields.update(overrides)
+    return fields
+
+
+def make_ed(positions: str = "sinusoidal", *, seed: int = 0, **overrides) -> EncoderDecoder:
+    torch.manual_seed(seed)
+    fields = {"src_vocab_size": SRC_V, "tgt_vocab_size": TGT_V, "n_encoder_layers": 2, "n_decoder_layers": 2}
+    fields.update(overrides)
+    return EncoderDecoder(EncoderDecoderConfig(**_block(positions, **fields))).eval()
+
+
+def make_do(positions: str = "sinusoidal", *, seed: int = 0, **overrides) -> DecoderOnly:
+    torch.manual_seed(seed)
+    fields = {"vocab_size": V, "n_layers": 2, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS}
+    fields.update(overrides)
+    return DecoderOnly(DecoderOnlyConfig(**_block(positions, **fields))).eval()
+
+
+def _random_rows(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _train(model, loss_fn, steps: int) -> None:
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = loss_fn()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def copy_model() -> tuple[EncoderDecoder, list[list[int]]]:
+    """A 1+1-layer encoder-decoder trained to copy 8 fixed sources and then emit END."""
+    model = make_ed(seed=0, n_encoder_layers=1, n_decoder_layers=1)
+    sources = _random_rows([2, 3, 4, 5, 2, 3, 4, 5], 13, seed=0)
+    width = max(map(len, sources))
+    src = torch.full((len(sources), width), PAD)
+    tgt = torch.full((len(sources), width + 2), PAD)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = torch.tensor(s)
+        tgt[i, : len(s) + 2] = torch.tensor([BOS, *s, EOS])
+
+    def loss_fn():
+        logits = model(src, tgt[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, TGT_V), tgt[:, 1:].reshape(-1), ignore_index=PAD)
+
+    _train(model, loss_fn, 300)
+    return model, sources
+
+
+@pytest.fixture(scope="module")
+def lm_model() -> tuple[DecoderOnly, list[list[int]], list[list[int]]]:
+    """A 2-layer decoder-only model trained on 6 fixed sequences + END; returns (model, prompts, continuations)."""
+    model = make_do("rope", seed=1)
+    rows = _random_rows([4, 5, 6, 3, 5, 6], V, seed=1)
+    prompts = [r[:2] if i % 2 else r[:3] for i, r in enumerate(rows)]
+    continuations = [r[len(p) :] for r, p in zip(rows, prompts, strict=True)]
+    width = max(map(len, rows)) + 1
+    x = torch.full((len(rows), width), PAD)
+    for i, r in enumerate(rows):
+        x[i, : len(r) + 1] = torch.tensor([*r, EOS])
+
+    def loss_fn():
+        return F.cross_entropy(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1), ignore_index=PAD)
+
+    _train(model, loss_fn, 300)
+    return model, prompts, continuations
+
+
+# ------------------------------------------------------------- references
+
+
+def _ref_greedy(model, inputs: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding by full, uncached forward passes, one input at a time."""
+    outputs = []
+    with torch.no_grad():
+        for row in inputs:
+            out: list[int] = []
+            for _ in range(max_new_tokens):
+                if isinstance(model, EncoderDecoder):
+                    logits = model(torch.tensor([row]), torch.tensor([[BOS, *out]]))[0, -1]
+                else:
+                    logits = model(torch.tensor([row + out]))[0, -1]
+                token = int(logits.argmax())
+                if token == model.config.eos_id:
+                    break
+                out.append(token)
+            outputs.append(out)
+    return outputs
+
+
+def _sequence_logprob(model, row: list[int], continuation: list[int]) -> float:
+    """log p(continuation | row) by one teacher-forced forward pass."""
+    with torch.no_grad():
+        if isinstance(model, EncoderDecoder):
+            logits = model(torch.tensor([row]), torch.tensor([[BOS, *continuation[:-1]]]))[0]
+        else:
+            logits = model(torch.tensor([row + continuation[:-1]]))[0, len(row) - 1 :]
+        logp = logits.log_softmax(-1)
+        return float(sum(logp[i, t] for i, t in enumerate(continuation)))
+
+
+# ----------------------------------------------------------------- the cache
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
+@pytest.mark.parametrize("extra", [{}, {"n_kv_heads": 1, "attention": "sigmoid"}], ids=["mha", "gqa-sigmoid"])
+def test_encoder_decoder_cached_equals_uncached(positions: str, extra: dict) -> None:
+    """Encoder-decoder: step-by-step decoding with the KV cache gives the logits of one full pass."""
+    model = make_ed(positions, seed=2, **extra)
+    src = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 4, 3, PAD, PAD, PAD, PAD]])
+    tgt = torch.tensor([[BOS, 4, 5, 6, 7], [BOS, 8, 9, 10, 11]])
+    src_mask = src != PAD
+    with torch.no_grad():
+        memory = model.encode(src, src_mask=src_mask)
+        full = model.decode(tgt, memory, src_mask=src_mask).logits
+        cache, steps = None, []
+        for i in range(tgt.shape[1]):
+            out = model.decode(tgt[:, i : i + 1], memory, src_mask=src_mask, cache=cache)
+            cache = out.cache
+            steps.append(out.logits)
+    assert cache[0][0][0].shape[2] == tgt.shape[1]  # self-attention cache grew to T
+    assert cache[0][1][0].shape[2] == src.shape[1]  # cross-attention cache is the source
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
+@pytest.mark.parametrize("extra", [{}, {"n_kv_heads": 1, "attention": "sigmoid"}], ids=["mha", "gqa-sigmoid"])
+def test_decoder_only_cached_equals_uncached(positions: str, extra: dict) -> None:
+    """Decoder-only: a prefix then one token at a time with the cache gives the logits of one full pass."""
+    model = make_do(positions, seed=3, **extra)
+    tokens = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [10, 11, 12, 3, 4, 5, 6]])
+    with torch.no_grad():
+        full = model(tokens)
+        out = model.decode(tokens[:, :3])
+        cache, steps = out.cache, [out.logits]
+        for i in range(3, tokens.shape[1]):
+            out = model.decode(tokens[:, i : i + 1], cache=cache)
+            cache = out.cache
+            steps.append(out.logits)
+    assert (torch.cat(steps, dim=1) - full).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
+def test_start_and_advance_match_full_forward(positions: str) -> None:
+    """_start/_advance on left-padded prompts of different lengths give each prompt's own full-pass logits."""
+    model = make_do(positions, seed=4)
+    prompts = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
+    new = [[5, 6, 7], [8, 9, 10], [11, 12, 3]]
+    with torch.no_grad():
+        logits, state = _start(model, prompts)
+        for step in range(len(new[0]) + 1):
+            for i, p in enumerate(prompts):
+                seq = p + new[i][:step]
+                expected = model(torch.tensor([seq]))[0, -1]
+                assert (logits[i] - expected).abs().max() <= ATOL
+            if step < len(new[0]):
+                logits, state = _advance(model, state, torch.tensor([n[step] for n in new]))
+
+
+def test_start_and_advance_encoder_decoder() -> None:
+    """_start/_advance for the encoder-decoder (right-padded sources) match each source's full pass."""
+    model = make_ed("rope", seed=5)
+    sources = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
+    new = [[5, 6], [8, 9], [11, 12]]
+    with torch.no_grad():
+        logits, state = _start(model, sources)
+        for step in range(3):
+            for i, src in enumerate(sources):
+                expected = model(torch.tensor([src]), torch.tensor([[BOS, *new[i][:step]]]))[0, -1]
+                assert (logits[i] - expected).abs().max() <= ATOL
+            if step < 2:
+                logits, state = _advance(model, state, torch.tensor([n[step] for n in new]))
+
+
+# ------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
+def test_greedy_equals_uncached_reference(positions: str) -> None:
+    """greedy() (batched, cached) equals argmax decoding by full forward passes, both families."""
+    inputs = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
+    for model in (make_ed(positions, seed=6), make_do(positions, seed=6)):
+        assert greedy(model, inputs, max_new_tokens=6) == _ref_greedy(model, inputs, 6)
+
+
+def test_trained_copy_model_greedy(copy_model) -> None:
+    """The trained copy model mostly reproduces its sources; greedy matches the uncached reference."""
+    model, sources = copy_model
+    out = greedy(model, sources, max_new_tokens=8)
+    assert out == _ref_greedy(model, sources, 8)
+    assert sum(o == s for o, s in zip(out, sources, strict=True)) >= 6
+    assert all(len(o) <= 8 for o in out)
+
+
+def test_greedy_output_excludes_end_and_stops(lm_model) -> None:
+    """Outputs hold new tokens only: no prompt, no END; a row stops at END."""
+    model, prompts, continuations = lm_model
+    out = greedy(model, prompts, max_new_tokens=8)
+    assert all(EOS not in o for o in out)
+    assert sum(o == c for o, c in zip(out, continuations, strict=True)) >= 4
+    assert out == _ref_greedy(model, prompts, 8)
+
+
+def test_empty_prompt() -> None:
+    """An empty decoder-only prompt starts from BEGIN; without a bos_id it is a ValueError."""
+    model = make_do(seed=7)
+    assert greedy(model, [[]], max_new_tokens=3) == greedy(model, [[BOS]], max_new_tokens=3)
+    with pytest.raises(ValueError):
+        greedy(make_do(seed=7, bos_id=None), [[]], max_new_tokens=3)
+
+
+# -------------------------------------------------------------- beam search
+
+
+@pytest.mark.parametrize("seed", [8, 9, 10])
+def test_beam_one_equals_greedy_random_models(seed: int) -> None:
+    """beam_search(beam_size=1) gives the greedy tokens (random models, inputs of several lengths)."""
+    inputs = _random_rows([1, 4, 6, 2], 13, seed=seed)
+    for model in (make_ed("alibi", seed=seed), make_do("rope", seed=seed)):
+        beams = beam_search(model, inputs, beam_size=1, max_new_tokens=8)
+        assert [b[0].tokens for b in beams] == greedy(model, inputs, max_new_tokens=8)
+
+
+def test_beam_one_equals_greedy_trained(copy_model, lm_model) -> None:
+    """beam_search(beam_size=1) equals greedy on the trained models, where END does occur."""
+    model, sources = copy_model
+    greedy_out = greedy(model, sources, max_new_tokens=8)
+    assert any(len(o) < 8 for o in greedy_out)  # END was produced somewhere
+    assert [b[0].tokens for b in beam_search(model, sources, beam_size=1, max_new_tokens=8)] == greedy_out
+    lm, prompts, _ = lm_model
+    greedy_out = greedy(lm, prompts, max_new_tokens=8)
+    assert any(len(o) < 8 for o in greedy_out)
+    assert [b[0].tokens for b in beam_search(lm, prompts, beam_size=1, max_new_tokens=8)] == greedy_out
+
+
+def test_beam_finds_memorized_sequences(copy_model) -> None:
+    """With beam 3 the copy model's best hypothesis is mostly the source itself."""
+    model, sources = copy_model
+    best = [b[0].tokens for b in beam_search(model, sources, beam_size=3, max_new_tokens=8)]
+    assert sum(o == s for o, s in zip(best, sources, strict=True)) >= 6
+
+
+def _assert_same_hypotheses(batched, alone) -> None:
+    assert [h.tokens for h in batched] == [h.tokens for h in alone]
+    assert all(math.isclose(a.score, b.score, abs_tol=1e-4) for a, b in zip(batched, alone, strict=True))
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_encoder_decoder_batch_equals_one_by_one(trained: bool, copy_model) -> None:
+    """Encoder-decoder: greedy and beam(3) on a batch of different lengths equal decoding each input alone."""
+    if trained:
+        model, inputs = copy_model
+        inputs = inputs[:5]
+    else:
+        model, inputs = make_ed("rope", seed=11), _random_rows([5, 1, 3, 7], SRC_V, seed=11)
+    batched = greedy(model, inputs, max_new_tokens=8)
+    assert batched == [greedy(model, [x], max_new_tokens=8)[0] for x in inputs]
+    beams = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=3)
+    for x, hyps in zip(inputs, beams, strict=True):
+        _assert_same_hypotheses(hyps, beam_search(model, [x], beam_size=3, max_new_tokens=8, nbest=3)[0])
+
+
+@pytest.mark.parametrize("trained", [False, True])
+def test_decoder_only_batch_equals_one_by_one(trained: bool, lm_model) -> None:
+    """Decoder-only (left-padded batch): greedy and beam(3) equal decoding each prompt alone."""
+    if trained:
+        model, inputs, _ = lm_model
+    else:
+        model, inputs = make_do("alibi", seed=12), _random_rows([5, 1, 3, 7], V, seed=12)
+    batched = greedy(model, inputs, max_new_tokens=8)
+    assert batched == [greedy(model, [x], max_new_tokens=8)[0] for x in inputs]
+    beams = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=3)
+    for x, hyps in zip(inputs, beams, strict=True):
+        _assert_same_hypotheses(hyps, beam_search(model, [x], beam_size=3, max_new_tokens=8, nbest=3)[0])
+
+
+@pytest.mark.parametrize("length_penalty", [1.0, 0.0, 0.6])
+def test_beam_nbest_sorted_and_scores_are_normalized_logprobs(length_penalty: float, copy_model, lm_model) -> None:
+    """n-best lists are sorted by score, at most nbest long, distinct, and each score is
+    log p(tokens [+ END]) / length^length_penalty recomputed by a full forward pass."""
+    max_new = 6
+    for model, inputs in (
+        (copy_model[0], copy_model[1][:4]),
+        (lm_model[0], lm_model[1][:4]),
+        (make_do(seed=13), [[3, 4]]),
+    ):
+        results = beam_search(
+            model, inputs, beam_size=4, max_new_tokens=max_new, nbest=3, length_penalty=length_penalty
+        )
+        assert len(results) == len(inputs)
+        for row, hyps in zip(inputs, results, strict=True):
+            assert 1 <= len(hyps) <= 3
+            scores = [h.score for h in hyps]
+            assert scores == sorted(scores, reverse=True)
+            assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+            for h in hyps:
+                assert EOS not in h.tokens and len(h.tokens) <= max_new
+                # shorter than max_new_tokens: it ended with END, which counts in score and length
+                continuation = [*h.tokens, EOS] if len(h.tokens) < max_new else h.tokens
+                expected = _sequence_logprob(model, row, continuation) / len(continuation) ** length_penalty
+                assert math.isclose(h.score, expected, abs_tol=1e-4)
+
+
+def test_beam_nbest_bounds() -> None:
+    """nbest must lie in [1, beam_size]."""
+    model = make_do(seed=14)
+    with pytest.raises(ValueError):
+        beam_search(model, [[3]], beam_size=2, max_new_tokens=3, nbest=3)
+    with pytest.raises(ValueError):
+        beam_search(model, [[3]], beam_size=2, max_new_tokens=3, nbest=0)
+
+
+def test_beam_respects_max_new_tokens() -> None:
+    """No hypothesis is longer than max_new_tokens; a model without END returns full-length beams."""
+    model = make_do(seed=15, eos_id=None)
+    for hyps in beam_search(model, [[3, 4], [5]], beam_size=3, max_new_tokens=4, nbest=3):
+        assert len(hyps) == 3
+        assert all(len(h.tokens) == 4 for h in hyps)
+
+
+# ----------------------------------------------------------------- sampling
+
+
+def test_sampling_is_reproducible_with_a_seed() -> None:
+    """The same seed gives the same samples; different seeds give different ones."""
+    inputs = [[3, 4, 5], [6], [7, 8]]
+    for model in (make_ed(seed=16), make_do(seed=16, eos_id=None)):
+        a = sample(model, inputs, max_new_tokens=8, temperature=2.0, seed=123)
+        b = sample(model, inputs, max_new_tokens=8, temperature=2.0, seed=123)
+        assert a == b
+        others = [sample(model, inputs, max_new_tokens=8, temperature=2.0, seed=s) for s in (1, 2, 3)]
+        assert any(o != a for o in others)
+
+
+def test_top_k_one_sampling_equals_greedy() -> None:
+    """Sampling with top_k=1 always takes the argmax: it equals greedy."""
+    inputs = [[3, 4, 5], [6], [7, 8, 9, 10]]
+    for model in (make_ed("alibi", seed=17), make_do("rope", seed=17)):
+        assert sample(model, inputs, max_new_tokens=8, top_k=1, seed=5) == greedy(model, inputs, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("top_k, top_p", [(3, None), (None, 0.5), (4, 0.6)])
+def test_sampled_tokens_stay_in_the_allowed_set(top_k: int | None, top_p: float | None) -> None:
+    """Every token sample() picks lies in the top-k / nucleus of the model's own next-token distribution."""
+    model = make_do(seed=18, eos_id=None)
+    prompts = [[3, 4, 5], [6, 7], [8]]
+    for seed in range(4):
+        outputs = sample(model, prompts, max_new_tokens=5, temperature=1.5, top_k=top_k, top_p=top_p, seed=seed)
+        with torch.no_grad():
+            for prompt, out in zip(prompts, outputs, strict=True):
+                assert len(out) == 5
+                logits = model(torch.tensor([prompt + out]))[0, len(prompt) - 1 : -1]  # (5, V)
+                allowed = torch.isfinite(filter_logits(logits, temperature=1.5, top_k=top_k, top_p=top_p))
+                assert allowed[torch.arange(5), torch.tensor(out)].all()
+
+
+# ------------------------------------------------------------ filter_logits
+
+
+def test_filter_top_k_keeps_exactly_k() -> None:
+    """top_k keeps exactly the k largest logits of every row (others -inf)."""
+    torch.manual_seed(19)
+    logits = torch.randn(5, 11)
+    for k in (1, 3, 10, 11, 50):
+        out = filter_logits(logits, top_k=k)
+        finite = torch.isfinite(out)
+        assert torch.all(finite.sum(-1) == min(k, 11))
+        top = logits.topk(min(k, 11), dim=-1).indices
+        assert finite.gather(-1, top).all()
+        assert torch.equal(out[finite], logits[finite])
+
+
+@pytest.mark.parametrize("top_p, kept", [(0.3, 1), (0.5, 1), (0.7, 2), (0.8, 2), (0.81, 3), (0.95, 3), (0.99, 4)])
+def test_filter_top_p_keeps_minimal_nucleus(top_p: float, kept: int) -> None:
+    """top_p keeps the smallest set of most likely tokens whose probability reaches top_p."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    order = torch.tensor([2, 0, 3, 1])  # shuffled vocabulary order
+    logits = probs.log()[order][None]  # token j has probability probs[order[j]]
+    out = filter_logits(logits, top_p=top_p)
+    expected = order < kept  # the `kept` most likely tokens
+    assert torch.equal(torch.isfinite(out)[0], expected)
+
+
+def test_filter_temperature_and_errors() -> None:
+    """Temperature divides the logits; temperature <= 0 is a ValueError; top_p=1 keeps everything."""
+    torch.manual_seed(20)
+    logits = torch.randn(2, 7)
+    assert torch.allclose(filter_logits(logits, temperature=2.0), logits / 2.0)
+    assert torch.isfinite(filter_logits(logits, top_p=1.0)).all()
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError):
+            filter_logits(logits, temperature=bad)
+
+
+def test_filtered_sampling_never_leaves_allowed_set() -> None:
+    """Sampling many times from filtered distributions only ever yields allowed tokens."""
+    torch.manual_seed(21)
+    logits = torch.randn(4, 13)
+    g = torch.Generator().manual_seed(0)
+    for kwargs in ({"top_k": 3}, {"top_p": 0.6}, {"top_k": 5, "top_p": 0.4}):
+        filtered = filter_logits(logits, **kwargs)
+        draws = torch.multinomial(filtered.softmax(-1), 500, replacement=True, generator=g)  # (4, 500)
+        assert torch.isfinite(filtered.gather(-1, draws)).all()
