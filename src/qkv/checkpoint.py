@@ -50,14 +50,14 @@ def kind_of(model: nn.Module) -> str:
     raise TypeError(f"not a qkv model: {type(model).__name__}")
 
 
-def build_model(kind: str, fields: dict) -> Model:
-    """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError."""
+def make_config(kind: str, fields: dict) -> EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig:
+    """The config of a model ``kind`` from its fields; unknown or bad fields are a UserError."""
     if kind == "encoder_decoder":
-        config_class, model_class = EncoderDecoderConfig, EncoderDecoder
+        config_class = EncoderDecoderConfig
     elif kind == "encoder_only":
-        config_class, model_class = EncoderOnlyConfig, EncoderOnly
+        config_class = EncoderOnlyConfig
     elif kind == "decoder_only":
-        config_class, model_class = DecoderOnlyConfig, DecoderOnly
+        config_class = DecoderOnlyConfig
     else:
         raise UserError(f"unknown model kind {kind!r}; expected one of {', '.join(KINDS)}")
     known = {f.name for f in dataclasses.fields(config_class)}
@@ -65,10 +65,19 @@ def build_model(kind: str, fields: dict) -> Model:
     if unknown:
         raise UserError(f"unknown {kind} config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     try:
-        config = config_class(**fields)
+        return config_class(**fields)
     except (TypeError, ValueError) as e:
         raise UserError(f"bad {kind} config: {e}") from None
-    return model_class(config)
+
+
+def build_model(kind: str, fields: dict) -> Model:
+    """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError."""
+    config = make_config(kind, fields)
+    if isinstance(config, EncoderDecoderConfig):
+        return EncoderDecoder(config)
+    if isinstance(config, EncoderOnlyConfig):
+        return EncoderOnly(config)
+    return DecoderOnly(config)
 
 
 def _unique_state(model: nn.Module) -> dict[str, torch.Tensor]:

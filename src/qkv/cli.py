@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,20 +55,45 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def _decode_lines(raw_lines, name: str) -> list[str]:
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{name}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    return lines
+
+
 def _read_lines(path: str | None) -> list[str]:
+    """Lines of a UTF-8 file (or stdin for None / "-"); bad bytes name the file and line."""
     if path is None or path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
+        return _decode_lines(sys.stdin.buffer, "<stdin>")
     p = Path(path)
     if not p.is_file():
         raise UserError(f"input file {p} does not exist")
-    lines = []
     with open(p, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                lines.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError as e:
-                raise UserError(f"{p}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    return lines
+        return _decode_lines(f, str(p))
 
 
 class _Output:
@@ -74,6 +101,8 @@ class _Output:
 
     def __init__(self, path: str | None) -> None:
         self.path = None if path in (None, "-") else Path(path)
+        if self.path is not None and not self.path.parent.is_dir():
+            raise UserError(f"cannot write {self.path}: directory {self.path.parent} does not exist")
         self.lines: list[str] = []
 
     def write(self, line: str) -> None:
@@ -84,9 +113,10 @@ class _Output:
 
     def close(self) -> None:
         if self.path is not None:
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text("".join(f"{line}\n" for line in self.lines), encoding="utf-8")
-            tmp.replace(self.path)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(f"{line}\n" for line in self.lines)
+            os.replace(tmp, self.path)
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
@@ -166,9 +196,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from qkv.recipes import load_recipe, train_numbers
 
     recipe = load_recipe(args.recipe, args.set)
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     summary = train_numbers(recipe, out, progress=not args.quiet)
-    loss_curve(summary["losses"], out.with_name(out.name + ".loss.png"), title=f"training loss: {args.recipe}")
+    loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}")
     result = {
         "task": recipe["task"],
         "model": str(out),
@@ -202,16 +232,17 @@ def _load_for_generation(path: str):
 def cmd_generate(args: argparse.Namespace) -> int:
     from qkv.generation import beam_search, greedy, sample
 
-    model, tokenizer = _load_for_generation(args.model)
-    lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
     out = _Output(args.output)
+    model, tokenizer = _load_for_generation(args.model)
+    lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
         todo = [i for i, line in enumerate(chunk) if line.strip()]
         inputs = tokenizer.encode_batch([chunk[i] for i in todo])
-        results: dict[int, list[str]] = {i: [""] for i in range(len(chunk))}
+        # An empty input still gets --nbest lines, so outputs can be matched to inputs by counting.
+        results: dict[int, list[str]] = {i: [""] * args.nbest for i in range(len(chunk))}
         if inputs:
             if args.sample:
                 outs = sample(
@@ -246,8 +277,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.model is not None:
         from qkv.recipes import evaluate_numbers
-        from qkv.tasks import numbers_pairs
+        from qkv.tasks import held_out_numbers, numbers_pairs
 
+        if args.examples > len(held_out_numbers()):
+            raise UserError(f"--examples {args.examples}: only {len(held_out_numbers())} held-out numbers exist")
         model, tokenizer = _load_for_generation(args.model)
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
@@ -336,9 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nbest", type=_positive_int, default=1, help="outputs per input, with scores (needs --beam)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="longest output (default: 64)")
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--temperature", type=_positive_float, default=1.0, help="sampling temperature")
     p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set with this probability")
+    p.add_argument(
+        "--top-p", type=_probability, default=None, help="sample from the smallest set with this probability"
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs decoded together")
     p.set_defaults(run=cmd_generate)

@@ -177,6 +177,7 @@ def filter_logits(
         probs = sorted_logits.softmax(-1)
         before = probs.cumsum(-1) - probs  # probability of the strictly more likely tokens
         drop_sorted = before >= top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     return logits

@@ -12,7 +12,6 @@ What is not here: argument parsing and printing (``cli.py``).
 from __future__ import annotations
 
 import copy
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from qkv.checkpoint import build_model, save_model
+from qkv.checkpoint import build_model, make_config, save_model
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.generation import beam_search
@@ -56,7 +55,7 @@ DEFAULTS: dict = {
         "label_smoothing": 0.0,
         "seed": 0,
     },
-    "data": {"train_examples": 150_000, "eval_examples": 1000, "beam_size": 4},
+    "data": {"eval_examples": 1000, "beam_size": 4},
 }
 
 
@@ -69,6 +68,8 @@ def _set(recipe: dict, key: str, value, *, where: str) -> None:
         node = node[part]
     if parts[0] != "model" and parts[-1] not in node:
         raise UserError(f"{where}: unknown key {key!r}; known in this section: {', '.join(sorted(node))}")
+    if isinstance(node.get(parts[-1]), dict):
+        raise UserError(f"{where}: {key} is a section; set its keys, e.g. {key}.{next(iter(node[parts[-1]]))}=...")
     node[parts[-1]] = value
 
 
@@ -100,9 +101,34 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         if not sep:
             raise UserError(f"--set {item!r}: expected key=value, e.g. train.steps=3000")
         _set(recipe, key.strip(), yaml.safe_load(raw), where=f"--set {item}")
+    where = str(path) if path is not None else "recipe"
     if recipe["task"] not in TASKS:
-        raise UserError(f"unknown task {recipe['task']!r}; known: {', '.join(TASKS)}")
+        raise UserError(f"{where}: unknown task {recipe['task']!r}; known: {', '.join(TASKS)}")
+    _check_values(recipe, where)
+    # Check the model fields now, before any data is made (the vocabulary comes later).
+    make_config("encoder_decoder", {**recipe["model"], "src_vocab_size": 64, "tgt_vocab_size": 64})
     return recipe
+
+
+# (section, key) -> (accepted types, test, what the value must be)
+_RULES = {
+    ("train", "steps"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "batch_size"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "warmup"): (int, lambda v: v >= 0, "an integer >= 0"),
+    ("train", "seed"): (int, lambda v: True, "an integer"),
+    ("train", "lr"): ((int, float), lambda v: v > 0, "a positive number"),
+    ("train", "label_smoothing"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train", "seconds"): ((int, float, type(None)), lambda v: v is None or v > 0, "a positive number or null"),
+    ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000"),
+    ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
+}
+
+
+def _check_values(recipe: dict, where: str) -> None:
+    for (section, key), (types, test, what) in _RULES.items():
+        value = recipe[section][key]
+        if isinstance(value, bool) or not isinstance(value, types) or not test(value):
+            raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
 
 
 def cross_attention(model: EncoderDecoder, src: list[int], out: list[int]) -> torch.Tensor:
@@ -138,10 +164,8 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
-    pairs = numbers_pairs(int(data["train_examples"]), seed=seed, held_out=False)
-    tokenizer = Tokenizer.train_word_level(s for pair in pairs for s in pair)
-    src = tokenizer.encode_batch([a for a, _ in pairs])
-    tgt = tokenizer.encode_batch([b for _, b in pairs])
+    # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
+    tokenizer = Tokenizer.train_word_level(s for pair in numbers_pairs(20_000, seed=seed, held_out=False) for s in pair)
     fields = {
         **recipe["model"],
         "src_vocab_size": tokenizer.vocab_size,
@@ -151,13 +175,15 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         "eos_id": tokenizer.eos_id,
     }
     model = build_model("encoder_decoder", fields)
-    rng = random.Random(seed)
     batch_size = int(train["batch_size"])
 
     def step_loss(m, step):
-        rows = [rng.randrange(len(src)) for _ in range(batch_size)]
+        # Fresh examples every step (never a held-out number), fixed by (seed, step).
+        pairs = numbers_pairs(batch_size, seed=seed * 1_000_003 + step, held_out=False)
+        src = tokenizer.encode_batch([a for a, _ in pairs])
+        tgt = tokenizer.encode_batch([b for _, b in pairs])
         s, t_in, t_out = seq2seq_batch(
-            [(src[i], tgt[i]) for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+            list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
         loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
         return loss, int((t_out != tokenizer.pad_id).sum())

@@ -15,6 +15,7 @@ What is not here: tokenization (``tokenization.py``), batching (``training.py``)
 
 from __future__ import annotations
 
+import functools
 import random
 
 ONES = "zero one two three four five six seven eight nine".split()
@@ -71,17 +72,36 @@ def _sample_number(rng: random.Random) -> int:
     return rng.randrange(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
 
 
+@functools.cache
+def held_out_numbers() -> tuple[int, ...]:
+    """All held-out numbers (exactly 10,000), ascending."""
+    return tuple(n for n in range(100, LIMIT) if is_held_out(n))
+
+
 def numbers_pairs(count: int, *, seed: int, held_out: bool) -> list[tuple[str, str]]:
     """``count`` (source, target) pairs, drawn from the training or the held-out numbers.
 
-    Held-out pairs are distinct numbers; training pairs may repeat (they are sampled).
+    Both draw the number of digits uniformly first. Training pairs may repeat (they are
+    sampled); held-out pairs are distinct, so at most 10,000 of them exist.
     """
     rng = random.Random(seed)
-    pairs, seen = [], set()
-    while len(pairs) < count:
-        n = _sample_number(rng)
-        if is_held_out(n) != held_out or (held_out and n in seen):
-            continue
-        seen.add(n)
-        pairs.append((format_digits(n, commas=rng.random() < 0.5), number_to_words(n)))
-    return pairs
+    if held_out:
+        pool = held_out_numbers()
+        if count > len(pool):
+            raise ValueError(f"only {len(pool)} held-out numbers exist; asked for {count}")
+        groups: dict[int, list[int]] = {}
+        for n in pool:
+            groups.setdefault(len(str(n)), []).append(n)
+        for group in groups.values():
+            rng.shuffle(group)
+        numbers = []
+        while len(numbers) < count:
+            digits = rng.choice(sorted(d for d, group in groups.items() if group))
+            numbers.append(groups[digits].pop())
+    else:
+        numbers = []
+        while len(numbers) < count:
+            n = _sample_number(rng)
+            if not is_held_out(n):
+                numbers.append(n)
+    return [(format_digits(n, commas=rng.random() < 0.5), number_to_words(n)) for n in numbers]

@@ -1,0 +1,350 @@
+"""Tests of the ``qkv`` command line, run in-process through :func:`qkv.cli.main`.
+
+One tiny numbers model is trained once per module (through ``qkv train``) and reused by the
+generate and evaluate tests. User mistakes must end in exit status 2 and one line on
+stderr that starts with "qkv" and names the problem.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.checkpoint import save_model
+from qkv.cli import main
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml")
+TINY = [
+    *("--set", "train.steps=20"),
+    *("--set", "data.eval_examples=20"),
+    *("--set", "data.beam_size=2"),
+    *("--set", "model.d_model=16"),
+    *("--set", "model.n_heads=2"),
+    *("--set", "model.d_ff=32"),
+    *("--set", "model.n_encoder_layers=1"),
+    *("--set", "model.n_decoder_layers=1"),
+]
+# Failing runs only need the data step to be quick.
+FEW = ["--set", "data.eval_examples=5"]
+SHORT = ["--max-new-tokens", "6"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``qkv argv``; argparse's SystemExit becomes a status."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_user_error(result: tuple[int, str, str], *names: str) -> str:
+    rc, out, err = result
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("qkv"), err
+    for name in names:
+        assert name in lines[0], (name, err)
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny numbers model trained by ``qkv train ... --json``: (model dir, stdout, status)."""
+    model = tmp_path_factory.mktemp("cli") / "model"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["train", RECIPE, "--out", str(model), "--json", "--quiet", *TINY])
+    return model, stdout.getvalue(), rc
+
+
+@pytest.fixture
+def stdin(monkeypatch):
+    def feed(text: str) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8"))
+
+    return feed
+
+
+# ------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["train"], ["generate"], ["evaluate"]], ids=lambda c: c or "qkv")
+def test_help_has_an_example(capsys, command):
+    rc, out, _ = run(capsys, *command, "--help")
+    assert rc == 0
+    assert "example" in out
+    assert out.startswith("usage: qkv")
+
+
+def test_version(capsys):
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and re.fullmatch(r"qkv \d+\.\d+\.\d+\S*\n", out)
+
+
+def test_python_m_qkv_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "qkv", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "usage: qkv" in result.stdout and "generate" in result.stdout
+
+
+# ------------------------------------------------------------ user errors
+
+
+def test_no_command(capsys):
+    assert_user_error(run(capsys), "COMMAND")
+
+
+def test_unknown_option(capsys):
+    assert_user_error(run(capsys, "evaluate", "--bogus"), "--bogus")
+
+
+def test_unknown_subcommand(capsys):
+    assert_user_error(run(capsys, "frobnicate"), "frobnicate")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--model", "m", "--beam", "0"],
+        ["generate", "--model", "m", "--beam", "two"],
+        ["demo", "--steps", "0"],
+        ["evaluate", "--examples", "-3"],
+    ],
+    ids=["beam-0", "beam-word", "demo-steps-0", "examples-negative"],
+)
+def test_bad_option_value(capsys, argv):
+    line = assert_user_error(run(capsys, *argv), argv[-2])
+    assert "positive integer" in line
+
+
+def test_generate_missing_model(capsys):
+    assert_user_error(run(capsys, "generate", "--model", "/nonexistent/model", "--prompt", "1"), "/nonexistent/model")
+
+
+def test_train_missing_recipe(capsys, tmp_path):
+    assert_user_error(run(capsys, "train", "missing.yaml", "--out", str(tmp_path / "x")), "missing.yaml")
+    assert not (tmp_path / "x").exists()
+
+
+def test_train_bad_config_value(capsys, tmp_path):
+    line = assert_user_error(
+        run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", *FEW, "--set", "model.positions=foo"),
+        "positions",
+        "foo",
+    )
+    assert "train" in line
+    assert not (tmp_path / "x").exists()
+
+
+def test_train_unknown_model_field(capsys, tmp_path):
+    assert_user_error(
+        run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", *FEW, "--set", "model.widht=3"),
+        "widht",
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "name"),
+    [("train.steps=0", "steps"), ("train.steps=abc", "steps"), ("model=3", "model")],
+    ids=["steps-0", "steps-not-a-number", "section-replaced"],
+)
+def test_train_bad_recipe_values_are_user_errors(capsys, tmp_path, setting, name):
+    result = run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", *FEW, "--set", setting)
+    assert_user_error(result, name)
+
+
+def test_evaluate_line_count_mismatch(capsys, tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a\nb\n")
+    ref.write_text("a\n")
+    assert_user_error(run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref)), "hyp.txt", "ref.txt")
+
+
+def test_evaluate_missing_file(capsys, tmp_path):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a\n")
+    assert_user_error(run(capsys, "evaluate", "--hyp", str(tmp_path / "nohyp.txt"), "--ref", str(ref)), "nohyp.txt")
+
+
+def test_evaluate_needs_files_or_model(capsys):
+    assert_user_error(run(capsys, "evaluate"), "--hyp")
+
+
+def test_model_without_tokenizer(capsys, tmp_path):
+    torch.manual_seed(0)
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            src_vocab_size=11, tgt_vocab_size=11, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1
+        )
+    )
+    save_model(model, tmp_path / "bare")
+    assert_user_error(run(capsys, "generate", "--model", str(tmp_path / "bare"), "--prompt", "1"), "tokenizer.json")
+    assert_user_error(run(capsys, "evaluate", "--model", str(tmp_path / "bare"), "--examples", "2"), "tokenizer.json")
+
+
+def test_generate_invalid_utf8_input_names_file_and_line(capsys, trained, tmp_path):
+    model, _, _ = trained
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"12\n3\xff4\n5\n")
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--input", str(path)), f"{path}:2", "UTF-8")
+
+
+def test_generate_missing_input_file(capsys, trained, tmp_path):
+    model, _, _ = trained
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--input", str(tmp_path / "no.txt")), "no.txt")
+
+
+def test_generate_nbest_larger_than_beam(capsys, trained, stdin):
+    model, _, _ = trained
+    stdin("12\n")
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--nbest", "3", "--beam", "1"), "--nbest 3")
+
+
+def test_generate_checks_options_before_reading_stdin(capsys, trained, monkeypatch):
+    model, _, _ = trained
+
+    class NoStdin(io.StringIO):
+        def __iter__(self):
+            raise AssertionError("stdin was read before the options were checked")
+
+    monkeypatch.setattr(sys, "stdin", NoStdin())
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--nbest", "3", "--beam", "1"), "--nbest")
+
+
+@pytest.mark.parametrize(
+    "option", [["--temperature", "0"], ["--temperature", "-1"], ["--top-p", "0"]], ids=["t0", "t-1", "p0"]
+)
+def test_generate_bad_sampling_values(capsys, trained, option):
+    model, _, _ = trained
+    result = run(capsys, "generate", "--model", str(model), "--prompt", "12", "--sample", *SHORT, *option)
+    assert_user_error(result, option[0])
+
+
+@pytest.mark.parametrize("errors", ["strict", "surrogateescape"])
+def test_generate_invalid_utf8_on_stdin(capsys, trained, monkeypatch, errors):
+    model, _, _ = trained
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"12\n3\xff4\n"), encoding="utf-8", errors=errors))
+    assert_user_error(run(capsys, "generate", "--model", str(model)), "UTF-8")
+
+
+def test_generate_output_in_missing_directory(capsys, trained, tmp_path):
+    model, _, _ = trained
+    out = tmp_path / "no" / "such" / "dir" / "out.txt"
+    assert_user_error(
+        run(capsys, "generate", "--model", str(model), "--prompt", "12", "--output", str(out)), str(out.parent)
+    )
+
+
+# ------------------------------------------------------------- train, generate, evaluate
+
+
+def test_train_json_and_model_directory(trained):
+    model, stdout, rc = trained
+    assert rc == 0
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert {"task", "model", "steps", "final_loss", "exact_match"} <= result.keys()
+    assert result["task"] == "numbers" and result["model"] == str(model) and result["steps"] == 20
+    assert result["final_loss"] > 0 and 0.0 <= result["exact_match"] <= 1.0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in model.iterdir()}
+    meta = json.loads((model / "config.json").read_text())
+    assert meta["kind"] == "encoder_decoder" and meta["config"]["d_model"] == 16
+    assert (model / "loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_generate_keeps_order_and_empty_lines(capsys, trained, stdin):
+    model, _, _ = trained
+    stdin("12\n\n305\n")
+    rc, out, _ = run(capsys, "generate", "--model", str(model), *SHORT)
+    assert rc == 0
+    lines = out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # 3 lines, each ending in \n
+    # Each output is what that input gives on its own.
+    for i, prompt in ((0, "12"), (2, "305")):
+        rc, single, _ = run(capsys, "generate", "--model", str(model), "--prompt", prompt, *SHORT)
+        assert rc == 0 and single == lines[i] + "\n"
+
+
+def test_generate_output_file(capsys, trained, stdin, tmp_path):
+    model, _, _ = trained
+    stdin("12\n\n305\n")
+    rc, expected, _ = run(capsys, "generate", "--model", str(model), *SHORT)
+    assert rc == 0
+    inp, outp = tmp_path / "in.txt", tmp_path / "out.txt"
+    inp.write_text("12\n\n305\n")
+    rc, out, _ = run(capsys, "generate", "--model", str(model), *SHORT, "--input", str(inp), "--output", str(outp))
+    assert rc == 0 and out == ""
+    assert outp.read_text() == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]
+
+
+def test_generate_nbest_with_scores(capsys, trained, stdin):
+    model, _, _ = trained
+    stdin("12\n305\n")
+    rc, out, _ = run(capsys, "generate", "--model", str(model), "--beam", "2", "--nbest", "2", *SHORT)
+    assert rc == 0
+    lines = out.splitlines()
+    assert len(lines) == 4
+    scores = []
+    for line in lines:
+        text, sep, score = line.rpartition("\t")
+        assert sep == "\t" and "\t" not in text
+        scores.append(float(score))
+    assert all(s <= 0 for s in scores)
+    assert scores[0] >= scores[1] and scores[2] >= scores[3]  # best first
+
+
+def test_generate_nbest_gives_nbest_lines_for_empty_inputs_too(capsys, trained, stdin):
+    model, _, _ = trained
+    stdin("12\n\n305\n")
+    rc, out, _ = run(capsys, "generate", "--model", str(model), "--beam", "2", "--nbest", "2", *SHORT)
+    assert rc == 0
+    assert len(out.splitlines()) == 6
+
+
+def test_generate_sampling_with_a_seed_is_reproducible(capsys, trained, stdin):
+    model, _, _ = trained
+    outputs = []
+    for _ in range(2):
+        stdin("12\n4,317\n")
+        rc, out, _ = run(capsys, "generate", "--model", str(model), "--sample", "--seed", "3", *SHORT)
+        assert rc == 0 and len(out.splitlines()) == 2
+        outputs.append(out)
+    assert outputs[0] == outputs[1]
+
+
+def test_evaluate_model_json(capsys, trained):
+    model, _, _ = trained
+    rc, out, _ = run(capsys, "evaluate", "--model", str(model), "--examples", "10", "--beam", "2", "--json")
+    assert rc == 0
+    result = json.loads(out)
+    assert result["task"] == "numbers" and result["examples"] == 10
+    assert 0.0 <= result["exact_match"] <= 1.0
+
+
+def test_evaluate_files(capsys, tmp_path):
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    ref.write_text("the cat sat on the mat today\nfour thousand three hundred seventeen\n")
+    hyp.write_text("the cat sat on a mat today\nfour thousand three hundred seventeen\n")
+    rc, out, _ = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref))
+    assert rc == 0 and "bleu=" in out and "chrf=" in out and "exact_match=0.5" in out
+    rc, out, _ = run(capsys, "evaluate", "--hyp", str(ref), "--ref", str(ref), "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["bleu"] == 100.0 and result["chrf"] == 100.0 and result["exact_match"] == 1.0
+    assert "nrefs:1" in result["bleu_signature"]

@@ -1,0 +1,67 @@
+"""Tests of qkv.evaluation: exact match and sacreBLEU's BLEU / chrF with signatures."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.evaluation import corpus_scores, exact_match
+
+REFS = ["the cat sat on the mat today", "a quick brown fox jumps over the lazy dog"]
+
+
+def test_exact_match_values():
+    assert exact_match(["a", "b", "c", "d"], ["a", "b", "x", "y"]) == 0.5
+    assert exact_match(["  one two \n"], ["one two"]) == 1.0  # outer whitespace ignored
+    assert exact_match(["one  two"], ["one two"]) == 0.0  # inner whitespace counts
+    assert exact_match(["A"], ["a"]) == 0.0
+    assert exact_match([], []) == 0.0
+
+
+def test_exact_match_mismatched_lengths():
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        exact_match(["a", "b"], ["a"])
+
+
+def test_identical_corpus_scores_100():
+    scores = corpus_scores(REFS, REFS)
+    assert scores["bleu"] == 100.0
+    assert scores["chrf"] == 100.0
+    assert scores["exact_match"] == 1.0
+
+
+def test_different_corpus_scores_between_0_and_100():
+    hyps = ["the cat sat on a mat today", "a quick brown dog jumps over the lazy fox"]
+    scores = corpus_scores(hyps, REFS)
+    assert 0 < scores["bleu"] < 100 and 0 < scores["chrf"] < 100
+    assert scores["exact_match"] == 0.0
+
+
+def test_signatures():
+    scores = corpus_scores(REFS, REFS)
+    assert "nrefs:1" in scores["bleu_signature"] and "tok:13a" in scores["bleu_signature"]
+    assert "case:mixed" in scores["bleu_signature"] and "version:" in scores["bleu_signature"]
+    assert "nrefs:1" in scores["chrf_signature"] and "version:" in scores["chrf_signature"]
+    lower = corpus_scores(REFS, REFS, lowercase=True)
+    assert "case:lc" in lower["bleu_signature"]
+
+
+def test_lowercase_ignores_case():
+    upper = [r.upper() for r in REFS]
+    assert corpus_scores(upper, REFS)["bleu"] < 100
+    assert corpus_scores(upper, REFS, lowercase=True)["bleu"] == 100.0
+
+
+def test_chinese_tokenizer():
+    refs = ["我们今天去公园散步了。", "这本书非常有意思，我推荐给你。"]
+    hyps = ["我们今天去公园散步。", "这本书很有意思，我推荐给你。"]
+    same = corpus_scores(refs, refs, tokenize="zh")
+    assert same["bleu"] == 100.0 and "tok:zh" in same["bleu_signature"]
+    close = corpus_scores(hyps, refs, tokenize="zh")
+    assert 0 < close["bleu"] < 100
+    # Without Chinese word splitting whole sentences are single tokens: no 4-gram matches at all.
+    assert corpus_scores(hyps, refs, tokenize="13a")["bleu"] < close["bleu"]
+
+
+def test_corpus_scores_mismatched_lengths():
+    with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
+        corpus_scores(REFS[:1], REFS)

@@ -1,0 +1,131 @@
+"""Tests of qkv.recipes: loading and overriding recipes, their errors, cross-attention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.errors import UserError
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.recipes import DEFAULTS, cross_attention, load_recipe
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
+
+
+def _yaml(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_a_file():
+    recipe = load_recipe(None)
+    assert recipe == DEFAULTS
+    assert recipe["task"] == "numbers" and recipe["train"]["steps"] == 1500
+    recipe["train"]["steps"] = 1  # a copy: the defaults are not changed
+    assert DEFAULTS["train"]["steps"] == 1500
+
+
+def test_the_shipped_recipe_loads():
+    recipe = load_recipe(RECIPE)
+    assert recipe["task"] == "numbers"
+    assert recipe["model"]["d_model"] == 64 and recipe["data"]["beam_size"] == 4
+
+
+def test_yaml_file_overrides_defaults(tmp_path):
+    path = _yaml(tmp_path, "model:\n  d_model: 32\n  positions: rope\ntrain:\n  steps: 9\n")
+    recipe = load_recipe(path)
+    assert recipe["model"]["d_model"] == 32
+    assert recipe["model"]["positions"] == "rope"  # any model field, checked when the model is built
+    assert recipe["model"]["n_heads"] == 4  # untouched keys keep their defaults
+    assert recipe["train"]["steps"] == 9 and recipe["train"]["lr"] == DEFAULTS["train"]["lr"]
+
+
+def test_set_overrides_are_yaml_typed_and_win_over_the_file(tmp_path):
+    path = _yaml(tmp_path, "train:\n  steps: 9\n")
+    recipe = load_recipe(
+        path, ["train.steps=7", "model.dropout=0.1", "model.tie_output=false", "train.seconds=null", "task=numbers"]
+    )
+    assert recipe["train"]["steps"] == 7 and type(recipe["train"]["steps"]) is int
+    assert recipe["model"]["dropout"] == 0.1 and type(recipe["model"]["dropout"]) is float
+    assert recipe["model"]["tie_output"] is False
+    assert recipe["train"]["seconds"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("optimizer:\n  lr: 1\n", ["recipe.yaml", "optimizer"]),
+        ("train:\n  stepz: 1\n", ["recipe.yaml", "stepz"]),
+        ("train: 5\n", ["recipe.yaml", "train"]),
+        ("- a\n- b\n", ["recipe.yaml"]),
+        ("model: {d_model: 3\n", ["recipe.yaml", "YAML"]),
+        ("task: translation\n", ["translation", "task"]),
+    ],
+    ids=["unknown-section", "unknown-key", "section-not-mapping", "not-a-mapping", "invalid-yaml", "unknown-task"],
+)
+def test_bad_recipe_files(tmp_path, text, names):
+    path = _yaml(tmp_path, text)
+    with pytest.raises(UserError) as e:
+        load_recipe(path)
+    for name in names:
+        assert name in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_invalid_utf8_recipe(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(b"task: \xff\xfe\n")
+    with pytest.raises(UserError, match=r"recipe\.yaml"):
+        load_recipe(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match=r"missing\.yaml"):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("item", "name"),
+    [
+        ("train.steps", "train.steps"),  # no '='
+        ("train.stepz=3", "stepz"),
+        ("trian.steps=3", "trian"),
+        ("train.steps.x=3", "train.steps"),
+        ("task=translation", "translation"),
+    ],
+)
+def test_bad_overrides(item, name):
+    with pytest.raises(UserError) as e:
+        load_recipe(None, [item])
+    assert name in str(e.value)
+
+
+@pytest.mark.parametrize("item", ["train=5", "model=3", "data=[1, 2]"])
+def test_override_cannot_replace_a_whole_section(item):
+    with pytest.raises(UserError):
+        load_recipe(None, [item])
+
+
+def test_cross_attention_shape_and_softmax_rows():
+    torch.manual_seed(0)
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            src_vocab_size=11,
+            tgt_vocab_size=11,
+            d_model=12,
+            n_heads=3,
+            d_ff=16,
+            n_encoder_layers=1,
+            n_decoder_layers=2,
+            dropout=0.0,
+            max_len=16,
+        )
+    ).eval()
+    src, out = [4, 5, 6, 7, 8], [9, 10, 4]
+    weights = cross_attention(model, src, out)
+    assert weights.shape == (3, len(out) + 1, len(src))  # (H, T, S)
+    assert (weights >= 0).all()
+    assert torch.allclose(weights.sum(-1), torch.ones(3, len(out) + 1), atol=1e-5)

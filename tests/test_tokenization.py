@@ -1,0 +1,69 @@
+"""Tests of qkv.tokenization: the word-level tokenizer, its special ids, files and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkv.errors import UserError
+from qkv.tasks import numbers_pairs
+from qkv.tokenization import Tokenizer
+
+SENTENCE = "four thousand three hundred seventeen"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    pairs = numbers_pairs(300, seed=0, held_out=False)
+    return Tokenizer.train_word_level([s for pair in pairs for s in pair] + ["4,317", SENTENCE])
+
+
+def test_special_ids(tokenizer):
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    assert [tokenizer.id_to_token(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def test_digits_are_split_one_by_one(tokenizer):
+    assert tokenizer.tokens("4,317") == ["4", ",", "3", "1", "7"]
+    assert len(tokenizer.encode("4,317")) == 5
+    assert tokenizer.tokens("905017") == list("905017")
+
+
+def test_encode_decode_round_trip(tokenizer):
+    ids = tokenizer.encode(SENTENCE)
+    assert len(ids) == 5
+    assert all(i >= 4 for i in ids)  # no special or unknown token
+    assert tokenizer.decode(ids) == SENTENCE
+    # Special tokens are skipped when decoding.
+    assert tokenizer.decode([tokenizer.bos_id, *ids, tokenizer.eos_id, tokenizer.pad_id]) == SENTENCE
+
+
+def test_unknown_word_is_unk(tokenizer):
+    ids = tokenizer.encode("four zebra")
+    assert ids == [tokenizer.encode("four")[0], tokenizer.unk_id]
+
+
+def test_encode_batch_matches_encode(tokenizer):
+    texts = ["12", SENTENCE, "4,317"]
+    assert tokenizer.encode_batch(texts) == [tokenizer.encode(t) for t in texts]
+
+
+def test_save_load_round_trip(tokenizer, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(path)
+    loaded = Tokenizer.load(path)
+    assert loaded.vocab_size == tokenizer.vocab_size
+    texts = ["4,317", SENTENCE, "zebra 99"]
+    assert loaded.encode_batch(texts) == tokenizer.encode_batch(texts)
+    assert (loaded.pad_id, loaded.bos_id, loaded.eos_id, loaded.unk_id) == (0, 1, 2, 3)
+
+
+def test_load_garbage_file_is_user_error(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(b"this is not a tokenizer \xff\x00")
+    with pytest.raises(UserError, match=r"tokenizer\.json"):
+        Tokenizer.load(path)
+
+
+def test_load_missing_file_is_user_error(tmp_path):
+    with pytest.raises(UserError, match=r"nope\.json"):
+        Tokenizer.load(tmp_path / "nope.json")

@@ -1,0 +1,132 @@
+"""Tests of qkv.training: the schedule, the loss, batch assembly and the training loop."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.training import fit, inverse_sqrt, seq2seq_batch, sequence_loss
+
+PAD, BOS, EOS = 0, 1, 2
+V = 13
+
+
+def test_inverse_sqrt_warmup_then_decay():
+    warmup = 8
+    for step in range(1, warmup + 1):
+        assert inverse_sqrt(step, warmup=warmup) == pytest.approx(step / warmup)
+    assert inverse_sqrt(warmup, warmup=warmup) == pytest.approx(1.0)
+    for step in (9, 16, 32, 1000):
+        assert inverse_sqrt(step, warmup=warmup) == pytest.approx(math.sqrt(warmup / step))
+    # Step 0 is treated as step 1; no warmup is plain 1/sqrt(step).
+    assert inverse_sqrt(0, warmup=warmup) == pytest.approx(1 / warmup)
+    assert inverse_sqrt(4, warmup=0) == pytest.approx(0.5)
+
+
+def _logits_and_targets():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, V, generator=g)
+    targets = torch.tensor([[5, 6, 7, EOS, PAD], [8, EOS, PAD, PAD, PAD]])
+    return logits, targets
+
+
+def test_sequence_loss_is_cross_entropy_of_non_pad_tokens():
+    logits, targets = _logits_and_targets()
+    loss = sequence_loss(logits, targets, ignore_id=PAD)
+    keep = targets != PAD
+    assert loss.item() == pytest.approx(F.cross_entropy(logits[keep], targets[keep]).item(), rel=1e-6)
+
+
+def test_sequence_loss_ignores_padded_positions():
+    logits, targets = _logits_and_targets()
+    changed = logits.clone()
+    changed[targets == PAD] = torch.randn_like(changed[targets == PAD]) * 100
+    assert torch.equal(sequence_loss(logits, targets, ignore_id=PAD), sequence_loss(changed, targets, ignore_id=PAD))
+    # Without ignore_id every position counts, so the change shows.
+    assert sequence_loss(logits, targets, ignore_id=None) != sequence_loss(changed, targets, ignore_id=None)
+
+
+def test_label_smoothing_penalises_a_confident_correct_prediction():
+    targets = torch.tensor([[3, 4, EOS]])
+    logits = torch.full((1, 3, V), -10.0)
+    logits[0, torch.arange(3), targets[0]] = 10.0
+    plain = sequence_loss(logits, targets, ignore_id=PAD)
+    smoothed = sequence_loss(logits, targets, ignore_id=PAD, label_smoothing=0.1)
+    assert plain.item() < 1e-6
+    assert smoothed.item() > plain.item() + 0.5
+
+
+def test_seq2seq_batch_shapes_padding_bos_eos():
+    pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])]
+    src, tgt_in, tgt_out = seq2seq_batch(pairs, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    assert src.shape == (2, 3) and tgt_in.shape == (2, 5) and tgt_out.shape == (2, 5)
+    assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.long
+    assert src.tolist() == [[5, 6, 7], [5, PAD, PAD]]
+    assert tgt_in.tolist() == [[BOS, 8, 9, PAD, PAD], [BOS, 8, 9, 10, 11]]
+    assert tgt_out.tolist() == [[8, 9, EOS, PAD, PAD], [8, 9, 10, 11, EOS]]
+    # The decoder input is the expected output shifted right by one.
+    assert torch.equal(tgt_in[1, 1:], tgt_out[1, :-1])
+
+
+def _model(seed: int = 0) -> EncoderDecoder:
+    torch.manual_seed(seed)
+    config = EncoderDecoderConfig(
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        dropout=0.0,
+        max_len=16,
+    )
+    return EncoderDecoder(config)
+
+
+def _copy_task():
+    """step_loss for a fixed copy batch (the target is the source)."""
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (4, 6, 5, 3)]
+    src, tgt_in, tgt_out = seq2seq_batch([(r, r) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    n_tokens = int((tgt_out != PAD).sum())
+
+    def step_loss(model, step):
+        return sequence_loss(model(src, tgt_in), tgt_out, ignore_id=PAD), n_tokens
+
+    return step_loss, n_tokens
+
+
+def test_fit_lowers_the_loss_and_counts_steps_and_tokens():
+    step_loss, n_tokens = _copy_task()
+    model = _model()
+    result = fit(model, step_loss, steps=40, lr=1e-2, warmup=5, progress=False)
+    assert result.steps == 40 and len(result.losses) == 40
+    assert result.tokens == 40 * n_tokens
+    assert result.seconds > 0
+    assert sum(result.losses[-5:]) / 5 < 0.5 * result.losses[0]
+    assert not model.training  # fit leaves the model in eval mode
+
+
+def test_fit_with_zero_seconds_stops_after_one_step():
+    step_loss, n_tokens = _copy_task()
+    result = fit(_model(), step_loss, steps=50, lr=1e-2, warmup=5, seconds=0.0, progress=False)
+    assert result.steps == 1 and len(result.losses) == 1 and result.tokens == n_tokens
+
+
+def test_fit_is_deterministic_for_a_seed():
+    step_loss, _ = _copy_task()
+    a, b = _model(seed=3), _model(seed=3)
+    ra = fit(a, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
+    rb = fit(b, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
+    assert ra.losses == rb.losses
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # and training changed the weights
+    fresh = _model(seed=3).state_dict()
+    assert any(not torch.equal(sa[k], fresh[k]) for k in sa)
