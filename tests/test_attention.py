@@ -45,21 +45,20 @@ def _grads(out: torch.Tensor, weight: torch.Tensor, *tensors: torch.Tensor) -> l
 
 def _cases() -> dict[str, tuple[int, int, torch.Tensor | None, torch.Tensor | None]]:
     """name -> (t, s, mask, bias)."""
-    slopes = alibi_slopes(H)
     return {
         "plain": (T, T, None, None),
         "causal": (T, T, causal_mask(T, T), None),
         "padded": (T, T, _padding([T, 3], T), None),
         "cross": (T, S, None, None),
         "cross_padded": (T, S, _padding([S, 4], S), None),
-        "alibi": (T, T, None, alibi_bias(slopes, T, T, causal=True)),
+        "alibi": (T, T, None, alibi_bias(H, T, T, causal=True)),
         "alibi_causal_padded": (
             T,
             T,
             causal_mask(T, T)[None, None] & _padding([T, 4], T),
-            alibi_bias(slopes, T, T, causal=True),
+            alibi_bias(H, T, T, causal=True),
         ),
-        "alibi_cross_padded": (T, S, _padding([6, S], S), alibi_bias(slopes, T, S, causal=False)),
+        "alibi_cross_padded": (T, S, _padding([6, S], S), alibi_bias(H, T, S, causal=False)),
     }
 
 
@@ -84,7 +83,7 @@ def test_explicit_matches_hand_computation() -> None:
     torch.manual_seed(1)
     q, k, v = (x.detach() for x in _qkv(T, S))
     mask = _padding([S, 4], S)
-    bias = alibi_bias(alibi_slopes(H), T, S, causal=False)
+    bias = alibi_bias(H, T, S, causal=False)
     scores = torch.einsum("bhtk,bhsk->bhts", q, k) / math.sqrt(K) + bias
     scores = scores.masked_fill(~mask, float("-inf"))
     expected = torch.einsum("bhts,bhsk->bhtk", scores.softmax(-1), v)
@@ -115,7 +114,7 @@ def test_fully_masked_query_row_is_zero_and_finite(with_bias: bool) -> None:
     mask = torch.ones(B, 1, T, S, dtype=torch.bool)
     mask[0, :, 2] = False  # row 2 of batch 0 sees no key
     mask[1, :, 4, 3:] = False  # an ordinary partly masked row
-    bias = alibi_bias(alibi_slopes(H), T, S, causal=False) if with_bias else None
+    bias = alibi_bias(H, T, S, causal=False) if with_bias else None
     out_e, weights = attention_explicit(q, k, v, mask=mask, bias=bias)
     out_f = attention_fused(q, k, v, mask=mask, bias=bias)
     for out in (out_e, out_f):
@@ -160,10 +159,10 @@ def test_sigmoid_masked_uses_allowed_key_count_and_no_nan() -> None:
 
 @pytest.mark.parametrize("normalization", ["softmax", "sigmoid"])
 def test_explicit_with_alibi_in_bfloat16(normalization: str) -> None:
-    """The explicit path accepts bf16 q/k/v with an ALiBi bias from bf16 slopes (a model cast to bf16)."""
+    """The explicit path accepts bf16 q/k/v with an fp32 ALiBi bias (a model cast to bf16)."""
     torch.manual_seed(12)
     q, k, v = (x.detach().bfloat16() for x in _qkv(T, T))
-    bias = alibi_bias(alibi_slopes(H).bfloat16(), T, T, causal=True)  # as DecoderStack builds it after .to(bf16)
+    bias = alibi_bias(H, T, T, causal=True)  # fp32, as DecoderStack builds it for a bf16 model
     mask = causal_mask(T, T)
     out, weights = attention_explicit(q, k, v, mask=mask, bias=bias, normalization=normalization)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
@@ -248,11 +247,11 @@ def test_alibi_slopes_not_power_of_two() -> None:
 def test_alibi_bias_values() -> None:
     """ALiBi bias is slope·(j - i) for causal and -slope·|i - j| otherwise, with queries at the end."""
     slopes = alibi_slopes(H)
-    causal = alibi_bias(slopes, 2, 4, causal=True)
+    causal = alibi_bias(H, 2, 4, causal=True)
     assert causal.shape == (1, H, 2, 4)
     # query 0 sits at position 2: distances to keys 0..3 are -2, -1, 0, 1
     assert torch.allclose(causal[0, :, 0], slopes[:, None] * torch.tensor([-2.0, -1.0, 0.0, 1.0]))
-    sym = alibi_bias(slopes, 4, 4, causal=False)
+    sym = alibi_bias(H, 4, 4, causal=False)
     assert torch.allclose(sym, sym.transpose(-1, -2))
     assert torch.all(sym <= 0)
 

@@ -14,7 +14,7 @@ def test_attention_heatmap_writes_a_png(tmp_path):
     weights = rng.random((5, 4, 6))  # 5 heads: two rows of panels, three of them empty
     weights /= weights.sum(-1, keepdims=True)
     path = tmp_path / "pictures" / "attention.png"  # the folder is created
-    result = attention_heatmap(weights, list("abcdef"), ["<s>", "w", "x", "y"], path, title="test")
+    result = attention_heatmap(weights, source=list("abcdef"), output=["w", "x", "y", "</s>"], path=path, title="test")
     assert result == path
     assert path.read_bytes().startswith(PNG)
     assert [p.name for p in path.parent.iterdir()] == ["attention.png"]

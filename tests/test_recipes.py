@@ -23,9 +23,9 @@ def _yaml(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
 def test_defaults_without_a_file():
     recipe = load_recipe(None)
     assert recipe == DEFAULTS
-    assert recipe["task"] == "numbers" and recipe["train"]["steps"] == 1500
+    assert recipe["task"] == "numbers" and recipe["train"]["steps"] == 3000
     recipe["train"]["steps"] = 1  # a copy: the defaults are not changed
-    assert DEFAULTS["train"]["steps"] == 1500
+    assert DEFAULTS["train"]["steps"] == 3000
 
 
 def test_the_shipped_recipe_loads():
@@ -125,7 +125,7 @@ def test_cross_attention_shape_and_softmax_rows():
         )
     ).eval()
     src, out = [4, 5, 6, 7, 8], [9, 10, 4]
-    weights = cross_attention(model, src, out)
+    weights = cross_attention(model, src=src, out=out)
     assert weights.shape == (3, len(out) + 1, len(src))  # (H, T, S)
     assert (weights >= 0).all()
     assert torch.allclose(weights.sum(-1), torch.ones(3, len(out) + 1), atol=1e-5)

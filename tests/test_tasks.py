@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from qkv.tasks import LIMIT, is_held_out, number_to_words, numbers_pairs
+from qkv.tasks import LIMIT, held_out_numbers, is_held_out, number_to_words, numbers_pairs
 
 
 @contextmanager
@@ -102,6 +102,14 @@ def test_sources_appear_with_and_without_commas():
 
 
 def test_asking_for_more_held_out_pairs_than_exist_fails_instead_of_looping():
-    assert sum(is_held_out(n) for n in range(LIMIT)) == 10_000
+    total = sum(is_held_out(n) for n in range(LIMIT))
+    assert total == len(held_out_numbers())
     with time_limit(2.0), pytest.raises(ValueError):
-        numbers_pairs(10_001, seed=0, held_out=True)
+        numbers_pairs(total + 1, seed=0, held_out=True)
+
+
+def test_held_out_numbers_cover_every_ending():
+    """The held-out set is not biased to some residues (every last-two-digit ending occurs)."""
+    numbers = held_out_numbers()
+    assert {n % 100 for n in numbers} == set(range(100))
+    assert 0.005 < len(numbers) / LIMIT < 0.015

@@ -115,17 +115,19 @@ def alibi_slopes(n_heads: int) -> Tensor:
     return torch.tensor(power_of_two(lower) + extra)
 
 
-def alibi_bias(slopes: Tensor, t: int, s: int, *, causal: bool) -> Tensor:
+def alibi_bias(n_heads: int, t: int, s: int, *, causal: bool, device: torch.device | None = None) -> Tensor:
     """Linear distance penalty added to attention scores (ALiBi).
 
     Query i sits at position ``s - t + i``. A causal model sees only keys behind it, so the
-    penalty is slope * (j - i) <= 0; a bidirectional encoder uses -slope * |i - j|.
+    penalty is slope * (j - i) <= 0; a bidirectional encoder uses -slope * |i - j|. Built in
+    fp32 (distances above 256 are not exact in bf16); the attention casts it.
 
     Shapes:
-        slopes: (H,); returns (1, H, T, S) float.
+        returns (1, H, T, S) float32.
     """
-    q_pos = torch.arange(s - t, s, device=slopes.device)[:, None]  # (T, 1)
-    k_pos = torch.arange(s, device=slopes.device)[None, :]  # (1, S)
+    slopes = alibi_slopes(n_heads).to(device)  # (H,)
+    q_pos = torch.arange(s - t, s, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
     distance = (k_pos - q_pos).float()  # (T, S)
     if not causal:
         distance = -distance.abs()
@@ -186,9 +188,9 @@ def attention_explicit(
         weights = torch.sigmoid(scores + b)  # (B, H, T, S)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
-    if dropout > 0.0:
-        weights = F.dropout(weights, p=dropout)
-    return weights @ v, weights  # (B, H, T, K), (B, H, T, S)
+    # Dropout regularizes what flows to O; the returned A' stays the normalized weights.
+    dropped = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
+    return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)
 
 
 def attention_fused(
@@ -218,7 +220,7 @@ def attention_fused(
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)  # (B, H, T, K)
     if row_valid is not None and not bool(row_valid.all()):
         out = out * row_valid  # (B, H, T, K)
     return out

@@ -25,7 +25,6 @@ from qkv.attention import (
     KVCache,
     MultiHeadAttention,
     alibi_bias,
-    alibi_slopes,
     causal_mask,
     padding_mask,
 )
@@ -240,12 +239,12 @@ class EncoderStack(nn.Module):
         self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(n_layers))
         self.norm = _final_norm(config)
         self.alibi = config.positions == "alibi"
-        self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
+        self.n_heads = config.n_heads
 
     def forward(self, x: Tensor, *, valid: Tensor | None, positions: Tensor) -> Tensor:
         s = x.shape[1]
         mask = padding_mask(valid) if valid is not None else None  # (B, 1, 1, S)
-        bias = alibi_bias(self.slopes, s, s, causal=False) if self.alibi else None  # (1, H, S, S)
+        bias = alibi_bias(self.n_heads, s, s, causal=False, device=x.device) if self.alibi else None  # (1, H, S, S)
         for block in self.blocks:
             x = block(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
         return self.norm(x)
@@ -269,7 +268,7 @@ class DecoderStack(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention=cross_attention) for _ in range(n_layers))
         self.norm = _final_norm(config)
         self.alibi = config.positions == "alibi"
-        self.register_buffer("slopes", alibi_slopes(config.n_heads), persistent=False)
+        self.n_heads = config.n_heads
 
     def forward(
         self,
@@ -287,7 +286,9 @@ class DecoderStack(nn.Module):
         self_mask = causal_mask(t, s, device=x.device)[None, None]  # (1, 1, T, S_self)
         if key_mask is not None:
             self_mask = self_mask & padding_mask(key_mask)  # (B, 1, T, S_self)
-        self_bias = alibi_bias(self.slopes, t, s, causal=True) if self.alibi else None  # (1, H, T, S_self)
+        self_bias = (
+            alibi_bias(self.n_heads, t, s, causal=True, device=x.device) if self.alibi else None
+        )  # (1, H, T, S_self)
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None  # (B, 1, 1, S)
         new_cache, weights = [], []
         for i, block in enumerate(self.blocks):

@@ -22,11 +22,11 @@ from qkv import __version__
 from qkv.errors import UserError
 
 EPILOG_DEMO = """example:
-  qkv demo --out qkv-demo          # ~2 minutes on 2 CPU cores
+  qkv demo --out qkv-demo          # about 2 minutes on 2 CPU cores
   qkv generate --model qkv-demo/model <<< "4,317"
 """
 EPILOG_TRAIN = """example:
-  qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=3000 --set model.d_model=96
+  qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=1500 --set model.d_model=96
 """
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
@@ -138,16 +138,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides.append(f"train.steps={args.steps}")
     recipe = load_recipe(None, overrides)
     out = Path(args.out)
+    steps = recipe["train"]["steps"]
     print(
         f"qkv demo: training an encoder-decoder Transformer to write numbers as English words "
-        f"({recipe['train']['steps']} steps, seed {args.seed})",
+        f"({steps} steps, seed {args.seed})",
         file=sys.stderr,
     )
     summary = train_numbers(recipe, out / "model", progress=not args.quiet)
+    if summary["steps"] < steps:
+        print(
+            f"qkv demo: warning: --seconds {args.seconds} stopped training after {summary['steps']} of {steps} steps",
+            file=sys.stderr,
+        )
     model, tokenizer = summary["model"], summary["tokenizer"]
     held_out, outputs = summary["held_out"], summary["outputs"]
 
-    print(f"\nheld-out examples (never seen in training), beam search width {recipe['data']['beam_size']}:")
+    print(f"held-out examples (never seen in training), beam search width {recipe['data']['beam_size']}:")
     for (source, reference), output in list(zip(held_out, outputs, strict=True))[:8]:
         mark = "ok " if output == reference else "ERR"
         print(f"  {mark} {source:>9} -> {output}")
@@ -155,39 +161,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for source, reference, output in wrong[:3]:
         print(f"  wrong: {source} -> {output!r} (expected {reference!r})")
 
-    # The picture: the longest held-out example, its source tokens against its output tokens.
-    source, _ = max(held_out, key=lambda pair: len(pair[1].split()))
-    src_ids = tokenizer.encode(source)
-    out_ids = tokenizer.encode(outputs[held_out.index((source, _))])
-    weights = cross_attention(model, src_ids, out_ids)  # (H, T, S)
+    # The picture: the held-out example with the longest output, source against output tokens.
+    longest = max(range(len(held_out)), key=lambda i: len(outputs[i].split()))
+    source = held_out[longest][0]
+    src_ids, out_ids = tokenizer.encode(source), tokenizer.encode(outputs[longest])
+    weights = cross_attention(model, src=src_ids, out=out_ids)  # (H, T, S)
     png = attention_heatmap(
         weights.numpy(),
-        [tokenizer.id_to_token(i) for i in src_ids],
-        [tokenizer.id_to_token(i) for i in [tokenizer.bos_id, *out_ids]],
-        out / "cross_attention.png",
-        title=f"cross-attention, last decoder layer: {source!r} (row t: reading this token, predicting the next)",
+        source=[tokenizer.id_to_token(i) for i in src_ids],
+        output=[tokenizer.id_to_token(i) for i in [*out_ids, tokenizer.eos_id]],
+        path=out / "cross_attention.png",
+        title=f"cross-attention of the last decoder layer while writing {source!r}",
     )
     loss_png = loss_curve(summary["losses"], out / "loss.png", title="qkv demo: training loss")
     print(
-        f"\nexact match {summary['exact_match']:.1%} on {len(held_out)} held-out numbers | "
-        f"trained {summary['steps']} steps in {summary['train_seconds']:.0f}s "
+        f"qkv demo: exact match {summary['exact_match']:.1%} on {len(held_out)} held-out numbers | "
+        f"{summary['steps']} steps in {summary['train_seconds']:.0f}s "
         f"({summary['tokens_per_second']:.0f} target tokens/s) | model {out / 'model'} | "
         f"pictures {png}, {loss_png}",
         file=sys.stderr,
     )
-    print(
-        json.dumps(
-            {
-                "task": "numbers",
-                "exact_match": round(summary["exact_match"], 4),
-                "train_seconds": round(summary["train_seconds"], 1),
-                "attention_png": str(png),
-                "model": str(out / "model"),
-                "steps": summary["steps"],
-                "held_out_examples": len(held_out),
-            }
-        )
-    )
+    result = {
+        "task": "numbers",
+        "exact_match": round(summary["exact_match"], 4),
+        "train_seconds": round(summary["train_seconds"], 1),
+        "attention_png": str(png),
+    }
+    print(json.dumps(result))
     return 0
 
 
@@ -284,7 +284,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         model, tokenizer = _load_for_generation(args.model)
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
-        score, _ = evaluate_numbers(model, tokenizer, pairs, beam_size=args.beam)
+        score, _ = evaluate_numbers(model, tokenizer, pairs=pairs, beam_size=args.beam)
         result = {
             "task": "numbers",
             "exact_match": round(score, 4),
@@ -332,7 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="qkv-demo", help="output directory (default: qkv-demo)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--seconds", type=float, default=None, help="stop training after this many seconds")
+    p.add_argument(
+        "--seconds",
+        type=_positive_float,
+        default=None,
+        help="stop training after this many seconds even if steps remain (a warning says so)",
+    )
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps (default: the recipe's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_demo)

@@ -102,7 +102,10 @@ def _map(obj, fn: Callable[[Tensor], Tensor]):
 
 def _select(state: _State, rows: Tensor) -> _State:
     """Keep, repeat or reorder hypotheses: row i of the result is row ``rows[i]``."""
-    pick = lambda t: t.index_select(0, rows)  # noqa: E731
+
+    def pick(t: Tensor) -> Tensor:
+        return t.index_select(0, rows)  # (N, ...) rows picked
+
     return _State(
         _map(state.cache, pick),
         memory=_map(state.memory, pick),
@@ -275,7 +278,7 @@ def beam_search(
         rows = torch.tensor(keep_rows, device=device)
         tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
-        scores = torch.tensor(keep_scores, device=device).view(b, w)
+        scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
         if step == max_new_tokens - 1:
             break
         logits, state = _advance(model, _select(state, rows), tokens)

@@ -10,6 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure  # a bare Figure: no pyplot global state, no display
 
 
@@ -26,10 +27,13 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def attention_heatmap(weights, source: list[str], output: list[str], path: str | Path, *, title: str) -> Path:
+def attention_heatmap(
+    weights: np.ndarray, *, source: list[str], output: list[str], path: str | Path, title: str
+) -> Path:
     """One panel per head: output tokens down the rows, source tokens along the columns.
 
-    ``weights`` is an array (H, T, S) of attention weights A' (T output, S source tokens).
+    Shapes:
+        weights: (H, T, S) attention weights A', T = len(output), S = len(source).
     """
     heads = weights.shape[0]
     cols = min(heads, 4)

@@ -56,10 +56,13 @@ def number_to_words(n: int) -> str:
 def is_held_out(n: int) -> bool:
     """True for the ~1% of numbers ≥ 100 reserved for evaluation (Knuth's multiplicative hash).
 
+    The test reads the hash's high bits: its low bits repeat with period 4, which would
+    hold out only multiples of 4.
+
     Numbers below 100 are the task's lexicon ("zero", "seventeen", ...): a word never seen
     in training cannot be produced, so none of them is held out.
     """
-    return n >= 100 and (n * 2654435761) % (1 << 32) % 100 == 0
+    return n >= 100 and (((n * 2654435761) & 0xFFFFFFFF) >> 16) % 100 == 0
 
 
 def format_digits(n: int, *, commas: bool) -> str:
@@ -74,7 +77,7 @@ def _sample_number(rng: random.Random) -> int:
 
 @functools.cache
 def held_out_numbers() -> tuple[int, ...]:
-    """All held-out numbers (exactly 10,000), ascending."""
+    """All held-out numbers (10,011 of them), ascending."""
     return tuple(n for n in range(100, LIMIT) if is_held_out(n))
 
 
@@ -82,7 +85,7 @@ def numbers_pairs(count: int, *, seed: int, held_out: bool) -> list[tuple[str, s
     """``count`` (source, target) pairs, drawn from the training or the held-out numbers.
 
     Both draw the number of digits uniformly first. Training pairs may repeat (they are
-    sampled); held-out pairs are distinct, so at most 10,000 of them exist.
+    sampled); held-out pairs are distinct, so at most 10,011 of them exist.
     """
     rng = random.Random(seed)
     if held_out:
