@@ -32,7 +32,7 @@ stamp=.venv/.qkv-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  # torch is pinned: on this kind of machine 2.13.0 is a local CPU wheel (see DEVELOPERS.md).
+  # torch is pinned: on the project's machines 2.13.0 is a local CPU wheel; other specs download GBs.
   .venv/bin/python -m pip install -q "torch==2.13.0"
   .venv/bin/python -m pip install -q -e ".[dev]"
   echo "$want" > "$stamp"

@@ -27,9 +27,9 @@ TINY = [
     *("--set", "train.steps=20"),
     *("--set", "data.eval_examples=20"),
     *("--set", "data.beam_size=2"),
-    *("--set", "model.d_model=16"),
-    *("--set", "model.n_heads=2"),
-    *("--set", "model.d_ff=32"),
+    *("--set", "model.d_model=15"),
+    *("--set", "model.n_heads=3"),
+    *("--set", "model.d_ff=7"),
     *("--set", "model.n_encoder_layers=1"),
     *("--set", "model.n_decoder_layers=1"),
 ]
@@ -264,7 +264,7 @@ def test_train_json_and_model_directory(trained):
     assert result["final_loss"] > 0 and 0.0 <= result["exact_match"] <= 1.0
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in model.iterdir()}
     meta = json.loads((model / "config.json").read_text())
-    assert meta["kind"] == "encoder_decoder" and meta["config"]["d_model"] == 16
+    assert meta["kind"] == "encoder_decoder" and meta["config"]["d_model"] == 15
     assert (model / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -348,3 +348,65 @@ def test_evaluate_files(capsys, tmp_path):
     result = json.loads(out)
     assert rc == 0 and result["bleu"] == 100.0 and result["chrf"] == 100.0 and result["exact_match"] == 1.0
     assert "nrefs:1" in result["bleu_signature"]
+
+
+def test_demo_end_to_end_tiny(capsys, tmp_path, stdin):
+    """demo: progress, examples, one JSON line with the four keys, a PNG, a usable model dir."""
+    out = tmp_path / "demo"
+    rc, stdout, err = run(capsys, "demo", "--out", str(out), "--steps", "5", "--examples", "7", "--quiet")
+    assert rc == 0, err
+    lines = stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == {"task", "exact_match", "train_seconds", "attention_png"}
+    assert sum(line.startswith("{") for line in lines) == 1
+    assert 0.0 <= result["exact_match"] <= 1.0
+    assert Path(result["attention_png"]).read_bytes().startswith(b"\x89PNG")
+    assert "held-out" in stdout
+    stdin("4,317\n")
+    rc, generated, err = run(capsys, "generate", "--model", str(out / "model"), *SHORT)
+    assert rc == 0, err
+    assert len(generated.splitlines()) == 1
+
+
+def test_generate_refuses_an_encoder_only_model(capsys, tmp_path):
+    from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+
+    model = EncoderOnly(EncoderOnlyConfig(vocab_size=13, d_model=15, n_heads=3, d_ff=7, n_layers=1))
+    save_model(model, tmp_path / "bert")
+    assert_user_error(run(capsys, "generate", "--model", str(tmp_path / "bert"), "--prompt", "x"), "encoder_only")
+
+
+def test_evaluate_refuses_a_model_of_another_task(capsys, tmp_path, trained):
+    from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+    from qkv.tokenization import FILE, Tokenizer
+
+    model_dir, _, _ = trained
+    tok = Tokenizer.load(model_dir / FILE)
+    gpt = DecoderOnly(DecoderOnlyConfig(vocab_size=tok.vocab_size, d_model=15, n_heads=3, d_ff=7, n_layers=1))
+    save_model(gpt, tmp_path / "gpt", files={FILE: model_dir / FILE})
+    assert_user_error(run(capsys, "evaluate", "--model", str(tmp_path / "gpt"), "--examples", "3"), "numbers")
+
+
+def test_generate_sample_with_beam_is_a_user_error(capsys, trained):
+    model, _, _ = trained
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--sample", "--beam", "2"), "--sample")
+
+
+def test_generate_input_longer_than_the_window(capsys, trained, tmp_path):
+    model, _, _ = trained
+    text = tmp_path / "long.txt"
+    text.write_text("12\n" + "1" * 200 + "\n")
+    line = assert_user_error(run(capsys, "generate", "--model", str(model), "--input", str(text)), "long.txt:2")
+    assert "at most" in line
+
+
+def test_train_set_value_that_is_not_yaml(capsys, tmp_path):
+    assert_user_error(
+        run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", "--set", "train.steps=[1"), "train.steps"
+    )
+
+
+@pytest.mark.parametrize("setting", ["model.n_kv_heads=-3", "model.n_encoder_layers=0", "model.norm_first=maybe"])
+def test_train_bad_model_field_is_a_user_error(capsys, tmp_path, setting):
+    field = setting.split("=")[0].split(".")[1]
+    assert_user_error(run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", "--set", setting), field)

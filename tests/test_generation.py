@@ -433,3 +433,66 @@ def test_filtered_sampling_never_leaves_allowed_set() -> None:
         filtered = filter_logits(logits, **kwargs)
         draws = torch.multinomial(filtered.softmax(-1), 500, replacement=True, generator=g)  # (4, 500)
         assert torch.isfinite(filtered.gather(-1, draws)).all()
+
+
+def test_window_caps_new_tokens_and_refuses_long_inputs() -> None:
+    """Positions never reach max_len: new tokens are capped; an over-long input is refused."""
+    torch.manual_seed(7)
+    config = DecoderOnlyConfig(
+        vocab_size=13, d_model=15, n_heads=3, d_ff=7, n_layers=1, max_len=11, positions="learned", dropout=0.0
+    )
+    model = DecoderOnly(config).eval()
+    out = greedy(model, [[3, 4, 5, 6, 7]], max_new_tokens=50)
+    assert len(out[0]) == 11 - 5 + 1  # the last token is produced, never fed
+    with pytest.raises(ValueError, match="max_len"):
+        greedy(model, [[3] * 12], max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        beam_search(model, [[3]], beam_size=2, max_new_tokens=0)
+    seq2seq = EncoderDecoder(
+        EncoderDecoderConfig(
+            src_vocab_size=13,
+            tgt_vocab_size=13,
+            d_model=15,
+            n_heads=3,
+            d_ff=7,
+            n_encoder_layers=1,
+            n_decoder_layers=1,
+            max_len=7,
+            positions="learned",
+            dropout=0.0,
+            eos_id=12,
+        )
+    ).eval()
+    hyps = beam_search(seq2seq, [[4, 5, 6]], beam_size=2, max_new_tokens=50)
+    assert len(hyps[0][0].tokens) <= 7
+
+
+def test_beam_search_waits_for_a_better_live_beam(monkeypatch) -> None:
+    """Improbable early ENDs must not end the search while a live beam can still beat them.
+
+    A scripted decoder (vocabulary pad, bos, END=2, a=3) makes "a a a END" likely and END
+    before that improbable but still within the top W of a tiny vocabulary.
+    """
+    import types
+
+    import qkv.generation as generation
+
+    def logits(length: int) -> torch.Tensor:
+        row = torch.full((4,), -20.0)
+        row[3], row[2] = (-0.01, -5.0) if length < 3 else (-5.0, -0.01)
+        return row
+
+    def start(model, inputs):
+        lengths = torch.zeros(len(inputs), 1)
+        return torch.stack([logits(0)] * len(inputs)), generation._State(cache=[lengths])
+
+    def advance(model, state, tokens):
+        lengths = state.cache[0] + 1
+        return torch.stack([logits(int(n)) for n in lengths[:, 0]]), generation._State(cache=[lengths])
+
+    monkeypatch.setattr(generation, "_start", start)
+    monkeypatch.setattr(generation, "_advance", advance)
+    scripted = types.SimpleNamespace(config=types.SimpleNamespace(eos_id=2, max_len=50))
+    for width in (2, 3):
+        best = beam_search(scripted, [[5], [6, 7]], beam_size=width, max_new_tokens=10)
+        assert [hyps[0].tokens for hyps in best] == [[3, 3, 3], [3, 3, 3]]

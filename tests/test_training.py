@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -130,3 +131,19 @@ def test_fit_is_deterministic_for_a_seed():
     # and training changed the weights
     fresh = _model(seed=3).state_dict()
     assert any(not torch.equal(sa[k], fresh[k]) for k in sa)
+
+
+def test_warmup_cosine_rises_then_decays_to_zero() -> None:
+    """Linear warmup to 1, monotone cosine decay, 0 at the last step."""
+    from qkv.training import warmup_cosine
+
+    factors = [warmup_cosine(s, warmup=5, total=23) for s in range(24)]
+    assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert all(a >= b for a, b in itertools.pairwise(factors[4:]))
+    assert factors[23] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fit_refuses_an_unknown_schedule() -> None:
+    model = torch.nn.Linear(3, 5)
+    with pytest.raises(ValueError, match="schedule"):
+        fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), steps=1, lr=1e-3, warmup=1, schedule="step")

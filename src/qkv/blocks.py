@@ -94,9 +94,15 @@ class BlockConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("d_model", "n_heads", "d_ff", "max_len"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        check_fields(
+            self,
+            positive_ints=("d_model", "n_heads", "d_ff", "max_len"),
+            booleans=("norm_first", "bias"),
+        )
+        if self.n_kv_heads is not None:
+            check_fields(self, positive_ints=("n_kv_heads",))
+        if not isinstance(self.norm_eps, (int, float)) or isinstance(self.norm_eps, bool) or self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
@@ -106,6 +112,17 @@ class BlockConfig:
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+
+def check_fields(config: object, *, positive_ints: tuple[str, ...] = (), booleans: tuple[str, ...] = ()) -> None:
+    """Raise ValueError naming the first field that is not a positive int / not a bool."""
+    for name in positive_ints:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name in booleans:
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
 
 
 def _attention(config: BlockConfig, *, rope: bool) -> MultiHeadAttention:

@@ -110,9 +110,7 @@ def save_model(
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private (0700); a model directory is not
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a model directory is not
     try:
         state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
         save_file(state, tmp / "model.safetensors")
@@ -120,6 +118,9 @@ def save_model(
         for name, source in (files or {}).items():
             shutil.copyfile(source, tmp / name)
             hashes[name] = sha256_file(tmp / name)
+        reserved = {"qkv_version", "kind", "config", "files"}
+        if reserved & set(extra or {}):
+            raise ValueError(f"extra may not set {', '.join(sorted(reserved & set(extra)))}")
         meta = {
             "qkv_version": __version__,
             "kind": kind_of(model),
@@ -155,10 +156,17 @@ def read_meta(directory: str | Path) -> dict:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} must hold a JSON object")
     for key in ("kind", "config"):
         if key not in meta:
             raise UserError(f"{path} has no {key!r} field")
-    for name, digest in meta.get("files", {}).items():
+    if not isinstance(meta["config"], dict):
+        raise UserError(f"{path}: 'config' must be a JSON object")
+    files = meta.setdefault("files", {})
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise UserError(f"{path}: 'files' must map file names to SHA-256 strings")
+    for name, digest in files.items():
         file = directory / name
         if not file.is_file():
             raise UserError(f"{file} is missing (listed in {path})")

@@ -114,9 +114,13 @@ class _Output:
     def close(self) -> None:
         if self.path is not None:
             fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(f"{line}\n" for line in self.lines)
-            os.replace(tmp, self.path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.writelines(f"{line}\n" for line in self.lines)
+                os.replace(tmp, self.path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
@@ -136,6 +140,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overrides.append(f"train.seconds={args.seconds}")
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
+    overrides.append(f"data.eval_examples={args.examples}")
     recipe = load_recipe(None, overrides)
     out = Path(args.out)
     steps = recipe["train"]["steps"]
@@ -230,13 +235,28 @@ def _load_for_generation(path: str):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
     from qkv.generation import beam_search, greedy, sample
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
+    if args.sample and args.beam > 1:
+        raise UserError("--sample and --beam are exclusive: sampling draws one output per input")
     out = _Output(args.output)
     model, tokenizer = _load_for_generation(args.model)
     lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
+    window = model.config.max_len
+    for number, line in enumerate(lines, start=1):
+        if len(tokenizer.encode(line)) > window:
+            where = "--prompt" if args.prompt is not None else f"{args.input or '<stdin>'}:{number}"
+            raise UserError(f"{where}: {len(tokenizer.encode(line))} tokens; the model takes at most {window}")
+    # One generator for the whole run: the output does not depend on --batch-size.
+    generator = torch.Generator()
+    if args.seed is not None:
+        generator.manual_seed(args.seed)
+    else:
+        generator.seed()
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
         todo = [i for i, line in enumerate(chunk) if line.strip()]
@@ -252,7 +272,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     temperature=args.temperature,
                     top_k=args.top_k,
                     top_p=args.top_p,
-                    seed=args.seed,
+                    generator=generator,
                 )
                 texts = [[tokenizer.decode(o)] for o in outs]
             elif args.beam > 1:
@@ -276,12 +296,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.model is not None:
+        from qkv.checkpoint import read_meta
         from qkv.recipes import evaluate_numbers
         from qkv.tasks import held_out_numbers, numbers_pairs
 
         if args.examples > len(held_out_numbers()):
             raise UserError(f"--examples {args.examples}: only {len(held_out_numbers())} held-out numbers exist")
         model, tokenizer = _load_for_generation(args.model)
+        meta = read_meta(args.model)
+        if meta["kind"] != "encoder_decoder" or meta.get("task") != "numbers":
+            raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']}, task {meta.get('task')})")
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
         score, _ = evaluate_numbers(model, tokenizer, pairs=pairs, beam_size=args.beam)
@@ -339,6 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop training after this many seconds even if steps remain (a warning says so)",
     )
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps (default: the recipe's)")
+    p.add_argument("--examples", type=_positive_int, default=1000, help="held-out numbers to score (default: 1000)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_demo)
 

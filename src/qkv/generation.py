@@ -26,7 +26,7 @@ from torch import Tensor
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 
-Model = EncoderDecoder | DecoderOnly
+DecodingModel = EncoderDecoder | DecoderOnly  # the families that generate text
 
 
 class Hypothesis(NamedTuple):
@@ -60,7 +60,27 @@ def _pad(rows: list[list[int]], value: int, *, left: bool, device: torch.device)
     return tokens, valid
 
 
-def _start(model: Model, inputs: list[list[int]]) -> tuple[Tensor, _State]:
+def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> int:
+    """Check the inputs fit the model's window (``max_len``); return the usable new-token count.
+
+    A source (encoder-decoder) or prompt (decoder-only) longer than ``max_len`` is refused
+    with a ValueError naming its index. The number of new tokens is capped so no position
+    reaches ``max_len``: the target gets ``max_len`` positions, a prompt and its continuation
+    share them.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    window = model.config.max_len
+    for i, row in enumerate(inputs):
+        if len(row) > window:
+            raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
+    if isinstance(model, EncoderDecoder):
+        return min(max_new_tokens, window)
+    longest = max((len(r) for r in inputs), default=0)
+    return max(1, min(max_new_tokens, window - longest + 1))
+
+
+def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _State]:
     """Read the inputs; return the logits of the first new token (B, V) and the state."""
     device = next(model.parameters()).device
     c = model.config
@@ -81,7 +101,7 @@ def _start(model: Model, inputs: list[list[int]]) -> tuple[Tensor, _State]:
     return out.logits[:, -1], state  # (B, V)
 
 
-def _advance(model: Model, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
+def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
     """Feed one new token per row (N,); return the next logits (N, V) and the new state."""
     if isinstance(model, EncoderDecoder):
         out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
@@ -115,13 +135,13 @@ def _select(state: _State, rows: Tensor) -> _State:
     )
 
 
-def _eos(model: Model) -> int | None:
+def _eos(model: DecodingModel) -> int | None:
     return model.config.eos_id
 
 
 @torch.no_grad()
 def stream(
-    model: Model, inputs: list[list[int]], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
+    model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
 ) -> Iterator[Tensor]:
     """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
 
@@ -129,6 +149,7 @@ def stream(
     ``max_new_tokens`` steps.
     """
     eos = _eos(model)
+    max_new_tokens = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
     logits, state = _start(model, inputs)  # (B, V)
     finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
     for step in range(max_new_tokens):
@@ -142,7 +163,7 @@ def stream(
         logits, state = _advance(model, state, tokens)
 
 
-def _collect(model: Model, steps: Iterator[Tensor], n: int) -> list[list[int]]:
+def _collect(model: DecodingModel, steps: Iterator[Tensor], n: int) -> list[list[int]]:
     eos = _eos(model)
     out: list[list[int]] = [[] for _ in range(n)]
     done = [False] * n
@@ -155,7 +176,7 @@ def _collect(model: Model, steps: Iterator[Tensor], n: int) -> list[list[int]]:
     return out
 
 
-def greedy(model: Model, inputs: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
     """Pick the most likely token at every step."""
     steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=lambda logits: logits.argmax(-1))
     return _collect(model, steps, len(inputs))
@@ -187,7 +208,7 @@ def filter_logits(
 
 
 def sample(
-    model: Model,
+    model: DecodingModel,
     inputs: list[list[int]],
     *,
     max_new_tokens: int,
@@ -195,13 +216,19 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | None = None,
+    generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Sample each token from the filtered distribution; a ``seed`` makes it reproducible."""
-    generator = torch.Generator(device=next(model.parameters()).device)
-    if seed is not None:
-        generator.manual_seed(seed)
-    else:
-        generator.seed()
+    """Sample each token from the filtered distribution.
+
+    A ``seed`` makes one call reproducible; a ``generator`` (seeded once by the caller) makes
+    a sequence of calls reproducible, e.g. batch after batch of a file.
+    """
+    if generator is None:
+        generator = torch.Generator(device=next(model.parameters()).device)
+        if seed is not None:
+            generator.manual_seed(seed)
+        else:
+            generator.seed()
 
     def choose(logits: Tensor) -> Tensor:
         probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
@@ -212,7 +239,7 @@ def sample(
 
 @torch.no_grad()
 def beam_search(
-    model: Model,
+    model: DecodingModel,
     inputs: list[list[int]],
     *,
     beam_size: int,
@@ -232,6 +259,7 @@ def beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
     eos = _eos(model)
+    max_new_tokens = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
     b, w = len(inputs), beam_size
     logits, state = _start(model, inputs)  # (B, V)
     device = logits.device
@@ -264,7 +292,12 @@ def beam_search(
                             finished[i].append(Hypothesis(history[row].tolist(), score / length_norm))
                     else:
                         kept.append((row, token, score))
-                done[i] = len(finished[i]) >= w
+                if len(finished[i]) >= w:
+                    # Done once no live beam, scored at the current length, beats the W-th best
+                    # finished one (Hugging Face's criterion). Stopping as soon as W have ended
+                    # (fairseq's) lets low-probability early ENDs crowd out the best live beam.
+                    wth_best = sorted((h.score for h in finished[i]), reverse=True)[w - 1]
+                    done[i] = not kept or kept[0][2] / length_norm <= wth_best
             if done[i] or not kept:
                 done[i] = True
                 kept = [(i * w, eos if eos is not None else 0, float("-inf"))] * w

@@ -27,7 +27,7 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tasks import numbers_pairs
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import fit, seq2seq_batch, sequence_loss
+from qkv.training import SCHEDULES, fit, seq2seq_batch, sequence_loss
 
 TASKS = ("numbers",)
 
@@ -52,6 +52,7 @@ DEFAULTS: dict = {
         "batch_size": 128,
         "lr": 3e-3,
         "warmup": 100,
+        "schedule": "cosine",
         "label_smoothing": 0.0,
         "seed": 0,
     },
@@ -100,7 +101,11 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         key, sep, raw = item.partition("=")
         if not sep:
             raise UserError(f"--set {item!r}: expected key=value, e.g. train.steps=3000")
-        _set(recipe, key.strip(), yaml.safe_load(raw), where=f"--set {item}")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
+        _set(recipe, key.strip(), value, where=f"--set {item}")
     where = str(path) if path is not None else "recipe"
     if recipe["task"] not in TASKS:
         raise UserError(f"{where}: unknown task {recipe['task']!r}; known: {', '.join(TASKS)}")
@@ -116,6 +121,7 @@ _RULES = {
     ("train", "batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "warmup"): (int, lambda v: v >= 0, "an integer >= 0"),
     ("train", "seed"): (int, lambda v: True, "an integer"),
+    ("train", "schedule"): (str, lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
     ("train", "lr"): ((int, float), lambda v: v > 0, "a positive number"),
     ("train", "label_smoothing"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("train", "seconds"): ((int, float, type(None)), lambda v: v is None or v > 0, "a positive number or null"),
@@ -199,6 +205,7 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         seconds=train["seconds"],
         lr=float(train["lr"]),
         warmup=int(train["warmup"]),
+        schedule=train["schedule"],
         progress=progress,
         desc="qkv numbers",
     )

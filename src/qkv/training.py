@@ -44,6 +44,18 @@ def inverse_sqrt(step: int, *, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step)) if warmup > 0 else 1.0 / math.sqrt(step)
 
 
+def warmup_cosine(step: int, *, warmup: int, total: int) -> float:
+    """Learning-rate factor: linear warmup to 1, then a cosine decay to 0 at ``total``
+    (Loshchilov & Hutter, 2017). Ending at zero lets short runs settle into a minimum."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+SCHEDULES = ("inverse_sqrt", "cosine")
+
+
 def seq2seq_batch(
     pairs: list[tuple[list[int], list[int]]], *, pad_id: int, bos_id: int, eos_id: int
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -81,6 +93,7 @@ def fit(
     steps: int,
     lr: float,
     warmup: int,
+    schedule: str = "inverse_sqrt",
     seconds: float | None = None,
     weight_decay: float = 0.01,
     clip: float = 1.0,
@@ -92,8 +105,8 @@ def fit(
 
     ``step_loss(model, step)`` returns the loss of one batch and its number of target
     tokens; it owns the data, so the loop is the same for every model family.
-    AdamW (Loshchilov & Hutter, 2019) with the inverse-square-root warmup schedule and
-    gradient-norm clipping.
+    AdamW (Loshchilov & Hutter, 2019), a warmup schedule (``"inverse_sqrt"``, the paper's,
+    or ``"cosine"``) and gradient-norm clipping.
     """
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -102,7 +115,13 @@ def fit(
         lr=lr,
         betas=betas,
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: inverse_sqrt(s + 1, warmup=warmup))
+    if schedule == "inverse_sqrt":
+        factor = lambda s: inverse_sqrt(s + 1, warmup=warmup)  # noqa: E731
+    elif schedule == "cosine":
+        factor = lambda s: warmup_cosine(s, warmup=warmup, total=steps)  # noqa: E731
+    else:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     result = FitResult()
     model.train()
     start = time.perf_counter()
@@ -114,7 +133,7 @@ def fit(
         if clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), clip)
         optimizer.step()
-        schedule.step()
+        scheduler.step()
         result.steps += 1
         result.tokens += n_tokens
         result.losses.append(loss.item())
@@ -123,7 +142,7 @@ def fit(
         if step % 10 == 0 or step == steps - 1:
             bar.set_postfix(
                 loss=f"{result.losses[-1]:.3f}",
-                lr=f"{schedule.get_last_lr()[0]:.2e}",
+                lr=f"{scheduler.get_last_lr()[0]:.2e}",
                 tok_s=f"{result.tokens / result.seconds:.0f}",
             )
         if seconds is not None and result.seconds >= seconds:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, cache_length
+from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, cache_length, check_fields
 from qkv.layers import InputEmbedding
 
 
@@ -28,20 +28,22 @@ class DecoderOnlyConfig(BlockConfig):
         vocab_size: vocabulary size V.
         n_layers: decoder blocks N.
         tie_output: the LM head reuses the token embedding (Press & Wolf, 2017).
-        scale_embeddings: multiply embeddings by √D.
+        scale_embeddings: multiply embeddings by √D (initialised with std 1/√D, so tokens
+            and sinusoidal positions start at the same scale).
         pad_id, bos_id, eos_id: special token ids, or None where the vocabulary has none.
     """
 
     vocab_size: int = 50304
     n_layers: int = 12
     tie_output: bool = True
-    scale_embeddings: bool = False
+    scale_embeddings: bool = True
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_fields(self, positive_ints=("vocab_size", "n_layers"), booleans=("tie_output", "scale_embeddings"))
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, EncoderStack, cache_length
+from qkv.blocks import (
+    BlockCache,
+    BlockConfig,
+    DecoderOutput,
+    DecoderStack,
+    EncoderStack,
+    cache_length,
+    check_fields,
+)
 from qkv.layers import InputEmbedding
 
 
@@ -47,6 +55,11 @@ class EncoderDecoderConfig(BlockConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_fields(
+            self,
+            positive_ints=("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"),
+            booleans=("share_embeddings", "tie_output", "scale_embeddings"),
+        )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
         for name in ("pad_id", "bos_id", "eos_id"):

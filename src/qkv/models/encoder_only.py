@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.blocks import BlockConfig, EncoderStack
+from qkv.blocks import BlockConfig, EncoderStack, check_fields
 from qkv.layers import InputEmbedding, make_norm
 
 POOLINGS = ("first", "mean")
@@ -33,7 +33,8 @@ class EncoderOnlyConfig(BlockConfig):
         pooling: "first" (the first token, as BERT's [CLS]) or "mean" (of real tokens).
         type_vocab_size: token types (segments A/B; 0: none).
         tie_output: the MLM projection reuses the token embedding.
-        scale_embeddings: multiply embeddings by √D.
+        scale_embeddings: multiply embeddings by √D (initialised with std 1/√D, so tokens
+            and sinusoidal positions start at the same scale).
         pad_id: padding id.
     """
 
@@ -43,11 +44,16 @@ class EncoderOnlyConfig(BlockConfig):
     pooling: str = "first"
     type_vocab_size: int = 0
     tie_output: bool = True
-    scale_embeddings: bool = False
+    scale_embeddings: bool = True
     pad_id: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_fields(self, positive_ints=("vocab_size", "n_layers"), booleans=("tie_output", "scale_embeddings"))
+        if not isinstance(self.n_classes, int) or isinstance(self.n_classes, bool) or self.n_classes < 0:
+            raise ValueError(f"n_classes must be an integer >= 0, got {self.n_classes!r}")
+        if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -94,6 +100,7 @@ class EncoderOnly(nn.Module):
         if self.token_type is not None:
             types = token_types if token_types is not None else torch.zeros_like(tokens)
             x = x + self.token_type(types)  # (B, S, D)
+        x = self.dropout(x)
         return self.encoder(x, valid=mask, positions=positions)  # (B, S, D)
 
     def forward(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
