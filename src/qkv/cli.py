@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -25,8 +26,9 @@ EPILOG_DEMO = """example:
   qkv demo --out qkv-demo          # about 2 minutes on 2 CPU cores
   qkv generate --model qkv-demo/model <<< "4,317"
 """
-EPILOG_TRAIN = """example:
+EPILOG_TRAIN = """examples:
   qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=1500 --set model.d_model=96
+  qkv train recipes/shakespeare_char_cpu.yaml --out runs/shakespeare     # prints val_loss=...
 """
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
@@ -35,6 +37,7 @@ EPILOG_GENERATE = """examples:
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
   qkv evaluate --model qkv-demo/model --examples 500
+  qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
 """
 
 
@@ -198,26 +201,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from qkv.plots import loss_curve
-    from qkv.recipes import load_recipe, train_numbers
+    from qkv.recipes import load_recipe, train_lm, train_numbers
 
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
-    summary = train_numbers(recipe, out, progress=not args.quiet)
+    if recipe["task"] == "lm":
+        summary = train_lm(recipe, out, progress=not args.quiet)
+        score = {"val_loss": round(summary["val_loss"], 4)}
+        said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
+    else:
+        summary = train_numbers(recipe, out, progress=not args.quiet)
+        score = {"exact_match": round(summary["exact_match"], 4)}
+        said = f"held-out exact match {summary['exact_match']:.1%}"
     loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}")
     result = {
         "task": recipe["task"],
         "model": str(out),
         "steps": summary["steps"],
         "train_seconds": round(summary["train_seconds"], 1),
+        "tokens_per_second": round(summary["tokens_per_second"]),
         "final_loss": round(summary["final_loss"], 4),
-        "exact_match": round(summary["exact_match"], 4),
+        **score,
     }
     if args.json:
         print(json.dumps(result))
     else:
         print(
-            f"trained {result['steps']} steps in {result['train_seconds']}s, final loss {result['final_loss']}, "
-            f"held-out exact match {result['exact_match']:.1%}; model saved to {out}"
+            f"trained {result['steps']} steps in {result['train_seconds']}s "
+            f"({result['tokens_per_second']} tokens/s), final training loss {result['final_loss']}, {said}; "
+            f"model saved to {out}"
         )
     return 0
 
@@ -295,7 +307,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    if args.model is not None:
+    if args.text is not None:
+        import torch
+
+        from qkv.checkpoint import load_model
+        from qkv.data import read_text, resolve
+        from qkv.evaluation import lm_loss
+        from qkv.tokenization import FILE, Tokenizer
+
+        if args.model is None:
+            raise UserError("--text needs --model DIR (a decoder-only model)")
+        model, meta = load_model(args.model, kind="decoder_only")
+        if FILE not in meta["files"]:
+            raise UserError(f"{args.model} has no {FILE}")
+        tokenizer = Tokenizer.load(Path(args.model) / FILE)
+        ids = torch.tensor(tokenizer.encode(read_text(resolve(args.text))), dtype=torch.long)
+        if len(ids) < 2:
+            raise UserError(f"{args.text} holds fewer than two tokens")
+        start = time.perf_counter()
+        loss = lm_loss(model, ids, context=model.config.max_len)
+        result = {
+            "loss": round(loss, 4),
+            "perplexity": round(math.exp(loss), 3),
+            "tokens": len(ids),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    elif args.model is not None:
         from qkv.checkpoint import read_meta
         from qkv.recipes import evaluate_numbers
         from qkv.tasks import held_out_numbers, numbers_pairs
@@ -412,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
         description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
-        "--model: exact match of a numbers model on held-out numbers.",
+        "--model: exact match of a numbers model on held-out numbers. With --model and --text: a language "
+        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context.",
         epilog=EPILOG_EVALUATE,
         formatter_class=raw,
     )
@@ -420,7 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", default=None, help="references, one per line")
     p.add_argument("--tokenize", default="13a", choices=["13a", "zh", "intl", "char", "none"], help="BLEU tokenizer")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
-    p.add_argument("--model", default=None, help="a numbers-task model directory to evaluate")
+    p.add_argument("--model", default=None, help="a model directory: a numbers-task model, or with --text a LM")
+    p.add_argument("--text", default=None, help="text file: loss and perplexity of the --model language model")
     p.add_argument("--examples", type=_positive_int, default=1000, help="held-out numbers to evaluate")
     p.add_argument("--beam", type=_positive_int, default=4, help="beam width for --model")
     p.add_argument("--seed", type=int, default=1, help="which held-out numbers to draw")

@@ -1,6 +1,7 @@
 """Evaluation metrics: exact match, and BLEU / chrF through sacreBLEU (with its signature).
 
-What is here: :func:`exact_match`, :func:`corpus_scores`. Metrics come from the
+What is here: :func:`exact_match`, :func:`corpus_scores`, :func:`lm_loss` (a language
+model's cross-entropy on a token stream, in non-overlapping windows). Metrics come from the
 ``sacrebleu`` library, never re-implemented; the signature it prints says exactly how a
 score was computed (tokenization, casing, version), so scores compare across papers.
 
@@ -10,6 +11,11 @@ What is not here: decoding (``generation.py``), reading files (``cli.py``).
 from __future__ import annotations
 
 import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from qkv.models.decoder_only import DecoderOnly
 
 
 def exact_match(hypotheses: list[str], references: list[str]) -> float:
@@ -43,3 +49,28 @@ def corpus_scores(
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
     }
+
+
+@torch.no_grad()
+def lm_loss(model: DecoderOnly, ids: Tensor, *, context: int, batch_size: int = 64) -> float:
+    """Mean next-token cross-entropy (nats per token) over all of ``ids``.
+
+    The stream is cut into non-overlapping windows of ``context`` tokens; every token but
+    the first is predicted exactly once, from the tokens before it in its window (the last,
+    shorter window included).
+
+    Shapes: ids (N,) -> a float.
+    """
+    model.eval()
+    n = len(ids) - 1  # tokens that get predicted
+    full = n // context
+    x = ids[: full * context].view(full, context)  # (W, T): W whole windows
+    y = ids[1 : full * context + 1].view(full, context)  # (W, T)
+    batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, full, batch_size)]
+    if n % context:
+        batches.append((ids[full * context : n][None], ids[full * context + 1 :][None]))  # (1, T'): the rest
+    total = 0.0
+    for inputs, targets in batches:
+        logits = model(inputs)  # (B, T, V)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+    return total / max(n, 1)

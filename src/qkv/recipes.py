@@ -3,7 +3,8 @@
 What is here: :func:`load_recipe` (YAML + ``--set key=value`` overrides, checked against
 the known sections and keys, errors naming the file and key), :func:`train_numbers` (the
 built-in numbers task end to end: data, tokenizer, model, training, held-out exact match,
-model directory) and :func:`cross_attention` (last-layer cross-attention of one example,
+model directory), :func:`train_lm` (character-level language modelling on a text file,
+scored by validation loss) and :func:`cross_attention` (last-layer cross-attention of one example,
 for pictures).
 
 What is not here: argument parsing and printing (``cli.py``).
@@ -20,20 +21,22 @@ import torch
 import yaml
 
 from qkv.checkpoint import build_model, make_config, save_model
+from qkv.data import read_text, resolve
 from qkv.errors import UserError
-from qkv.evaluation import exact_match
+from qkv.evaluation import exact_match, lm_loss
 from qkv.generation import beam_search
+from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tasks import numbers_pairs
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 from qkv.training import SCHEDULES, fit, seq2seq_batch, sequence_loss
 
-TASKS = ("numbers",)
+TASKS = ("numbers", "lm")
 
-# Every key a recipe may set, with its default. The model section takes the fields of the
-# model's config dataclass (checked when the model is built).
-DEFAULTS: dict = {
+# Every key a recipe may set, with its default, per task. The model section takes the
+# fields of the task's model config dataclass (checked before any data is read).
+NUMBERS_DEFAULTS: dict = {
     "task": "numbers",
     "model": {
         "d_model": 64,
@@ -53,11 +56,52 @@ DEFAULTS: dict = {
         "lr": 3e-3,
         "warmup": 100,
         "schedule": "cosine",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
         "label_smoothing": 0.0,
         "seed": 0,
     },
     "data": {"eval_examples": 1000, "beam_size": 4},
 }
+
+# Character-level language modelling; the defaults are nanoGPT's Shakespeare CPU
+# configuration (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps).
+LM_DEFAULTS: dict = {
+    "task": "lm",
+    "model": {
+        "d_model": 128,
+        "n_heads": 4,
+        "d_ff": 512,
+        "n_layers": 4,
+        "max_len": 64,
+        "dropout": 0.0,
+        "positions": "learned",
+        "activation": "gelu",
+        "bias": False,
+        "scale_embeddings": False,
+        "tie_output": True,
+    },
+    "train": {
+        "steps": 2000,
+        "seconds": None,
+        "batch_size": 12,
+        "lr": 1e-3,
+        "warmup": 100,
+        "schedule": "cosine",
+        "min_lr": 1e-4,
+        "weight_decay": 0.1,
+        "beta2": 0.99,
+        "clip": 1.0,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {"text": "tinyshakespeare/input.txt", "val_fraction": 0.1, "eval_batch_size": 64},
+}
+
+DEFAULTS = {"numbers": NUMBERS_DEFAULTS, "lm": LM_DEFAULTS}
+MODEL_KINDS = {"numbers": "encoder_decoder", "lm": "decoder_only"}
 
 
 def _set(recipe: dict, key: str, value, *, where: str) -> None:
@@ -75,8 +119,12 @@ def _set(recipe: dict, key: str, value, *, where: str) -> None:
 
 
 def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
-    """Defaults, then the YAML file (if any), then ``key=value`` overrides (YAML-typed values)."""
-    recipe = copy.deepcopy(DEFAULTS)
+    """The task's defaults, then the YAML file (if any), then ``key=value`` overrides.
+
+    Override values are read as YAML (``train.steps=7`` is an int). The task comes from
+    ``task=`` among the overrides, else the file, else "numbers".
+    """
+    data: dict = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -87,6 +135,15 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of sections (task, model, train, data)")
+    where = str(path) if path is not None else "recipe"
+    task = data.get("task", "numbers")
+    for item in overrides:
+        if item.partition("=")[0].strip() == "task":
+            task = item.partition("=")[2].strip()
+    if task not in TASKS:
+        raise UserError(f"{where}: unknown task {task!r}; known: {', '.join(TASKS)}")
+    recipe = copy.deepcopy(DEFAULTS[task])
+    if path is not None:
         for section, value in data.items():
             if section not in recipe:
                 raise UserError(f"{path}: unknown section {section!r}; known: {', '.join(recipe)}")
@@ -106,12 +163,10 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         except yaml.YAMLError as e:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
-    where = str(path) if path is not None else "recipe"
-    if recipe["task"] not in TASKS:
-        raise UserError(f"{where}: unknown task {recipe['task']!r}; known: {', '.join(TASKS)}")
     _check_values(recipe, where)
-    # Check the model fields now, before any data is made (the vocabulary comes later).
-    make_config("encoder_decoder", {**recipe["model"], "src_vocab_size": 64, "tgt_vocab_size": 64})
+    # Check the model fields now, before any data is read (the vocabulary comes later).
+    vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64} if task == "numbers" else {"vocab_size": 64}
+    make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
     return recipe
 
 
@@ -125,13 +180,22 @@ _RULES = {
     ("train", "lr"): ((int, float), lambda v: v > 0, "a positive number"),
     ("train", "label_smoothing"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1)"),
     ("train", "seconds"): ((int, float, type(None)), lambda v: v is None or v > 0, "a positive number or null"),
+    ("train", "min_lr"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+    ("train", "weight_decay"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+    ("train", "beta2"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train", "clip"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no clipping)"),
     ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
+    ("data", "text"): (str, lambda v: bool(v), "a file path"),
+    ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
 }
 
 
 def _check_values(recipe: dict, where: str) -> None:
     for (section, key), (types, test, what) in _RULES.items():
+        if key not in recipe.get(section, {}):
+            continue  # a key of another task
         value = recipe[section][key]
         if isinstance(value, bool) or not isinstance(value, types) or not test(value):
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
@@ -206,6 +270,10 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         lr=float(train["lr"]),
         warmup=int(train["warmup"]),
         schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        betas=(0.9, float(train["beta2"])),
+        clip=float(train["clip"]),
         progress=progress,
         desc="qkv numbers",
     )
@@ -230,4 +298,73 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         "tokenizer": tokenizer,
         "held_out": held_out,
         "outputs": outputs,
+    }
+
+
+def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train a character-level decoder-only language model as ``recipe`` says; save it to ``out``.
+
+    The text's first (1 - val_fraction) is for training, the rest for validation, as
+    nanoGPT splits Tiny Shakespeare. Batches are ``batch_size`` random contiguous blocks of
+    ``max_len`` + 1 characters. The validation loss is measured on the whole validation
+    split in non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
+    """
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    path = resolve(data["text"])
+    text = read_text(path)
+    split = int(len(text) * (1 - float(data["val_fraction"])))
+    if split < 2 or len(text) - split < 2:
+        raise UserError(f"{path}: too short to split into training and validation text")
+    torch.manual_seed(seed)
+    tokenizer = Tokenizer.train_char_level([text])
+    train_ids = torch.tensor(tokenizer.encode(text[:split]), dtype=torch.long)
+    val_ids = torch.tensor(tokenizer.encode(text[split:]), dtype=torch.long)
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size}
+    model = build_model("decoder_only", fields)
+    context, batch_size = model.config.max_len, int(train["batch_size"])
+    if len(train_ids) <= context + 1:
+        raise UserError(f"{path}: the training text is shorter than one context window ({context + 1} tokens)")
+    generator = torch.Generator().manual_seed(seed)
+
+    def step_loss(m: DecoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        starts = torch.randint(len(train_ids) - context, (batch_size,), generator=generator)
+        x = torch.stack([train_ids[s : s + context] for s in starts])  # (B, T)
+        y = torch.stack([train_ids[s + 1 : s + context + 1] for s in starts])  # (B, T)
+        loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
+        return loss, y.numel()
+
+    result = fit(
+        model,
+        step_loss,
+        steps=int(train["steps"]),
+        seconds=train["seconds"],
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        betas=(0.9, float(train["beta2"])),
+        clip=float(train["clip"]),
+        progress=progress,
+        desc="qkv lm",
+    )
+    start = time.perf_counter()
+    val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
+    eval_seconds = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_path = Path(tmp) / TOKENIZER_FILE
+        tokenizer.save(tokenizer_path)
+        extra = {"task": "lm", "recipe": recipe, "val_loss": val_loss}
+        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
+    return {
+        "val_loss": val_loss,
+        "train_seconds": result.seconds,
+        "eval_seconds": eval_seconds,
+        "steps": result.steps,
+        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
+        "final_loss": result.losses[-1],
+        "losses": result.losses,
+        "model": model,
+        "tokenizer": tokenizer,
     }

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from qkv.errors import UserError
 
@@ -47,6 +47,19 @@ class Tokenizer:
             [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
         )
         backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+        backend.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=list(SPECIALS)))
+        return cls(backend)
+
+    @classmethod
+    def train_char_level(cls, texts: Iterable[str]) -> Tokenizer:
+        """One token per character (newlines and spaces included); decoding concatenates.
+
+        The special tokens still take ids 0–3, so a character model's vocabulary is the
+        distinct characters plus four.
+        """
+        backend = HFTokenizer(models.WordLevel(unk_token=UNK))
+        backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"(?m)."), behavior="isolated")
+        backend.decoder = decoders.Fuse()
         backend.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=list(SPECIALS)))
         return cls(backend)
 

@@ -44,13 +44,13 @@ def inverse_sqrt(step: int, *, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step)) if warmup > 0 else 1.0 / math.sqrt(step)
 
 
-def warmup_cosine(step: int, *, warmup: int, total: int) -> float:
-    """Learning-rate factor: linear warmup to 1, then a cosine decay to 0 at ``total``
-    (Loshchilov & Hutter, 2017). Ending at zero lets short runs settle into a minimum."""
+def warmup_cosine(step: int, *, warmup: int, total: int, floor: float = 0.0) -> float:
+    """Learning-rate factor: linear warmup to 1, then a cosine decay to ``floor`` at ``total``
+    (Loshchilov & Hutter, 2017). Ending low lets short runs settle into a minimum."""
     if step < warmup:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 SCHEDULES = ("inverse_sqrt", "cosine")
@@ -94,6 +94,7 @@ def fit(
     lr: float,
     warmup: int,
     schedule: str = "inverse_sqrt",
+    min_lr: float = 0.0,
     seconds: float | None = None,
     weight_decay: float = 0.01,
     clip: float = 1.0,
@@ -106,7 +107,7 @@ def fit(
     ``step_loss(model, step)`` returns the loss of one batch and its number of target
     tokens; it owns the data, so the loop is the same for every model family.
     AdamW (Loshchilov & Hutter, 2019), a warmup schedule (``"inverse_sqrt"``, the paper's,
-    or ``"cosine"``) and gradient-norm clipping.
+    or ``"cosine"`` down to ``min_lr``) and gradient-norm clipping.
     """
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -118,7 +119,7 @@ def fit(
     if schedule == "inverse_sqrt":
         factor = lambda s: inverse_sqrt(s + 1, warmup=warmup)  # noqa: E731
     elif schedule == "cosine":
-        factor = lambda s: warmup_cosine(s, warmup=warmup, total=steps)  # noqa: E731
+        factor = lambda s: warmup_cosine(s, warmup=warmup, total=steps, floor=min_lr / lr)  # noqa: E731
     else:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,115 @@
+"""Character-level language modelling: tokenizer, data paths, loss, the lm recipe and its CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv.cli import main
+from qkv.data import read_text, resolve
+from qkv.errors import UserError
+from qkv.evaluation import lm_loss
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.recipes import load_recipe, train_lm
+from qkv.tokenization import Tokenizer
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")
+TINY = {"d_model": 15, "n_heads": 3, "d_ff": 7, "n_layers": 1, "max_len": 11}
+
+
+def test_char_tokenizer_round_trip() -> None:
+    """One id per character (spaces and newlines too); decoding gives the text back."""
+    text = "To be, or not\nto be: that is\n\nthe question."
+    tokenizer = Tokenizer.train_char_level([text])
+    assert tokenizer.vocab_size == len(set(text)) + 4
+    ids = tokenizer.encode(text)
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_lm_loss_equals_a_window_by_window_reference() -> None:
+    """Every token but the first is predicted once, from the tokens before it in its window."""
+    torch.manual_seed(3)
+    model = DecoderOnly(DecoderOnlyConfig(vocab_size=13, dropout=0.0, positions="learned", **TINY)).eval()
+    ids = torch.randint(0, 13, (29,))
+    context = 5
+    total = 0.0
+    for start in range(0, 28, context):
+        x = ids[start : min(start + context, 28)]
+        y = ids[start + 1 : start + 1 + len(x)]
+        total += F.cross_entropy(model(x[None])[0], y, reduction="sum").item()
+    assert lm_loss(model, ids, context=context, batch_size=2) == pytest.approx(total / 28, rel=1e-5)
+
+
+def test_data_paths_and_utf8_errors(tmp_path, monkeypatch) -> None:
+    """Paths resolve as given or under $QKV_DATA; a missing file and bad bytes are UserErrors."""
+    (tmp_path / "corpus").mkdir()
+    text = tmp_path / "corpus" / "a.txt"
+    text.write_bytes("first line\nsecond \xe9\n".encode() + b"third \xff\n")
+    monkeypatch.setenv("QKV_DATA", str(tmp_path))
+    assert resolve("corpus/a.txt") == tmp_path / "corpus" / "a.txt"
+    assert resolve(text) == text
+    with pytest.raises(UserError, match="QKV_DATA"):
+        resolve("corpus/missing.txt")
+    with pytest.raises(UserError, match=r"a\.txt:3"):
+        read_text(text)
+
+
+@pytest.fixture(scope="module")
+def trained_lm(tmp_path_factory):
+    """A tiny character model trained on a patterned text through the lm recipe."""
+    root = tmp_path_factory.mktemp("lm")
+    text = root / "text.txt"
+    text.write_text("the cat sat on the mat.\n" * 150)
+    overrides = [f"data.text={text}", "train.steps=150", "train.batch_size=8", "train.lr=0.01"]
+    overrides += [f"model.{k}={v}" for k, v in TINY.items()]
+    recipe = load_recipe(RECIPE, overrides)
+    summary = train_lm(recipe, root / "model", progress=False)
+    return root, summary
+
+
+def test_lm_recipe_learns_the_text(trained_lm) -> None:
+    """Training loss falls and validation loss ends far below a uniform guess."""
+    _, summary = trained_lm
+    losses = summary["losses"]
+    assert sum(losses[-10:]) / 10 < 0.3 * sum(losses[:10]) / 10
+    assert summary["val_loss"] < 0.3 * math.log(summary["tokenizer"].vocab_size)
+
+
+def test_lm_cli_train_evaluate_generate(trained_lm, tmp_path, capsys) -> None:
+    """train prints val_loss=; evaluate --text agrees with it on the same text; generate continues a prompt."""
+    root, _ = trained_lm
+    text = root / "text.txt"
+    out = tmp_path / "m"
+    argv = ["train", RECIPE, "--out", str(out), "--quiet", f"--set=data.text={text}"]
+    argv += ["--set=train.steps=20", "--set=train.batch_size=4"] + [f"--set=model.{k}={v}" for k, v in TINY.items()]
+    assert main(argv) == 0
+    line = capsys.readouterr().out
+    assert "val_loss=" in line
+    val_loss = float(line.split("val_loss=")[1].split()[0])
+
+    val_text = tmp_path / "val.txt"
+    full = text.read_text()
+    val_text.write_text(full[int(len(full) * 0.9) :])
+    assert main(["evaluate", "--model", str(out), "--text", str(val_text), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["loss"] == pytest.approx(val_loss, abs=1e-3)
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-3)
+
+    assert main(["generate", "--model", str(root / "model"), "--prompt", "the cat", "--max-new-tokens", "9"]) == 0
+    continuation = capsys.readouterr().out.rstrip("\n")
+    assert 0 < len(continuation) <= 9
+
+
+def test_lm_recipe_errors(capsys, tmp_path) -> None:
+    """A missing text file is one line naming it; evaluate --text refuses a model of another kind."""
+    argv = ["train", RECIPE, "--out", str(tmp_path / "m"), "--quiet"]
+    assert main([*argv, "--set", "data.text=no/such/file.txt"]) == 2
+    assert "no/such/file.txt" in capsys.readouterr().err
+    assert main(["evaluate", "--model", str(tmp_path / "none"), "--text", "x.txt"]) == 2
+    assert "does not exist" in capsys.readouterr().err
