@@ -9,7 +9,7 @@ import torch
 
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import DEFAULTS, cross_attention, load_recipe
+from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, cross_attention, load_recipe
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
 
@@ -22,10 +22,10 @@ def _yaml(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
 
 def test_defaults_without_a_file():
     recipe = load_recipe(None)
-    assert recipe == DEFAULTS
+    assert recipe == NUMBERS_DEFAULTS
     assert recipe["task"] == "numbers" and recipe["train"]["steps"] == 3000
     recipe["train"]["steps"] = 1  # a copy: the defaults are not changed
-    assert DEFAULTS["train"]["steps"] == 3000
+    assert NUMBERS_DEFAULTS["train"]["steps"] == 3000
 
 
 def test_the_shipped_recipe_loads():
@@ -40,7 +40,7 @@ def test_yaml_file_overrides_defaults(tmp_path):
     assert recipe["model"]["d_model"] == 32
     assert recipe["model"]["positions"] == "rope"  # any model field, checked when the model is built
     assert recipe["model"]["n_heads"] == 4  # untouched keys keep their defaults
-    assert recipe["train"]["steps"] == 9 and recipe["train"]["lr"] == DEFAULTS["train"]["lr"]
+    assert recipe["train"]["steps"] == 9 and recipe["train"]["lr"] == NUMBERS_DEFAULTS["train"]["lr"]
 
 
 def test_set_overrides_are_yaml_typed_and_win_over_the_file(tmp_path):
@@ -129,3 +129,14 @@ def test_cross_attention_shape_and_softmax_rows():
     assert weights.shape == (3, len(out) + 1, len(src))  # (H, T, S)
     assert (weights >= 0).all()
     assert torch.allclose(weights.sum(-1), torch.ones(3, len(out) + 1), atol=1e-5)
+
+
+def test_task_selects_its_defaults(tmp_path):
+    """task: lm starts from the language-model defaults; --set task=lm does too."""
+    path = tmp_path / "lm.yaml"
+    path.write_text("task: lm\ntrain:\n  steps: 5\n")
+    recipe = load_recipe(path)
+    assert recipe["model"]["n_layers"] == LM_DEFAULTS["model"]["n_layers"] and recipe["train"]["steps"] == 5
+    assert load_recipe(None, ["task=lm"])["data"] == LM_DEFAULTS["data"]
+    with pytest.raises(UserError, match="beam_size"):
+        load_recipe(path, ["data.beam_size=2"])  # a key of the numbers task
