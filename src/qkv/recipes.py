@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 
 from qkv.checkpoint import build_model, make_config, save_model
 from qkv.data import read_text, resolve
@@ -30,7 +32,7 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tasks import numbers_pairs
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import SCHEDULES, fit, seq2seq_batch, sequence_loss
+from qkv.training import SCHEDULES, FitResult, fit, seq2seq_batch, sequence_loss
 
 TASKS = ("numbers", "lm")
 
@@ -60,6 +62,7 @@ NUMBERS_DEFAULTS: dict = {
         "weight_decay": 0.01,
         "beta2": 0.98,
         "clip": 1.0,
+        "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
     },
@@ -94,6 +97,7 @@ LM_DEFAULTS: dict = {
         "weight_decay": 0.1,
         "beta2": 0.99,
         "clip": 1.0,
+        "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
     },
@@ -184,6 +188,7 @@ _RULES = {
     ("train", "weight_decay"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("train", "beta2"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("train", "clip"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no clipping)"),
+    ("train", "bf16"): (bool, lambda v: True, "true or false"),
     ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "text"): (str, lambda v: bool(v), "a file path"),
@@ -197,8 +202,55 @@ def _check_values(recipe: dict, where: str) -> None:
         if key not in recipe.get(section, {}):
             continue  # a key of another task
         value = recipe[section][key]
-        if isinstance(value, bool) or not isinstance(value, types) or not test(value):
+        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types) or not test(value):
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
+
+
+def _fit(
+    model: nn.Module,
+    step_loss: Callable[[nn.Module, int], tuple[torch.Tensor, int]],
+    train: dict,
+    *,
+    progress: bool,
+    desc: str,
+) -> FitResult:
+    """:func:`~qkv.training.fit` with a recipe's train section."""
+    return fit(
+        model,
+        step_loss,
+        steps=int(train["steps"]),
+        seconds=train["seconds"],
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        betas=(0.9, float(train["beta2"])),
+        clip=float(train["clip"]),
+        bf16=train["bf16"],
+        progress=progress,
+        desc=desc,
+    )
+
+
+def _save(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, extra: dict) -> None:
+    """Save the model directory with its tokenizer file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_path = Path(tmp) / TOKENIZER_FILE
+        tokenizer.save(tokenizer_path)
+        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
+
+
+def _summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer) -> dict:
+    return {
+        "train_seconds": result.seconds,
+        "steps": result.steps,
+        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
+        "final_loss": result.losses[-1],
+        "losses": result.losses,
+        "model": model,
+        "tokenizer": tokenizer,
+    }
 
 
 def cross_attention(model: EncoderDecoder, *, src: list[int], out: list[int]) -> torch.Tensor:
@@ -262,40 +314,16 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
         return loss, int((t_out != tokenizer.pad_id).sum())
 
-    result = fit(
-        model,
-        step_loss,
-        steps=int(train["steps"]),
-        seconds=train["seconds"],
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        betas=(0.9, float(train["beta2"])),
-        clip=float(train["clip"]),
-        progress=progress,
-        desc="qkv numbers",
-    )
+    result = _fit(model, step_loss, train, progress=progress, desc="qkv numbers")
     held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
     start = time.perf_counter()
     score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))
     eval_seconds = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = Path(tmp) / TOKENIZER_FILE
-        tokenizer.save(tokenizer_path)
-        extra = {"task": "numbers", "recipe": recipe, "exact_match": score}
-        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
+    _save(model, tokenizer, out, extra={"task": "numbers", "recipe": recipe, "exact_match": score})
     return {
         "exact_match": score,
-        "train_seconds": result.seconds,
         "eval_seconds": eval_seconds,
-        "steps": result.steps,
-        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
-        "final_loss": result.losses[-1],
-        "losses": result.losses,
-        "model": model,
-        "tokenizer": tokenizer,
+        **_summary(result, model, tokenizer),
         "held_out": held_out,
         "outputs": outputs,
     }
@@ -334,37 +362,9 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
         return loss, y.numel()
 
-    result = fit(
-        model,
-        step_loss,
-        steps=int(train["steps"]),
-        seconds=train["seconds"],
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        betas=(0.9, float(train["beta2"])),
-        clip=float(train["clip"]),
-        progress=progress,
-        desc="qkv lm",
-    )
+    result = _fit(model, step_loss, train, progress=progress, desc="qkv lm")
     start = time.perf_counter()
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
     eval_seconds = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = Path(tmp) / TOKENIZER_FILE
-        tokenizer.save(tokenizer_path)
-        extra = {"task": "lm", "recipe": recipe, "val_loss": val_loss}
-        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
-    return {
-        "val_loss": val_loss,
-        "train_seconds": result.seconds,
-        "eval_seconds": eval_seconds,
-        "steps": result.steps,
-        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
-        "final_loss": result.losses[-1],
-        "losses": result.losses,
-        "model": model,
-        "tokenizer": tokenizer,
-    }
+    _save(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss})
+    return {"val_loss": val_loss, "eval_seconds": eval_seconds, **_summary(result, model, tokenizer)}

@@ -99,6 +99,7 @@ def fit(
     weight_decay: float = 0.01,
     clip: float = 1.0,
     betas: tuple[float, float] = (0.9, 0.98),
+    bf16: bool = False,
     progress: bool = True,
     desc: str = "train",
 ) -> FitResult:
@@ -107,7 +108,7 @@ def fit(
     ``step_loss(model, step)`` returns the loss of one batch and its number of target
     tokens; it owns the data, so the loop is the same for every model family.
     AdamW (Loshchilov & Hutter, 2019), a warmup schedule (``"inverse_sqrt"``, the paper's,
-    or ``"cosine"`` down to ``min_lr``) and gradient-norm clipping.
+    or ``"cosine"`` down to ``min_lr``), gradient-norm clipping and optional bf16 autocast.
     """
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -128,8 +129,12 @@ def fit(
     model.train()
     start = time.perf_counter()
     bar = tqdm(total=steps, desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
+    device_type = next(model.parameters()).device.type
     for step in range(steps):
-        loss, n_tokens = step_loss(model, step)
+        # bf16 autocast runs the matmuls in bfloat16; weights, gradients and the optimizer
+        # stay fp32 (mixed precision, Micikevicius et al., 2018, without loss scaling).
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            loss, n_tokens = step_loss(model, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip > 0:
