@@ -113,3 +113,21 @@ def test_lm_recipe_errors(capsys, tmp_path) -> None:
     assert "no/such/file.txt" in capsys.readouterr().err
     assert main(["evaluate", "--model", str(tmp_path / "none"), "--text", "x.txt"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_streamed_prompt_equals_batched_generation(trained_lm, capsys, monkeypatch) -> None:
+    """--prompt on a language model streams; its text equals the batched path's for the same input."""
+    import io
+    import sys
+
+    root, _ = trained_lm
+    model = str(root / "model")
+    assert main(["generate", "--model", model, "--prompt", "the m", "--max-new-tokens", "12"]) == 0
+    streamed = capsys.readouterr().out
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the m\n"), encoding="utf-8"))
+    assert main(["generate", "--model", model, "--max-new-tokens", "12"]) == 0
+    assert streamed == capsys.readouterr().out
+    assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0
+    first = capsys.readouterr().out
+    assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0
+    assert first == capsys.readouterr().out

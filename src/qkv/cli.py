@@ -33,6 +33,7 @@ EPILOG_TRAIN = """examples:
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
   qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
+  qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 200
 """
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
@@ -249,7 +250,8 @@ def _load_for_generation(path: str):
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.generation import beam_search, greedy, sample
+    from qkv.generation import beam_search, greedy, sample, sampler, stream
+    from qkv.models.decoder_only import DecoderOnly
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
@@ -269,6 +271,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
         generator.manual_seed(args.seed)
     else:
         generator.seed()
+    if isinstance(model, DecoderOnly) and args.prompt is not None and args.output is None and args.beam == 1:
+        # One prompt continued by a language model: print each piece of text as it is made.
+        if args.sample:
+            choose = sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+        else:
+            choose = lambda logits: logits.argmax(-1)  # noqa: E731
+        ids: list[int] = []
+        shown = ""
+        prompt = tokenizer.encode(args.prompt) or [tokenizer.bos_id]
+        for token in stream(model, [prompt], max_new_tokens=args.max_new_tokens, choose=choose):
+            if int(token[0]) == model.config.eos_id:
+                break
+            ids.append(int(token[0]))
+            text = tokenizer.decode(ids)
+            print(text[len(shown) :], end="", flush=True)
+            shown = text
+        print(flush=True)
+        return 0
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
         todo = [i for i, line in enumerate(chunk) if line.strip()]
@@ -424,7 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="translate / continue text with a trained model (stdin or a file)",
         description="Read one input per line (stdin, --input FILE or --prompt TEXT) and write one output per "
         "line, in order; an empty line gives an empty line. Greedy by default; --beam N for beam search, "
-        "--sample for sampling.",
+        "--sample for sampling. A language model given --prompt streams its continuation as it is made. "
+        "An input longer than the model's window is refused with its line number; the output stops at the "
+        "window.",
         epilog=EPILOG_GENERATE,
         formatter_class=raw,
     )

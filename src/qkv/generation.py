@@ -1,9 +1,10 @@
 """Model-agnostic decoding: greedy, sampling and beam search, with an explicit KV cache.
 
-What is here: :func:`greedy`, :func:`sample` and :func:`stream` (one token per step for
-every row), :func:`beam_search` (batched, length penalty, finished hypotheses kept aside,
-n-best). Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are
-source sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
+What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and
+:func:`filter_logits`), :func:`stream` (one token per step for every row) and
+:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best).
+Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
+sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
 once from the encoder output) and a :class:`~qkv.models.decoder_only.DecoderOnly` (inputs
 are prompts, left-padded into one batch). The cache lives in a small state that is passed
 in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never keep it.
@@ -207,6 +208,25 @@ def filter_logits(
     return logits
 
 
+def sampler(
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Callable[[Tensor], Tensor]:
+    """A ``choose`` function for :func:`stream`: draw from the filtered distribution.
+
+    Shapes: the returned function maps logits (B, V) to tokens (B,).
+    """
+
+    def choose(logits: Tensor) -> Tensor:
+        probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+
+    return choose
+
+
 def sample(
     model: DecodingModel,
     inputs: list[list[int]],
@@ -229,11 +249,7 @@ def sample(
             generator.manual_seed(seed)
         else:
             generator.seed()
-
-    def choose(logits: Tensor) -> Tensor:
-        probs = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p).softmax(-1)
-        return torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
-
+    choose = sampler(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     return _collect(model, stream(model, inputs, max_new_tokens=max_new_tokens, choose=choose), len(inputs))
 
 
