@@ -248,6 +248,9 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training.
         bias: whether the four projections have biases.
         rope: rotate queries and keys by their positions (self-attention only).
+
+    Shapes:
+        x (B, T, D) and context (B, S, D) in, (B, T, D) out; see :meth:`forward`.
     """
 
     def __init__(

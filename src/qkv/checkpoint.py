@@ -6,7 +6,8 @@ A model directory holds:
     other files         e.g. tokenizer.json, listed with their SHA-256 under "files"
 
 Writes are atomic: everything is written into a temporary sibling directory that then
-replaces the target, so a crash never leaves a half-written model. Loading checks every
+replaces the target, so a crash never leaves a half-written model (directories cannot be
+swapped in one rename, so for an instant the previous version sits at ``.NAME.old``). Loading checks every
 file and tensor against the config and refuses, naming the problem, with a
 :class:`~qkv.errors.UserError`.
 

@@ -53,7 +53,10 @@ class FeedForward(nn.Module):
 
 
 def make_norm(kind: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
-    """LayerNorm (Ba et al., 2016) or RMSNorm (Zhang & Sennrich, 2019) over the last axis."""
+    """LayerNorm (Ba et al., 2016) or RMSNorm (Zhang & Sennrich, 2019) over the last axis.
+
+    Shapes: (..., D) -> (..., D).
+    """
     if kind == "layernorm":
         return nn.LayerNorm(d_model, eps=eps)
     if kind == "rmsnorm":

@@ -61,8 +61,9 @@ def seq2seq_batch(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Pad (source ids, target ids) pairs into training tensors.
 
-    Returns src (B, S), the decoder input [BEGIN] + target (B, T) and the expected output
-    target + [END] (B, T), all padded with ``pad_id``.
+    Shapes:
+        returns src (B, S), the decoder input [BEGIN] + target (B, T) and the expected
+        output target + [END] (B, T), all padded with ``pad_id``.
     """
     s = max(len(src) for src, _ in pairs)
     t = max(len(tgt) for _, tgt in pairs) + 1
