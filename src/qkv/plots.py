@@ -40,20 +40,21 @@ def attention_heatmap(
     rows = (heads + cols - 1) // cols
     width = max(3.0, 0.38 * len(source) + 1.6)
     height = max(2.5, 0.32 * len(output) + 1.2)
-    fig = Figure(figsize=(cols * width, rows * height))
+    fig = Figure(figsize=(cols * width, rows * height), layout="constrained")  # no overlapping labels
     axes = fig.subplots(rows, cols, squeeze=False)
     for h in range(rows * cols):
         ax = axes[h // cols][h % cols]
         if h >= heads:
             ax.axis("off")
             continue
-        ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        image = ax.imshow(weights[h], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_xticks(range(len(source)), source, rotation=90, fontsize=8)
         ax.set_yticks(range(len(output)), output, fontsize=8)
         ax.set_title(f"head {h + 1}", fontsize=9)
         ax.set_xlabel("source token", fontsize=8)
         if h % cols == 0:
             ax.set_ylabel("output token", fontsize=8)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight A'")
     fig.suptitle(title, fontsize=10)
     return _save(fig, Path(path))
 
