@@ -410,3 +410,37 @@ def test_train_set_value_that_is_not_yaml(capsys, tmp_path):
 def test_train_bad_model_field_is_a_user_error(capsys, tmp_path, setting):
     field = setting.split("=")[0].split(".")[1]
     assert_user_error(run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", "--set", setting), field)
+
+
+def test_sampling_options_need_sample(capsys, trained):
+    model, _, _ = trained
+    assert_user_error(run(capsys, "generate", "--model", str(model), "--top-k", "3", "--prompt", "1"), "--sample")
+
+
+def test_evaluate_empty_files(capsys, tmp_path):
+    hyp, ref = tmp_path / "h.txt", tmp_path / "r.txt"
+    hyp.write_text("")
+    ref.write_text("")
+    assert_user_error(run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref)), "empty")
+
+
+def test_generate_output_is_a_directory(capsys, trained, tmp_path):
+    model, _, _ = trained
+    assert_user_error(
+        run(capsys, "generate", "--model", str(model), "--prompt", "1", "--output", str(tmp_path)), "directory"
+    )
+
+
+def test_numbers_recipe_needs_a_window_for_its_longest_output(capsys, tmp_path):
+    assert_user_error(
+        run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", "--set", "model.max_len=8"), "max_len"
+    )
+
+
+def test_train_refuses_to_replace_a_directory_that_is_not_a_model(capsys, tmp_path):
+    precious = tmp_path / "notes"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    line = assert_user_error(run(capsys, "train", RECIPE, "--out", str(precious), "--quiet", *TINY), "notes")
+    assert "not a qkv model directory" in line
+    assert (precious / "thesis.txt").read_text() == "years of work"

@@ -496,3 +496,19 @@ def test_beam_search_waits_for_a_better_live_beam(monkeypatch) -> None:
     for width in (2, 3):
         best = beam_search(scripted, [[5], [6, 7]], beam_size=width, max_new_tokens=10)
         assert [hyps[0].tokens for hyps in best] == [[3, 3, 3], [3, 3, 3]]
+
+
+def test_each_prompt_gets_its_own_window_cap() -> None:
+    """A long prompt in the batch does not shorten a short prompt's continuation."""
+    torch.manual_seed(11)
+    config = DecoderOnlyConfig(
+        vocab_size=13, d_model=15, n_heads=3, d_ff=7, n_layers=1, max_len=11, positions="learned", dropout=0.0
+    )
+    model = DecoderOnly(config).eval()
+    short, long = [3, 4], [5] * 9
+    together = greedy(model, [short, long], max_new_tokens=20)
+    assert together == [greedy(model, [short], max_new_tokens=20)[0], greedy(model, [long], max_new_tokens=20)[0]]
+    assert [len(t) for t in together] == [10, 3]
+    beams = beam_search(model, [short, long], beam_size=2, max_new_tokens=20)
+    assert [len(h[0].tokens) for h in beams] == [10, 3]
+    assert greedy(model, [], max_new_tokens=3) == [] and beam_search(model, [], beam_size=2, max_new_tokens=3) == []

@@ -126,8 +126,19 @@ def test_streamed_prompt_equals_batched_generation(trained_lm, capsys, monkeypat
     streamed = capsys.readouterr().out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the m\n"), encoding="utf-8"))
     assert main(["generate", "--model", model, "--max-new-tokens", "12"]) == 0
-    assert streamed == capsys.readouterr().out
+    batched = capsys.readouterr().out
+    # The batched path writes one output per line: newlines inside an output become \n.
+    assert batched == streamed[:-1].replace("\\", "\\\\").replace("\n", "\\n") + "\n"
     assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0
     first = capsys.readouterr().out
     assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0
     assert first == capsys.readouterr().out
+
+
+def test_lm_recipe_user_errors(capsys, tmp_path) -> None:
+    """data.text naming a directory, and numbers written as 1e-3, are handled in one line / accepted."""
+    argv = ["train", RECIPE, "--out", str(tmp_path / "m"), "--quiet"]
+    assert main([*argv, "--set", f"data.text={tmp_path}"]) == 2
+    assert "directory" in capsys.readouterr().err
+    recipe = load_recipe(RECIPE, ["train.lr=3e-4", "model.norm_eps=1e-6"])
+    assert recipe["train"]["lr"] == pytest.approx(3e-4) and recipe["model"]["norm_eps"] == pytest.approx(1e-6)

@@ -3,8 +3,9 @@
 Layers, bottom up (imports only point down this list):
     attention.py, layers.py, blocks.py       shared primitives
     models/                                  one file per family
-    checkpoint.py, generation.py, training.py, evaluation.py, tokenization.py, tasks.py
-    recipes.py, plots.py                     runners and pictures used by the command line
+    checkpoint.py, generation.py, training.py, evaluation.py, tokenization.py, tasks.py,
+    data.py, errors.py
+    recipes.py, plots.py                     task runners and pictures used by the command line
     cli.py                                   the command line, the composition root
 
 This file holds only the version; importing qkv loads nothing else.

@@ -101,6 +101,26 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def check_output(directory: str | Path) -> None:
+    """Refuse (UserError) an output path that a save must not replace: anything but nothing,
+    an empty directory or an earlier qkv model directory. Call it before long work."""
+    directory = Path(directory)
+    if directory.exists() and not _replaceable(directory):
+        raise UserError(f"{directory} exists and is not a qkv model directory; choose another output directory")
+
+
+def _replaceable(directory: Path) -> bool:
+    """Only an empty directory or an earlier qkv model directory may be replaced by a save."""
+    if not directory.is_dir() or directory.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        return False
+    if not any(directory.iterdir()):
+        return True
+    try:
+        return json.loads((directory / "config.json").read_text()).get("kind") in KINDS
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def save_model(
     model: Model, directory: str | Path, *, files: dict[str, Path] | None = None, extra: dict | None = None
 ) -> Path:
@@ -109,7 +129,11 @@ def save_model(
     ``extra`` adds JSON fields to config.json (e.g. the task a demo model was trained on).
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    check_output(directory)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {directory.parent}: {e.strerror}") from None
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a model directory is not
     try:

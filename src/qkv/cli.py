@@ -33,7 +33,7 @@ EPILOG_TRAIN = """examples:
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
   qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
-  qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 200
+  qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 50
 """
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
@@ -69,6 +69,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _temperature(text: str) -> float:
+    value = _positive_float(text)
+    if value < 1e-3:
+        raise argparse.ArgumentTypeError(f"temperature below 0.001 overflows; use greedy decoding instead of {text}")
+    return value
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -96,8 +103,11 @@ def _read_lines(path: str | None) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"input file {p} does not exist")
-    with open(p, "rb") as f:
-        return _decode_lines(f, str(p))
+    try:
+        with open(p, "rb") as f:
+            return _decode_lines(f, str(p))
+    except OSError as e:
+        raise UserError(f"cannot read {p}: {e.strerror}") from None
 
 
 class _Output:
@@ -107,6 +117,10 @@ class _Output:
         self.path = None if path in (None, "-") else Path(path)
         if self.path is not None and not self.path.parent.is_dir():
             raise UserError(f"cannot write {self.path}: directory {self.path.parent} does not exist")
+        if self.path is not None and self.path.is_dir():
+            raise UserError(f"cannot write {self.path}: it is a directory")
+        if self.path is not None and not os.access(self.path.parent, os.W_OK):
+            raise UserError(f"cannot write {self.path}: directory {self.path.parent} is not writable")
         self.lines: list[str] = []
 
     def write(self, line: str) -> None:
@@ -237,14 +251,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _load_for_generation(path: str):
     from qkv.checkpoint import load_model
-    from qkv.tokenization import FILE, Tokenizer
+    from qkv.tokenization import FILE
 
     model, meta = load_model(path)
     if meta["kind"] == "encoder_only":
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")
     if FILE not in meta.get("files", {}):
         raise UserError(f"{path} has no {FILE}; generate needs a model saved with its tokenizer")
-    return model, Tokenizer.load(Path(path) / FILE)
+    return model, _matching_tokenizer(path, model)
+
+
+def _matching_tokenizer(path: str, model):
+    """The model directory's tokenizer, refused if it has ids the model has no embedding for."""
+    from qkv.tokenization import FILE, Tokenizer
+
+    tokenizer = Tokenizer.load(Path(path) / FILE)
+    c = model.config
+    vocab = min(c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else c.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise UserError(f"{path}: {FILE} has {tokenizer.vocab_size} tokens but the model only {vocab}")
+    return tokenizer
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -257,6 +283,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
     if args.sample and args.beam > 1:
         raise UserError("--sample and --beam are exclusive: sampling draws one output per input")
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("temperature", "top_k", "top_p", "seed")
+        if getattr(args, name) is not None
+    ]
+    if given and not args.sample:
+        raise UserError(f"{', '.join(given)} only apply with --sample")
     out = _Output(args.output)
     model, tokenizer = _load_for_generation(args.model)
     lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
@@ -265,16 +298,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if len(tokenizer.encode(line)) > window:
             where = "--prompt" if args.prompt is not None else f"{args.input or '<stdin>'}:{number}"
             raise UserError(f"{where}: {len(tokenizer.encode(line))} tokens; the model takes at most {window}")
-    # One generator for the whole run: the output does not depend on --batch-size.
+    # One generator for the whole run: the same --seed and --batch-size give the same output.
     generator = torch.Generator()
     if args.seed is not None:
         generator.manual_seed(args.seed)
     else:
         generator.seed()
+    longest = max((len(tokenizer.encode(line)) for line in lines), default=0)
+    room = window if not isinstance(model, DecoderOnly) else window - max(1, longest) + 1
+    if args.max_new_tokens > room:
+        print(
+            f"qkv generate: note: outputs stop at the model's window (max_len={window}): "
+            f"at most {room} new tokens{' for the longest input' if len(lines) > 1 else ''}",
+            file=sys.stderr,
+        )
     if isinstance(model, DecoderOnly) and args.prompt is not None and args.output is None and args.beam == 1:
         # One prompt continued by a language model: print each piece of text as it is made.
         if args.sample:
-            choose = sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+            choose = sampler(
+                temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=generator
+            )
         else:
             choose = lambda logits: logits.argmax(-1)  # noqa: E731
         ids: list[int] = []
@@ -301,7 +344,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     model,
                     inputs,
                     max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature,
+                    temperature=args.temperature or 1.0,
                     top_k=args.top_k,
                     top_p=args.top_p,
                     generator=generator,
@@ -321,7 +364,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 results[i] = text
         for i in range(len(chunk)):
             for text in results[i]:
-                out.write(text)
+                # One output per line: a newline inside an output is written as \n (and \ as \\).
+                out.write(text.replace("\\", "\\\\").replace("\n", "\\n"))
     out.close()
     return 0
 
@@ -333,14 +377,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from qkv.checkpoint import load_model
         from qkv.data import read_text, resolve
         from qkv.evaluation import lm_loss
-        from qkv.tokenization import FILE, Tokenizer
+        from qkv.tokenization import FILE
 
         if args.model is None:
             raise UserError("--text needs --model DIR (a decoder-only model)")
         model, meta = load_model(args.model, kind="decoder_only")
         if FILE not in meta["files"]:
             raise UserError(f"{args.model} has no {FILE}")
-        tokenizer = Tokenizer.load(Path(args.model) / FILE)
+        tokenizer = _matching_tokenizer(args.model, model)
         ids = torch.tensor(tokenizer.encode(read_text(resolve(args.text))), dtype=torch.long)
         if len(ids) < 2:
             raise UserError(f"{args.text} holds fewer than two tokens")
@@ -380,6 +424,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         hyps, refs = _read_lines(args.hyp), _read_lines(args.ref)
         if len(hyps) != len(refs):
             raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
+        if not hyps:
+            raise UserError(f"{args.hyp} and {args.ref} are empty: nothing to score")
         result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
     if args.json:
         print(json.dumps(result))
@@ -458,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nbest", type=_positive_int, default=1, help="outputs per input, with scores (needs --beam)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="longest output (default: 64)")
     p.add_argument("--sample", action="store_true", help="sample instead of searching")
-    p.add_argument("--temperature", type=_positive_float, default=1.0, help="sampling temperature")
+    p.add_argument("--temperature", type=_temperature, default=None, help="sampling temperature (default: 1)")
     p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument(
         "--top-p", type=_probability, default=None, help="sample from the smallest set with this probability"

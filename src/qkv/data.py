@@ -32,17 +32,22 @@ def data_root() -> Path:
 def resolve(path: str | Path) -> Path:
     """A data path as given if it exists, else relative to :func:`data_root`; UserError if neither."""
     given = Path(path).expanduser()
-    if given.exists():
+    if given.is_file():
         return given
     under_root = data_root() / given
-    if not given.is_absolute() and under_root.exists():
+    if not given.is_absolute() and under_root.is_file():
         return under_root
+    if given.is_dir():
+        raise UserError(f"{path} is a directory; give a file")
     raise UserError(f"data file {path} not found (also looked in {under_root}; set QKV_DATA to the data folder)")
 
 
 def read_text(path: str | Path) -> str:
     """The whole file as text; invalid UTF-8 is a UserError naming the file and line."""
-    raw = Path(path).read_bytes()
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -72,5 +72,6 @@ def lm_loss(model: DecoderOnly, ids: Tensor, *, context: int, batch_size: int = 
     total = 0.0
     for inputs, targets in batches:
         logits = model(inputs)  # (B, T, V)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum").item()
+        flat = logits.flatten(0, 1).float()  # (B*T, V)
+        total += F.cross_entropy(flat, targets.flatten(), reduction="sum").item()  # targets (B*T,)
     return total / max(n, 1)

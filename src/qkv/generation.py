@@ -61,13 +61,16 @@ def _pad(rows: list[list[int]], value: int, *, left: bool, device: torch.device)
     return tokens, valid
 
 
-def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> int:
-    """Check the inputs fit the model's window (``max_len``); return the usable new-token count.
+DONE = -1  # what :func:`stream` yields for a row that has already finished
+
+
+def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> list[int]:
+    """Check the inputs fit the model's window (``max_len``); return each row's new-token cap.
 
     A source (encoder-decoder) or prompt (decoder-only) longer than ``max_len`` is refused
-    with a ValueError naming its index. The number of new tokens is capped so no position
-    reaches ``max_len``: the target gets ``max_len`` positions, a prompt and its continuation
-    share them.
+    with a ValueError naming its index. Each row's new tokens are capped so none of its
+    positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN first); a prompt
+    and its continuation share them (an empty prompt starts from BEGIN, one position).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -76,9 +79,8 @@ def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_token
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
     if isinstance(model, EncoderDecoder):
-        return min(max_new_tokens, window)
-    longest = max((len(r) for r in inputs), default=0)
-    return max(1, min(max_new_tokens, window - longest + 1))
+        return [min(max_new_tokens, window)] * len(inputs)
+    return [max(1, min(max_new_tokens, window - max(1, len(row)) + 1)) for row in inputs]
 
 
 def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _State]:
@@ -105,10 +107,14 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
 def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
     """Feed one new token per row (N,); return the next logits (N, V) and the new state."""
     if isinstance(model, EncoderDecoder):
-        out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
+        out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)  # (N, 1, V)
         return out.logits[:, -1], replace(state, cache=out.cache)
-    key_mask = torch.cat([state.key_mask, torch.ones_like(tokens[:, None], dtype=torch.bool)], dim=1)  # (N, P+1)
-    out = model.decode(tokens[:, None], key_mask=key_mask, positions=state.next_position[:, None], cache=state.cache)
+    new = torch.ones_like(tokens[:, None], dtype=torch.bool)  # (N, 1)
+    key_mask = torch.cat([state.key_mask, new], dim=1)  # (N, P+1)
+    # A row past its cap (check_inputs) keeps being fed, its output ignored; clamping its
+    # position keeps a learned position table from being indexed past its end.
+    positions = state.next_position.clamp(max=model.config.max_len - 1)[:, None]  # (N, 1)
+    out = model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
     return out.logits[:, -1], replace(state, cache=out.cache, key_mask=key_mask, next_position=state.next_position + 1)
 
 
@@ -146,22 +152,26 @@ def stream(
 ) -> Iterator[Tensor]:
     """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
 
-    Rows that produced END keep yielding END; the loop ends when all have, or after
-    ``max_new_tokens`` steps.
+    A row yields its tokens, END included, then :data:`DONE` once it has ended: by END or
+    by reaching its cap (``max_new_tokens``, or less where the window is full). The loop
+    ends when every row has.
     """
+    if not inputs:
+        return
     eos = _eos(model)
-    max_new_tokens = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
+    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
     logits, state = _start(model, inputs)  # (B, V)
+    cap = torch.tensor(caps, device=logits.device)  # (B,)
     finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
-    for step in range(max_new_tokens):
-        tokens = choose(logits)  # (B,)
+    for step in range(max(caps)):
+        chosen = choose(logits)  # (B,)
+        yield chosen.masked_fill(finished, DONE)
+        finished = finished | (step + 1 >= cap)
         if eos is not None:
-            tokens = tokens.masked_fill(finished, eos)
-            finished = finished | (tokens == eos)
-        yield tokens
-        if bool(finished.all()) or step == max_new_tokens - 1:
+            finished = finished | (chosen == eos)
+        if bool(finished.all()):
             return
-        logits, state = _advance(model, state, tokens)
+        logits, state = _advance(model, state, chosen)
 
 
 def _collect(model: DecodingModel, steps: Iterator[Tensor], n: int) -> list[list[int]]:
@@ -170,7 +180,7 @@ def _collect(model: DecodingModel, steps: Iterator[Tensor], n: int) -> list[list
     done = [False] * n
     for tokens in steps:
         for i, t in enumerate(tokens.tolist()):
-            if done[i] or t == eos:
+            if done[i] or t == eos or t == DONE:
                 done[i] = True
                 continue
             out[i].append(t)
@@ -268,14 +278,18 @@ def beam_search(
     Each step scores all W·V extensions of the W live beams of an input and takes the best
     2W: an extension ending in END (among the top W) becomes a finished hypothesis, set
     aside with score log p / length^length_penalty (length counts END); the best W others
-    live on. An input is done when W hypotheses have finished (as fairseq does); beams
-    still alive after ``max_new_tokens`` steps finish there. With ``beam_size=1`` this is
-    exactly greedy search.
+    live on. An input is done when W hypotheses have finished and the best live beam, scored
+    at the current length, is no better than the W-th best of them (Hugging Face's rule; with
+    a length penalty > 0 a live beam could in principle still overtake, so it is a heuristic,
+    not a bound). Beams still alive at the input's cap (``max_new_tokens``, or less where the
+    window is full) finish there. With ``beam_size=1`` this is exactly greedy search.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if not inputs:
+        return []
     eos = _eos(model)
-    max_new_tokens = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
+    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
     b, w = len(inputs), beam_size
     logits, state = _start(model, inputs)  # (B, V)
     device = logits.device
@@ -286,12 +300,12 @@ def beam_search(
     history = torch.zeros((b * w, 0), dtype=torch.long, device=device)  # (B*W, L)
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     done = [False] * b
-    for step in range(max_new_tokens):
+    for step in range(max(caps)):
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B*W, V)
         v = logp.shape[-1]
         candidates = (scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
         top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
-        top_rows = (top_index // v + torch.arange(b, device=device)[:, None] * w).tolist()
+        top_rows = (top_index // v + torch.arange(b, device=device)[:, None] * w).tolist()  # (B, 2W) rows
         top_tokens, top_scores_list = (top_index % v).tolist(), top_scores.tolist()
         length_norm = (step + 1) ** length_penalty
         keep_rows, keep_tokens, keep_scores = [], [], []
@@ -314,6 +328,11 @@ def beam_search(
                     # (fairseq's) lets low-probability early ENDs crowd out the best live beam.
                     wth_best = sorted((h.score for h in finished[i]), reverse=True)[w - 1]
                     done[i] = not kept or kept[0][2] / length_norm <= wth_best
+                if not done[i] and step + 1 >= caps[i]:
+                    # The input's cap is reached: its live beams finish here, as they are.
+                    for row, token, score in kept:
+                        finished[i].append(Hypothesis([*history[row].tolist(), token], score / length_norm))
+                    done[i] = True
             if done[i] or not kept:
                 done[i] = True
                 kept = [(i * w, eos if eos is not None else 0, float("-inf"))] * w
@@ -328,13 +347,5 @@ def beam_search(
         tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
         scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
-        if step == max_new_tokens - 1:
-            break
         logits, state = _advance(model, _select(state, rows), tokens)
-    for i in range(b):
-        if not done[i]:
-            length_norm = history.shape[1] ** length_penalty
-            for j in range(w):
-                if scores[i, j] > float("-inf"):
-                    finished[i].append(Hypothesis(history[i * w + j].tolist(), scores[i, j].item() / length_norm))
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]

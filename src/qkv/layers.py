@@ -74,7 +74,7 @@ def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:
         positions: (B, T) or (T,) integers; returns (B, T, D) or (T, D) float32.
     """
     i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)
-    angles = positions.to(torch.float32)[..., None] * torch.exp(-math.log(10000.0) * i / d_model)
+    angles = positions.to(torch.float32)[..., None] * torch.exp(-math.log(10000.0) * i / d_model)  # (B, T, D/2)
     pe = torch.zeros(*positions.shape, d_model, device=positions.device)  # (B, T, D)
     pe[..., 0::2] = torch.sin(angles)
     pe[..., 1::2] = torch.cos(angles[..., : d_model // 2])

@@ -13,6 +13,7 @@ What is not here: argument parsing and printing (``cli.py``).
 from __future__ import annotations
 
 import copy
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import torch
 import yaml
 from torch import nn
 
-from qkv.checkpoint import build_model, make_config, save_model
+from qkv.checkpoint import build_model, check_output, make_config, save_model
 from qkv.data import read_text, resolve
 from qkv.errors import UserError
 from qkv.evaluation import exact_match, lm_loss
@@ -105,6 +106,9 @@ LM_DEFAULTS: dict = {
 }
 
 DEFAULTS = {"numbers": NUMBERS_DEFAULTS, "lm": LM_DEFAULTS}
+# The longest numbers target is 10 words ("seven hundred seventy seven thousand ..."):
+# BEGIN + 10 words are 11 decoder positions; the longest source is 7 tokens.
+NUMBERS_MIN_LEN = 11
 MODEL_KINDS = {"numbers": "encoder_decoder", "lm": "decoder_only"}
 
 
@@ -137,6 +141,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             data = yaml.safe_load(path.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror}") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of sections (task, model, train, data)")
     where = str(path) if path is not None else "recipe"
@@ -168,6 +174,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
     _check_values(recipe, where)
+    if task == "numbers" and recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
+        raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
     # Check the model fields now, before any data is read (the vocabulary comes later).
     vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64} if task == "numbers" else {"vocab_size": 64}
     make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
@@ -197,10 +205,24 @@ _RULES = {
 }
 
 
+def _as_number(value: object) -> object:
+    """YAML reads 1e-3 (no dot) as a string; numbers written that way are numbers here."""
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)")
+
+
 def _check_values(recipe: dict, where: str) -> None:
+    for key, value in recipe["model"].items():
+        recipe["model"][key] = _as_number(value)
     for (section, key), (types, test, what) in _RULES.items():
         if key not in recipe.get(section, {}):
             continue  # a key of another task
+        if float in (types if isinstance(types, tuple) else (types,)):
+            recipe[section][key] = _as_number(recipe[section][key])
         value = recipe[section][key]
         if (isinstance(value, bool) and types is not bool) or not isinstance(value, types) or not test(value):
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
@@ -287,6 +309,7 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
     Returns a summary: exact match on held-out numbers, timings, and what is needed to
     show examples (model, tokenizer, held-out pairs, outputs, losses).
     """
+    check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
@@ -337,6 +360,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     ``max_len`` + 1 characters. The validation loss is measured on the whole validation
     split in non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
     """
+    check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     path = resolve(data["text"])

@@ -78,7 +78,7 @@ class EncoderOnly(nn.Module):
             positions=c.positions,
             max_len=c.max_len,
             scale=c.scale_embeddings,
-            dropout=c.dropout,
+            dropout=0.0,  # applied once in encode(), after the token types are added
         )
         self.token_type = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
         self.encoder = EncoderStack(c, c.n_layers)
