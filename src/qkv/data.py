@@ -1,9 +1,11 @@
 """Data files: where the shared corpora live, and reading text with errors that name the line.
 
 What is here: :func:`data_root` (``$QKV_DATA``, else ``../shared/data`` beside the project),
-:func:`resolve` (a recipe's data path: as given, or under the data root) and
-:func:`read_text` (UTF-8, bad bytes reported as file:line). Corpora are read from there,
-never copied into the repository.
+:func:`resolve` (a recipe's data path: as given, or under the data root),
+:func:`read_text` (UTF-8, bad bytes reported as file:line), :func:`read_parallel` (aligned
+sentence pairs from two files or a TSV, validated line by line) and
+:func:`batches_by_tokens` (length-bucketed batches under a token budget, shuffled per seed).
+Corpora are read from there, never copied into the repository.
 
 What is not here: tokenization (``tokenization.py``), batching (``training.py``).
 """
@@ -11,6 +13,7 @@ What is not here: tokenization (``tokenization.py``), batching (``training.py``)
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 from qkv.errors import UserError
@@ -53,3 +56,73 @@ def read_text(path: str | Path) -> str:
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise UserError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
+
+
+def _lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file without their line ends; bad bytes name file:line."""
+    lines = []
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as e:
+                    raise UserError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return lines
+
+
+def read_parallel(source: str | Path, target: str | Path | None = None) -> list[tuple[str, str]]:
+    """Aligned sentence pairs from two files (line i with line i) or, with one path, a TSV of
+    ``source<TAB>target`` lines.
+
+    Refused with a UserError naming file and line: unequal line counts, an empty line on
+    either side, a TSV line without exactly one tab, invalid UTF-8. A final empty line (a
+    trailing newline) is not a sentence and is ignored.
+    """
+    if target is None:
+        path = resolve(source)
+        pairs = []
+        for number, line in enumerate(_lines(path), start=1):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise UserError(f"{path}:{number}: expected source<TAB>target, found {len(fields)} field(s)")
+            for side, text in zip(("source", "target"), fields, strict=True):
+                if not text.strip():
+                    raise UserError(f"{path}:{number}: the {side} side is empty")
+            pairs.append((fields[0], fields[1]))
+        return pairs
+    src_path, tgt_path = resolve(source), resolve(target)
+    src, tgt = _lines(src_path), _lines(tgt_path)
+    if len(src) != len(tgt):
+        raise UserError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; they must be aligned")
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                raise UserError(f"{path}:{number}: empty line (every line must hold a sentence)")
+    return list(zip(src, tgt, strict=True))
+
+
+def batches_by_tokens(lengths: list[int], *, max_tokens: int, seed: int) -> list[list[int]]:
+    """Group example indices into batches of at most ``max_tokens`` padded tokens.
+
+    Examples are sorted by length (so a batch pads little), cut into batches whose longest
+    example times the batch size stays within ``max_tokens``, and the batches shuffled with
+    ``seed`` (one order per epoch: pass seed + epoch). An example longer than ``max_tokens``
+    gets a batch of its own.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and max(lengths[i], lengths[current[-1]]) * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    random.Random(seed).shuffle(batches)
+    return batches

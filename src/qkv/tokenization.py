@@ -51,6 +51,20 @@ class Tokenizer:
         return cls(backend)
 
     @classmethod
+    def train_subword(cls, texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
+        """A SentencePiece-style unigram subword vocabulary (Kudo, 2018) of ``vocab_size`` pieces.
+
+        Words are marked with "▁" (Metaspace) so decoding restores the spaces; text that is
+        already segmented (Tatoeba's Chinese) and unsegmented text both work.
+        """
+        backend = HFTokenizer(models.Unigram())
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), unk_token=UNK)
+        backend.train_from_iterator(texts, trainer)
+        return cls(backend)
+
+    @classmethod
     def train_char_level(cls, texts: Iterable[str]) -> Tokenizer:
         """One token per character (newlines and spaces included); decoding concatenates.
 
