@@ -62,7 +62,7 @@ def test_set_overrides_are_yaml_typed_and_win_over_the_file(tmp_path):
         ("train: 5\n", ["recipe.yaml", "train"]),
         ("- a\n- b\n", ["recipe.yaml"]),
         ("model: {d_model: 3\n", ["recipe.yaml", "YAML"]),
-        ("task: translation\n", ["translation", "task"]),
+        ("task: summarization\n", ["summarization", "task"]),
     ],
     ids=["unknown-section", "unknown-key", "section-not-mapping", "not-a-mapping", "invalid-yaml", "unknown-task"],
 )
@@ -94,7 +94,7 @@ def test_missing_file(tmp_path):
         ("train.stepz=3", "stepz"),
         ("trian.steps=3", "trian"),
         ("train.steps.x=3", "train.steps"),
-        ("task=translation", "translation"),
+        ("task=summarization", "summarization"),
     ],
 )
 def test_bad_overrides(item, name):

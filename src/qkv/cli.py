@@ -216,7 +216,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from qkv.plots import loss_curve
-    from qkv.recipes import load_recipe, train_lm, train_numbers
+    from qkv.recipes import load_recipe, train_lm, train_numbers, train_translation
 
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
@@ -224,6 +224,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = train_lm(recipe, out, progress=not args.quiet)
         score = {"val_loss": round(summary["val_loss"], 4)}
         said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
+    elif recipe["task"] == "translation":
+        summary = train_translation(recipe, out, progress=not args.quiet)
+        score = {k: summary[k] for k in ("bleu", "chrf", "bleu_signature", "over_long_pairs")}
+        said = (
+            f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}); "
+            f"over-long training pairs ({recipe['data']['long']}): {summary['over_long_pairs']}"
+        )
     else:
         summary = train_numbers(recipe, out, progress=not args.quiet)
         score = {"exact_match": round(summary["exact_match"], 4)}

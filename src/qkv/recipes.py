@@ -4,7 +4,8 @@ What is here: :func:`load_recipe` (YAML + ``--set key=value`` overrides, checked
 the known sections and keys, errors naming the file and key), :func:`train_numbers` (the
 built-in numbers task end to end: data, tokenizer, model, training, held-out exact match,
 model directory), :func:`train_lm` (character-level language modelling on a text file,
-scored by validation loss) and :func:`cross_attention` (last-layer cross-attention of one example,
+scored by validation loss), :func:`train_translation` (parallel text, subword vocabulary,
+token-budget batches, validation BLEU) and :func:`cross_attention` (last-layer cross-attention of one example,
 for pictures).
 
 What is not here: argument parsing and printing (``cli.py``).
@@ -16,7 +17,7 @@ import copy
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -24,9 +25,9 @@ import yaml
 from torch import nn
 
 from qkv.checkpoint import build_model, check_output, make_config, save_model
-from qkv.data import read_text, resolve
+from qkv.data import batches_by_tokens, read_parallel, read_text, resolve
 from qkv.errors import UserError
-from qkv.evaluation import exact_match, lm_loss
+from qkv.evaluation import corpus_scores, exact_match, lm_loss
 from qkv.generation import beam_search
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
@@ -35,7 +36,7 @@ from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 from qkv.training import SCHEDULES, FitResult, fit, seq2seq_batch, sequence_loss
 
-TASKS = ("numbers", "lm")
+TASKS = ("numbers", "lm", "translation")
 
 # Every key a recipe may set, with its default, per task. The model section takes the
 # fields of the task's model config dataclass (checked before any data is read).
@@ -105,11 +106,52 @@ LM_DEFAULTS: dict = {
     "data": {"text": "tinyshakespeare/input.txt", "val_fraction": 0.1, "eval_batch_size": 64},
 }
 
-DEFAULTS = {"numbers": NUMBERS_DEFAULTS, "lm": LM_DEFAULTS}
+# Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
+# width-256 Transformer with a shared unigram vocabulary by default.
+TRANSLATION_DEFAULTS: dict = {
+    "task": "translation",
+    "model": {
+        "d_model": 256,
+        "n_heads": 4,
+        "d_ff": 1024,
+        "n_encoder_layers": 3,
+        "n_decoder_layers": 3,
+        "share_embeddings": True,
+        "tie_output": True,
+        "dropout": 0.1,
+        "max_len": 256,
+    },
+    "train": {
+        "steps": 10000,
+        "seconds": None,
+        "max_tokens": 4096,
+        "lr": 1e-3,
+        "warmup": 1000,
+        "schedule": "inverse_sqrt",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.1,
+        "seed": 0,
+    },
+    "data": {
+        "train": ["multi30k/train.de", "multi30k/train.en"],
+        "valid": ["multi30k/val.de", "multi30k/val.en"],
+        "vocab_size": 8000,
+        "long": "drop",
+        "beam_size": 4,
+        "bleu_tokenize": "13a",
+        "lowercase": False,
+    },
+}
+
+DEFAULTS = {"numbers": NUMBERS_DEFAULTS, "lm": LM_DEFAULTS, "translation": TRANSLATION_DEFAULTS}
 # The longest numbers target is 10 words ("seven hundred seventy seven thousand ..."):
 # BEGIN + 10 words are 11 decoder positions; the longest source is 7 tokens.
 NUMBERS_MIN_LEN = 11
-MODEL_KINDS = {"numbers": "encoder_decoder", "lm": "decoder_only"}
+MODEL_KINDS = {"numbers": "encoder_decoder", "lm": "decoder_only", "translation": "encoder_decoder"}
 
 
 def _set(recipe: dict, key: str, value, *, where: str) -> None:
@@ -177,9 +219,13 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     if task == "numbers" and recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
         raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
     # Check the model fields now, before any data is read (the vocabulary comes later).
-    vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64} if task == "numbers" else {"vocab_size": 64}
+    vocab = {"vocab_size": 64} if task == "lm" else {"src_vocab_size": 64, "tgt_vocab_size": 64}
     make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
     return recipe
+
+
+def _paths(value: list) -> bool:
+    return 1 <= len(value) <= 2 and all(isinstance(v, str) and v for v in value)
 
 
 # (section, key) -> (accepted types, test, what the value must be)
@@ -202,6 +248,13 @@ _RULES = {
     ("data", "text"): (str, lambda v: bool(v), "a file path"),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "max_tokens"): (int, lambda v: v > 0, "a positive integer"),
+    ("data", "train"): (list, _paths, "a list of one TSV path or two aligned file paths"),
+    ("data", "valid"): (list, _paths, "a list of one TSV path or two aligned file paths"),
+    ("data", "vocab_size"): (int, lambda v: v > 8, "an integer > 8"),
+    ("data", "long"): (str, lambda v: v in ("drop", "truncate"), "drop or truncate"),
+    ("data", "bleu_tokenize"): (str, lambda v: v in ("13a", "zh", "intl", "char", "none"), "a sacreBLEU tokenizer"),
+    ("data", "lowercase"): (bool, lambda v: True, "true or false"),
 }
 
 
@@ -392,3 +445,95 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     eval_seconds = time.perf_counter() - start
     _save(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss})
     return {"val_loss": val_loss, "eval_seconds": eval_seconds, **_summary(result, model, tokenizer)}
+
+
+def _fit_window(ids: list[list[int]], limit: int, *, long: str) -> tuple[list[list[int] | None], int]:
+    """Truncate rows longer than ``limit`` tokens, or mark them for dropping (None); count them."""
+    changed = 0
+    out: list[list[int] | None] = []
+    for row in ids:
+        if len(row) > limit:
+            changed += 1
+            out.append(row[:limit] if long == "truncate" else None)
+        else:
+            out.append(row)
+    return out, changed
+
+
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says; save it to ``out``.
+
+    A joint unigram vocabulary is trained on both sides of the training pairs. Pairs longer
+    than the model's window are dropped or truncated (``data.long``) and counted. Batches hold
+    at most ``train.max_tokens`` padded tokens, length-bucketed and reshuffled every epoch.
+    At the end the validation set is translated with beam search and scored with sacreBLEU.
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    pairs = read_parallel(*data["train"])
+    valid = read_parallel(*data["valid"])
+    tokenizer = Tokenizer.train_subword((s for pair in pairs for s in pair), vocab_size=int(data["vocab_size"]))
+    fields = {
+        **recipe["model"],
+        "src_vocab_size": tokenizer.vocab_size,
+        "tgt_vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+    }
+    model = build_model("encoder_decoder", fields)
+    window = model.config.max_len
+    src, long_src = _fit_window(tokenizer.encode_batch([a for a, _ in pairs]), window, long=data["long"])
+    tgt, long_tgt = _fit_window(tokenizer.encode_batch([b for _, b in pairs]), window - 1, long=data["long"])
+    examples = [(s, t) for s, t in zip(src, tgt, strict=True) if s is not None and t is not None]
+    if not examples:
+        raise UserError("no training pair fits the model's window (model.max_len)")
+    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+
+    def epochs() -> Iterator[list[int]]:
+        epoch = 0
+        while True:
+            yield from batches_by_tokens(lengths, max_tokens=int(train["max_tokens"]), seed=seed + epoch)
+            epoch += 1
+
+    order = epochs()
+
+    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
+        rows = next(order)
+        s, t_in, t_out = seq2seq_batch(
+            [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        return loss, int((t_out != tokenizer.pad_id).sum())
+
+    result = _fit(model, step_loss, train, progress=progress, desc="qkv translation")
+    start = time.perf_counter()
+    sources = [tokenizer.encode(a)[:window] for a, _ in valid]
+    hypotheses = [""] * len(valid)
+    by_length = sorted(range(len(valid)), key=lambda i: len(sources[i]))
+    for k in range(0, len(by_length), 64):
+        chunk = by_length[k : k + 64]
+        found = beam_search(
+            model,
+            [sources[i] for i in chunk],
+            beam_size=int(data["beam_size"]),
+            max_new_tokens=2 * max(len(sources[i]) for i in chunk) + 10,  # output length rule: 2·S + 10
+        )
+        for i, hyps in zip(chunk, found, strict=True):
+            hypotheses[i] = tokenizer.decode(hyps[0].tokens)
+    scores = corpus_scores(
+        hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+    )
+    eval_seconds = time.perf_counter() - start
+    _save(model, tokenizer, out, extra={"task": "translation", "recipe": recipe, "valid_scores": scores})
+    return {
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "bleu_signature": scores["bleu_signature"],
+        "over_long_pairs": max(long_src, long_tgt),
+        "eval_seconds": eval_seconds,
+        **_summary(result, model, tokenizer),
+        "hypotheses": hypotheses,
+    }
