@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from qkv import __version__
@@ -49,41 +49,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number(convert: Callable[[str], float], test: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """An argparse type: ``convert`` the text, then require ``test`` (else say ``what`` is expected)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    value = _positive_float(text)
-    if value < 1e-3:
-        raise argparse.ArgumentTypeError(f"temperature below 0.001 overflows; use greedy decoding instead of {text}")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+_positive_int = _number(int, lambda v: v > 0, "a positive integer")
+_positive_float = _number(float, lambda v: v > 0, "a positive number")
+# Below 0.001 the scaled logits overflow; greedy decoding is the limit anyway.
+_temperature = _number(float, lambda v: v >= 1e-3, "a temperature of at least 0.001")
+_probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def _decode_lines(raw_lines, name: str) -> list[str]:

@@ -281,6 +281,19 @@ def _check_values(recipe: dict, where: str) -> None:
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
 
 
+def _seq2seq_model(recipe: dict, tokenizer: Tokenizer) -> EncoderDecoder:
+    """A fresh encoder-decoder from the recipe's model section and one shared vocabulary."""
+    fields = {
+        **recipe["model"],
+        "src_vocab_size": tokenizer.vocab_size,
+        "tgt_vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+    }
+    return build_model("encoder_decoder", fields)
+
+
 def _fit(
     model: nn.Module,
     step_loss: Callable[[nn.Module, int], tuple[torch.Tensor, int]],
@@ -368,15 +381,7 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
     torch.manual_seed(seed)
     # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
     tokenizer = Tokenizer.train_word_level(s for pair in numbers_pairs(20_000, seed=seed, held_out=False) for s in pair)
-    fields = {
-        **recipe["model"],
-        "src_vocab_size": tokenizer.vocab_size,
-        "tgt_vocab_size": tokenizer.vocab_size,
-        "pad_id": tokenizer.pad_id,
-        "bos_id": tokenizer.bos_id,
-        "eos_id": tokenizer.eos_id,
-    }
-    model = build_model("encoder_decoder", fields)
+    model = _seq2seq_model(recipe, tokenizer)
     batch_size = int(train["batch_size"])
 
     def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
@@ -475,15 +480,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True) -
     pairs = read_parallel(*data["train"])
     valid = read_parallel(*data["valid"])
     tokenizer = Tokenizer.train_subword((s for pair in pairs for s in pair), vocab_size=int(data["vocab_size"]))
-    fields = {
-        **recipe["model"],
-        "src_vocab_size": tokenizer.vocab_size,
-        "tgt_vocab_size": tokenizer.vocab_size,
-        "pad_id": tokenizer.pad_id,
-        "bos_id": tokenizer.bos_id,
-        "eos_id": tokenizer.eos_id,
-    }
-    model = build_model("encoder_decoder", fields)
+    model = _seq2seq_model(recipe, tokenizer)
     window = model.config.max_len
     src, long_src = _fit_window(tokenizer.encode_batch([a for a, _ in pairs]), window, long=data["long"])
     tgt, long_tgt = _fit_window(tokenizer.encode_batch([b for _, b in pairs]), window - 1, long=data["long"])
