@@ -127,12 +127,22 @@ def _map(obj, fn: Callable[[Tensor], Tensor]):
     return obj
 
 
-def _select(state: _State, rows: Tensor) -> _State:
-    """Keep, repeat or reorder hypotheses: row i of the result is row ``rows[i]``."""
+def _select(state: _State, rows: Tensor, *, within_inputs: bool = False) -> _State:
+    """Keep, repeat or reorder hypotheses: row i of the result is row ``rows[i]``.
+
+    ``within_inputs`` says every row is taken from a row of the same input (as beam search
+    does between steps): then the encoder output, its mask and the cross-attention keys and
+    values, identical across an input's rows, are kept as they are instead of copied.
+    """
 
     def pick(t: Tensor) -> Tensor:
         return t.index_select(0, rows)  # (N, ...) rows picked
 
+    if within_inputs:
+        cache = [(_map(self_kv, pick), cross_kv) for self_kv, cross_kv in state.cache]
+        return replace(
+            state, cache=cache, key_mask=_map(state.key_mask, pick), next_position=_map(state.next_position, pick)
+        )
     return _State(
         _map(state.cache, pick),
         memory=_map(state.memory, pick),
@@ -347,5 +357,5 @@ def beam_search(
         tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
         scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
-        logits, state = _advance(model, _select(state, rows), tokens)
+        logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
