@@ -482,13 +482,16 @@ def test_beam_search_waits_for_a_better_live_beam(monkeypatch) -> None:
         row[3], row[2] = (-0.01, -5.0) if length < 3 else (-5.0, -0.01)
         return row
 
+    def state_of(lengths: torch.Tensor) -> generation._State:
+        # One "block" whose self-attention cache holds each row's length (no cross-attention).
+        return generation._State(cache=[((lengths, lengths), None)])
+
     def start(model, inputs):
-        lengths = torch.zeros(len(inputs), 1)
-        return torch.stack([logits(0)] * len(inputs)), generation._State(cache=[lengths])
+        return torch.stack([logits(0)] * len(inputs)), state_of(torch.zeros(len(inputs), 1))
 
     def advance(model, state, tokens):
-        lengths = state.cache[0] + 1
-        return torch.stack([logits(int(n)) for n in lengths[:, 0]]), generation._State(cache=[lengths])
+        lengths = state.cache[0][0][0] + 1
+        return torch.stack([logits(int(n)) for n in lengths[:, 0]]), state_of(lengths)
 
     monkeypatch.setattr(generation, "_start", start)
     monkeypatch.setattr(generation, "_advance", advance)
