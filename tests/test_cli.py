@@ -81,7 +81,9 @@ def stdin(monkeypatch):
 # ------------------------------------------------------------------- help
 
 
-@pytest.mark.parametrize("command", [[], ["demo"], ["train"], ["generate"], ["evaluate"]], ids=lambda c: c or "qkv")
+@pytest.mark.parametrize(
+    "command", [[], ["demo"], ["train"], ["generate"], ["chat"], ["evaluate"]], ids=lambda c: c or "qkv"
+)
 def test_help_has_an_example(capsys, command):
     rc, out, _ = run(capsys, *command, "--help")
     assert rc == 0

@@ -1,4 +1,4 @@
-"""The ``qkv`` command line: demo, train, generate, evaluate. The composition root.
+"""The ``qkv`` command line: demo, train, generate, chat, evaluate. The composition root.
 
 Every user mistake (missing file, bad option value, a model of the wrong kind) ends in one
 line on stderr and exit status 2; success exits 0. Progress bars go to stderr, results to
@@ -34,6 +34,10 @@ EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
   qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
   qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 50
+"""
+EPILOG_CHAT = """examples:
+  qkv chat --model runs/chatbot
+  echo "hello , how are you ?" | qkv chat --model runs/chatbot
 """
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
@@ -362,6 +366,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    from qkv.chat import reply
+
+    model, tokenizer = _load_for_generation(args.model)
+    separator = args.separator.encode().decode("unicode_escape")  # lets "\\n" mean a newline
+    interactive = sys.stdin.isatty()
+    if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
+
+        print(f"qkv chat with {args.model}; an empty line or Ctrl-D ends the chat", file=sys.stderr)
+    turns: list[str] = []
+    while True:
+        try:
+            line = input("you> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and not line:
+            break
+        line = line.strip()
+        if not line:
+            if interactive:
+                break
+            continue
+        turns.append(line)
+        answer = reply(model, tokenizer, turns, separator=separator, max_new_tokens=args.max_new_tokens)
+        turns.append(answer)
+        print(f"bot> {answer}" if interactive else answer, flush=True)
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.text is not None:
         import torch
@@ -504,6 +538,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--batch-size", type=_positive_int, default=64, help="inputs decoded together")
     p.set_defaults(run=cmd_generate)
+
+    p = sub.add_parser(
+        "chat",
+        help="talk with a model, turn by turn (interactive, or one turn per stdin line)",
+        description="A multi-turn chat. The dialogue so far is given to the model, newest turns first to be "
+        "kept when it no longer fits the model's window. A decoder-only model continues the dialogue until it "
+        "writes the separator; an encoder-decoder model reads the dialogue and writes the reply. Reading a "
+        "pipe, each input line is one turn and each reply one output line.",
+        epilog=EPILOG_CHAT,
+        formatter_class=raw,
+    )
+    p.add_argument("--model", required=True, help="model directory (decoder-only or encoder-decoder, with tokenizer)")
+    p.add_argument(
+        "--separator", default=" __eou__ ", help="text that ends a turn (default: DailyDialog's ' __eou__ ')"
+    )
+    p.add_argument("--max-new-tokens", type=_positive_int, default=60, help="longest reply (default: 60)")
+    p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser(
         "evaluate",

@@ -1,0 +1,67 @@
+"""Multi-turn chat on any text-generating model: the dialogue kept within the model's window.
+
+What is here: :func:`dialogue_context` (the most recent turns that fit, joined by a
+separator) and :func:`reply` (the next turn: a decoder-only model continues the dialogue
+until it writes the separator or END; an encoder-decoder model reads the dialogue as its
+source and writes the reply as its target).
+
+The window rule: the newest turns are kept whole, oldest dropped first; a single turn
+longer than the room left is cut from its start (its end is what the reply answers). A
+decoder-only model keeps room for ``max_new_tokens`` of reply.
+
+What is not here: the prompt loop and terminal handling (``cli.py``), decoding (``generation.py``).
+"""
+
+from __future__ import annotations
+
+from qkv.generation import DONE, DecodingModel, beam_search, stream
+from qkv.models.decoder_only import DecoderOnly
+from qkv.tokenization import Tokenizer
+
+
+def dialogue_context(turns: list[str], tokenizer: Tokenizer, *, room: int, separator: str) -> list[int]:
+    """Token ids of the newest turns that fit in ``room`` tokens, each followed by ``separator``."""
+    if room < 1:
+        raise ValueError(f"no room for any context (room={room})")
+    kept: list[int] = []
+    for turn in reversed(turns):
+        ids = tokenizer.encode(turn + separator)
+        if len(kept) + len(ids) > room:
+            if not kept:
+                kept = ids[-room:]  # a single over-long turn: keep its end
+            break
+        kept = ids + kept
+    return kept
+
+
+def reply(
+    model: DecodingModel,
+    tokenizer: Tokenizer,
+    turns: list[str],
+    *,
+    separator: str,
+    max_new_tokens: int,
+    beam_size: int = 4,
+) -> str:
+    """The model's next turn after ``turns`` (the dialogue so far, oldest first)."""
+    window = model.config.max_len
+    if isinstance(model, DecoderOnly):
+        max_new_tokens = min(max_new_tokens, window - 1)
+        context = dialogue_context(turns, tokenizer, room=window - max_new_tokens + 1, separator=separator)
+        marker = separator.strip() or separator  # " __eou__ " ends a turn at "__eou__"; "\n" at "\n"
+        ids: list[int] = []
+        text = ""
+        steps = stream(model, [context], max_new_tokens=max_new_tokens, choose=lambda logits: logits.argmax(-1))
+        for token in steps:
+            token_id = int(token[0])
+            if token_id in (model.config.eos_id, DONE):
+                break
+            ids.append(token_id)
+            text = tokenizer.decode(ids)
+            if marker in text:
+                break
+        cut = text.find(marker)
+        return (text[:cut] if cut >= 0 else text).strip()
+    context = dialogue_context(turns, tokenizer, room=window, separator=separator)
+    best = beam_search(model, [context], beam_size=beam_size, max_new_tokens=max_new_tokens)
+    return tokenizer.decode(best[0][0].tokens).strip()

@@ -1,0 +1,70 @@
+"""Chat: the dialogue kept within the window, and `qkv chat` read from a pipe."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkv.chat import dialogue_context
+from qkv.cli import main
+from qkv.recipes import load_recipe, train_lm
+from qkv.tokenization import Tokenizer
+
+RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")
+
+
+def test_dialogue_context_keeps_the_newest_turns_that_fit() -> None:
+    tokenizer = Tokenizer.train_char_level(["abcdefghij |"])
+    turns = ["abc", "defg", "hij"]
+    assert tokenizer.decode(dialogue_context(turns, tokenizer, room=100, separator="|")) == "abc|defg|hij|"
+    assert tokenizer.decode(dialogue_context(turns, tokenizer, room=9, separator="|")) == "defg|hij|"
+    assert tokenizer.decode(dialogue_context(turns, tokenizer, room=3, separator="|")) == "ij|"
+    with pytest.raises(ValueError):
+        dialogue_context(turns, tokenizer, room=0, separator="|")
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat")
+    text = root / "dialogue.txt"
+    text.write_text("hello there\nhow are you\nfine thanks\n" * 60)
+    overrides = [f"data.text={text}", "train.steps=60", "train.batch_size=8", "train.lr=0.01"]
+    overrides += ["model.d_model=15", "model.n_heads=3", "model.d_ff=7", "model.n_layers=1", "model.max_len=17"]
+    train_lm(load_recipe(RECIPE, overrides), root / "model", progress=False)
+    return root / "model"
+
+
+def test_chat_from_a_pipe_answers_each_turn(chat_model, capsys, monkeypatch) -> None:
+    """One reply line per input line, even when the dialogue outgrows the 17-token window."""
+    lines = "hello there\nhow are you\nhello there\nhow are you\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode()), encoding="utf-8"))
+    assert main(["chat", "--model", str(chat_model), "--separator", "\\n", "--max-new-tokens", "12"]) == 0
+    replies = capsys.readouterr().out.splitlines()
+    assert len(replies) == 4
+    assert all(len(r) <= 12 for r in replies)
+
+
+def test_chat_with_an_encoder_decoder(tmp_path, capsys, monkeypatch) -> None:
+    """An encoder-decoder reads the dialogue as its source; one reply line per turn."""
+    import torch
+
+    from qkv.checkpoint import save_model
+    from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+    from qkv.tokenization import FILE
+
+    tokenizer = Tokenizer.train_word_level(["hello there how are you fine thanks"])
+    tokenizer.save(tmp_path / FILE)
+    torch.manual_seed(5)
+    v = tokenizer.vocab_size
+    config = EncoderDecoderConfig(
+        src_vocab_size=v, tgt_vocab_size=v, d_model=15, n_heads=3, d_ff=7, n_encoder_layers=1, n_decoder_layers=1,
+        max_len=11, dropout=0.0,
+    )  # fmt: skip
+    save_model(EncoderDecoder(config), tmp_path / "m", files={FILE: tmp_path / FILE})
+    lines = "hello there\nhow are you\nfine thanks\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode()), encoding="utf-8"))
+    assert main(["chat", "--model", str(tmp_path / "m"), "--max-new-tokens", "4"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
