@@ -14,7 +14,7 @@ What is not here: the prompt loop and terminal handling (``cli.py``), decoding (
 
 from __future__ import annotations
 
-from qkv.generation import DONE, DecodingModel, beam_search, stream
+from qkv.generation import DecodingModel, beam_search, continuation, most_likely
 from qkv.models.decoder_only import DecoderOnly
 from qkv.tokenization import Tokenizer
 
@@ -51,12 +51,8 @@ def reply(
         marker = separator.strip() or separator  # " __eou__ " ends a turn at "__eou__"; "\n" at "\n"
         ids: list[int] = []
         text = ""
-        steps = stream(model, [context], max_new_tokens=max_new_tokens, choose=lambda logits: logits.argmax(-1))
-        for token in steps:
-            token_id = int(token[0])
-            if token_id in (model.config.eos_id, DONE):
-                break
-            ids.append(token_id)
+        for token in continuation(model, context, max_new_tokens=max_new_tokens, choose=most_likely):
+            ids.append(token)
             text = tokenizer.decode(ids)
             if marker in text:
                 break

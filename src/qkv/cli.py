@@ -75,28 +75,13 @@ _temperature = _number(float, lambda v: v >= 1e-3, "a temperature of at least 0.
 _probability = _number(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
-def _decode_lines(raw_lines, name: str) -> list[str]:
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError as e:
-            raise UserError(f"{name}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-    return lines
-
-
 def _read_lines(path: str | None) -> list[str]:
     """Lines of a UTF-8 file (or stdin for None / "-"); bad bytes name the file and line."""
+    from qkv.data import decode_lines, read_lines
+
     if path is None or path == "-":
-        return _decode_lines(sys.stdin.buffer, "<stdin>")
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"input file {p} does not exist")
-    try:
-        with open(p, "rb") as f:
-            return _decode_lines(f, str(p))
-    except OSError as e:
-        raise UserError(f"cannot read {p}: {e.strerror}") from None
+        return decode_lines(sys.stdin.buffer, "<stdin>")
+    return read_lines(path)
 
 
 class _Output:
@@ -272,7 +257,7 @@ def _matching_tokenizer(path: str, model):
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.generation import beam_search, greedy, sample, sampler, stream
+    from qkv.generation import beam_search, continuation, greedy, most_likely, sample, sampler
     from qkv.models.decoder_only import DecoderOnly
 
     if args.nbest > args.beam:
@@ -290,17 +275,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, tokenizer = _load_for_generation(args.model)
     lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
     window = model.config.max_len
-    for number, line in enumerate(lines, start=1):
-        if len(tokenizer.encode(line)) > window:
+    lengths = [len(ids) for ids in tokenizer.encode_batch(lines)]
+    for number, length in enumerate(lengths, start=1):
+        if length > window:
             where = "--prompt" if args.prompt is not None else f"{args.input or '<stdin>'}:{number}"
-            raise UserError(f"{where}: {len(tokenizer.encode(line))} tokens; the model takes at most {window}")
+            raise UserError(f"{where}: {length} tokens; the model takes at most {window}")
     # One generator for the whole run: the same --seed and --batch-size give the same output.
     generator = torch.Generator()
     if args.seed is not None:
         generator.manual_seed(args.seed)
     else:
         generator.seed()
-    longest = max((len(tokenizer.encode(line)) for line in lines), default=0)
+    longest = max(lengths, default=0)
     room = window if not isinstance(model, DecoderOnly) else window - max(1, longest) + 1
     if args.max_new_tokens > room:
         print(
@@ -315,14 +301,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=generator
             )
         else:
-            choose = lambda logits: logits.argmax(-1)  # noqa: E731
+            choose = most_likely
         ids: list[int] = []
         shown = ""
         prompt = tokenizer.encode(args.prompt) or [tokenizer.bos_id]
-        for token in stream(model, [prompt], max_new_tokens=args.max_new_tokens, choose=choose):
-            if int(token[0]) == model.config.eos_id:
-                break
-            ids.append(int(token[0]))
+        for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose):
+            ids.append(token)
             text = tokenizer.decode(ids)
             print(text[len(shown) :], end="", flush=True)
             shown = text

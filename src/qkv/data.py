@@ -2,7 +2,7 @@
 
 What is here: :func:`data_root` (``$QKV_DATA``, else ``../shared/data`` beside the project),
 :func:`resolve` (a recipe's data path: as given, or under the data root),
-:func:`read_text` (UTF-8, bad bytes reported as file:line), :func:`read_parallel` (aligned
+:func:`read_text` and :func:`read_lines` (UTF-8, bad bytes reported as file:line), :func:`read_parallel` (aligned
 sentence pairs from two files or a TSV, validated line by line) and
 :func:`batches_by_tokens` (length-bucketed batches under a token budget, shuffled per seed).
 Corpora are read from there, never copied into the repository.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
 from qkv.errors import UserError
@@ -58,19 +59,28 @@ def read_text(path: str | Path) -> str:
         raise UserError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
 
 
-def _lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file without their line ends; bad bytes name file:line."""
+def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
+    """UTF-8 lines (bytes, e.g. a binary file or stdin's buffer) without their line ends;
+    bad bytes are a UserError naming ``name`` and the line."""
     lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+            raise UserError(f"{name}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    return lines
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file (see :func:`decode_lines`); a missing or unreadable file is a UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"input file {path} does not exist")
     try:
         with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    lines.append(raw.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError as e:
-                    raise UserError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            return decode_lines(f, str(path))
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}") from None
-    return lines
 
 
 def read_parallel(source: str | Path, target: str | Path | None = None) -> list[tuple[str, str]]:
@@ -84,7 +94,7 @@ def read_parallel(source: str | Path, target: str | Path | None = None) -> list[
     if target is None:
         path = resolve(source)
         pairs = []
-        for number, line in enumerate(_lines(path), start=1):
+        for number, line in enumerate(read_lines(path), start=1):
             fields = line.split("\t")
             if len(fields) != 2:
                 raise UserError(f"{path}:{number}: expected source<TAB>target, found {len(fields)} field(s)")
@@ -94,7 +104,7 @@ def read_parallel(source: str | Path, target: str | Path | None = None) -> list[
             pairs.append((fields[0], fields[1]))
         return pairs
     src_path, tgt_path = resolve(source), resolve(target)
-    src, tgt = _lines(src_path), _lines(tgt_path)
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise UserError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; they must be aligned")
     for path, lines in ((src_path, src), (tgt_path, tgt)):

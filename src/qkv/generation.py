@@ -1,7 +1,8 @@
 """Model-agnostic decoding: greedy, sampling and beam search, with an explicit KV cache.
 
 What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and
-:func:`filter_logits`), :func:`stream` (one token per step for every row) and
+:func:`filter_logits`), :func:`stream` (one token per step for every row; :func:`continuation`
+for a single input) and
 :func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best).
 Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
 sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
@@ -197,9 +198,26 @@ def _collect(model: DecodingModel, steps: Iterator[Tensor], n: int) -> list[list
     return out
 
 
+def most_likely(logits: Tensor) -> Tensor:
+    """The greedy ``choose`` for :func:`stream`. Shapes: logits (B, V) -> tokens (B,)."""
+    return logits.argmax(-1)
+
+
+def continuation(
+    model: DecodingModel, prompt: list[int], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
+) -> Iterator[int]:
+    """The new tokens of one input, one at a time, ending before END (or at the cap)."""
+    eos = _eos(model)
+    for tokens in stream(model, [prompt], max_new_tokens=max_new_tokens, choose=choose):
+        token = int(tokens[0])
+        if token in (eos, DONE):
+            return
+        yield token
+
+
 def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
     """Pick the most likely token at every step."""
-    steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=lambda logits: logits.argmax(-1))
+    steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=most_likely)
     return _collect(model, steps, len(inputs))
 
 
