@@ -361,12 +361,32 @@ def evaluate_numbers(
     model: EncoderDecoder, tokenizer: Tokenizer, *, pairs: list[tuple[str, str]], beam_size: int
 ) -> tuple[float, list[str]]:
     """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
-    outputs = []
-    for i in range(0, len(pairs), 250):
-        chunk = pairs[i : i + 250]
-        best = beam_search(model, tokenizer.encode_batch([a for a, _ in chunk]), beam_size=beam_size, max_new_tokens=24)
-        outputs += [tokenizer.decode(h[0].tokens) for h in best]
+    outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size)
     return exact_match(outputs, [b for _, b in pairs]), outputs
+
+
+def beam_translate(
+    model: EncoderDecoder, tokenizer: Tokenizer, texts: list[str], *, beam_size: int, batch_size: int = 64
+) -> list[str]:
+    """The best beam-search output of every text, in order.
+
+    Texts are decoded in batches of similar length; a source is cut to the model's window,
+    and an output may have at most 2·S + 10 tokens (S: the longest source of its batch).
+    """
+    sources = [ids[: model.config.max_len] for ids in tokenizer.encode_batch(texts)]
+    outputs = [""] * len(texts)
+    by_length = sorted(range(len(texts)), key=lambda i: len(sources[i]))
+    for k in range(0, len(by_length), batch_size):
+        chunk = by_length[k : k + batch_size]
+        found = beam_search(
+            model,
+            [sources[i] for i in chunk],
+            beam_size=beam_size,
+            max_new_tokens=2 * max(len(sources[i]) for i in chunk) + 10,
+        )
+        for i, hyps in zip(chunk, found, strict=True):
+            outputs[i] = tokenizer.decode(hyps[0].tokens)
+    return outputs
 
 
 def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
@@ -507,19 +527,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True) -
 
     result = _fit(model, step_loss, train, progress=progress, desc="qkv translation")
     start = time.perf_counter()
-    sources = [tokenizer.encode(a)[:window] for a, _ in valid]
-    hypotheses = [""] * len(valid)
-    by_length = sorted(range(len(valid)), key=lambda i: len(sources[i]))
-    for k in range(0, len(by_length), 64):
-        chunk = by_length[k : k + 64]
-        found = beam_search(
-            model,
-            [sources[i] for i in chunk],
-            beam_size=int(data["beam_size"]),
-            max_new_tokens=2 * max(len(sources[i]) for i in chunk) + 10,  # output length rule: 2·S + 10
-        )
-        for i, hyps in zip(chunk, found, strict=True):
-            hypotheses[i] = tokenizer.decode(hyps[0].tokens)
+    hypotheses = beam_translate(model, tokenizer, [a for a, _ in valid], beam_size=int(data["beam_size"]))
     scores = corpus_scores(
         hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
     )
