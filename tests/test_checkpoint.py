@@ -59,8 +59,10 @@ CASES = {
     "encoder_decoder": {},
     "encoder_decoder_shared_tied": {"src_vocab_size": 13, "share_embeddings": True, "tie_output": True},
     "encoder_decoder_untied_rope_gqa": {"tie_output": False, "positions": "rope", "d_model": 18, "n_kv_heads": 1},
+    "encoder_decoder_marian_style": {"positions": "sinusoidal_halves", "output_bias": True, "activation": "silu"},
     "encoder_only": {},
     "encoder_only_untied_learned": {"tie_output": False, "positions": "learned", "pooling": "mean"},
+    "encoder_only_bert_style": {"norm_first": False, "embedding_norm": True, "pooler": True, "activation": "gelu"},
     "decoder_only": {},
     "decoder_only_untied_swiglu_rmsnorm": {"tie_output": False, "activation": "swiglu", "norm": "rmsnorm"},
 }

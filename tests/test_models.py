@@ -19,7 +19,7 @@ from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 B, S, T = 3, 7, 5
 SRC_V, TGT_V, V = 17, 13, 13
 PAD = 0
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "none")
 FAMILIES = ("encoder_decoder", "encoder_only", "decoder_only")
 ATOL = 1e-5
 
@@ -262,7 +262,7 @@ def test_positions_and_norm_placement_run(positions: str, norm_first: bool) -> N
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swiglu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu"])
 def test_activations_and_norms_run(activation: str, norm: str) -> None:
     """Every activation x norm builds and runs for each family without NaN (also with GQA and sigmoid)."""
     torch.manual_seed(10)
@@ -279,6 +279,29 @@ def test_swiglu_has_gate_and_rmsnorm_is_used() -> None:
     assert block.ffn.w_3 is not None and block.ffn.w_3.weight.shape == (11, 15)
     assert isinstance(block.norm_1, torch.nn.RMSNorm)
     assert build("decoder_only").decoder.blocks[0].ffn.w_3 is None
+
+
+def test_encoder_only_bert_options() -> None:
+    """embedding_norm adds a norm after the embeddings; pooler is dense + tanh before the classifier;
+    mlm_head=False builds no MLM head and refuses forward, while encode and classify still work."""
+    torch.manual_seed(12)
+    model = build("encoder_only", embedding_norm=True, pooler=True, mlm_head=False)
+    assert model.embed_norm is not None and model.pooler is not None and model.mlm_output is None
+    x = _tokens(B, S, V)
+    with pytest.raises(ValueError, match="mlm_head"):
+        model(x)
+    h = model.encode(x)
+    expected = model.classifier(torch.tanh(model.pooler(h[:, 0])))
+    assert (model.classify(x) - expected).abs().max() <= ATOL
+    assert not any(name.startswith("mlm_") for name in model.state_dict())
+
+
+def test_encoder_decoder_output_bias_starts_at_zero() -> None:
+    """output_bias gives the (tied) output projection a bias of its own, initialised to zero."""
+    model = build("encoder_decoder", output_bias=True)
+    assert model.output.weight is model.tgt_embed.token.weight
+    assert model.output.bias is not None and torch.equal(model.output.bias, torch.zeros(TGT_V))
+    assert build("encoder_decoder").output.bias is None
 
 
 def test_dropout_active_in_train_only() -> None:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from qkv.checkpoint import read_meta
 from qkv.cli import main
 from qkv.errors import UserError
 from qkv.recipes import load_recipe, train_translation
+from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
 WORDS = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schläft": "sleeps", "rot": "red", "groß": "big"}
@@ -31,50 +40,203 @@ def _corpus(root: Path, n: int, seed: int) -> tuple[str, str]:
     return str(root / f"{seed}.de"), str(root / f"{seed}.en")
 
 
-def _overrides(tmp_path: Path, steps: int) -> list[str]:
-    train = _corpus(tmp_path, 300, seed=1)
+def _overrides(tmp_path: Path, steps: int | None = None, *, epochs: int = 3, n_train: int = 300) -> list[str]:
+    train = _corpus(tmp_path, n_train, seed=1)
     valid = _corpus(tmp_path, 20, seed=2)
     return [
         f"data.train={list(train)}",
         f"data.valid={list(valid)}",
         "data.vocab_size=40",
         "data.beam_size=2",
-        f"train.steps={steps}",
-        "train.max_tokens=400",
+        f"train.epochs={epochs}",
+        f"train.steps={'null' if steps is None else steps}",
+        "train.max_tokens=200",
         "train.warmup=10",
         "train.lr=0.01",
+        "train.tensorboard=false",
         *(f"model.{k}={v}" for k, v in TINY.items()),
     ]
 
 
 def test_translation_recipe_trains_and_scores(tmp_path) -> None:
-    """Loss falls; validation BLEU and chrF come with sacreBLEU's signature; the directory says so."""
-    recipe = load_recipe(RECIPE, _overrides(tmp_path, steps=80))
-    summary = train_translation(recipe, tmp_path / "model", progress=False)
+    """Loss falls; every epoch is validated; the run keeps last/best/averaged and names the final one."""
+    recipe = load_recipe(RECIPE, [*_overrides(tmp_path, epochs=20), "train.average_last=3", "train.tensorboard=true"])
+    run = tmp_path / "run"
+    summary = train_translation(recipe, run, progress=False)
     losses = summary["losses"]
-    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+    assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:10]) / 10
     assert 0.0 <= summary["bleu"] <= 100.0 and 0.0 <= summary["chrf"] <= 100.0
     assert "nrefs:1" in summary["bleu_signature"]
     assert len(summary["hypotheses"]) == 20
-    meta = read_meta(tmp_path / "model")
-    assert meta["task"] == "translation" and meta["valid_scores"]["bleu"] == summary["bleu"]
+    history = summary["history"]
+    assert [h["epoch"] for h in history] == list(range(1, 21))
+    assert history[-1]["valid_loss"] < history[0]["valid_loss"]
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["final"] in ("best", "averaged") and meta["final"] == summary["final"]
+    assert set(meta["final_scores"]) == {"best", "averaged"}
+    assert meta["final_scores"][meta["final"]]["bleu"] == summary["bleu"]
+    assert sorted(p.name for p in run.glob("epoch-*")) == ["epoch-018", "epoch-019", "epoch-020"]
+    for name in ("last", "best", "averaged"):
+        assert read_meta(run / name)["task"] == "translation"
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    # Commands taking --model accept the run directory: its final checkpoint.
+    assert read_meta(run)["files"] == read_meta(run / meta["final"])["files"]
 
 
-def test_translation_cli_and_generate(tmp_path, capsys) -> None:
-    """qkv train --json reports BLEU; the saved model translates stdin line by line."""
-    out = tmp_path / "m"
-    argv = ["train", RECIPE, "--out", str(out), "--quiet", "--json"]
-    for item in _overrides(tmp_path, steps=10):
+def test_averaging_is_the_mean_of_the_epoch_checkpoints(tmp_path) -> None:
+    recipe = load_recipe(RECIPE, [*_overrides(tmp_path, epochs=3), "train.average_last=2"])
+    run = tmp_path / "run"
+    train_translation(recipe, run, progress=False)
+    a = load_file(run / "epoch-002" / "model.safetensors")
+    b = load_file(run / "epoch-003" / "model.safetensors")
+    mean = load_file(run / "averaged" / "model.safetensors")
+    for name in mean:
+        torch.testing.assert_close(mean[name], (a[name].double() + b[name].double()).div(2).float())
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / "model.safetensors")
+
+
+def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path) -> None:
+    """Stopped mid-epoch (a step cap), then resumed: same weights, optimizer and position."""
+    overrides = [*_overrides(tmp_path, epochs=2), "train.deterministic=true", "model.dropout=0.1"]
+    whole = tmp_path / "whole"
+    train_translation(load_recipe(RECIPE, overrides), whole, progress=False)
+    parts = tmp_path / "parts"
+    first = train_translation(load_recipe(RECIPE, [*overrides, "train.steps=4"]), parts, progress=False)
+    assert first["stopped_by"] == "steps" and first["epochs"] == 0
+    second = train_translation(load_recipe(RECIPE, overrides), parts, progress=False, resume=True)
+    assert second["steps"] == json.loads((whole / "run.json").read_text())["history"][-1]["step"]
+    a, b = _weights(whole / "last"), _weights(parts / "last")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(
+        load_file(whole / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
+        load_file(parts / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
+    )
+
+
+def test_resume_after_sigkill(tmp_path) -> None:
+    """A run killed with SIGKILL after a mid-epoch checkpoint resumes to the uninterrupted weights."""
+    overrides = [
+        *_overrides(tmp_path, epochs=2, n_train=3000),
+        "train.deterministic=true",
+        "train.save_every=5",
+        "model.dropout=0.1",
+        "model.d_model=48",
+        "model.d_ff=96",
+        "model.n_heads=4",
+    ]
+    argv = ["train", RECIPE, "--quiet", "--json"]
+    for item in overrides:
         argv += ["--set", item]
-    assert main(argv) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert {"bleu", "chrf", "bleu_signature", "over_long_pairs"} <= result.keys()
-    assert main(["generate", "--model", str(out), "--prompt", "ein hund", "--max-new-tokens", "5"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 1
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main([*argv, "--out", str(whole)]) == 0
+    total = json.loads((whole / "run.json").read_text())["history"][-1]["step"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    process = subprocess.Popen([sys.executable, "-m", "qkv", *argv, "--out", str(killed)], env=env)
+    state = killed / "last" / "trainer.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        try:
+            if json.loads(state.read_text())["trainer"]["steps"] >= 10:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    reached = json.loads(state.read_text())["trainer"]["steps"]
+    assert 10 <= reached < total, "the run ended before it could be killed; make it longer"
+    assert main([*argv, "--out", str(killed), "--resume"]) == 0
+    a, b = _weights(whole / "last"), _weights(killed / "last")
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_translation_recipe_errors(tmp_path) -> None:
+def test_resume_refuses_a_different_recipe_or_tokenizer(tmp_path) -> None:
+    overrides = _overrides(tmp_path, epochs=1)
+    run = tmp_path / "run"
+    train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    with pytest.raises(UserError, match=r"already holds a training run; pass --resume"):
+        train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    with pytest.raises(UserError, match=r"differs .* in model\.d_ff"):
+        train_translation(load_recipe(RECIPE, [*overrides, "model.d_ff=11"]), run, progress=False, resume=True)
+    other = Tokenizer.train_subword(["ein ganz anderer text", "a different text"], vocab_size=30)
+    other.save(tmp_path / "other.json")
+    with pytest.raises(UserError, match=r"is not the tokenizer .* was trained with"):
+        train_translation(
+            load_recipe(RECIPE, [*overrides, f"data.tokenizer={tmp_path / 'other.json'}"]),
+            run,
+            progress=False,
+            resume=True,
+        )
+    # Fine-tuning from the run with another tokenizer is refused the same way.
+    with pytest.raises(UserError, match=r"is not the tokenizer .* was trained with"):
+        train_translation(
+            load_recipe(RECIPE, [*overrides, f"data.tokenizer={tmp_path / 'other.json'}", f"train.init={run}"]),
+            tmp_path / "tuned",
+            progress=False,
+        )
+    # With its own tokenizer, fine-tuning starts from the run's weights.
+    tuned = train_translation(
+        load_recipe(RECIPE, [*overrides, f"train.init={run}"]), tmp_path / "tuned", progress=False
+    )
+    assert tuned["vocabulary"].startswith("the tokenizer of")
+
+
+def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, capsys, monkeypatch) -> None:
+    run = tmp_path / "run"
+    train_translation(load_recipe(RECIPE, _overrides(tmp_path, epochs=20)), run, progress=False)
+    lines = ["ein hund läuft", "", "katze", "   ", "ein großer roter hund schläft"]
+    (tmp_path / "in.de").write_text("\n".join(lines) + "\n")
+    assert main(["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out.split("\n")[:-1]
+    assert len(out) == 5 and out[1] == "" and out[3] == ""
+    assert all(out[i] for i in (0, 2, 4))
+    # Batch composition does not change a sentence's translation.
+    for i in (0, 2, 4):
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((lines[i] + "\n").encode())))
+        assert main(["translate", "--model", str(run), "--beam", "3", "--quiet"]) == 0
+        assert capsys.readouterr().out == out[i] + "\n"
+    assert (
+        main(
+            [
+                "translate",
+                "--model",
+                str(run),
+                "--input",
+                str(tmp_path / "in.de"),
+                "--beam",
+                "3",
+                "--nbest",
+                "2",
+                "--output",
+                str(tmp_path / "nbest.txt"),
+                "--alignments",
+                str(tmp_path / "align.txt"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    nbest = (tmp_path / "nbest.txt").read_text().splitlines()
+    assert len(nbest) == 10 and nbest[0].split("\t")[0] == out[0]
+    scores = [float(line.split("\t")[1]) for line in nbest[:2]]
+    assert scores[0] >= scores[1]
+    align = (tmp_path / "align.txt").read_text().split("\n")[:-1]
+    assert len(align) == 10 and align[2] == ""
+    n_src = len(Tokenizer.load(run / "best" / "tokenizer.json").encode(lines[0]))
+    assert all(0 <= int(pair.split("-")[0]) < n_src for pair in align[0].split())
+    assert main(["translate", "--model", str(run), "--beam", "2", "--nbest", "3"]) == 2
+
+
+def test_translation_recipe_errors(tmp_path, capsys) -> None:
     with pytest.raises(UserError, match=r"data\.train"):
         load_recipe(RECIPE, ["data.train=[a, b, c]"])
     with pytest.raises(UserError, match=r"data\.long"):
         load_recipe(RECIPE, ["data.long=ignore"])
+    with pytest.raises(UserError, match=r"train\.patience"):
+        load_recipe(RECIPE, ["train.patience=0"])
+    numbers = str(Path(RECIPE).with_name("numbers.yaml"))
+    assert main(["train", numbers, "--out", str(tmp_path / "x"), "--resume"]) == 2
+    assert "only translation runs resume" in capsys.readouterr().err

@@ -58,11 +58,12 @@ class BlockConfig:
         n_heads: attention heads H.
         n_kv_heads: key/value heads for grouped-query attention (None: H).
         d_ff: feed-forward width F.
-        activation: "relu", "gelu" or "swiglu".
+        activation: "relu", "gelu", "gelu_tanh" (GPT-2's tanh approximation), "silu" or "swiglu".
         norm: "layernorm" or "rmsnorm"; norm_eps its epsilon.
         norm_first: pre-norm (True) or post-norm (False, the original paper).
         attention: attention normalization, "softmax" or "sigmoid".
-        positions: "sinusoidal", "learned", "rope", "alibi" or "none".
+        positions: "sinusoidal", "sinusoidal_halves" (sines then cosines, Marian's layout),
+            "learned", "rope", "alibi" or "none".
         max_len: longest sequence (needed by learned positions; a limit for the others).
         dropout: dropout on sub-layer outputs and embeddings.
         attention_dropout: dropout on attention weights.

@@ -37,6 +37,7 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
+RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
 Model = EncoderDecoder | EncoderOnly | DecoderOnly
 
 
@@ -169,9 +170,24 @@ def save_model(
     return directory
 
 
-def read_meta(directory: str | Path) -> dict:
-    """Read and check ``config.json`` of a model directory (UserError on any problem)."""
+def model_dir(directory: str | Path) -> Path:
+    """The model directory that ``directory`` names: itself, or for a training run directory
+    (``runs.py``) the checkpoint its ``run.json`` calls final."""
     directory = Path(directory)
+    if (directory / "config.json").is_file() or not (directory / RUN_FILE).is_file():
+        return directory
+    try:
+        final = json.loads((directory / RUN_FILE).read_text())["final"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{directory / RUN_FILE} names no final checkpoint; is the run finished?") from None
+    if not isinstance(final, str) or not final or "/" in final or final.startswith("."):
+        raise UserError(f"{directory / RUN_FILE}: 'final' must name a checkpoint directory of the run")
+    return directory / final
+
+
+def read_meta(directory: str | Path) -> dict:
+    """Read and check ``config.json`` of a model directory or run (UserError on any problem)."""
+    directory = model_dir(directory)
     if not directory.is_dir():
         raise UserError(f"model directory {directory} does not exist")
     path = directory / "config.json"
@@ -206,7 +222,7 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
     ``kind`` refuses a model of another kind. Nothing is unpickled: weights come from
     safetensors and are checked name by name and shape by shape against the config.
     """
-    directory = Path(directory)
+    directory = model_dir(directory)
     meta = read_meta(directory)
     if kind is not None and meta["kind"] != kind:
         raise UserError(f"{directory} holds a {meta['kind']} model; this needs a {kind} model")

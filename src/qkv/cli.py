@@ -29,11 +29,18 @@ EPILOG_DEMO = """example:
 EPILOG_TRAIN = """examples:
   qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=1500 --set model.d_model=96
   qkv train recipes/shakespeare_char_cpu.yaml --out runs/shakespeare     # prints val_loss=...
+  qkv train recipes/multi30k_de_en.yaml --out runs/de_en                 # a run: last/ best/ averaged/
+  qkv train recipes/multi30k_de_en.yaml --out runs/de_en --resume        # continue after a stop or crash
 """
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
   qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
   qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 50
+"""
+EPILOG_TRANSLATE = """examples:
+  qkv translate --model runs/multi30k_de_en --beam 5 < test.de > test.en
+  echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --nbest 3 --beam 5
+  qkv translate --model runs/multi30k_de_en --input test.de --output test.en --alignments test.align
 """
 EPILOG_CHAT = """examples:
   qkv chat --model runs/chatbot
@@ -41,8 +48,16 @@ EPILOG_CHAT = """examples:
 """
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
+  qkv evaluate --hyp test.en --ref $QKV_DATA/multi30k/tok/test_2016_flickr.lc.norm.tok.en --tokenize moses
   qkv evaluate --model qkv-demo/model --examples 500
   qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
+"""
+EPILOG_IMPORT_HF = """examples:
+  qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
+  qkv import-hf ~/hf/bert-base-uncased models/bert --json
+"""
+EPILOG_EXPORT_HF = """example:
+  qkv export-hf models/gpt2 hf/gpt2     # then transformers: AutoModelForCausalLM.from_pretrained("hf/gpt2")
 """
 
 
@@ -194,16 +209,21 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
+    if args.resume and recipe["task"] != "translation":
+        raise UserError(f"--resume: the {recipe['task']} task trains in one go; only translation runs resume")
     if recipe["task"] == "lm":
         summary = train_lm(recipe, out, progress=not args.quiet)
         score = {"val_loss": round(summary["val_loss"], 4)}
         said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
     elif recipe["task"] == "translation":
-        summary = train_translation(recipe, out, progress=not args.quiet)
-        score = {k: summary[k] for k in ("bleu", "chrf", "bleu_signature", "over_long_pairs")}
+        summary = train_translation(recipe, out, progress=not args.quiet, resume=args.resume)
+        keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by", "over_long_pairs")
+        score = {k: summary[k] for k in keys}
         said = (
-            f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}); "
-            f"over-long training pairs ({recipe['data']['long']}): {summary['over_long_pairs']}"
+            f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}) "
+            f"of the {summary['final']} checkpoint after {summary['epochs']} epochs (stopped by "
+            f"{summary['stopped_by']}); over-long training pairs ({recipe['data']['long']}): "
+            f"{summary['over_long_pairs']}"
         )
     else:
         summary = train_numbers(recipe, out, progress=not args.quiet)
@@ -231,9 +251,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _load_for_generation(path: str):
-    from qkv.checkpoint import load_model
+    from qkv.checkpoint import load_model, model_dir
     from qkv.tokenization import FILE
 
+    path = str(model_dir(path))  # a training run: its final checkpoint
     model, meta = load_model(path)
     if meta["kind"] == "encoder_only":
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")
@@ -244,9 +265,10 @@ def _load_for_generation(path: str):
 
 def _matching_tokenizer(path: str, model):
     """The model directory's tokenizer, refused if it has ids the model has no embedding for."""
+    from qkv.checkpoint import model_dir
     from qkv.tokenization import FILE, Tokenizer
 
-    tokenizer = Tokenizer.load(Path(path) / FILE)
+    tokenizer = Tokenizer.load(model_dir(path) / FILE)
     c = model.config
     vocab = min(c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else c.vocab_size
     if tokenizer.vocab_size > vocab:
@@ -350,6 +372,69 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_translate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from qkv.models.encoder_decoder import EncoderDecoder
+    from qkv.recipes import alignments, translate
+
+    if args.nbest > args.beam:
+        raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
+    model, tokenizer = _load_for_generation(args.model)
+    if not isinstance(model, EncoderDecoder):
+        raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
+    out = _Output(args.output)
+    aligned = _Output(args.alignments) if args.alignments else None
+    lines = _read_lines(args.input)
+    window = model.config.max_len
+    too_long = sum(len(ids) > window for ids in tokenizer.encode_batch(lines))
+    if too_long:
+        print(
+            f"qkv translate: note: {too_long} input line(s) cut to the model's window of {window} tokens",
+            file=sys.stderr,
+        )
+    start = time.perf_counter()
+    found: list = []
+    bar = tqdm(
+        total=len(lines), desc="qkv translate", unit="line", disable=args.quiet or len(lines) < 100, dynamic_ncols=True
+    )
+    for chunk in _chunks(lines, 1024):  # bounded memory; each chunk is batched by tokens inside
+        found += translate(
+            model,
+            tokenizer,
+            chunk,
+            beam_size=args.beam,
+            nbest=args.nbest,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            max_tokens=args.max_tokens,
+        )
+        bar.update(len(chunk))
+    bar.close()
+    seconds = time.perf_counter() - start
+    for hyps in found:
+        for h in hyps:
+            text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
+            out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 else text)
+    if aligned is not None:
+        sources = [ids[:window] for ids in tokenizer.encode_batch(lines)]
+        for src, hyps in zip(sources, found, strict=True):
+            for h in hyps:
+                pairs = alignments(model, src=[src], out=[h.tokens])[0]
+                aligned.write(" ".join(f"{j}-{t}" for j, t in pairs))
+        aligned.close()
+    out.close()
+    words = sum(len(h.tokens) for hyps in found for h in hyps[:1])
+    if not args.quiet:
+        print(
+            f"qkv translate: {len(lines)} lines in {seconds:.1f}s ({len(lines) / max(seconds, 1e-9):.1f} lines/s, "
+            f"{words / max(seconds, 1e-9):.0f} output tokens/s), beam {args.beam}",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from qkv.chat import reply
 
@@ -436,11 +521,36 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
         if not hyps:
             raise UserError(f"{args.hyp} and {args.ref} are empty: nothing to score")
-        result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
+        result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase, lang=args.lang)
     if args.json:
         print(json.dumps(result))
     else:
         print("  ".join(f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from qkv.hf import import_hf
+
+    result = import_hf(args.src, args.dst)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"imported {result['architecture']} as a {result['kind']} model ({result['parameters']} parameters) "
+            f"into {result['model']}; tokenizer: {result['tokenizer']}"
+        )
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from qkv.hf import export_hf
+
+    result = export_hf(args.src, args.dst)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"exported as {result['architecture']} into {result['out']}: {', '.join(result['files'])}")
     return 0
 
 
@@ -489,11 +599,58 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     p.add_argument("recipe", help="recipe YAML file, e.g. recipes/numbers.yaml")
-    p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--out", required=True, help="model directory (translation: run directory) to write")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser(
+        "translate",
+        help="translate text with an encoder-decoder model or training run (stdin or a file)",
+        description="Read one sentence per line (stdin or --input) and write its translation per line, in "
+        "order (an empty line gives an empty line), detokenized. Beam search with a length penalty; an output "
+        "has at most a*S + b tokens (S: its source's length). --nbest N writes N lines per input, each "
+        "text<TAB>score. --alignments FILE writes, per output line, source-output token index pairs (i-j) "
+        "from the last decoder layer's cross-attention. --model may be a run directory (its final checkpoint).",
+        epilog=EPILOG_TRANSLATE,
+        formatter_class=raw,
+    )
+    p.add_argument("--model", required=True, help="model directory or training run directory")
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("--beam", type=_number(int, lambda v: v >= 1, "an integer >= 1"), default=5, help="beam width")
+    p.add_argument(
+        "--nbest",
+        type=_number(int, lambda v: v >= 1, "an integer >= 1"),
+        default=1,
+        help="outputs per input, each with its score",
+    )
+    p.add_argument(
+        "--length-penalty",
+        type=_number(float, lambda v: v >= 0, "a number >= 0"),
+        default=1.0,
+        help="score = log p / length^penalty (default 1.0)",
+    )
+    p.add_argument(
+        "--max-len-a",
+        type=_number(float, lambda v: v >= 0, "a number >= 0"),
+        default=1.5,
+        help="outputs have at most a*S + b tokens (default a=1.5)",
+    )
+    p.add_argument(
+        "--max-len-b", type=_number(int, lambda v: v >= 0, "an integer >= 0"), default=10, help="(default b=10)"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_number(int, lambda v: v >= 1, "an integer >= 1"),
+        default=8192,
+        help="source tokens x beam per batch (default 8192)",
+    )
+    p.add_argument("--alignments", metavar="FILE", help="write cross-attention alignments to FILE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    p.set_defaults(run=cmd_translate)
 
     p = sub.add_parser(
         "generate",
@@ -551,7 +708,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--hyp", default=None, help="hypotheses, one per line")
     p.add_argument("--ref", default=None, help="references, one per line")
-    p.add_argument("--tokenize", default="13a", choices=["13a", "zh", "intl", "char", "none"], help="BLEU tokenizer")
+    p.add_argument(
+        "--tokenize",
+        default="13a",
+        choices=["13a", "zh", "intl", "char", "none", "moses"],
+        help="BLEU tokenizer; moses: the published Multi30k metric (hypotheses Moses-normalized, tokenized and "
+        "lowercased like the official tok/*.lc.norm.tok.* references, which are used as they are)",
+    )
+    p.add_argument("--lang", default="en", help="language of the hypotheses for --tokenize moses (default en)")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
     p.add_argument("--model", default=None, help="a model directory: a numbers-task model, or with --text a LM")
     p.add_argument("--text", default=None, help="text file: loss and perplexity of the --model language model")
@@ -560,6 +724,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="which held-out numbers to draw")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.set_defaults(run=cmd_evaluate)
+
+    p = sub.add_parser(
+        "import-hf",
+        help="convert a local Hugging Face checkpoint (BERT, GPT-2, Marian) into a qkv model directory",
+        description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
+        "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
+        "BertForSequenceClassification, GPT2LMHeadModel or MarianMTModel and write a qkv model directory "
+        "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are kept but "
+        "qkv cannot tokenize with them.",
+        epilog=EPILOG_IMPORT_HF,
+        formatter_class=raw,
+    )
+    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes)")
+    p.add_argument("dst", help="qkv model directory to write")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_import_hf)
+
+    p = sub.add_parser(
+        "export-hf",
+        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian)",
+        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only) or "
+        "Marian's (encoder_decoder) as a directory that transformers loads with from_pretrained: config.json, "
+        "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
+        "naming the config field.",
+        epilog=EPILOG_EXPORT_HF,
+        formatter_class=raw,
+    )
+    p.add_argument("src", help="qkv model directory")
+    p.add_argument("dst", help="output directory (must not exist, or be empty)")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_export_hf)
     return parser
 
 

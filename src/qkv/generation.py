@@ -18,7 +18,7 @@ What is not here: tokenization, batching by tokens (callers), models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -65,23 +65,31 @@ def _pad(rows: list[list[int]], value: int, *, left: bool, device: torch.device)
 DONE = -1  # what :func:`stream` yields for a row that has already finished
 
 
-def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> list[int]:
+MaxNew = int | Sequence[int]  # one cap for all inputs, or one per input
+
+
+def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew) -> list[int]:
     """Check the inputs fit the model's window (``max_len``); return each row's new-token cap.
 
+    ``max_new_tokens`` is one cap for every input or one per input (e.g. a translation
+    length rule relative to each source's length).
     A source (encoder-decoder) or prompt (decoder-only) longer than ``max_len`` is refused
     with a ValueError naming its index. Each row's new tokens are capped so none of its
     positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN first); a prompt
     and its continuation share them (an empty prompt starts from BEGIN, one position).
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    wanted = [max_new_tokens] * len(inputs) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(wanted) != len(inputs):
+        raise ValueError(f"{len(wanted)} max_new_tokens values for {len(inputs)} inputs")
+    if any(n < 1 for n in wanted):
+        raise ValueError(f"max_new_tokens must be at least 1, got {min(wanted)}")
     window = model.config.max_len
     for i, row in enumerate(inputs):
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
     if isinstance(model, EncoderDecoder):
-        return [min(max_new_tokens, window)] * len(inputs)
-    return [max(1, min(max_new_tokens, window - max(1, len(row)) + 1)) for row in inputs]
+        return [min(n, window) for n in wanted]
+    return [max(1, min(n, window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
 
 
 def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _State]:
@@ -159,7 +167,7 @@ def _eos(model: DecodingModel) -> int | None:
 
 @torch.no_grad()
 def stream(
-    model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
+    model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew, choose: Callable[[Tensor], Tensor]
 ) -> Iterator[Tensor]:
     """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
 
@@ -215,7 +223,7 @@ def continuation(
         yield token
 
 
-def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: int) -> list[list[int]]:
+def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew) -> list[list[int]]:
     """Pick the most likely token at every step."""
     steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=most_likely)
     return _collect(model, steps, len(inputs))
@@ -297,7 +305,7 @@ def beam_search(
     inputs: list[list[int]],
     *,
     beam_size: int,
-    max_new_tokens: int,
+    max_new_tokens: MaxNew,
     length_penalty: float = 1.0,
     nbest: int = 1,
 ) -> list[list[Hypothesis]]:

@@ -1,7 +1,8 @@
 """Position-wise layers: feed-forward networks, norms, token embeddings and absolute positions.
 
-What is here: :class:`FeedForward` (ReLU, GELU, SwiGLU), :func:`make_norm` (LayerNorm or
-RMSNorm), :func:`sinusoidal_encoding` and :class:`InputEmbedding`, which turns token ids
+What is here: :class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU),
+:func:`make_norm` (LayerNorm or RMSNorm), :func:`sinusoidal_encoding` (sines and cosines
+interleaved, or in two halves) and :class:`InputEmbedding`, which turns token ids
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
 information, dropout).
 
@@ -17,14 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = ("relu", "gelu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
-POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "none")
 
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network, FFN(x) = W2·act(W1·x) (Vaswani et al., eq. 2).
 
+    act is ReLU, GELU (exact, with erf), ``"gelu_tanh"`` (GELU's tanh approximation,
+    Hendrycks & Gimpel, 2016, section 2, as GPT-2 uses) or SiLU (also called swish).
     ``activation="swiglu"`` is the gated form W2·(silu(W1·x) ⊙ W3·x) (Shazeer, 2020,
     "GLU Variants Improve Transformer", eq. 6).
 
@@ -47,6 +50,10 @@ class FeedForward(nn.Module):
             h = F.silu(h) * self.w_3(x)  # (B, T, F)
         elif self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
+        elif self.activation == "silu":
+            h = F.silu(h)
         else:
             h = F.relu(h)
         return self.w_2(h)  # (B, T, D)
@@ -64,17 +71,21 @@ def make_norm(kind: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
 
 
-def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:
+def sinusoidal_encoding(positions: Tensor, d_model: int, *, halves: bool = False) -> Tensor:
     """Sinusoidal positional encoding (Vaswani et al., 2017, section 3.5).
 
     PE(pos, 2i) = sin(pos / 10000^(2i/D)) and PE(pos, 2i+1) = cos(pos / 10000^(2i/D)),
-    computed from the positions themselves, so any length works.
+    computed from the positions themselves, so any length works. With ``halves`` the same
+    sines fill the first ceil(D/2) dimensions and the cosines the rest, not interleaved
+    (the layout of Marian and tensor2tensor; ``positions="sinusoidal_halves"``).
 
     Shapes:
         positions: (B, T) or (T,) integers; returns (B, T, D) or (T, D) float32.
     """
     i = torch.arange(0, d_model, 2, device=positions.device, dtype=torch.float32)
     angles = positions.to(torch.float32)[..., None] * torch.exp(-math.log(10000.0) * i / d_model)  # (B, T, D/2)
+    if halves:
+        return torch.cat([torch.sin(angles), torch.cos(angles[..., : d_model // 2])], dim=-1)  # (B, T, D)
     pe = torch.zeros(*positions.shape, d_model, device=positions.device)  # (B, T, D)
     pe[..., 0::2] = torch.sin(angles)
     pe[..., 1::2] = torch.cos(angles[..., : d_model // 2])
@@ -84,6 +95,7 @@ def sinusoidal_encoding(positions: Tensor, d_model: int) -> Tensor:
 class InputEmbedding(nn.Module):
     """Token ids to input vectors: embedding, √D scaling, absolute positions, dropout.
 
+    ``"sinusoidal"`` and ``"sinusoidal_halves"`` are the two layouts of :func:`sinusoidal_encoding`;
     ``positions`` in ``("rope", "alibi", "none")`` add nothing here (RoPE and ALiBi act
     inside attention). ``"learned"`` needs ``max_len``; ``"sinusoidal"`` works at any
     length. Scaling by √D follows Vaswani et al., section 3.4.
@@ -116,8 +128,9 @@ class InputEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
         x = self.token(tokens) * self.scale  # (B, T, D)
-        if self.kind == "sinusoidal":
-            x = x + sinusoidal_encoding(positions, x.shape[-1]).to(x.dtype)
+        if self.kind in ("sinusoidal", "sinusoidal_halves"):
+            halves = self.kind == "sinusoidal_halves"
+            x = x + sinusoidal_encoding(positions, x.shape[-1], halves=halves).to(x.dtype)
         elif self.position is not None:
             if int(positions.max()) >= self.max_len:
                 raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}")

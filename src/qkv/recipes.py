@@ -14,27 +14,51 @@ What is not here: argument parsing and printing (``cli.py``).
 from __future__ import annotations
 
 import copy
+import math
 import re
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import yaml
 from torch import nn
+from tqdm import tqdm
 
-from qkv.checkpoint import build_model, check_output, make_config, save_model
+from qkv import __version__
+from qkv.checkpoint import (
+    RUN_FILE,
+    build_model,
+    check_output,
+    load_model,
+    make_config,
+    model_dir,
+    read_meta,
+    save_model,
+    sha256_file,
+)
 from qkv.data import batches_by_tokens, read_parallel, read_text, resolve
 from qkv.errors import UserError
-from qkv.evaluation import corpus_scores, exact_match, lm_loss
+from qkv.evaluation import BLEU_TOKENIZERS, corpus_scores, exact_match, lm_loss
 from qkv.generation import beam_search
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.runs import (
+    Scalars,
+    average_checkpoints,
+    check_run_output,
+    load_checkpoint,
+    read_run,
+    save_checkpoint,
+    write_json,
+)
 from qkv.tasks import numbers_pairs
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import SCHEDULES, FitResult, fit, seq2seq_batch, sequence_loss
+from qkv.training import SCHEDULES, FitResult, Trainer, fit, seq2seq_batch, sequence_loss
 
 TASKS = ("numbers", "lm", "translation")
 
@@ -107,7 +131,8 @@ LM_DEFAULTS: dict = {
 }
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
-# width-256 Transformer with a shared unigram vocabulary by default.
+# width-256 Transformer with a shared unigram vocabulary by default. Trains in epochs with
+# validation after each, in a run directory (``runs.py``) that can be resumed.
 TRANSLATION_DEFAULTS: dict = {
     "task": "translation",
     "model": {
@@ -122,9 +147,11 @@ TRANSLATION_DEFAULTS: dict = {
         "max_len": 256,
     },
     "train": {
-        "steps": 10000,
-        "seconds": None,
-        "max_tokens": 4096,
+        "epochs": 20,
+        "steps": None,  # a cap on optimizer steps (null: epochs decide)
+        "seconds": None,  # a cap on training wall time (validation excluded)
+        "max_tokens": 4096,  # padded source or target tokens per batch
+        "accumulate": 1,  # batches per optimizer step
         "lr": 1e-3,
         "warmup": 1000,
         "schedule": "inverse_sqrt",
@@ -135,13 +162,27 @@ TRANSLATION_DEFAULTS: dict = {
         "bf16": False,
         "label_smoothing": 0.1,
         "seed": 0,
+        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
+        "patience": None,  # stop after this many epochs without a better validation BLEU
+        "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
+        "init": None,  # a qkv model directory to start from (fine-tuning; its tokenizer is used)
+        "tensorboard": True,
+        "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
     },
     "data": {
         "train": ["multi30k/train.de", "multi30k/train.en"],
         "valid": ["multi30k/val.de", "multi30k/val.en"],
+        "reverse": False,  # swap the sides: translate the second file/column into the first
+        "train_pairs": None,  # use only the first N training pairs
+        "valid_pairs": None,  # validate on the first N validation pairs
+        "tokenizer": None,  # an existing tokenizer.json (else one is trained on the training pairs)
         "vocab_size": 8000,
         "long": "drop",
-        "beam_size": 4,
+        "valid_beam": 1,  # decoding for the per-epoch validation BLEU (1: greedy)
+        "beam_size": 4,  # decoding for the final validation BLEU
+        "length_penalty": 1.0,
+        "max_len_a": 1.5,  # outputs may have at most a·S + b tokens (S: source length)
+        "max_len_b": 10,
         "bleu_tokenize": "13a",
         "lowercase": False,
     },
@@ -216,6 +257,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
     _check_values(recipe, where)
+    if task != "translation" and recipe["train"]["steps"] is None:
+        raise UserError(f"{where}: train.steps must be a positive integer for the {task} task")
     if task == "numbers" and recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
         raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
     # Check the model fields now, before any data is read (the vocabulary comes later).
@@ -230,7 +273,23 @@ def _paths(value: list) -> bool:
 
 # (section, key) -> (accepted types, test, what the value must be)
 _RULES = {
-    ("train", "steps"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "steps"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer"),
+    ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: at epoch ends only)"),
+    ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
+    ("train", "init"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
+    ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
+    ("train", "deterministic"): (bool, lambda v: True, "true or false"),
+    ("data", "reverse"): (bool, lambda v: True, "true or false"),
+    ("data", "train_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "valid_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "tokenizer"): ((str, type(None)), lambda v: v is None or bool(v), "a tokenizer.json path or null"),
+    ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
+    ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+    ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+    ("data", "max_len_b"): (int, lambda v: v >= 0, "an integer >= 0"),
     ("train", "batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "warmup"): (int, lambda v: v >= 0, "an integer >= 0"),
     ("train", "seed"): (int, lambda v: True, "an integer"),
@@ -253,7 +312,7 @@ _RULES = {
     ("data", "valid"): (list, _paths, "a list of one TSV path or two aligned file paths"),
     ("data", "vocab_size"): (int, lambda v: v > 8, "an integer > 8"),
     ("data", "long"): (str, lambda v: v in ("drop", "truncate"), "drop or truncate"),
-    ("data", "bleu_tokenize"): (str, lambda v: v in ("13a", "zh", "intl", "char", "none"), "a sacreBLEU tokenizer"),
+    ("data", "bleu_tokenize"): (str, lambda v: v in BLEU_TOKENIZERS, f"one of {', '.join(BLEU_TOKENIZERS)}"),
     ("data", "lowercase"): (bool, lambda v: True, "true or false"),
 }
 
@@ -361,32 +420,100 @@ def evaluate_numbers(
     model: EncoderDecoder, tokenizer: Tokenizer, *, pairs: list[tuple[str, str]], beam_size: int
 ) -> tuple[float, list[str]]:
     """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
-    outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size)
+    outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size, max_len_a=2.0)
     return exact_match(outputs, [b for _, b in pairs]), outputs
 
 
-def beam_translate(
-    model: EncoderDecoder, tokenizer: Tokenizer, texts: list[str], *, beam_size: int, batch_size: int = 64
-) -> list[str]:
-    """The best beam-search output of every text, in order.
+class Translation(NamedTuple):
+    """One scored output of :func:`translate`: detokenized text, token ids, beam score."""
 
-    Texts are decoded in batches of similar length; a source is cut to the model's window,
-    and an output may have at most 2·S + 10 tokens (S: the longest source of its batch).
+    text: str
+    tokens: list[int]
+    score: float
+
+
+def translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    beam_size: int,
+    nbest: int = 1,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    max_tokens: int = 8192,
+) -> list[list[Translation]]:
+    """The ``nbest`` best outputs of every text, in input order.
+
+    Texts are decoded in batches of similar length holding at most ``max_tokens`` source
+    tokens times the beam width. A source longer than the model's window is cut to it; an
+    output may have at most ⌊a·S⌋ + b tokens, S its own source's length (the max-length rule
+    of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs.
     """
     sources = [ids[: model.config.max_len] for ids in tokenizer.encode_batch(texts)]
-    outputs = [""] * len(texts)
-    by_length = sorted(range(len(texts)), key=lambda i: len(sources[i]))
-    for k in range(0, len(by_length), batch_size):
-        chunk = by_length[k : k + batch_size]
-        found = beam_search(
+    found: list[list[Translation]] = [[Translation("", [], 0.0)] * nbest for _ in texts]
+    todo = sorted((i for i in range(len(texts)) if texts[i].strip() and sources[i]), key=lambda i: len(sources[i]))
+    budget = max(1, max_tokens // beam_size)
+    k = 0
+    while k < len(todo):
+        end = k + 1  # sorted by length: the chunk's last source is its longest
+        while end < len(todo) and len(sources[todo[end]]) * (end - k + 1) <= budget:
+            end += 1
+        chunk, k = todo[k:end], end
+        hypotheses = beam_search(
             model,
             [sources[i] for i in chunk],
             beam_size=beam_size,
-            max_new_tokens=2 * max(len(sources[i]) for i in chunk) + 10,
+            nbest=nbest,
+            length_penalty=length_penalty,
+            max_new_tokens=[int(max_len_a * len(sources[i])) + max_len_b for i in chunk],
         )
-        for i, hyps in zip(chunk, found, strict=True):
-            outputs[i] = tokenizer.decode(hyps[0].tokens)
-    return outputs
+        for i, hyps in zip(chunk, hypotheses, strict=True):
+            found[i] = [Translation(tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps]
+            # Always nbest outputs, so they can be matched to inputs by counting.
+            found[i] += [Translation("", [], float("-inf"))] * (nbest - len(found[i]))
+    return found
+
+
+def beam_translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    beam_size: int,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+) -> list[str]:
+    """The best output of every text, in order (:func:`translate`)."""
+    found = translate(
+        model,
+        tokenizer,
+        texts,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+    return [hyps[0].text for hyps in found]
+
+
+@torch.no_grad()
+def alignments(model: EncoderDecoder, *, src: list[list[int]], out: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """Hard alignments from cross-attention: each output token (END excluded) paired with the
+    source token its last decoder layer attends to most, averaged over heads (as fairseq's
+    ``--print-alignment`` does with its alignment layer). Pairs are (source index, output index).
+    """
+    found: list[list[tuple[int, int]]] = []
+    for s, o in zip(src, out, strict=True):
+        if not s or not o:
+            found.append([])
+            continue
+        weights = cross_attention(model, src=s, out=o)  # (H, T, S)
+        best = weights.mean(0)[: len(o)].argmax(-1).tolist()  # (T,): END's row dropped
+        found.append([(j, t) for t, j in enumerate(best)])
+    return found
 
 
 def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
@@ -485,60 +612,342 @@ def _fit_window(ids: list[list[int]], limit: int, *, long: str) -> tuple[list[li
     return out, changed
 
 
-def train_translation(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
-    """Train an encoder-decoder on parallel text as ``recipe`` says; save it to ``out``.
+# Train settings that may change when a run is resumed; any other change would make the
+# continued run differ from an uninterrupted one, so it is refused.
+RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
 
-    A joint unigram vocabulary is trained on both sides of the training pairs. Pairs longer
-    than the model's window are dropped or truncated (``data.long``) and counted. Batches hold
-    at most ``train.max_tokens`` padded tokens, length-bucketed and reshuffled every epoch.
-    At the end the validation set is translated with beam search and scored with sacreBLEU.
+
+def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
+    """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
+    differ = []
+    for section, value in recipe.items():
+        if not isinstance(value, dict):
+            if value != saved.get(section):
+                differ.append(section)
+            continue
+        for key, v in value.items():
+            # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
+            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) == ("data", "tokenizer")
+            if not may_change and v != saved.get(section, {}).get(key):
+                differ.append(f"{section}.{key}")
+    if differ:
+        raise UserError(
+            f"--resume: the recipe differs from the one {run} was trained with in {', '.join(differ)}; "
+            f"only train.{', train.'.join(RESUME_MAY_CHANGE)} may change"
+        )
+    return {
+        **saved,
+        "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
+        "data": {**saved["data"], "tokenizer": recipe["data"]["tokenizer"] or saved["data"]["tokenizer"]},
+    }
+
+
+def _tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, str]]) -> tuple[Tokenizer, str]:
+    """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one.
+
+    A tokenizer file given together with a checkpoint must be the checkpoint's own (same
+    SHA-256): a model run with a vocabulary it was not trained with would map ids to the
+    wrong tokens, silently.
     """
-    check_output(out)
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
-    torch.manual_seed(seed)
-    pairs = read_parallel(*data["train"])
-    valid = read_parallel(*data["valid"])
+    given = resolve(data["tokenizer"]) if data["tokenizer"] is not None else None
+    if given is not None and not given.is_file():
+        raise UserError(f"data.tokenizer: {given} does not exist")
+    if checkpoint is not None:
+        meta = read_meta(checkpoint)
+        if TOKENIZER_FILE not in meta["files"]:
+            raise UserError(f"{checkpoint} has no {TOKENIZER_FILE}")
+        if given is not None and sha256_file(given) != meta["files"][TOKENIZER_FILE]:
+            raise UserError(
+                f"data.tokenizer {given} is not the tokenizer {checkpoint} was trained with "
+                f"(SHA-256 differs from {checkpoint / TOKENIZER_FILE}); use that file or start a new run"
+            )
+        return Tokenizer.load(checkpoint / TOKENIZER_FILE), f"the tokenizer of {checkpoint}"
+    if given is not None:
+        return Tokenizer.load(given), str(given)
     tokenizer = Tokenizer.train_subword((s for pair in pairs for s in pair), vocab_size=int(data["vocab_size"]))
-    model = _seq2seq_model(recipe, tokenizer)
-    window = model.config.max_len
-    src, long_src = _fit_window(tokenizer.encode_batch([a for a, _ in pairs]), window, long=data["long"])
-    tgt, long_tgt = _fit_window(tokenizer.encode_batch([b for _, b in pairs]), window - 1, long=data["long"])
-    examples = [(s, t) for s, t in zip(src, tgt, strict=True) if s is not None and t is not None]
-    if not examples:
-        raise UserError("no training pair fits the model's window (model.max_len)")
+    return tokenizer, f"a new {tokenizer.vocab_size}-token unigram vocabulary"
+
+
+@torch.no_grad()
+def teacher_forced_loss(
+    model: EncoderDecoder, tokenizer: Tokenizer, examples: list[tuple[list[int], list[int]]], *, max_tokens: int
+) -> float:
+    """Mean cross-entropy per target token (END included, no label smoothing) of ``examples``."""
+    model.eval()
     lengths = [max(len(s), len(t) + 1) for s, t in examples]
-
-    def epochs() -> Iterator[list[int]]:
-        epoch = 0
-        while True:
-            yield from batches_by_tokens(lengths, max_tokens=int(train["max_tokens"]), seed=seed + epoch)
-            epoch += 1
-
-    order = epochs()
-
-    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
-        rows = next(order)
+    total, count = 0.0, 0
+    for rows in batches_by_tokens(lengths, max_tokens=max_tokens, seed=0):
         s, t_in, t_out = seq2seq_batch(
             [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
-        loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
-        return loss, int((t_out != tokenizer.pad_id).sum())
+        n = int((t_out != tokenizer.pad_id).sum())
+        total += sequence_loss(model(s, t_in), t_out, ignore_id=tokenizer.pad_id).item() * n
+        count += n
+    return total / max(count, 1)
 
-    result = _fit(model, step_loss, train, progress=progress, desc="qkv translation")
-    start = time.perf_counter()
-    hypotheses = beam_translate(model, tokenizer, [a for a, _ in valid], beam_size=int(data["beam_size"]))
-    scores = corpus_scores(
-        hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+
+def _encode_pairs(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], *, window: int, long: str
+) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """Token ids of the pairs, over-long ones (a source over the window, a target over the
+    window less BEGIN) dropped or truncated; and how many pairs were over-long."""
+    src, _ = _fit_window(tokenizer.encode_batch([a for a, _ in pairs]), window, long=long)
+    tgt, _ = _fit_window(tokenizer.encode_batch([b for _, b in pairs]), window - 1, long=long)
+    raw_src = tokenizer.encode_batch([a for a, _ in pairs]) if long == "truncate" else None
+    examples, over_long = [], 0
+    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
+        if s is None or t is None:
+            over_long += 1
+            continue
+        if raw_src is not None and (len(raw_src[i]) > window or len(t) == window - 1):
+            over_long += 1  # counted as truncated if cut (a target exactly at the limit counts too)
+        examples.append((s, t))
+    return examples, over_long
+
+
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
+
+    The vocabulary is a joint unigram model trained on both sides of the training pairs (or
+    a given tokenizer, or the checkpoint's). Pairs longer than the model's window are dropped
+    or truncated (``data.long``) and counted. Batches hold at most ``train.max_tokens``
+    padded tokens, length-bucketed and reshuffled every epoch (seed + epoch), so the data
+    order is a function of the seed and a position (epoch, batch) is enough to resume.
+    After every epoch: validation loss and BLEU (``data.valid_beam``), TensorBoard scalars,
+    ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
+    end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
+    the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
+    ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped.
+    """
+    run = Path(out)
+    check_run_output(run, resume=resume)
+    if resume:
+        recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    if train["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+    pairs = read_parallel(*data["train"])[: data["train_pairs"]]
+    valid = read_parallel(*data["valid"])[: data["valid_pairs"]]
+    if data["reverse"]:
+        pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
+    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
+    tokenizer, vocabulary = _tokenizer_for(data, checkpoint=start_from, pairs=pairs)
+    model = _seq2seq_model(recipe, tokenizer)
+    if init is not None and not resume:
+        pretrained, _ = load_model(start_from, kind="encoder_decoder")
+        check_fine_tuning(pretrained, recipe, start_from)
+        model.load_state_dict(pretrained.state_dict())
+    window = model.config.max_len
+    examples, over_long = _encode_pairs(tokenizer, pairs, window=window, long=data["long"])
+    if not examples:
+        raise UserError("no training pair fits the model's window (model.max_len)")
+    valid_examples, _ = _encode_pairs(tokenizer, valid, window=window, long="truncate")
+    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+    max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
+    steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
+    total_steps = int(train["epochs"]) * steps_per_epoch
+    if train["steps"] is not None:
+        total_steps = min(total_steps, int(train["steps"]))
+    trainer = Trainer(
+        model,
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        total_steps=total_steps,
+        schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        clip=float(train["clip"]),
+        betas=(0.9, float(train["beta2"])),
+        bf16=train["bf16"],
     )
-    eval_seconds = time.perf_counter() - start
-    _save(model, tokenizer, out, extra={"task": "translation", "recipe": recipe, "valid_scores": scores})
+    state = {"epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0, "history": [], "losses": [], "best": None, "bad": 0}
+    if resume:
+        state = load_checkpoint(run / "last", trainer)
+    run.mkdir(parents=True, exist_ok=True)
+    scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_file = Path(tmp) / TOKENIZER_FILE
+        tokenizer.save(tokenizer_file)
+        extra = {"task": "translation", "recipe": recipe}
+
+        def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
+            save_checkpoint(
+                model,
+                run / name,
+                files={TOKENIZER_FILE: tokenizer_file},
+                extra={**extra, **({"valid_scores": scores} if scores else {})},
+                trainer=trainer if resumable else None,
+                progress=state if resumable else None,
+            )
+
+        def record(final: str) -> None:
+            write_json(run / RUN_FILE, {"qkv_version": __version__, "recipe": recipe, "final": final, **state})
+
+        def validate(beam: int) -> dict:
+            start = time.perf_counter()
+            hypotheses = beam_translate(
+                model,
+                tokenizer,
+                [a for a, _ in valid],
+                beam_size=beam,
+                length_penalty=float(data["length_penalty"]),
+                max_len_a=float(data["max_len_a"]),
+                max_len_b=int(data["max_len_b"]),
+            )
+            scores = corpus_scores(
+                hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+            )
+            return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
+
+        if not resume:
+            save("last", resumable=True)
+            record("last")
+
+        def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+            s, t_in, t_out = seq2seq_batch(
+                [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+            )
+            logits = model(s, t_in)  # (B, T, V)
+            loss = sequence_loss(logits, t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+            return loss, int((t_out != tokenizer.pad_id).sum())
+
+        bar = tqdm(
+            total=total_steps,
+            initial=trainer.steps,
+            desc="qkv translation",
+            unit="step",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+        seconds_cap = train["seconds"]
+        stop = None
+        session_start, session_tokens = time.perf_counter(), 0
+        while stop is None:
+            if state["epoch"] >= int(train["epochs"]):
+                stop = "epochs"
+                break
+            order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
+            tick = time.perf_counter()
+            while state["batch"] < len(order) and stop is None:
+                group = order[state["batch"] : state["batch"] + accumulate]
+                loss, n_tokens = trainer.step([lambda rows=rows: batch_loss(rows) for rows in group])
+                now = time.perf_counter()
+                state["seconds"] += now - tick
+                tick = now
+                state["batch"] += len(group)
+                state["tokens"] += n_tokens
+                session_tokens += n_tokens
+                state["losses"].append(round(loss, 4))
+                bar.update(1)
+                if trainer.steps % 10 == 0:
+                    rate = session_tokens / max(now - session_start, 1e-9)
+                    bar.set_postfix(
+                        epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
+                    )
+                    scalars.add("train/loss", loss, trainer.steps)
+                    scalars.add("train/lr", trainer.lr, trainer.steps)
+                    scalars.add("train/tokens_per_second", rate, trainer.steps)
+                if trainer.steps >= total_steps:
+                    stop = "steps"
+                elif seconds_cap is not None and state["seconds"] >= seconds_cap:
+                    stop = "seconds"
+                if (
+                    train["save_every"]
+                    and trainer.steps % int(train["save_every"]) == 0
+                    and state["batch"] < len(order)
+                ):
+                    save("last", resumable=True)
+            if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
+                model.eval()
+                scores = validate(int(data["valid_beam"]))
+                valid_loss = teacher_forced_loss(model, tokenizer, valid_examples, max_tokens=max_tokens)
+                state["epoch"] += 1
+                state["batch"] = 0
+                entry = {
+                    "epoch": state["epoch"],
+                    "step": trainer.steps,
+                    "train_seconds": round(state["seconds"], 1),
+                    "valid_loss": round(valid_loss, 4),
+                    "valid_bleu": scores["bleu"],
+                    "valid_chrf": scores["chrf"],
+                }
+                state["history"].append(entry)
+                scalars.add("valid/loss", valid_loss, trainer.steps)
+                scalars.add("valid/bleu", scores["bleu"], trainer.steps)
+                scalars.add("valid/chrf", scores["chrf"], trainer.steps)
+                if progress:
+                    tqdm.write(
+                        f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
+                        f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)"
+                    )
+                if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
+                    state["best"], state["bad"] = entry, 0
+                    save("best")
+                else:
+                    state["bad"] += 1
+                    if train["patience"] is not None and state["bad"] >= int(train["patience"]):
+                        stop = "patience"
+                keep = int(train["average_last"])
+                if keep:
+                    save(f"epoch-{state['epoch']:03d}")
+                    for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
+                        shutil.rmtree(old)
+            save("last", resumable=True)
+            record("last")
+        bar.close()
+        scalars.close()
+
+        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam.
+        candidates = {}
+        if (run / "best").is_dir():
+            best_model, _ = load_model(run / "best")
+            model.load_state_dict(best_model.state_dict())
+            candidates["best"] = validate(int(data["beam_size"]))
+        epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
+        if len(epochs) > 1:
+            average_checkpoints(epochs, model)
+            candidates["averaged"] = validate(int(data["beam_size"]))
+            save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
+        if not candidates:  # stopped before the first epoch ended
+            last_model, _ = load_model(run / "last")
+            model.load_state_dict(last_model.state_dict())
+            candidates["last"] = validate(int(data["beam_size"]))
+        final = max(candidates, key=lambda name: candidates[name]["bleu"])
+        if final != "averaged":
+            final_model, _ = load_model(run / final)
+            model.load_state_dict(final_model.state_dict())
+        scores = candidates[final]
+        state["final_scores"] = {
+            name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
+        }
+        state["stopped_by"] = stop
+        record(final)
+    result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
     return {
         "bleu": scores["bleu"],
         "chrf": scores["chrf"],
         "bleu_signature": scores["bleu_signature"],
-        "over_long_pairs": max(long_src, long_tgt),
-        "eval_seconds": eval_seconds,
+        "final": final,
+        "epochs": state["epoch"],
+        "stopped_by": stop,
+        "history": state["history"],
+        "vocabulary": vocabulary,
+        "over_long_pairs": over_long,
+        "eval_seconds": scores["seconds"],
         **_summary(result, model, tokenizer),
-        "hypotheses": hypotheses,
+        "hypotheses": scores["hypotheses"],
     }
+
+
+def check_fine_tuning(model: EncoderDecoder, recipe: dict, init: Path) -> None:
+    """A model to fine-tune must have the architecture the recipe names (dropout may differ)."""
+    differ = [
+        key for key, value in recipe["model"].items() if key != "dropout" and getattr(model.config, key, value) != value
+    ]
+    if differ:
+        has = ", ".join(f"{k}={getattr(model.config, k)}" for k in differ)
+        wants = ", ".join(f"{k}={recipe['model'][k]}" for k in differ)
+        raise UserError(f"train.init: {init} has model {has}; the recipe says {wants}")

@@ -4,13 +4,16 @@ What is here: :class:`Tokenizer`, which trains a word-level vocabulary (digits s
 by one) or loads any ``tokenizer.json``, encodes text to ids and decodes ids to text, and
 knows the ids of padding, BEGIN, END and unknown. Its file is stored inside a model
 directory and its SHA-256 in ``config.json`` (``checkpoint.py``), so a model is never run
-with a tokenizer it was not trained with.
+with a tokenizer it was not trained with. A tokenizer whose special tokens are not qkv's
+(one converted from a Hugging Face checkpoint by ``hf.py``: BERT's [PAD], [CLS], [SEP],
+[UNK], GPT-2's <|endoftext|>) names them in ``special_tokens.json`` beside its file.
 
 What is not here: the tokenization algorithms themselves (the library's), batching.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,19 +24,35 @@ from qkv.errors import UserError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in every vocabulary qkv trains
+ROLES = ("pad", "bos", "eos", "unk")  # what each of SPECIALS is for
 FILE = "tokenizer.json"
+SPECIALS_FILE = "special_tokens.json"  # beside FILE: {role: token or null}, when not qkv's SPECIALS
 
 
 class Tokenizer:
-    """Text ↔ token ids. ``pad_id``, ``bos_id``, ``eos_id``, ``unk_id`` are fixed at 0–3."""
+    """Text ↔ token ids, and the ids ``pad_id``, ``bos_id``, ``eos_id``, ``unk_id``.
 
-    def __init__(self, backend: HFTokenizer) -> None:
+    A vocabulary qkv trains has them at 0–3 (``SPECIALS``). ``specials`` names other tokens
+    for these roles ({"pad": "[PAD]", "bos": "[CLS]", ...}); a role mapped to None has no
+    token and its id is None (GPT-2 has no padding token).
+    """
+
+    def __init__(self, backend: HFTokenizer, *, specials: dict[str, str | None] | None = None) -> None:
         self.backend = backend
-        ids = [backend.token_to_id(t) for t in SPECIALS]
-        if None in ids:
-            missing = [t for t, i in zip(SPECIALS, ids, strict=True) if i is None]
+        if specials is None:
+            specials = dict(zip(ROLES, SPECIALS, strict=True))
+        unknown = sorted(set(specials) - set(ROLES))
+        if unknown:
+            raise UserError(f"unknown special-token role(s) {', '.join(unknown)}; known: {', '.join(ROLES)}")
+        self.specials: dict[str, str | None] = {role: specials.get(role) for role in ROLES}
+        ids = {role: None if t is None else backend.token_to_id(t) for role, t in self.specials.items()}
+        missing = [t for role, t in self.specials.items() if t is not None and ids[role] is None]
+        if missing:
             raise UserError(f"tokenizer lacks the special token(s) {', '.join(missing)}")
-        self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids
+        self.pad_id: int | None = ids["pad"]
+        self.bos_id: int | None = ids["bos"]
+        self.eos_id: int | None = ids["eos"]
+        self.unk_id: int | None = ids["unk"]
 
     @classmethod
     def train_word_level(cls, texts: Iterable[str]) -> Tokenizer:
@@ -52,16 +71,42 @@ class Tokenizer:
 
     @classmethod
     def train_subword(cls, texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
-        """A SentencePiece-style unigram subword vocabulary (Kudo, 2018) of ``vocab_size`` pieces.
+        """A unigram subword vocabulary (Kudo, 2018) of at most ``vocab_size`` pieces, trained by SentencePiece.
 
-        Words are marked with "▁" (Metaspace) so decoding restores the spaces; text that is
-        already segmented (Tatoeba's Chinese) and unsegmented text both work.
+        SentencePiece trains (deterministically: fixed thread count, no sampling of the
+        input; the ``tokenizers`` unigram trainer orders equal-score pieces differently from
+        process to process); the pieces and scores then run in a ``tokenizers`` Unigram model
+        with Metaspace ("▁" marks a word start, so decoding restores the spaces). Text is not
+        normalized; every character of the training text is kept (coverage 1.0), so Chinese
+        works segmented (Tatoeba's) or not.
         """
-        backend = HFTokenizer(models.Unigram())
+        import io
+
+        import sentencepiece
+
+        proto = io.BytesIO()
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=proto,
+                vocab_size=vocab_size,
+                model_type="unigram",
+                **{f"{role}_id": i for i, role in enumerate(("pad", "bos", "eos", "unk"))},
+                **{f"{role}_piece": t for role, t in zip(("pad", "bos", "eos", "unk"), SPECIALS, strict=True)},
+                normalization_rule_name="identity",
+                character_coverage=1.0,
+                hard_vocab_limit=False,  # at most vocab_size: a small text may not fill it
+                num_threads=2,
+                minloglevel=2,
+            )
+        except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
+            raise UserError(f"cannot train a {vocab_size}-piece vocabulary: {str(e).splitlines()[-1]}") from None
+        processor = sentencepiece.SentencePieceProcessor(model_proto=proto.getvalue())
+        vocab = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(processor.get_piece_size())]
+        backend = HFTokenizer(models.Unigram(vocab, unk_id=SPECIALS.index(UNK), byte_fallback=False))
+        backend.add_special_tokens(list(SPECIALS))
         backend.pre_tokenizer = pre_tokenizers.Metaspace()
         backend.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), unk_token=UNK)
-        backend.train_from_iterator(texts, trainer)
         return cls(backend)
 
     @classmethod
@@ -79,13 +124,25 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
+        """Read a ``tokenizer.json``, with the special-token roles of ``special_tokens.json``
+        beside it if there is one (else qkv's ``SPECIALS``)."""
+        specials = _read_specials(Path(path).with_name(SPECIALS_FILE))
         try:
-            return cls(HFTokenizer.from_file(str(path)))
+            backend = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception for unreadable files
             raise UserError(f"cannot read tokenizer {path}: {e}") from None
+        return cls(backend, specials=specials)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path) -> list[Path]:
+        """Write the tokenizer to ``path`` and, when its special tokens are not qkv's, their
+        roles to ``special_tokens.json`` beside it; returns the files written."""
+        path = Path(path)
         self.backend.save(str(path))
+        if self.specials == dict(zip(ROLES, SPECIALS, strict=True)):
+            return [path]
+        sidecar = path.with_name(SPECIALS_FILE)
+        sidecar.write_text(json.dumps(self.specials, indent=2) + "\n")
+        return [path, sidecar]
 
     @property
     def vocab_size(self) -> int:
@@ -106,3 +163,16 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
+
+
+def _read_specials(path: Path) -> dict[str, str | None] | None:
+    """The roles in a ``special_tokens.json`` (None when there is no such file)."""
+    if not path.is_file():
+        return None
+    try:
+        specials = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(specials, dict) or not all(v is None or isinstance(v, str) for v in specials.values()):
+        raise UserError(f"{path} must map roles ({', '.join(ROLES)}) to token strings or null")
+    return specials

@@ -39,7 +39,10 @@ class EncoderDecoderConfig(BlockConfig):
         share_embeddings: one embedding table for source and target (needs one vocabulary).
         tie_output: the output projection reuses the target embedding (Press & Wolf, 2017).
         scale_embeddings: multiply embeddings by √D (Vaswani et al., section 3.4).
-        pad_id, bos_id, eos_id: padding, BEGIN and END token ids.
+        pad_id, bos_id, eos_id: padding, BEGIN and END token ids (BEGIN may be the padding
+            id, as in Marian, whose decoder starts from its padding token).
+        output_bias: a bias on the output projection (Marian's final_logits_bias),
+            initialised to zero.
     """
 
     src_vocab_size: int = 8000
@@ -52,13 +55,14 @@ class EncoderDecoderConfig(BlockConfig):
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    output_bias: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
             positive_ints=("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"),
-            booleans=("share_embeddings", "tie_output", "scale_embeddings"),
+            booleans=("share_embeddings", "tie_output", "scale_embeddings", "output_bias"),
         )
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError("share_embeddings needs src_vocab_size == tgt_vocab_size")
@@ -82,7 +86,9 @@ class EncoderDecoder(nn.Module):
         self.tgt_embed = self.src_embed if c.share_embeddings else _embedding(c, c.tgt_vocab_size)
         self.encoder = EncoderStack(c, c.n_encoder_layers)
         self.decoder = DecoderStack(c, c.n_decoder_layers, cross_attention=True)
-        self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=c.output_bias)
+        if self.output.bias is not None:
+            nn.init.zeros_(self.output.bias)
         if c.tie_output:
             self.output.weight = self.tgt_embed.token.weight
 

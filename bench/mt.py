@@ -1,0 +1,133 @@
+"""Translation quality benchmark (issue 3): train a recipe from scratch, translate its test
+set, print BLEU beside the published figure.
+
+    python bench/mt.py de-en [--out runs/bench-de-en] [--set train.epochs=10] [--resume]
+
+Directions: de-en, en-de (Multi30k, test2016) and zh-en, en-zh (Tatoeba, val: the source
+repository has no separate test set). Printed, for each: the published-table metric
+(Multi30k: lowercased, Moses-tokenized BLEU against the official ``tok/`` references;
+Tatoeba: sacreBLEU as the recipe says), detokenized sacreBLEU with its signature, chrF,
+the training wall time, target tokens/s and the whole command's wall time. The figures
+to beat are from the papers and repositories named in issue 3 (not re-measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from qkv.checkpoint import load_model, model_dir  # noqa: E402
+from qkv.data import read_parallel, resolve  # noqa: E402
+from qkv.evaluation import corpus_scores  # noqa: E402
+from qkv.recipes import beam_translate, load_recipe, train_translation  # noqa: E402
+from qkv.tokenization import Tokenizer  # noqa: E402
+
+# direction -> recipe, test pairs, published-metric reference (tokenized, lowercased) or None,
+# target language, sacreBLEU tokenizer, (target, who published the anchor)
+BENCHES = {
+    "de-en": (
+        "multi30k_de_en.yaml",
+        ("multi30k/test_2016_flickr.de", "multi30k/test_2016_flickr.en"),
+        "multi30k/tok/test_2016_flickr.lc.norm.tok.en",
+        "en",
+        "13a",
+        (38.0, "36.5: 3+3-layer d=256 Transformer, bentrevett/pytorch-seq2seq"),
+    ),
+    "en-de": (
+        "multi30k_en_de.yaml",
+        ("multi30k/test_2016_flickr.en", "multi30k/test_2016_flickr.de"),
+        "multi30k/tok/test_2016_flickr.lc.norm.tok.de",
+        "de",
+        "13a",
+        (42.0, "41.0: Transformer-tiny 4+4 d=128, Wu et al., ACL 2021"),
+    ),
+    "zh-en": (
+        "tatoeba_zh_en.yaml",
+        ("tatoeba-zh-en/val.tsv", None),
+        None,
+        "en",
+        "13a",
+        (27.0, "26.95 on val: 3-layer d=256 Transformer, the data's source repository"),
+    ),
+    "en-zh": ("tatoeba_en_zh.yaml", ("tatoeba-zh-en/val.tsv", None), None, "zh", "zh", (None, "report only")),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("direction", choices=sorted(BENCHES))
+    parser.add_argument("--out", help="run directory (default runs/bench-DIRECTION)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out")
+    parser.add_argument("--skip-training", action="store_true", help="score the finished run in --out")
+    args = parser.parse_args()
+    recipe_file, (test_src, test_tgt), tok_ref, lang, bleu_tok, (target, anchor) = BENCHES[args.direction]
+    out = Path(args.out or ROOT / "runs" / f"bench-{args.direction}")
+    recipe = load_recipe(ROOT / "recipes" / recipe_file, args.set)
+    start = time.perf_counter()
+    if args.skip_training:
+        model, _ = load_model(out)
+        tokenizer = Tokenizer.load(model_dir(out) / "tokenizer.json")
+        run = json.loads((out / "run.json").read_text())
+        summary = {"model": model, "tokenizer": tokenizer, "train_seconds": run["seconds"], "steps": None}
+        summary["tokens_per_second"] = run["tokens"] / max(run["seconds"], 1e-9)
+        summary["final"], summary["epochs"] = run["final"], run["epoch"]
+    else:
+        summary = train_translation(recipe, out, resume=args.resume)
+    pairs = read_parallel(test_src, test_tgt) if test_tgt else read_parallel(test_src)
+    if args.direction == "en-zh":
+        pairs = [(b, a) for a, b in pairs]  # the TSV is zh<TAB>en
+    sources, references = [a for a, _ in pairs], [b for _, b in pairs]
+    data = recipe["data"]
+    t = time.perf_counter()
+    hypotheses = beam_translate(
+        summary["model"],
+        summary["tokenizer"],
+        sources,
+        beam_size=int(data["beam_size"]),
+        length_penalty=float(data["length_penalty"]),
+        max_len_a=float(data["max_len_a"]),
+        max_len_b=int(data["max_len_b"]),
+    )
+    translate_seconds = time.perf_counter() - t
+    (out / f"test.{lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    detok = corpus_scores(hypotheses, references, tokenize=bleu_tok)
+    result = {
+        "direction": args.direction,
+        "final_checkpoint": summary["final"],
+        "epochs": summary["epochs"],
+        "sacrebleu": detok["bleu"],
+        "sacrebleu_signature": detok["bleu_signature"],
+        "chrf": detok["chrf"],
+        "train_seconds": round(summary["train_seconds"], 1),
+        "tokens_per_second": round(summary["tokens_per_second"]),
+        "translate_seconds": round(translate_seconds, 1),
+    }
+    if tok_ref is not None:
+        table = corpus_scores(hypotheses, _lines(tok_ref), tokenize="moses", lang=lang)
+        result["published_metric_bleu"] = table["bleu"]
+        result["published_metric_signature"] = table["bleu_signature"]
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    headline = result.get("published_metric_bleu", result["sacrebleu"])
+    print(json.dumps(result))
+    verdict = "" if target is None else ("  target met" if headline >= target else "  TARGET MISSED")
+    print(
+        f"{args.direction}: qkv {headline} BLEU (target >= {target}; published {anchor}){verdict} | "
+        f"sacreBLEU {detok['bleu']} chrF {detok['chrf']} | training {result['train_seconds'] / 60:.1f} min, "
+        f"{result['tokens_per_second']} target tokens/s | whole command {result['wall_seconds'] / 60:.1f} min"
+    )
+    return 0
+
+
+def _lines(path: str) -> list[str]:
+    return resolve(path).read_text(encoding="utf-8").splitlines()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

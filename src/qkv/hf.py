@@ -1,0 +1,939 @@
+"""Hugging Face checkpoints: import BERT, GPT-2 and Marian into qkv model directories, and back.
+
+What is here: :func:`import_hf` (a local Hugging Face checkpoint directory -> a qkv model
+directory, tokenizer included) and :func:`export_hf` (a qkv model directory -> a directory
+that ``transformers`` loads with ``from_pretrained``), and for each architecture a small set of
+pure functions: the qkv config fields of an HF ``config.json``, the HF ``config.json`` of a qkv
+config, and one pair of weight-name mappings (``bert_to_qkv`` / ``qkv_to_bert``, ``gpt2_to_qkv``
+/ ``qkv_to_gpt2``, ``marian_to_qkv`` / ``qkv_to_marian``).
+
+Supported:
+  * BERT: ``BertModel``, ``BertForMaskedLM``, ``BertForSequenceClassification`` <-> an
+    ``encoder_only`` model (post-norm, learned positions, token types, embedding LayerNorm,
+    pooler, MLM head with its bias). Which of the three a qkv model exports as follows from
+    its heads: classifier -> sequence classification, MLM head -> masked LM, neither -> BertModel.
+  * GPT-2: ``GPT2LMHeadModel`` <-> ``decoder_only`` (pre-norm, learned positions, tanh GELU;
+    HF's Conv1D weights are stored (in, out) and its fused ``c_attn`` is split into Wq, Wk, Wv).
+  * Marian: ``MarianMTModel`` <-> ``encoder_decoder`` (post-norm, sinusoids in two halves,
+    √D-scaled embeddings, shared or separate embeddings, ``final_logits_bias``; decoding starts
+    from the padding token, so the qkv ``bos_id`` is Marian's ``decoder_start_token_id``).
+  * Weights from ``model.safetensors``, or ``pytorch_model.bin`` read with
+    ``torch.load(weights_only=True)`` (nothing is unpickled beyond tensors); fp16/bf16 weights
+    become fp32.
+  * Tokenizers: ``tokenizer.json`` as it is, else BERT's ``vocab.txt`` (WordPiece) or GPT-2's
+    ``vocab.json`` + ``merges.txt`` (byte-level BPE) rebuilt as HF's tokenizers do; the special
+    tokens' roles go to ``special_tokens.json`` (``tokenization.py``). Export writes
+    ``tokenizer.json`` and a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast``.
+
+Not supported (a :class:`~qkv.errors.UserError` names the file and the field or tensor):
+other architectures; sharded checkpoints (``*.index.json``); BERT with relative positions or
+as a decoder, BERT's next-sentence head; GPT-2 without attention scaling or with
+``scale_attn_by_inverse_layer_idx``; Marian with different encoder and decoder widths or head
+counts. Marian's SentencePiece tokenizer is not converted: ``source.spm``, ``target.spm`` and
+the ``vocab.json`` files are kept in the qkv directory (with their SHA-256) and written back on
+export, but qkv itself cannot tokenize with them, so an imported Marian model runs from token
+ids (Python) and ``qkv generate`` refuses it. Generation settings (``generation_config.json``:
+beams, ``bad_words_ids``, forced END) are not carried over; Marian's ``activation_dropout``
+is dropped (training only).
+
+``transformers`` is never imported: configs are read and written as JSON and tensors with
+safetensors. The models do not import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+from torch import Tensor
+
+from qkv.checkpoint import build_model, check_output, load_model, save_model
+from qkv.errors import UserError
+from qkv.layers import sinusoidal_encoding
+from qkv.models.decoder_only import DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoderConfig
+from qkv.models.encoder_only import EncoderOnlyConfig
+from qkv.tokenization import FILE, Tokenizer
+
+BERT = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
+GPT2 = ("GPT2LMHeadModel",)
+MARIAN = ("MarianMTModel",)
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
+HF_CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_BIN = "pytorch_model.bin"
+
+# HF activation names -> qkv's (HF's gelu_new and gelu_pytorch_tanh are both the tanh GELU).
+ACTIVATIONS_FROM_HF = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+ACTIVATIONS_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+
+State = dict[str, Tensor]
+
+
+# ------------------------------------------------------------------ reading HF files
+
+
+class HFConfig:
+    """An HF ``config.json``, read field by field with HF's defaults; errors name the file and field."""
+
+    def __init__(self, path: Path, fields: dict) -> None:
+        self.path, self.fields = path, fields
+
+    def refuse(self, name: str, why: str) -> UserError:
+        return UserError(f"{self.path}: {name}={self.fields.get(name)!r} is not supported: {why}")
+
+    def integer(self, name: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self.fields.get(name, default)
+        if value is None:
+            raise UserError(f"{self.path}: field {name!r} is missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UserError(f"{self.path}: field {name!r} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def number(self, name: str, default: float) -> float:
+        value = self.fields.get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{self.path}: field {name!r} must be a number, got {value!r}")
+        return float(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.fields.get(name, default)
+        if not isinstance(value, bool):
+            raise UserError(f"{self.path}: field {name!r} must be true or false, got {value!r}")
+        return value
+
+    def text(self, name: str, default: str) -> str:
+        value = self.fields.get(name, default)
+        if not isinstance(value, str):
+            raise UserError(f"{self.path}: field {name!r} must be a string, got {value!r}")
+        return value
+
+    def activation(self, name: str, default: str) -> str:
+        value = self.text(name, default)
+        if value not in ACTIVATIONS_FROM_HF:
+            raise self.refuse(name, f"known activations: {', '.join(ACTIVATIONS_FROM_HF)}")
+        return ACTIVATIONS_FROM_HF[value]
+
+    def token_id(self, name: str, default: int | None, vocab_size: int) -> int | None:
+        """A special token id (None where the model has none); a one-element list counts as its element."""
+        value = self.fields.get(name, default)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise UserError(f"{self.path}: field {name!r} must be one token id in [0, {vocab_size}), got {value!r}")
+        return value
+
+
+def read_config(directory: Path) -> tuple[HFConfig, str]:
+    """The config of an HF checkpoint directory and its architecture (the first of "architectures")."""
+    path = directory / HF_CONFIG
+    if not directory.is_dir():
+        raise UserError(f"{directory} does not exist or is not a directory")
+    if not path.is_file():
+        raise UserError(f"{path} is missing: {directory} is not a Hugging Face checkpoint directory")
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(fields, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    architectures = fields.get("architectures")
+    if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
+        raise UserError(f"{path}: field 'architectures' is missing or empty; it names the model class")
+    architecture = architectures[0]
+    if architecture not in BERT + GPT2 + MARIAN:
+        raise UserError(
+            f"{path}: architecture {architecture!r} is not supported; qkv imports {', '.join(BERT + GPT2 + MARIAN)}"
+        )
+    return HFConfig(path, fields), architecture
+
+
+def read_tensors(directory: Path) -> tuple[Path, State]:
+    """The tensors of ``model.safetensors`` (or of ``pytorch_model.bin``, tensors only) and their file."""
+    safetensors, pickled = directory / WEIGHTS, directory / WEIGHTS_BIN
+    if safetensors.is_file():
+        try:
+            return safetensors, load_file(safetensors)
+        except (SafetensorError, OSError) as e:
+            raise UserError(f"{safetensors} cannot be read as safetensors: {e}") from None
+    if pickled.is_file():
+        try:
+            tensors = torch.load(pickled, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types for a file it refuses or cannot read
+            raise UserError(f"{pickled} cannot be read as a tensor dictionary (weights_only=True): {e}") from None
+        if not isinstance(tensors, dict) or not all(isinstance(v, Tensor) for v in tensors.values()):
+            raise UserError(f"{pickled} does not hold a dictionary of tensors")
+        return pickled, tensors
+    for index in (f"{WEIGHTS}.index.json", f"{WEIGHTS_BIN}.index.json"):
+        if (directory / index).is_file():
+            raise UserError(f"{directory / index}: sharded checkpoints are not supported; merge the shards first")
+    raise UserError(f"{directory} has neither {WEIGHTS} nor {WEIGHTS_BIN}")
+
+
+def _rename_legacy(tensors: State) -> State:
+    """Old BERT checkpoints call LayerNorm's weight and bias gamma and beta."""
+    renamed = {}
+    for name, tensor in tensors.items():
+        if name.endswith("LayerNorm.gamma"):
+            name = name[: -len("gamma")] + "weight"
+        elif name.endswith("LayerNorm.beta"):
+            name = name[: -len("beta")] + "bias"
+        renamed[name] = tensor
+    return renamed
+
+
+def _match_prefix(tensors: State, expected: Mapping[str, Tensor], prefix: str) -> State:
+    """Names as ``expected`` spells them: HF stores a model's body with or without ``prefix``
+    ("bert.", "transformer.") depending on the class that saved it."""
+    matched = {}
+    for name, tensor in tensors.items():
+        for candidate in (name, prefix + name, name.removeprefix(prefix)):
+            if candidate in expected:
+                name = candidate
+                break
+        matched.setdefault(name, tensor)
+    return matched
+
+
+def _check_tensors(file: Path, architecture: str, tensors: State, expected: Mapping[str, Tensor]) -> None:
+    """Every tensor the config implies is there with its shape (extra tensors, such as buffers, are ignored)."""
+    for name, want in expected.items():
+        if name not in tensors:
+            raise UserError(f"{file}: tensor {name!r} is missing; a {architecture} with this config.json needs it")
+        if tuple(tensors[name].shape) != tuple(want.shape):
+            raise UserError(
+                f"{file}: tensor {name!r} has shape {tuple(tensors[name].shape)}; "
+                f"config.json implies {tuple(want.shape)}"
+            )
+
+
+def _load_state(model: torch.nn.Module, state: State) -> None:
+    """Copy ``state`` into the model; every parameter (tied ones once) must be covered."""
+    params = model.state_dict()
+    covered = set()
+    with torch.no_grad():
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+            covered.add(params[name].data_ptr())
+    left = [name for name, p in params.items() if p.data_ptr() not in covered]
+    if left:
+        raise RuntimeError(f"the weight mapping left {', '.join(left[:5])} unset")  # a bug here, not the user's
+
+
+def _linear(names: list[tuple[str, str]], qkv: str, hf: str, *, bias: bool = True) -> None:
+    names.append((f"{qkv}.weight", f"{hf}.weight"))
+    if bias:
+        names.append((f"{qkv}.bias", f"{hf}.bias"))
+
+
+def _require(config: object, target: str, **wanted: object) -> None:
+    """Refuse to export a model whose config differs from what the HF architecture computes."""
+    for name, value in wanted.items():
+        have = getattr(config, name)
+        if have != value:
+            raise UserError(f"cannot export as {target}: it needs {name}={value!r}, this model has {name}={have!r}")
+
+
+def _same_heads(config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig, target: str) -> None:
+    if config.n_kv_heads not in (None, config.n_heads):
+        raise UserError(f"cannot export as {target}: grouped-query attention (n_kv_heads={config.n_kv_heads})")
+
+
+def _hf_activation(activation: str, target: str) -> str:
+    if activation not in ACTIVATIONS_TO_HF:
+        raise UserError(f"cannot export as {target}: activation={activation!r} has no {target} equivalent")
+    return ACTIVATIONS_TO_HF[activation]
+
+
+# ---------------------------------------------------------------------------- BERT
+
+
+def bert_fields(config: HFConfig, architecture: str, tensor_names: set[str]) -> dict:
+    """The qkv ``encoder_only`` fields of a BERT config.json."""
+    if config.text("position_embedding_type", "absolute") != "absolute":
+        raise config.refuse("position_embedding_type", "only absolute (learned) positions are")
+    for name in ("is_decoder", "add_cross_attention"):
+        if config.flag(name, False):
+            raise config.refuse(name, "BERT as a decoder is not")
+    activation = config.activation("hidden_act", "gelu")
+    if architecture == "BertForMaskedLM" and activation != "gelu":
+        raise config.refuse("hidden_act", "qkv's masked-LM head uses exact GELU")
+    d_model = config.integer("hidden_size")
+    vocab_size = config.integer("vocab_size")
+    n_classes = 0
+    if architecture == "BertForSequenceClassification":
+        labels = config.fields.get("id2label")
+        n_classes = len(labels) if isinstance(labels, dict) else config.integer("num_labels", 2)
+    has_pooler = any(name.endswith("pooler.dense.weight") for name in tensor_names)
+    return {
+        "d_model": d_model,
+        "n_heads": config.integer("num_attention_heads"),
+        "d_ff": config.integer("intermediate_size"),
+        "activation": activation,
+        "norm": "layernorm",
+        "norm_eps": config.number("layer_norm_eps", 1e-12),
+        "norm_first": False,
+        "positions": "learned",
+        "max_len": config.integer("max_position_embeddings", 512),
+        "dropout": config.number("hidden_dropout_prob", 0.1),
+        "attention_dropout": config.number("attention_probs_dropout_prob", 0.1),
+        "bias": True,
+        "vocab_size": vocab_size,
+        "n_layers": config.integer("num_hidden_layers"),
+        "n_classes": n_classes,
+        "pooling": "first",
+        "type_vocab_size": config.integer("type_vocab_size", 2, minimum=0),
+        "tie_output": config.flag("tie_word_embeddings", True),
+        "scale_embeddings": False,
+        "pad_id": config.token_id("pad_token_id", 0, vocab_size) or 0,
+        "embedding_norm": True,
+        "pooler": architecture == "BertForSequenceClassification" or (architecture == "BertModel" and has_pooler),
+        "mlm_head": architecture == "BertForMaskedLM",
+    }
+
+
+def bert_architecture(config: EncoderOnlyConfig) -> str:
+    """The BERT class of an encoder-only model, from its heads."""
+    if config.n_classes and config.mlm_head:
+        raise UserError("cannot export as BERT: the model has both a masked-LM head and a classifier")
+    if config.n_classes:
+        return "BertForSequenceClassification"
+    return "BertForMaskedLM" if config.mlm_head else "BertModel"
+
+
+def _bert_names(config: EncoderOnlyConfig) -> list[tuple[str, str]]:
+    """(qkv name, HF name) of every BERT tensor; the MLM bias and type table are handled apart."""
+    prefix = "" if bert_architecture(config) == "BertModel" else "bert."
+    e = f"{prefix}embeddings"
+    names = [
+        ("embed.token.weight", f"{e}.word_embeddings.weight"),
+        ("embed.position.weight", f"{e}.position_embeddings.weight"),
+    ]
+    _linear(names, "embed_norm", f"{e}.LayerNorm")
+    for i in range(config.n_layers):
+        q, h = f"encoder.blocks.{i}", f"{prefix}encoder.layer.{i}"
+        for mine, theirs in (
+            ("w_q", "self.query"),
+            ("w_k", "self.key"),
+            ("w_v", "self.value"),
+            ("w_o", "output.dense"),
+        ):
+            _linear(names, f"{q}.self_attn.{mine}", f"{h}.attention.{theirs}")
+        _linear(names, f"{q}.norm_1", f"{h}.attention.output.LayerNorm")
+        _linear(names, f"{q}.ffn.w_1", f"{h}.intermediate.dense")
+        _linear(names, f"{q}.ffn.w_2", f"{h}.output.dense")
+        _linear(names, f"{q}.norm_2", f"{h}.output.LayerNorm")
+    if config.pooler:
+        _linear(names, "pooler", f"{prefix}pooler.dense")
+    if config.mlm_head:
+        _linear(names, "mlm_dense", "cls.predictions.transform.dense")
+        _linear(names, "mlm_norm", "cls.predictions.transform.LayerNorm")
+        names.append(("mlm_output.bias", "cls.predictions.bias"))
+        if not config.tie_output:
+            names.append(("mlm_output.weight", "cls.predictions.decoder.weight"))
+    if config.n_classes:
+        _linear(names, "classifier", "classifier")
+    return names
+
+
+def bert_to_qkv(tensors: Mapping[str, Tensor], config: EncoderOnlyConfig) -> State:
+    """qkv ``encoder_only`` weights from BERT tensors (named as :func:`qkv_to_bert` writes them)."""
+    state = {mine: tensors[theirs] for mine, theirs in _bert_names(config)}
+    if config.type_vocab_size:
+        state["token_type.weight"] = tensors[_bert_type_name(config)]
+    return state
+
+
+def qkv_to_bert(state: Mapping[str, Tensor], config: EncoderOnlyConfig) -> State:
+    """BERT tensors from qkv ``encoder_only`` weights; without token types, a one-row zero table."""
+    tensors = {theirs: state[mine] for mine, theirs in _bert_names(config)}
+    types = state["token_type.weight"] if config.type_vocab_size else torch.zeros(1, config.d_model)
+    tensors[_bert_type_name(config)] = types
+    return tensors
+
+
+def _bert_type_name(config: EncoderOnlyConfig) -> str:
+    prefix = "" if bert_architecture(config) == "BertModel" else "bert."
+    return f"{prefix}embeddings.token_type_embeddings.weight"
+
+
+def bert_config(config: EncoderOnlyConfig, labels: dict | None) -> dict:
+    """The HF config.json of an encoder-only model that computes what BERT computes (else a UserError)."""
+    target = "BERT"
+    _require(
+        config,
+        target,
+        norm_first=False,
+        norm="layernorm",
+        positions="learned",
+        scale_embeddings=False,
+        embedding_norm=True,
+        bias=True,
+        attention="softmax",
+    )
+    _same_heads(config, target)
+    activation = _hf_activation(config.activation, target)
+    if config.mlm_head and config.activation != "gelu":
+        raise UserError("cannot export as BERT: its masked-LM head uses the model's activation, qkv's exact GELU")
+    architecture = bert_architecture(config)
+    if config.n_classes:
+        _require(config, "BertForSequenceClassification", pooler=True, pooling="first")
+    fields = {
+        "architectures": [architecture],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "intermediate_size": config.d_ff,
+        "hidden_act": activation,
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_len,
+        "type_vocab_size": max(1, config.type_vocab_size),
+        "layer_norm_eps": config.norm_eps,
+        "pad_token_id": config.pad_id,
+        "tie_word_embeddings": config.tie_output,
+    }
+    if config.n_classes:
+        if not labels or len(labels) != config.n_classes:
+            labels = {str(i): f"LABEL_{i}" for i in range(config.n_classes)}
+        fields["id2label"] = labels
+        fields["label2id"] = {name: int(i) for i, name in labels.items()}
+    return fields
+
+
+# --------------------------------------------------------------------------- GPT-2
+
+
+def gpt2_fields(config: HFConfig) -> dict:
+    """The qkv ``decoder_only`` fields of a GPT-2 config.json."""
+    if not config.flag("scale_attn_weights", True):
+        raise config.refuse("scale_attn_weights", "qkv always scales scores by 1/√K")
+    if config.flag("scale_attn_by_inverse_layer_idx", False):
+        raise config.refuse("scale_attn_by_inverse_layer_idx", "qkv scales every layer alike")
+    if config.flag("add_cross_attention", False):
+        raise config.refuse("add_cross_attention", "GPT-2 with cross-attention is not")
+    d_model = config.integer("n_embd")
+    vocab_size = config.integer("vocab_size")
+    d_ff = config.fields.get("n_inner")
+    return {
+        "d_model": d_model,
+        "n_heads": config.integer("n_head"),
+        "d_ff": 4 * d_model if d_ff is None else config.integer("n_inner"),
+        "activation": config.activation("activation_function", "gelu_new"),
+        "norm": "layernorm",
+        "norm_eps": config.number("layer_norm_epsilon", 1e-5),
+        "norm_first": True,
+        "positions": "learned",
+        "max_len": config.integer("n_positions", 1024),
+        "dropout": config.number("resid_pdrop", 0.1),
+        "attention_dropout": config.number("attn_pdrop", 0.1),
+        "bias": True,
+        "vocab_size": vocab_size,
+        "n_layers": config.integer("n_layer"),
+        "tie_output": config.flag("tie_word_embeddings", True),
+        "scale_embeddings": False,
+        "pad_id": config.token_id("pad_token_id", None, vocab_size),
+        "bos_id": config.token_id("bos_token_id", 50256, vocab_size),
+        "eos_id": config.token_id("eos_token_id", 50256, vocab_size),
+    }
+
+
+def _gpt2_names(config: DecoderOnlyConfig) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(qkv name, HF name) pairs: plain tensors, and Conv1D tensors stored transposed (in, out).
+    The fused ``c_attn`` is handled apart."""
+    plain = [("embed.token.weight", "transformer.wte.weight"), ("embed.position.weight", "transformer.wpe.weight")]
+    transposed: list[tuple[str, str]] = []
+    for i in range(config.n_layers):
+        q, h = f"decoder.blocks.{i}", f"transformer.h.{i}"
+        _linear(plain, f"{q}.norm_1", f"{h}.ln_1")
+        _linear(plain, f"{q}.norm_3", f"{h}.ln_2")
+        transposed.append((f"{q}.self_attn.w_o.weight", f"{h}.attn.c_proj.weight"))
+        transposed.append((f"{q}.ffn.w_1.weight", f"{h}.mlp.c_fc.weight"))
+        transposed.append((f"{q}.ffn.w_2.weight", f"{h}.mlp.c_proj.weight"))
+        for mine, theirs in (("self_attn.w_o", "attn.c_proj"), ("ffn.w_1", "mlp.c_fc"), ("ffn.w_2", "mlp.c_proj")):
+            plain.append((f"{q}.{mine}.bias", f"{h}.{theirs}.bias"))
+    _linear(plain, "decoder.norm", "transformer.ln_f")
+    if not config.tie_output:
+        plain.append(("output.weight", "lm_head.weight"))
+    return plain, transposed
+
+
+def gpt2_to_qkv(tensors: Mapping[str, Tensor], config: DecoderOnlyConfig) -> State:
+    """qkv ``decoder_only`` weights from GPT-2 tensors (named as :func:`qkv_to_gpt2` writes them)."""
+    plain, transposed = _gpt2_names(config)
+    state = {mine: tensors[theirs] for mine, theirs in plain}
+    state.update({mine: tensors[theirs].t() for mine, theirs in transposed})  # (in, out) -> (out, in)
+    for i in range(config.n_layers):
+        q, h = f"decoder.blocks.{i}.self_attn", f"transformer.h.{i}.attn.c_attn"
+        weights = tensors[f"{h}.weight"].t().chunk(3, dim=0)  # (D, 3D) -> 3 x (D, D), rows = outputs
+        biases = tensors[f"{h}.bias"].chunk(3)  # (3D,) -> 3 x (D,)
+        for name, w, b in zip(("w_q", "w_k", "w_v"), weights, biases, strict=True):
+            state[f"{q}.{name}.weight"], state[f"{q}.{name}.bias"] = w, b
+    return state
+
+
+def qkv_to_gpt2(state: Mapping[str, Tensor], config: DecoderOnlyConfig) -> State:
+    """GPT-2 tensors from qkv ``decoder_only`` weights."""
+    plain, transposed = _gpt2_names(config)
+    tensors = {theirs: state[mine] for mine, theirs in plain}
+    tensors.update({theirs: state[mine].t() for mine, theirs in transposed})  # (out, in) -> (in, out)
+    for i in range(config.n_layers):
+        q, h = f"decoder.blocks.{i}.self_attn", f"transformer.h.{i}.attn.c_attn"
+        weight = torch.cat([state[f"{q}.{n}.weight"] for n in ("w_q", "w_k", "w_v")], dim=0)  # (3D, D)
+        tensors[f"{h}.weight"] = weight.t()  # (D, 3D)
+        tensors[f"{h}.bias"] = torch.cat([state[f"{q}.{n}.bias"] for n in ("w_q", "w_k", "w_v")])  # (3D,)
+    return tensors
+
+
+def gpt2_config(config: DecoderOnlyConfig) -> dict:
+    """The HF config.json of a decoder-only model that computes what GPT-2 computes (else a UserError)."""
+    target = "GPT-2"
+    _require(
+        config,
+        target,
+        norm_first=True,
+        norm="layernorm",
+        positions="learned",
+        scale_embeddings=False,
+        bias=True,
+        attention="softmax",
+    )
+    _same_heads(config, target)
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layers,
+        "n_head": config.n_heads,
+        "n_inner": config.d_ff,
+        "n_positions": config.max_len,
+        "activation_function": _hf_activation(config.activation, target),
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.attention_dropout,
+        "layer_norm_epsilon": config.norm_eps,
+        "scale_attn_weights": True,
+        "bos_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+        "pad_token_id": config.pad_id,
+        "tie_word_embeddings": config.tie_output,
+    }
+
+
+# -------------------------------------------------------------------------- Marian
+
+
+def marian_fields(config: HFConfig) -> dict:
+    """The qkv ``encoder_decoder`` fields of a Marian config.json."""
+    n_heads, d_ff = config.integer("encoder_attention_heads", 16), config.integer("encoder_ffn_dim", 4096)
+    if config.integer("decoder_attention_heads", 16) != n_heads:
+        raise config.refuse("decoder_attention_heads", f"qkv's stacks share one head count, here {n_heads}")
+    if config.integer("decoder_ffn_dim", 4096) != d_ff:
+        raise config.refuse("decoder_ffn_dim", f"qkv's stacks share one feed-forward width, here {d_ff}")
+    share = config.flag("share_encoder_decoder_embeddings", True)
+    src_vocab = config.integer("vocab_size")
+    tgt_vocab = src_vocab
+    if not share and config.fields.get("decoder_vocab_size") is not None:
+        tgt_vocab = config.integer("decoder_vocab_size")
+    pad_id = config.token_id("pad_token_id", 58100, tgt_vocab)
+    bos_id = config.token_id("decoder_start_token_id", 58100, tgt_vocab)
+    eos_id = config.token_id("eos_token_id", 0, tgt_vocab)
+    for name, value in (("pad_token_id", pad_id), ("decoder_start_token_id", bos_id), ("eos_token_id", eos_id)):
+        if value is None:
+            raise UserError(f"{config.path}: field {name!r} must be a token id, got null")
+    return {
+        "d_model": config.integer("d_model", 1024),
+        "n_heads": n_heads,
+        "d_ff": d_ff,
+        "activation": config.activation("activation_function", "gelu"),
+        "norm": "layernorm",
+        "norm_eps": 1e-5,  # Marian's LayerNorms keep torch's default epsilon
+        "norm_first": False,
+        "positions": "sinusoidal_halves",
+        "max_len": config.integer("max_position_embeddings", 1024),
+        "dropout": config.number("dropout", 0.1),
+        "attention_dropout": config.number("attention_dropout", 0.0),
+        "bias": True,
+        "src_vocab_size": src_vocab,
+        "tgt_vocab_size": tgt_vocab,
+        "n_encoder_layers": config.integer("encoder_layers", 12),
+        "n_decoder_layers": config.integer("decoder_layers", 12),
+        "share_embeddings": share,
+        "tie_output": config.flag("tie_word_embeddings", True),
+        "scale_embeddings": config.flag("scale_embedding", False),
+        "pad_id": pad_id,
+        "bos_id": bos_id,
+        "eos_id": eos_id,
+        "output_bias": True,
+    }
+
+
+def _marian_names(config: EncoderDecoderConfig) -> list[tuple[str, str]]:
+    """(qkv name, HF name) of every Marian tensor but ``final_logits_bias`` (shaped (1, V) there)."""
+    if config.share_embeddings:
+        names = [("src_embed.token.weight", "model.shared.weight")]
+    else:
+        names = [
+            ("src_embed.token.weight", "model.encoder.embed_tokens.weight"),
+            ("tgt_embed.token.weight", "model.decoder.embed_tokens.weight"),
+        ]
+    if not config.tie_output:
+        names.append(("output.weight", "lm_head.weight"))
+    attention = (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj"), ("w_o", "out_proj"))
+    for stack, n_layers in (("encoder", config.n_encoder_layers), ("decoder", config.n_decoder_layers)):
+        for i in range(n_layers):
+            q, h = f"{stack}.blocks.{i}", f"model.{stack}.layers.{i}"
+            for mine, theirs in attention:
+                _linear(names, f"{q}.self_attn.{mine}", f"{h}.self_attn.{theirs}")
+                if stack == "decoder":
+                    _linear(names, f"{q}.cross_attn.{mine}", f"{h}.encoder_attn.{theirs}")
+            _linear(names, f"{q}.norm_1", f"{h}.self_attn_layer_norm")
+            if stack == "decoder":
+                _linear(names, f"{q}.norm_2", f"{h}.encoder_attn_layer_norm")
+            _linear(names, f"{q}.ffn.w_1", f"{h}.fc1")
+            _linear(names, f"{q}.ffn.w_2", f"{h}.fc2")
+            _linear(names, f"{q}.norm_{3 if stack == 'decoder' else 2}", f"{h}.final_layer_norm")
+    return names
+
+
+def marian_to_qkv(tensors: Mapping[str, Tensor], config: EncoderDecoderConfig) -> State:
+    """qkv ``encoder_decoder`` weights from Marian tensors (named as :func:`qkv_to_marian` writes them)."""
+    state = {mine: tensors[theirs] for mine, theirs in _marian_names(config)}
+    state["output.bias"] = tensors["final_logits_bias"].reshape(-1)  # (1, V) -> (V,)
+    return state
+
+
+def qkv_to_marian(state: Mapping[str, Tensor], config: EncoderDecoderConfig) -> State:
+    """Marian tensors from qkv ``encoder_decoder`` weights (a zero ``final_logits_bias`` without an output bias)."""
+    tensors = {theirs: state[mine] for mine, theirs in _marian_names(config)}
+    bias = state["output.bias"] if config.output_bias else torch.zeros(config.tgt_vocab_size)
+    tensors["final_logits_bias"] = bias.reshape(1, -1)  # (V,) -> (1, V)
+    return tensors
+
+
+def marian_config(config: EncoderDecoderConfig) -> dict:
+    """The HF config.json of an encoder-decoder model that computes what Marian computes (else a UserError)."""
+    target = "Marian"
+    _require(
+        config,
+        target,
+        norm_first=False,
+        norm="layernorm",
+        positions="sinusoidal_halves",
+        bias=True,
+        attention="softmax",
+    )
+    _same_heads(config, target)
+    if abs(config.norm_eps - 1e-5) > 1e-12:
+        raise UserError(f"cannot export as Marian: its LayerNorms use eps=1e-05, this model has {config.norm_eps}")
+    activation = _hf_activation(config.activation, target)
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        "vocab_size": config.src_vocab_size,
+        "decoder_vocab_size": config.tgt_vocab_size,
+        "d_model": config.d_model,
+        "encoder_layers": config.n_encoder_layers,
+        "decoder_layers": config.n_decoder_layers,
+        "encoder_attention_heads": config.n_heads,
+        "decoder_attention_heads": config.n_heads,
+        "encoder_ffn_dim": config.d_ff,
+        "decoder_ffn_dim": config.d_ff,
+        "activation_function": "swish" if activation == "silu" else activation,
+        "dropout": config.dropout,
+        "attention_dropout": config.attention_dropout,
+        "activation_dropout": 0.0,
+        "max_position_embeddings": config.max_len,
+        "scale_embedding": config.scale_embeddings,
+        "share_encoder_decoder_embeddings": config.share_embeddings,
+        "tie_word_embeddings": config.tie_output,
+        "pad_token_id": config.pad_id,
+        "decoder_start_token_id": config.bos_id,
+        "eos_token_id": config.eos_id,
+        "forced_eos_token_id": config.eos_id,
+        "is_encoder_decoder": True,
+    }
+
+
+def _marian_aliases(tensors: State, config: EncoderDecoderConfig, file: Path) -> State:
+    """Marian checkpoints may store the shared table under an embed_tokens name, may omit the
+    (then zero) final_logits_bias, and may hold the sinusoids, which must be Marian's."""
+    tensors = dict(tensors)
+    if config.share_embeddings and "model.shared.weight" not in tensors:
+        for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
+            if name in tensors:
+                tensors["model.shared.weight"] = tensors[name]
+                break
+    tensors.setdefault("final_logits_bias", torch.zeros(1, config.tgt_vocab_size))
+    for stack in ("encoder", "decoder"):
+        name = f"model.{stack}.embed_positions.weight"
+        if name in tensors:
+            stored = tensors[name].float()  # (P, D)
+            computed = sinusoidal_encoding(torch.arange(stored.shape[0]), config.d_model, halves=True)  # (P, D)
+            if stored.shape != computed.shape or (stored - computed).abs().max() > 1e-3:
+                raise UserError(f"{file}: tensor {name!r} is not Marian's sinusoids, which qkv computes itself")
+    return tensors
+
+
+# ---------------------------------------------------------------------- tokenizers
+
+
+def _tokenizer_settings(directory: Path) -> dict:
+    """tokenizer_config.json, with special_tokens_map.json's entries where it has none."""
+    settings: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = directory / name
+        if path.is_file():
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{path} is not valid JSON: {e}") from None
+            if isinstance(loaded, dict):
+                settings.update(loaded)
+    return settings
+
+
+def _special(settings: dict, name: str, default: str | None) -> str | None:
+    """A special token's text: a string, or {"content": ...} as older files write it."""
+    value = settings.get(name, default)
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) or value is None else default
+
+
+def _load_tokenizer(path: Path, specials: dict[str, str | None]) -> Tokenizer:
+    try:
+        backend = HFTokenizer.from_file(str(path))
+    except Exception as e:  # the library raises a bare Exception for unreadable files
+        raise UserError(f"cannot read tokenizer {path}: {e}") from None
+    try:
+        return Tokenizer(backend, specials=specials)
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+def _bert_tokenizer(directory: Path) -> Tokenizer | None:
+    settings = _tokenizer_settings(directory)
+    pad, unk = _special(settings, "pad_token", "[PAD]"), _special(settings, "unk_token", "[UNK]")
+    cls, sep = _special(settings, "cls_token", "[CLS]"), _special(settings, "sep_token", "[SEP]")
+    mask = _special(settings, "mask_token", "[MASK]")
+    specials = {"pad": pad, "bos": cls, "eos": sep, "unk": unk}
+    if (directory / FILE).is_file():
+        return _load_tokenizer(directory / FILE, specials)
+    path = directory / "vocab.txt"
+    if not path.is_file():
+        return None
+    # As HF's BertTokenizer builds it from vocab.txt: one token a line, its id the line number.
+    vocab = {line.rstrip("\n"): i for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(True))}
+    if unk not in vocab:
+        raise UserError(f"{path} lacks the unknown token {unk!r}")
+    backend = HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        strip_accents=settings.get("strip_accents"),
+        lowercase=bool(settings.get("do_lower_case", True)),
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    if cls in vocab and sep in vocab:
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
+        )
+    backend.add_special_tokens([t for t in (pad, unk, cls, sep, mask) if t is not None and t in vocab])
+    return Tokenizer(backend, specials=specials)
+
+
+def _gpt2_tokenizer(directory: Path) -> Tokenizer | None:
+    settings = _tokenizer_settings(directory)
+    specials = {
+        "pad": _special(settings, "pad_token", None),
+        "bos": _special(settings, "bos_token", "<|endoftext|>"),
+        "eos": _special(settings, "eos_token", "<|endoftext|>"),
+        "unk": _special(settings, "unk_token", "<|endoftext|>"),
+    }
+    if (directory / FILE).is_file():
+        return _load_tokenizer(directory / FILE, specials)
+    vocab, merges = directory / "vocab.json", directory / "merges.txt"
+    if not (vocab.is_file() and merges.is_file()):
+        return None
+    # As HF's GPT2Tokenizer builds it: byte-level BPE without subword prefix or word suffix.
+    try:
+        bpe = models.BPE.from_file(str(vocab), str(merges), continuing_subword_prefix="", end_of_word_suffix="")
+    except Exception as e:  # the library raises a bare Exception for unreadable files
+        raise UserError(f"cannot read {vocab} and {merges} as a byte-level BPE: {e}") from None
+    backend = HFTokenizer(bpe)
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(settings.get("add_prefix_space", False)))
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.add_special_tokens(
+        sorted({t for t in specials.values() if t is not None and bpe.token_to_id(t) is not None})
+    )
+    return Tokenizer(backend, specials=specials)
+
+
+def _hf_tokenizer_config(tokenizer: Tokenizer, kind: str, max_len: int) -> dict:
+    """A tokenizer_config.json that loads tokenizer.json as it is, with its special tokens."""
+    s = tokenizer.specials
+    settings: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
+    if kind == "encoder_only":  # BERT's names for BEGIN and END
+        settings.update(cls_token=s["bos"], sep_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
+        if tokenizer.backend.token_to_id("[MASK]") is not None:
+            settings["mask_token"] = "[MASK]"
+    else:
+        settings.update(bos_token=s["bos"], eos_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+# ------------------------------------------------------------------ import / export
+
+
+def import_hf(src: str | Path, dst: str | Path) -> dict:
+    """Convert the HF checkpoint directory ``src`` into the qkv model directory ``dst``.
+
+    Returns a summary: architecture, kind, model directory, parameter count and what became
+    of the tokenizer.
+    """
+    src, dst = Path(src), Path(dst)
+    check_output(dst)
+    config, architecture = read_config(src)
+    file, tensors = read_tensors(src)
+    tensors = _rename_legacy(tensors)
+    if architecture in BERT:
+        kind, fields = "encoder_only", bert_fields(config, architecture, set(tensors))
+        to_qkv, from_qkv, prefix = bert_to_qkv, qkv_to_bert, "bert."
+    elif architecture in GPT2:
+        kind, fields = "decoder_only", gpt2_fields(config)
+        to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
+    else:
+        kind, fields = "encoder_decoder", marian_fields(config)
+        to_qkv, from_qkv, prefix = marian_to_qkv, qkv_to_marian, ""
+    try:
+        model = build_model(kind, fields)
+    except UserError as e:
+        raise UserError(f"{config.path}: {e}") from None
+    # What a checkpoint of this config holds, named and shaped: the export of a model built from it.
+    expected = from_qkv(model.state_dict(), model.config)
+    if architecture in BERT and "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
+        tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
+    if architecture in MARIAN:
+        tensors = _marian_aliases(tensors, model.config, file)
+    tensors = _match_prefix(tensors, expected, prefix) if prefix else tensors
+    if architecture in BERT and model.config.type_vocab_size == 0:
+        expected = {k: v for k, v in expected.items() if not k.endswith("token_type_embeddings.weight")}
+    _check_tensors(file, architecture, tensors, expected)
+    _load_state(model, to_qkv(tensors, model.config))
+    model.eval()
+
+    extra: dict = {"hf": {"architecture": architecture}}
+    labels = config.fields.get("id2label")
+    if architecture == "BertForSequenceClassification" and isinstance(labels, dict):
+        extra["hf"]["id2label"] = labels
+    with tempfile.TemporaryDirectory() as tmp:
+        files: dict[str, Path] = {}
+        if architecture in MARIAN:
+            files = {name: src / name for name in MARIAN_TOKENIZER_FILES if (src / name).is_file()}
+            said = f"kept {', '.join(files)} (SentencePiece; qkv does not tokenize with them)" if files else "none"
+        else:
+            tokenizer = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
+            said = "none"
+            if tokenizer is not None:
+                vocab = model.config.vocab_size
+                if tokenizer.vocab_size > vocab:
+                    raise UserError(
+                        f"{src}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}"
+                    )
+                files = {p.name: p for p in tokenizer.save(Path(tmp) / FILE)}
+                said = FILE
+        save_model(model, dst, files=files, extra=extra)
+    return {
+        "architecture": architecture,
+        "kind": kind,
+        "model": str(dst),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokenizer": said,
+    }
+
+
+def export_hf(src: str | Path, dst: str | Path) -> dict:
+    """Write the qkv model directory ``src`` as the HF checkpoint directory ``dst``.
+
+    ``dst`` must not exist or be empty; it is written whole or not at all. Returns a summary:
+    architecture, model_type, directory and the files written.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise UserError(f"{dst} exists and is not an empty directory; choose another output directory")
+    model, meta = load_model(src)
+    for name in meta["files"]:
+        if not (src / name).is_file():  # load_model also reads training runs, whose files sit elsewhere
+            raise UserError(f"{src / name} is missing: export-hf needs the model directory itself")
+    config = model.config
+    state = model.state_dict()
+    if isinstance(config, EncoderOnlyConfig):
+        hf_meta = meta.get("hf") if isinstance(meta.get("hf"), dict) else {}
+        hf_config = bert_config(config, hf_meta.get("id2label"))
+        tensors = qkv_to_bert(state, config)
+    elif isinstance(config, DecoderOnlyConfig):
+        hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
+    else:
+        hf_config, tensors = marian_config(config), qkv_to_marian(state, config)
+    hf_config["dtype"] = "float32"
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {dst.parent}: {e.strerror}") from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a model directory is not
+    try:
+        save_file(
+            {k: v.detach().float().contiguous().clone() for k, v in tensors.items()}, tmp / WEIGHTS, {"format": "pt"}
+        )
+        (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
+        files = meta["files"]
+        if FILE in files:
+            tokenizer = Tokenizer.load(src / FILE)
+            shutil.copyfile(src / FILE, tmp / FILE)
+            settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
+            (tmp / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+        else:
+            for name in MARIAN_TOKENIZER_FILES:
+                if name in files:
+                    shutil.copyfile(src / name, tmp / name)
+        if dst.exists():
+            dst.rmdir()
+        os.replace(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {
+        "architecture": hf_config["architectures"][0],
+        "model_type": hf_config["model_type"],
+        "out": str(dst),
+        "files": sorted(p.name for p in dst.iterdir()),
+    }

@@ -1,0 +1,468 @@
+"""Tests of qkv.hf: Hugging Face BERT, GPT-2 and Marian checkpoints in and out of qkv.
+
+Small random HF models (tiny, mostly odd sizes: D=15 with H=3, F=22; the weights are moved
+off their initial values so every tensor matters) are saved with ``save_pretrained``,
+imported, compared with the original (hidden states and logits within 1e-4, with padding;
+greedy generations identical; tokenization identical), exported back, loaded with
+``from_pretrained`` and compared again. Tokenizers are trained here with the ``tokenizers``
+library (and ``sentencepiece`` for Marian); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import BertWordPieceTokenizer, ByteLevelBPETokenizer  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPT2Tokenizer,
+    MarianConfig,
+    MarianMTModel,
+)
+
+from qkv.checkpoint import load_model, save_model  # noqa: E402
+from qkv.cli import main  # noqa: E402
+from qkv.errors import UserError  # noqa: E402
+from qkv.generation import greedy  # noqa: E402
+from qkv.hf import export_hf, import_hf  # noqa: E402
+from qkv.layers import sinusoidal_encoding  # noqa: E402
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
+from qkv.tokenization import Tokenizer  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+ATOL = 1e-4
+TEXTS = [
+    "Hello world, this is a tiny corpus.",
+    "The quick brown fox jumps over the lazy dog!",
+    "Café naïve résumé: 123 456 7.5%",
+    "UPPER case  and   spaces\tand a tab",
+    "unseen words like zyxw and 東京 🚀 [MASK] too",
+]
+CORPUS = TEXTS[:3] * 20 + ["a b c d e f g h i j k l m n o p q r s t u v w x y z 0 1 2 3 4 5 6 7 8 9 . , ! ?"]
+
+
+def perturb(model: torch.nn.Module, seed: int) -> None:
+    """Move every trainable parameter off its initial value (LayerNorm 1/0, zero biases); frozen
+    ones (Marian's sinusoids, which HF recomputes rather than saves) stay. Vectors move less, so
+    that no bias dominates the logits whatever the input."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1))
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert (a - b).abs().max().item() <= ATOL, (a - b).abs().max().item()
+
+
+# ------------------------------------------------------------------------ tokenizers
+
+
+@pytest.fixture(scope="module")
+def bert_vocab(tmp_path_factory) -> Path:
+    """A directory holding only a WordPiece vocab.txt (the legacy BERT tokenizer files)."""
+    directory = tmp_path_factory.mktemp("bert_vocab")
+    trained = BertWordPieceTokenizer(lowercase=True)
+    trained.train_from_iterator(CORPUS, vocab_size=90, min_frequency=1)
+    trained.save_model(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def gpt2_vocab(tmp_path_factory) -> Path:
+    """A directory holding a byte-level BPE vocab.json + merges.txt (the legacy GPT-2 files)."""
+    directory = tmp_path_factory.mktemp("gpt2_vocab")
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
+    trained.save_model(str(directory))
+    return directory
+
+
+# ------------------------------------------------------------------------------ BERT
+
+
+def bert_inputs(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(5, vocab, (3, 9), generator=g)
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    mask[2, 3:] = False
+    tokens[~mask] = 0
+    types = (torch.arange(9) >= 4).long().expand(3, 9).clone()
+    return tokens, mask, types
+
+
+def bert_outputs(model, tokens, mask, types) -> list[torch.Tensor]:
+    """HF BERT: last hidden states (real tokens) and the class's logits."""
+    with torch.no_grad():
+        out = model(input_ids=tokens, attention_mask=mask.long(), token_type_ids=types, output_hidden_states=True)
+    hidden = out.last_hidden_state if isinstance(model, BertModel) else out.hidden_states[-1]
+    logits = out.pooler_output if isinstance(model, BertModel) else out.logits
+    return [hidden[mask], logits[mask] if logits.dim() == 3 else logits]
+
+
+@pytest.mark.parametrize("architecture", [BertModel, BertForMaskedLM, BertForSequenceClassification])
+def test_bert_round_trip(architecture, bert_vocab: Path, tmp_path: Path) -> None:
+    """BERT -> encoder_only -> BERT: hidden states, MLM / classifier logits, tokenizer all agree."""
+    hf_tokenizer = BertTokenizer.from_pretrained(bert_vocab)
+    vocab = len(hf_tokenizer)
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=15,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=22,
+        max_position_embeddings=23,
+        type_vocab_size=2,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    hf = architecture(config).eval()
+    perturb(hf, 1)
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    if architecture is BertModel:
+        # The legacy files: vocab.txt only, and weights in a pytorch_model.bin with gamma/beta names.
+        shutil.copy(bert_vocab / "vocab.txt", src / "vocab.txt")
+        state = {
+            k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in load_file(src / "model.safetensors").items()
+        }
+        torch.save(state, src / "pytorch_model.bin")
+        (src / "model.safetensors").unlink()
+    else:
+        hf_tokenizer.save_pretrained(src)
+
+    summary = import_hf(src, tmp_path / "qkv")
+    assert summary["kind"] == "encoder_only" and summary["tokenizer"] == "tokenizer.json"
+    model, meta = load_model(tmp_path / "qkv")
+    assert meta["hf"]["architecture"] == architecture.__name__
+    tokens, mask, types = bert_inputs(vocab)
+    with torch.no_grad():
+        hidden = model.encode(tokens, mask=mask, token_types=types)
+        if architecture is BertForMaskedLM:
+            logits = model(tokens, mask=mask, token_types=types)[mask]
+        elif architecture is BertForSequenceClassification:
+            logits = model.classify(tokens, mask=mask, token_types=types)
+        else:
+            logits = torch.tanh(model.pooler(hidden[:, 0]))  # the pooler output BertModel returns
+    expected = bert_outputs(hf, tokens, mask, types)
+    assert_close(hidden[mask], expected[0])
+    assert_close(logits, expected[1])
+
+    tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (
+        hf_tokenizer.pad_token_id,
+        hf_tokenizer.cls_token_id,
+        hf_tokenizer.sep_token_id,
+    )
+    for text in TEXTS:
+        assert tokenizer.encode(text) == hf_tokenizer(text, add_special_tokens=False).input_ids, text
+
+    out = tmp_path / "exported"
+    export_hf(tmp_path / "qkv", out)
+    back, info = architecture.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    for a, b in zip(bert_outputs(back.eval(), tokens, mask, types), expected, strict=True):
+        assert_close(a, b)
+    back_tokenizer = AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        assert back_tokenizer(text).input_ids == hf_tokenizer(text).input_ids, text
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+
+def gpt2_model(vocab: int, *, tied: bool, eos: int) -> GPT2LMHeadModel:
+    config = GPT2Config(
+        vocab_size=vocab,
+        n_embd=15,
+        n_layer=2,
+        n_head=3,
+        n_inner=22,
+        n_positions=37,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        tie_word_embeddings=tied,
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    perturb(model, 2)
+    return model
+
+
+def hf_greedy(model, prompts: list[list[int]], *, pad: int, eos: int, new: int) -> list[list[int]]:
+    """HF greedy decoding of a left-padded batch; the new tokens of each row, cut before END."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=new, pad_token_id=pad
+    )
+    rows = []
+    for row in out[:, width:].tolist():
+        rows.append(row[: row.index(eos)] if eos in row else row)
+    return rows
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_gpt2_round_trip(tied: bool, gpt2_vocab: Path, tmp_path: Path, capsys) -> None:
+    """GPT-2 -> decoder_only -> GPT-2: logits with padding, greedy generations and tokenizer agree."""
+    hf_tokenizer = GPT2Tokenizer.from_pretrained(gpt2_vocab)
+    eos = hf_tokenizer.eos_token_id
+    hf = gpt2_model(len(hf_tokenizer), tied=tied, eos=eos)
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    if tied:
+        hf_tokenizer.save_pretrained(src)  # tokenizer.json
+    else:
+        for name in ("vocab.json", "merges.txt"):  # the legacy files
+            shutil.copy(gpt2_vocab / name, src / name)
+
+    assert main(["import-hf", str(src), str(tmp_path / "qkv"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["architecture"] == "GPT2LMHeadModel" and summary["kind"] == "decoder_only"
+    model, _ = load_model(tmp_path / "qkv")
+    assert isinstance(model, DecoderOnly) and model.config.tie_output == tied
+
+    tokens = torch.randint(1, len(hf_tokenizer), (3, 8), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(3, 8, dtype=torch.bool)
+    mask[1, 5:] = False  # right padding: the real tokens must not see it
+    with torch.no_grad():
+        expected = hf(input_ids=tokens, attention_mask=mask.long(), output_hidden_states=True)
+        ours = model.decode(tokens, key_mask=mask)
+    assert_close(ours.logits[mask], expected.logits[mask])
+
+    tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
+    assert tokenizer.pad_id is None and tokenizer.eos_id == eos
+    for text in TEXTS:
+        assert tokenizer.encode(text) == hf_tokenizer(text).input_ids, text
+    prompts = [tokenizer.encode(t) for t in ("Hello world", "The quick brown fox jumps", "a")]
+    generated = greedy(model, prompts, max_new_tokens=12)
+    assert generated == hf_greedy(hf, prompts, pad=eos, eos=eos, new=12)
+    assert any(len(set(row)) > 2 for row in generated)  # the model does not just repeat one token
+
+    # The CLI end to end: tokenizer (with GPT-2's special tokens) + greedy decoding. (--output, not the
+    # streamed stdout, which shows bytes of a character split across tokens as they come.)
+    written = tmp_path / "out.txt"
+    argv = ["generate", "--model", str(tmp_path / "qkv"), "--prompt", "Hello world", "--output", str(written)]
+    assert main([*argv, "--max-new-tokens", "12"]) == 0
+    text = hf_tokenizer.decode(generated[0], skip_special_tokens=True)
+    assert written.read_text(encoding="utf-8") == text.replace("\\", "\\\\").replace("\n", "\\n") + "\n"
+
+    out = tmp_path / "exported"
+    assert main(["export-hf", str(tmp_path / "qkv"), str(out)]) == 0
+    assert "GPT2LMHeadModel" in capsys.readouterr().out
+    back, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert_close(back.eval()(input_ids=tokens, attention_mask=mask.long()).logits[mask], expected.logits[mask])
+    assert hf_greedy(back, prompts, pad=eos, eos=eos, new=12) == generated
+    back_tokenizer = AutoTokenizer.from_pretrained(out)
+    for text in TEXTS:
+        assert back_tokenizer(text).input_ids == hf_tokenizer(text).input_ids, text
+
+
+# ---------------------------------------------------------------------------- Marian
+
+
+def marian_tokenizer(directory: Path):
+    """A MarianTokenizer over two tiny SentencePiece models, saved (and returned) in ``directory``."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    from transformers import MarianTokenizer
+
+    directory.mkdir()
+    for side in ("source", "target"):
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(CORPUS if side == "source" else [t.upper() for t in CORPUS]),
+            model_prefix=str(directory / side),
+            vocab_size=60,
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
+        (directory / f"{side}.model").rename(directory / f"{side}.spm")
+    pieces = []
+    for side in ("source", "target"):
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / f"{side}.spm"))
+        pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    vocab = {"</s>": 0, "<unk>": 1}
+    for piece in pieces:
+        vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    tokenizer = MarianTokenizer(*(str(directory / n) for n in ("source.spm", "target.spm", "vocab.json")))
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
+def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
+    """Marian -> encoder_decoder -> Marian: encoder states and logits with source padding, greedy
+    translations (decoding starts from the padding token) and the SentencePiece files agree."""
+    if shared:
+        hf_tokenizer = marian_tokenizer(tmp_path / "tokenizer")
+        src_vocab = tgt_vocab = len(hf_tokenizer)
+        pad, extra = hf_tokenizer.pad_token_id, {"activation_function": "swish", "scale_embedding": True}
+    else:
+        hf_tokenizer, src_vocab, tgt_vocab, pad = None, 41, 29, 28
+        extra = {"activation_function": "gelu", "share_encoder_decoder_embeddings": False, "tie_word_embeddings": False}
+    config = MarianConfig(
+        vocab_size=src_vocab,
+        decoder_vocab_size=tgt_vocab,
+        d_model=15,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=3,
+        decoder_attention_heads=3,
+        encoder_ffn_dim=22,
+        decoder_ffn_dim=22,
+        max_position_embeddings=48,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=None,
+        **extra,
+    )
+    torch.manual_seed(0)
+    hf = MarianMTModel(config).eval()
+    perturb(hf, 6)
+    with torch.no_grad():
+        hf.final_logits_bias.normal_(std=0.2, generator=torch.Generator().manual_seed(5))
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    if hf_tokenizer is not None:
+        hf_tokenizer.save_pretrained(src)
+
+    summary = import_hf(src, tmp_path / "qkv")
+    assert summary["kind"] == "encoder_decoder"
+    model, meta = load_model(tmp_path / "qkv")
+    assert model.config.bos_id == model.config.pad_id == pad and model.config.output_bias
+
+    if hf_tokenizer is not None:
+        sources = [ids for ids in hf_tokenizer(TEXTS[:3]).input_ids]  # each ends with END
+        assert {"source.spm", "target.spm", "vocab.json"} <= set(meta["files"])
+    else:
+        g = torch.Generator().manual_seed(6)
+        sources = [[*torch.randint(1, pad, (n,), generator=g).tolist(), 0] for n in (6, 3, 9)]
+    width = max(len(s) for s in sources)
+    ids = torch.tensor([s + [pad] * (width - len(s)) for s in sources])
+    mask = ids != pad
+    target = torch.randint(1, pad, (3, 6), generator=torch.Generator().manual_seed(7))
+    target[:, 0] = pad  # decoding starts from the padding token
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask.long(), decoder_input_ids=target)
+        assert_close(model.encode(ids, src_mask=mask)[mask], expected.encoder_last_hidden_state[mask])
+        assert_close(model(ids, target), expected.logits)
+
+    new = 10
+    with torch.no_grad():
+        hf_out = hf.generate(
+            input_ids=ids, attention_mask=mask.long(), do_sample=False, num_beams=1, max_new_tokens=new
+        )
+    hf_rows = [row[1:] for row in hf_out.tolist()]  # drop the start token
+    hf_rows = [row[: row.index(0)] if 0 in row else row for row in hf_rows]
+    generated = greedy(model, sources, max_new_tokens=new)
+    assert generated == hf_rows
+    assert len({tuple(row) for row in generated}) > 1  # the translations depend on the source
+
+    out = tmp_path / "exported"
+    export_hf(tmp_path / "qkv", out)
+    back, info = MarianMTModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        again = back.eval()(input_ids=ids, attention_mask=mask.long(), decoder_input_ids=target)
+    assert_close(again.logits, expected.logits)
+    if hf_tokenizer is not None:
+        from transformers import MarianTokenizer
+
+        back_tokenizer = MarianTokenizer.from_pretrained(out)
+        assert back_tokenizer(TEXTS).input_ids == hf_tokenizer(TEXTS).input_ids
+        assert back_tokenizer(text_target=TEXTS).input_ids == hf_tokenizer(text_target=TEXTS).input_ids
+
+
+@pytest.mark.parametrize("d_model", [14, 15])
+def test_sinusoidal_halves_is_marian_layout(d_model: int) -> None:
+    """positions="sinusoidal_halves" equals HF's MarianSinusoidalPositionalEmbedding, odd widths included."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    table = MarianSinusoidalPositionalEmbedding(40, d_model).create_weight()
+    assert_close(sinusoidal_encoding(torch.arange(40), d_model, halves=True), table)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+@pytest.fixture
+def tiny_gpt2(tmp_path: Path) -> Path:
+    src = tmp_path / "hf"
+    gpt2_model(11, tied=True, eos=0).save_pretrained(src)
+    return src
+
+
+def test_unknown_architecture_is_refused(tiny_gpt2: Path, tmp_path: Path, capsys) -> None:
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    config["architectures"] = ["T5ForConditionalGeneration"]
+    (tiny_gpt2 / "config.json").write_text(json.dumps(config))
+    rc = main(["import-hf", str(tiny_gpt2), str(tmp_path / "qkv")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "T5ForConditionalGeneration" in err and str(tiny_gpt2 / "config.json") in err
+    assert not (tmp_path / "qkv").exists()
+
+
+def test_missing_tensor_is_refused(tiny_gpt2: Path, tmp_path: Path) -> None:
+    tensors = load_file(tiny_gpt2 / "model.safetensors")
+    del tensors["transformer.h.1.attn.c_attn.weight"]
+    save_file(tensors, tiny_gpt2 / "model.safetensors")
+    with pytest.raises(UserError, match=r"model\.safetensors.*'transformer\.h\.1\.attn\.c_attn\.weight' is missing"):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+
+
+def test_wrong_shape_and_bad_field_are_refused(tiny_gpt2: Path, tmp_path: Path) -> None:
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    (tiny_gpt2 / "config.json").write_text(json.dumps({**config, "n_inner": 23}))
+    with pytest.raises(
+        UserError, match=r"'transformer\.h\.0\.mlp\.c_fc\.bias' has shape \(22,\); config\.json implies \(23,\)"
+    ):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+    (tiny_gpt2 / "config.json").write_text(json.dumps({**config, "scale_attn_by_inverse_layer_idx": True}))
+    with pytest.raises(UserError, match="scale_attn_by_inverse_layer_idx"):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+    (tiny_gpt2 / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=r"neither model\.safetensors nor pytorch_model\.bin"):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+
+
+def test_export_refuses_what_hf_cannot_express(tmp_path: Path) -> None:
+    """A qkv-native decoder-only model (sinusoidal positions, √D scaling) is no GPT-2; the field is named."""
+    config = DecoderOnlyConfig(d_model=15, n_heads=3, d_ff=11, vocab_size=13, n_layers=1, max_len=16)
+    save_model(DecoderOnly(config), tmp_path / "native")
+    with pytest.raises(UserError, match=r"positions='learned'.*positions='sinusoidal'"):
+        export_hf(tmp_path / "native", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("command", ["import-hf", "export-hf"])
+def test_help_has_an_example(command: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "example" in out and f"qkv {command}" in out
