@@ -142,3 +142,30 @@ def test_lm_recipe_user_errors(capsys, tmp_path) -> None:
     assert "directory" in capsys.readouterr().err
     recipe = load_recipe(RECIPE, ["train.lr=3e-4", "model.norm_eps=1e-6"])
     assert recipe["train"]["lr"] == pytest.approx(3e-4) and recipe["model"]["norm_eps"] == pytest.approx(1e-6)
+
+
+def test_dialogue_lm_with_subword_lines_and_a_validation_file(tmp_path, capsys) -> None:
+    """documents=lines: every dialogue ends with END; subword pieces; a separate validation file;
+    the trained model chats, replying up to the turn separator."""
+    turns = ["hello , how are you ?", "fine , thanks . and you ?", "good . see you later .", "bye !"]
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(" __eou__ ".join(turns[i:] + turns[:i]) + " __eou__" for i in range(4)) * 20 + "\n")
+    valid = tmp_path / "valid.txt"
+    valid.write_text(" __eou__ ".join(turns) + " __eou__\n")
+    overrides = [
+        f"data.text={train}",
+        f"data.valid_text={valid}",
+        "data.documents=lines",
+        "data.tokenizer=subword",
+        "data.vocab_size=40",
+        "train.steps=60",
+        "train.lr=0.01",
+        "train.batch_size=8",
+        *(f"model.{k}={v}" for k, v in {**TINY, "max_len": 23}.items()),
+    ]
+    summary = train_lm(load_recipe(RECIPE, overrides), tmp_path / "chat", progress=False)
+    tokenizer = summary["tokenizer"]
+    assert summary["val_tokens"] == len(tokenizer.encode(valid.read_text().strip())) + 1  # + END
+    assert summary["val_loss"] < math.log(tokenizer.vocab_size)
+    with pytest.raises(UserError, match="documents=lines"):
+        load_recipe(RECIPE, ["data.tokenizer=subword"])

@@ -127,7 +127,15 @@ LM_DEFAULTS: dict = {
         "label_smoothing": 0.0,
         "seed": 0,
     },
-    "data": {"text": "tinyshakespeare/input.txt", "val_fraction": 0.1, "eval_batch_size": 64},
+    "data": {
+        "text": "tinyshakespeare/input.txt",
+        "valid_text": None,  # a separate validation file (else the last val_fraction of the text)
+        "val_fraction": 0.1,
+        "documents": "text",  # "text": one stream; "lines": every line a document ending with END
+        "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; needs lines)
+        "vocab_size": 4000,
+        "eval_batch_size": 64,
+    },
 }
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
@@ -257,6 +265,13 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
     _check_values(recipe, where)
+    if task == "lm":
+        if recipe["data"]["tokenizer"] not in ("char", "subword"):
+            raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
+        if recipe["data"]["tokenizer"] == "subword" and recipe["data"]["documents"] != "lines":
+            raise UserError(f"{where}: data.tokenizer=subword needs data.documents=lines (pieces never span lines)")
+        if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
+            raise UserError(f"{where}: data.valid_text must be a file path or null")
     if task != "translation" and recipe["train"]["steps"] is None:
         raise UserError(f"{where}: train.steps must be a positive integer for the {task} task")
     if task == "numbers" and recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
@@ -305,6 +320,7 @@ _RULES = {
     ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "text"): (str, lambda v: bool(v), "a file path"),
+    ("data", "documents"): (str, lambda v: v in ("text", "lines"), "text or lines"),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "max_tokens"): (int, lambda v: v > 0, "a positive integer"),
@@ -558,25 +574,46 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
 
 
 def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
-    """Train a character-level decoder-only language model as ``recipe`` says; save it to ``out``.
+    """Train a decoder-only language model as ``recipe`` says; save it to ``out``.
 
-    The text's first (1 - val_fraction) is for training, the rest for validation, as
-    nanoGPT splits Tiny Shakespeare. Batches are ``batch_size`` random contiguous blocks of
-    ``max_len`` + 1 characters. The validation loss is measured on the whole validation
-    split in non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
+    Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
+    splits Tiny Shakespeare. ``data.documents="lines"`` makes every non-empty line a document
+    that ends with END (a DailyDialog dialogue, say), so the model learns where one ends.
+    Tokens are characters or unigram subwords. Batches are ``batch_size`` random contiguous
+    blocks of ``max_len`` + 1 tokens of the training stream. The validation loss is measured
+    on the whole validation stream in non-overlapping windows of the context length
+    (:func:`~qkv.evaluation.lm_loss`).
     """
     check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     path = resolve(data["text"])
     text = read_text(path)
-    split = int(len(text) * (1 - float(data["val_fraction"])))
-    if split < 2 or len(text) - split < 2:
-        raise UserError(f"{path}: too short to split into training and validation text")
+    if data["valid_text"] is not None:
+        train_text, valid_text = text, read_text(resolve(data["valid_text"]))
+    else:
+        split = int(len(text) * (1 - float(data["val_fraction"])))
+        if split < 2 or len(text) - split < 2:
+            raise UserError(f"{path}: too short to split into training and validation text")
+        train_text, valid_text = text[:split], text[split:]
+    if data["documents"] == "lines":
+        train_docs = [line for line in train_text.splitlines() if line.strip()]
+        valid_docs = [line for line in valid_text.splitlines() if line.strip()]
+    else:
+        train_docs, valid_docs = [train_text], [valid_text]
+    if not train_docs or not valid_docs:
+        raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
-    tokenizer = Tokenizer.train_char_level([text])
-    train_ids = torch.tensor(tokenizer.encode(text[:split]), dtype=torch.long)
-    val_ids = torch.tensor(tokenizer.encode(text[split:]), dtype=torch.long)
+    if data["tokenizer"] == "subword":
+        tokenizer = Tokenizer.train_subword(train_docs, vocab_size=int(data["vocab_size"]))
+    else:
+        tokenizer = Tokenizer.train_char_level(train_docs)
+    end = [tokenizer.eos_id] if data["documents"] == "lines" else []
+
+    def stream(docs: list[str]) -> torch.Tensor:
+        return torch.tensor([i for ids in tokenizer.encode_batch(docs) for i in [*ids, *end]], dtype=torch.long)
+
+    train_ids, val_ids = stream(train_docs), stream(valid_docs)
     fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size}
     model = build_model("decoder_only", fields)
     context, batch_size = model.config.max_len, int(train["batch_size"])
@@ -596,7 +633,12 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
     eval_seconds = time.perf_counter() - start
     _save(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss})
-    return {"val_loss": val_loss, "eval_seconds": eval_seconds, **_summary(result, model, tokenizer)}
+    return {
+        "val_loss": val_loss,
+        "val_tokens": len(val_ids),
+        "eval_seconds": eval_seconds,
+        **_summary(result, model, tokenizer),
+    }
 
 
 def _fit_window(ids: list[list[int]], limit: int, *, long: str) -> tuple[list[list[int] | None], int]:
