@@ -3,8 +3,11 @@
 What is here: :func:`data_root` (``$QKV_DATA``, else ``../shared/data`` beside the project),
 :func:`resolve` (a recipe's data path: as given, or under the data root),
 :func:`read_text` and :func:`read_lines` (UTF-8, bad bytes reported as file:line), :func:`read_parallel` (aligned
-sentence pairs from two files or a TSV, validated line by line) and
-:func:`batches_by_tokens` (length-bucketed batches under a token budget, shuffled per seed).
+sentence pairs from two files or a TSV, validated line by line),
+:func:`batches_by_tokens` (length-bucketed batches under a token budget, shuffled per seed),
+:func:`read_labelled` (a ``text<TAB>label`` TSV) and :func:`read_dailydialog` (DailyDialog's
+dialogues split into utterances, with their dialog-act or emotion labels; a dialogue whose
+label count differs from its utterance count is reported and skipped).
 Corpora are read from there, never copied into the repository.
 
 What is not here: tokenization (``tokenization.py``), batching (``training.py``).
@@ -136,3 +139,81 @@ def batches_by_tokens(lengths: list[int], *, max_tokens: int, seed: int) -> list
         batches.append(current)
     random.Random(seed).shuffle(batches)
     return batches
+
+
+def read_labelled(path: str | Path) -> list[tuple[str, str]]:
+    """(text, label) pairs of a ``text<TAB>label`` TSV (any label strings; outer spaces stripped).
+
+    Refused with a UserError naming file and line: a line without exactly one tab, an empty
+    text or an empty label, invalid UTF-8. A final newline is not a line.
+    """
+    path = resolve(path)
+    examples = []
+    for number, line in enumerate(read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise UserError(f"{path}:{number}: expected text<TAB>label, found {len(fields)} field(s)")
+        text, label = fields[0].strip(), fields[1].strip()
+        if not text:
+            raise UserError(f"{path}:{number}: the text is empty")
+        if not label:
+            raise UserError(f"{path}:{number}: the label is empty")
+        examples.append((text, label))
+    return examples
+
+
+# DailyDialog's label files hold numbers; these are their names, in the order of the numbers.
+DAILYDIALOG_LABELS = {
+    "act": ("inform", "question", "directive", "commissive"),  # 1, 2, 3, 4
+    "emotion": ("no emotion", "anger", "disgust", "fear", "happiness", "sadness", "surprise"),  # 0 .. 6
+}
+_FIRST_LABEL = {"act": 1, "emotion": 0}
+EOU = "__eou__"  # DailyDialog's end-of-utterance marker
+
+
+def read_dailydialog(
+    folder: str | Path, split: str, *, labels: str | None = None
+) -> tuple[list[list[tuple[str, str | None]]], list[str]]:
+    """The dialogues of DailyDialog's ``split`` ("train", "validation"), and the problems found.
+
+    ``folder`` holds ``dialogues_{split}.txt`` (one dialogue per line, utterances ended by
+    `` __eou__ ``) and, when ``labels`` is "act" or "emotion", ``dialogues_{labels}_{split}.txt``
+    (one number per utterance); it is taken as given, else under :func:`data_root`. A dialogue
+    is a list of (utterance, label name or None); empty utterances are left out. A dialogue
+    whose number of labels differs from its number of utterances, or with a label that is not
+    a known number, cannot be aligned: it is skipped and named in the problems, as
+    "file:line: what". Files of different line counts are refused (UserError).
+    """
+    if labels is not None and labels not in DAILYDIALOG_LABELS:
+        raise ValueError(f"labels must be one of {tuple(DAILYDIALOG_LABELS)} or None, got {labels!r}")
+    text_path = resolve(Path(folder) / f"dialogues_{split}.txt")
+    lines = read_lines(text_path)
+    label_path = resolve(Path(folder) / f"dialogues_{labels}_{split}.txt") if labels is not None else None
+    label_lines = read_lines(label_path) if label_path is not None else [None] * len(lines)
+    if len(label_lines) != len(lines):
+        raise UserError(f"{text_path} has {len(lines)} lines but {label_path} has {len(label_lines)}; they must be aligned")
+    names = DAILYDIALOG_LABELS[labels] if labels is not None else ()
+    first = _FIRST_LABEL.get(labels or "", 0)
+    dialogues: list[list[tuple[str, str | None]]] = []
+    problems: list[str] = []
+    for number, (line, label_line) in enumerate(zip(lines, label_lines, strict=True), start=1):
+        utterances = [u.strip() for u in line.split(EOU)]
+        if utterances and not utterances[-1]:
+            utterances.pop()  # the text after the last marker
+        if label_line is None:
+            dialogues.append([(u, None) for u in utterances if u])
+            continue
+        values = label_line.split()
+        if len(values) != len(utterances):
+            problems.append(
+                f"{text_path}:{number}: {len(utterances)} utterances but {len(values)} {labels} labels "
+                f"({label_path}:{number}); dialogue skipped"
+            )
+            continue
+        known = [v.isdigit() and 0 <= int(v) - first < len(names) for v in values]
+        if not all(known):
+            bad = values[known.index(False)]
+            problems.append(f"{label_path}:{number}: {bad!r} is not a {labels} label; dialogue skipped")
+            continue
+        dialogues.append([(u, names[int(v) - first]) for u, v in zip(utterances, values, strict=True) if u])
+    return dialogues, problems

@@ -1,14 +1,18 @@
 """Evaluation metrics: exact match, and BLEU / chrF through sacreBLEU (with its signature).
 
 What is here: :func:`exact_match`, :func:`corpus_scores`, :func:`lm_loss` (a language
-model's cross-entropy on a token stream, in non-overlapping windows). Metrics come from the
-``sacrebleu`` library, never re-implemented; the signature it prints says exactly how a
-score was computed (tokenization, casing, version), so scores compare across papers.
+model's cross-entropy on a token stream, in non-overlapping windows), :func:`masked_lm_scores`
+(a masked-LM's loss and accuracy at the masked positions) and the classification metrics
+:func:`accuracy` and :func:`macro_f1`. BLEU and chrF come from the ``sacrebleu`` library,
+never re-implemented; the signature it prints says exactly how a score was computed
+(tokenization, casing, version), so scores compare across papers.
 
 What is not here: decoding (``generation.py``), reading files (``cli.py``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
 
 import sacrebleu
 import torch
@@ -16,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.models.decoder_only import DecoderOnly
+from qkv.models.encoder_only import EncoderOnly
 
 
 def exact_match(hypotheses: list[str], references: list[str]) -> float:
@@ -104,3 +109,53 @@ def lm_loss(model: DecoderOnly, ids: Tensor, *, context: int, batch_size: int = 
         flat = logits.flatten(0, 1).float()  # (B*T, V)
         total += F.cross_entropy(flat, targets.flatten(), reduction="sum").item()  # targets (B*T,)
     return total / max(n, 1)
+
+
+@torch.no_grad()
+def masked_lm_scores(model: EncoderOnly, batches: Iterable[tuple[Tensor, Tensor, Tensor]]) -> tuple[float, float, int]:
+    """Mean cross-entropy (nats) and accuracy of a masked-LM's predictions, and their number.
+
+    Each batch is (inputs, valid, labels): the corrupted tokens (B, S), True at real
+    (non-padding) tokens (B, S), and the original token at each position to score, a
+    negative value elsewhere (B, S). Only the scored positions count.
+    """
+    model.eval()
+    total, correct, count = 0.0, 0, 0
+    for inputs, valid, labels in batches:
+        scored = labels >= 0  # (B, S)
+        if not scored.any():
+            continue
+        logits = model(inputs, mask=valid, only=scored).float()  # (N, V)
+        targets = labels[scored]  # (N,)
+        total += F.cross_entropy(logits, targets, reduction="sum").item()
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += len(targets)
+    return total / max(count, 1), correct / max(count, 1), count
+
+
+def accuracy(predicted: Sequence[Hashable], gold: Sequence[Hashable]) -> float:
+    """Fraction of predictions equal to the gold label (0.0 for no examples)."""
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predictions but {len(gold)} gold labels")
+    return sum(p == g for p, g in zip(predicted, gold, strict=True)) / len(gold) if gold else 0.0
+
+
+def macro_f1(predicted: Sequence[Hashable], gold: Sequence[Hashable]) -> float:
+    """The unweighted mean over classes of F1 = 2·TP / (2·TP + FP + FN).
+
+    The classes are those that occur in ``gold`` or ``predicted`` (as scikit-learn's
+    ``f1_score(average="macro")`` takes them); a class never predicted correctly scores 0.
+    0.0 for no examples.
+    """
+    if len(predicted) != len(gold):
+        raise ValueError(f"{len(predicted)} predictions but {len(gold)} gold labels")
+    classes = set(gold) | set(predicted)
+    if not classes:
+        return 0.0
+    scores = []
+    for c in classes:
+        tp = sum(p == c and g == c for p, g in zip(predicted, gold, strict=True))
+        fp = sum(p == c and g != c for p, g in zip(predicted, gold, strict=True))
+        fn = sum(p != c and g == c for p, g in zip(predicted, gold, strict=True))
+        scores.append(2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores)

@@ -2,7 +2,8 @@
 
 What is here: :class:`Tokenizer`, which trains a word-level vocabulary (digits split one
 by one) or loads any ``tokenizer.json``, encodes text to ids and decodes ids to text, and
-knows the ids of padding, BEGIN, END and unknown. Its file is stored inside a model
+knows the ids of padding, BEGIN, END and unknown (and, for masked-LM vocabularies, of the
+mask token ``<mask>``, added after the others). Its file is stored inside a model
 directory and its SHA-256 in ``config.json`` (``checkpoint.py``), so a model is never run
 with a tokenizer it was not trained with. A tokenizer whose special tokens are not qkv's
 (one converted from a Hugging Face checkpoint by ``hf.py``: BERT's [PAD], [CLS], [SEP],
@@ -25,6 +26,7 @@ from qkv.errors import UserError
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in every vocabulary qkv trains
 ROLES = ("pad", "bos", "eos", "unk")  # what each of SPECIALS is for
+MASK = "<mask>"  # masked-LM vocabularies only: appended by Tokenizer.add_mask, after every other id
 FILE = "tokenizer.json"
 SPECIALS_FILE = "special_tokens.json"  # beside FILE: {role: token or null}, when not qkv's SPECIALS
 
@@ -147,6 +149,25 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
+
+    @property
+    def mask_id(self) -> int | None:
+        """The id of the masked-LM mask token (qkv's ``<mask>``, else BERT's ``[MASK]``); None without one."""
+        for token in (MASK, "[MASK]"):
+            found = self.backend.token_to_id(token)
+            if found is not None:
+                return found
+        return None
+
+    def add_mask(self) -> Tokenizer:
+        """Give the vocabulary a mask token (``<mask>``, the next free id) unless it has one; returns self.
+
+        Every other id keeps its meaning, so a tokenizer with a mask reads text exactly as
+        before; the mask token is special (matched whole in text, dropped by ``decode``).
+        """
+        if self.mask_id is None:
+            self.backend.add_special_tokens([MASK])
+        return self
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids

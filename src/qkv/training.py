@@ -3,7 +3,8 @@
 What is here: :func:`sequence_loss` (token cross-entropy with label smoothing, padding
 ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3),
 :func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
-END) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
+END), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
+mask/random/kept) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
 state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it with a
 step and/or time budget and a progress bar with loss, learning rate and tokens/s.
 
@@ -76,6 +77,38 @@ def seq2seq_batch(
         tgt_in[i, : len(b) + 1] = torch.tensor([bos_id, *b], dtype=torch.long)
         tgt_out[i, : len(b) + 1] = torch.tensor([*b, eos_id], dtype=torch.long)
     return src, tgt_in, tgt_out
+
+
+IGNORE = -100  # the label of a position no loss is computed at (F.cross_entropy's ignore_index)
+
+
+def mask_tokens(
+    ids: Tensor,
+    *,
+    maskable: Tensor,
+    mask_id: int,
+    random_ids: Tensor,
+    generator: torch.Generator,
+    rate: float = 0.15,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masked-LM corruption (Devlin et al., 2019, section 3.1 and appendix A.1).
+
+    Every position where ``maskable`` is True (a real token, not padding or a special token)
+    is selected independently with probability ``rate``; a selected token becomes
+    ``mask_id`` with probability 0.8, a token drawn uniformly from ``random_ids`` (the
+    ordinary tokens) with probability 0.1, and stays as it is with probability 0.1. The
+    labels hold the original token at the selected positions and ``IGNORE`` everywhere
+    else, so a loss with ``ignore_id=IGNORE`` counts the selected positions only.
+
+    Shapes: ids (B, S), maskable (B, S) bool, random_ids (R,) -> inputs (B, S), labels (B, S).
+    """
+    selected = (torch.rand(ids.shape, generator=generator) < rate) & maskable  # (B, S)
+    labels = torch.where(selected, ids, IGNORE)  # (B, S)
+    action = torch.rand(ids.shape, generator=generator)  # (B, S): < 0.8 mask, < 0.9 random, else keep
+    drawn = random_ids[torch.randint(len(random_ids), ids.shape, generator=generator)]  # (B, S)
+    inputs = torch.where(selected & (action < 0.8), mask_id, ids)  # (B, S)
+    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), drawn, inputs)  # (B, S)
+    return inputs, labels
 
 
 @dataclass

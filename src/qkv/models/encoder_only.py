@@ -128,13 +128,27 @@ class EncoderOnly(nn.Module):
         x = self.dropout(x)
         return self.encoder(x, valid=mask, positions=positions)  # (B, S, D)
 
-    def forward(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
-        """Masked-LM logits at every position. Shapes: (B, S) -> (B, S, V)."""
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        mask: Tensor | None = None,
+        token_types: Tensor | None = None,
+        only: Tensor | None = None,
+    ) -> Tensor:
+        """Masked-LM logits at every position, or with ``only`` (a (B, S) bool tensor, True
+        where a prediction is wanted, e.g. the masked positions) at those positions only,
+        row by row, which spares the vocabulary projection everywhere else.
+
+        Shapes: (B, S) -> (B, S, V); with ``only``: (N, V), N = only.sum().
+        """
         if self.mlm_dense is None or self.mlm_norm is None or self.mlm_output is None:
             raise ValueError("this model has no masked-LM head (mlm_head=False)")
         h = self.encode(tokens, mask=mask, token_types=token_types)  # (B, S, D)
-        h = self.mlm_norm(torch.nn.functional.gelu(self.mlm_dense(h)))  # (B, S, D)
-        return self.mlm_output(h)  # (B, S, V)
+        if only is not None:
+            h = h[only]  # (N, D)
+        h = self.mlm_norm(torch.nn.functional.gelu(self.mlm_dense(h)))  # (B, S, D) or (N, D)
+        return self.mlm_output(h)  # (B, S, V) or (N, V)
 
     def classify(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         """Sequence-classification logits. Shapes: (B, S) -> (B, n_classes)."""
