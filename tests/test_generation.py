@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.generation import _advance, _start, beam_search, filter_logits, greedy, sample
+from qkv.generation import _advance, _start, beam_search, continuation, filter_logits, greedy, most_likely, sample
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -515,3 +515,24 @@ def test_each_prompt_gets_its_own_window_cap() -> None:
     beams = beam_search(model, [short, long], beam_size=2, max_new_tokens=20)
     assert [len(h[0].tokens) for h in beams] == [10, 3]
     assert greedy(model, [], max_new_tokens=3) == [] and beam_search(model, [], beam_size=2, max_new_tokens=3) == []
+
+
+def test_sliding_continuation_goes_past_the_window() -> None:
+    """slide=True: each time the window is full the newest half is re-read from position 0;
+    every token equals greedy decoding of exactly that context."""
+    torch.manual_seed(5)
+    config = DecoderOnlyConfig(vocab_size=13, d_model=15, n_heads=3, d_ff=7, n_layers=1, max_len=11, dropout=0.0)
+    model = DecoderOnly(config).eval()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # longer than the window: its newest 11 are kept
+    out = list(continuation(model, prompt, max_new_tokens=30, choose=most_likely, slide=True))
+    assert len(out) == 30
+    seen, context, produced = list(prompt), prompt[-11:], 0
+    while produced < 30:
+        room = min(11 - len(context) + 1, 30 - produced)
+        expected = greedy(model, [context], max_new_tokens=room)[0]
+        assert out[produced : produced + room] == expected
+        seen += expected
+        produced += room
+        context = seen[-5:]
+    # Without sliding, the output stops at the window.
+    assert len(list(continuation(model, prompt[:4], max_new_tokens=30, choose=most_likely))) == 8

@@ -122,13 +122,18 @@ def test_streamed_prompt_equals_batched_generation(trained_lm, capsys, monkeypat
 
     root, _ = trained_lm
     model = str(root / "model")
-    assert main(["generate", "--model", model, "--prompt", "the m", "--max-new-tokens", "12"]) == 0
+    window = json.loads((root / "model" / "config.json").read_text())["config"]["max_len"]
+    room = window - len("the m") + 1
+    assert main(["generate", "--model", model, "--prompt", "the m", "--max-new-tokens", str(room)]) == 0
     streamed = capsys.readouterr().out
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the m\n"), encoding="utf-8"))
-    assert main(["generate", "--model", model, "--max-new-tokens", "12"]) == 0
+    assert main(["generate", "--model", model, "--max-new-tokens", str(room)]) == 0
     batched = capsys.readouterr().out
     # The batched path writes one output per line: newlines inside an output become \n.
     assert batched == streamed[:-1].replace("\\", "\\\\").replace("\n", "\\n") + "\n"
+    # Past the window, the stream slides on (generation.continuation); the batched path stops there.
+    assert main(["generate", "--model", model, "--prompt", "the m", "--max-new-tokens", str(room + 9)]) == 0
+    assert len(capsys.readouterr().out) == len(streamed) + 9
     assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0
     first = capsys.readouterr().out
     assert main(["generate", "--model", model, "--prompt", "the", "--sample", "--seed", "5", "--top-k", "3"]) == 0

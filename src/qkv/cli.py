@@ -297,27 +297,43 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, tokenizer = _load_for_generation(args.model)
     lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
     window = model.config.max_len
-    lengths = [len(ids) for ids in tokenizer.encode_batch(lines)]
-    for number, length in enumerate(lengths, start=1):
-        if length > window:
-            where = "--prompt" if args.prompt is not None else f"{args.input or '<stdin>'}:{number}"
-            raise UserError(f"{where}: {length} tokens; the model takes at most {window}")
+    encoded = tokenizer.encode_batch(lines)
+    lengths = [len(ids) for ids in encoded]
+    streaming = isinstance(model, DecoderOnly) and args.prompt is not None and args.output is None and args.beam == 1
+    too_long = [number for number, length in enumerate(lengths, start=1) if length > window]
+    if too_long and not streaming:
+        # The window rule: a source keeps its first max_len tokens (what a translation starts
+        # from), a prompt its newest max_len // 2 (what a continuation follows, with room to write).
+        where = "--prompt" if args.prompt is not None else f"{args.input or '<stdin>'}:{too_long[0]}"
+        kept = f"their newest {window // 2}" if isinstance(model, DecoderOnly) else f"their first {window}"
+        print(
+            f"qkv generate: note: {len(too_long)} input(s) longer than the model's window ({window} tokens, "
+            f"first: {where}) keep {kept} tokens",
+            file=sys.stderr,
+        )
     # One generator for the whole run: the same --seed and --batch-size give the same output.
     generator = torch.Generator()
     if args.seed is not None:
         generator.manual_seed(args.seed)
     else:
         generator.seed()
-    longest = max(lengths, default=0)
+
+    def fit(ids: list[int]) -> list[int]:
+        if len(ids) <= window:
+            return ids
+        return ids[-(window // 2) :] if isinstance(model, DecoderOnly) else ids[:window]
+
+    longest = max((len(fit(ids)) for ids in encoded), default=0)
     room = window if not isinstance(model, DecoderOnly) else window - max(1, longest) + 1
-    if args.max_new_tokens > room:
+    if args.max_new_tokens > room and not streaming:
         print(
             f"qkv generate: note: outputs stop at the model's window (max_len={window}): "
             f"at most {room} new tokens{' for the longest input' if len(lines) > 1 else ''}",
             file=sys.stderr,
         )
-    if isinstance(model, DecoderOnly) and args.prompt is not None and args.output is None and args.beam == 1:
-        # One prompt continued by a language model: print each piece of text as it is made.
+    if streaming:
+        # One prompt continued by a language model: print each piece of text as it is made,
+        # sliding the window past max_len (generation.continuation).
         if args.sample:
             choose = sampler(
                 temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=generator
@@ -326,18 +342,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
             choose = most_likely
         ids: list[int] = []
         shown = ""
-        prompt = tokenizer.encode(args.prompt) or [tokenizer.bos_id]
-        for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose):
+        prompt = encoded[0] or [tokenizer.bos_id]
+        if len(prompt) > window:
+            print(f"qkv generate: note: the prompt keeps its newest {window} tokens (the window)", file=sys.stderr)
+        for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose, slide=True):
             ids.append(token)
             text = tokenizer.decode(ids)
+            if text.endswith("\ufffd"):
+                continue  # a character whose bytes span several tokens (byte-level BPE): wait for the rest
             print(text[len(shown) :], end="", flush=True)
             shown = text
-        print(flush=True)
+        print(tokenizer.decode(ids)[len(shown) :], flush=True)
         return 0
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
         todo = [i for i, line in enumerate(chunk) if line.strip()]
-        inputs = tokenizer.encode_batch([chunk[i] for i in todo])
+        inputs = [fit(ids) for ids in tokenizer.encode_batch([chunk[i] for i in todo])]
         # An empty input still gets --nbest lines, so outputs can be matched to inputs by counting.
         results: dict[int, list[str]] = {i: [""] * args.nbest for i in range(len(chunk))}
         if inputs:
@@ -658,8 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read one input per line (stdin, --input FILE or --prompt TEXT) and write one output per "
         "line, in order; an empty line gives an empty line. Greedy by default; --beam N for beam search, "
         "--sample for sampling. A language model given --prompt streams its continuation as it is made. "
-        "An input longer than the model's window is refused with its line number; the output stops at the "
-        "window.",
+        "An input longer than the model's window is cut (a source keeps its first max_len tokens, a prompt "
+        "its newest max_len // 2; a note on stderr names the line); the output stops where the window is full, "
+        "except a streamed --prompt, which slides on past it (see README, 'The window').",
         epilog=EPILOG_GENERATE,
         formatter_class=raw,
     )

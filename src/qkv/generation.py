@@ -212,15 +212,44 @@ def most_likely(logits: Tensor) -> Tensor:
 
 
 def continuation(
-    model: DecodingModel, prompt: list[int], *, max_new_tokens: int, choose: Callable[[Tensor], Tensor]
+    model: DecodingModel,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    choose: Callable[[Tensor], Tensor],
+    slide: bool = False,
 ) -> Iterator[int]:
-    """The new tokens of one input, one at a time, ending before END (or at the cap)."""
+    """The new tokens of one input, one at a time, ending before END (or at the cap).
+
+    Without ``slide`` the output stops where the window is full. With ``slide`` (decoder-only
+    models) it goes on: a prompt longer than the window keeps its newest ``max_len`` tokens,
+    and whenever the window is full the newest ``max_len // 2`` tokens are read again from
+    position 0 and generation continues from them. nanoGPT crops to the window before every
+    token (a full forward pass each time); re-reading half a window once per ``max_len // 2``
+    tokens keeps the KV cache useful in between.
+    """
     eos = _eos(model)
-    for tokens in stream(model, [prompt], max_new_tokens=max_new_tokens, choose=choose):
-        token = int(tokens[0])
-        if token in (eos, DONE):
-            return
-        yield token
+    if not slide or not isinstance(model, DecoderOnly):
+        for tokens in stream(model, [prompt], max_new_tokens=max_new_tokens, choose=choose):
+            token = int(tokens[0])
+            if token in (eos, DONE):
+                return
+            yield token
+        return
+    window = model.config.max_len
+    seen = list(prompt)
+    context = seen[-window:]
+    produced = 0
+    while produced < max_new_tokens:
+        room = window - len(context) + 1  # new tokens before the window is full (check_inputs)
+        for tokens in stream(model, [context], max_new_tokens=min(room, max_new_tokens - produced), choose=choose):
+            token = int(tokens[0])
+            if token in (eos, DONE):
+                return
+            yield token
+            seen.append(token)
+            produced += 1
+        context = seen[-max(1, window // 2) :]
 
 
 def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew) -> list[list[int]]:
