@@ -117,6 +117,17 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path) -> None:
     )
 
 
+def test_resume_after_a_crash_between_the_renames_of_a_save(tmp_path) -> None:
+    """save_model moves the old checkpoint aside, then the new one in; killed in between, the
+    run resumes from the old one."""
+    overrides = [*_overrides(tmp_path, epochs=2), "train.deterministic=true"]
+    run = tmp_path / "run"
+    train_translation(load_recipe(RECIPE, [*overrides, "train.steps=4"]), run, progress=False)
+    os.replace(run / "last", run / ".last.old")
+    resumed = train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
+    assert resumed["epochs"] == 2
+
+
 def test_resume_after_sigkill(tmp_path) -> None:
     """A run killed with SIGKILL after a mid-epoch checkpoint resumes to the uninterrupted weights."""
     overrides = [

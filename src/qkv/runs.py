@@ -42,7 +42,11 @@ TRAINER_STATE = "trainer.json"
 def check_run_output(run: Path, *, resume: bool) -> None:
     """A new run needs a new or empty directory; ``resume`` needs a run with a ``last`` checkpoint."""
     if resume:
-        if not (run / RUN_FILE).is_file() or not (run / "last" / TRAINER_STATE).is_file():
+        last, previous = run / "last", run / ".last.old"
+        if not last.exists() and previous.is_dir():
+            # A crash between save_model's two renames: the previous checkpoint is whole.
+            os.replace(previous, last)
+        if not (run / RUN_FILE).is_file() or not (last / TRAINER_STATE).is_file():
             raise UserError(f"--resume: {run} holds no resumable run (no {RUN_FILE} and last/{TRAINER_STATE})")
         return
     if run.exists() and (not run.is_dir() or any(run.iterdir())):
