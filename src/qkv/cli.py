@@ -1,4 +1,4 @@
-"""The ``qkv`` command line: demo, train, generate, chat, evaluate. The composition root.
+"""The ``qkv`` command line: demo, train, generate, chat, evaluate, embed. The composition root.
 
 Every user mistake (missing file, bad option value, a model of the wrong kind) ends in one
 line on stderr and exit status 2; success exits 0. Progress bars go to stderr, results to
@@ -31,6 +31,8 @@ EPILOG_TRAIN = """examples:
   qkv train recipes/shakespeare_char_cpu.yaml --out runs/shakespeare     # prints val_loss=...
   qkv train recipes/multi30k_de_en.yaml --out runs/de_en                 # a run: last/ best/ averaged/
   qkv train recipes/multi30k_de_en.yaml --out runs/de_en --resume        # continue after a stop or crash
+  qkv train recipes/dailydialog_mlm.yaml --out runs/dailydialog_mlm      # BERT masked-LM pretraining
+  qkv train recipes/dailydialog_acts.yaml --out runs/dailydialog_acts    # fine-tuned from it (train.init)
 """
 EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
@@ -58,6 +60,11 @@ EPILOG_IMPORT_HF = """examples:
 """
 EPILOG_EXPORT_HF = """example:
   qkv export-hf models/gpt2 hf/gpt2     # then transformers: AutoModelForCausalLM.from_pretrained("hf/gpt2")
+"""
+EPILOG_EMBED = """examples:
+  qkv embed --model runs/dailydialog_mlm --input sentences.txt --output vectors.npy --normalize
+  echo "how are you ?" | qkv embed --model runs/dailydialog_mlm --output vectors.jsonl
+  python -c "import numpy; print(numpy.load('vectors.npy').shape)"     # (lines, d_model)
 """
 
 
@@ -205,7 +212,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from qkv.plots import loss_curve
-    from qkv.recipes import load_recipe, train_lm, train_numbers, train_translation
+    from qkv.recipes import load_recipe, train_classifier, train_lm, train_mlm, train_numbers, train_translation
 
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
@@ -224,6 +231,29 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"of the {summary['final']} checkpoint after {summary['epochs']} epochs (stopped by "
             f"{summary['stopped_by']}); over-long training pairs ({recipe['data']['long']}): "
             f"{summary['over_long_pairs']}"
+        )
+    elif recipe["task"] == "mlm":
+        summary = train_mlm(recipe, out, progress=not args.quiet)
+        score = {k: round(summary[k], 4) for k in ("valid_loss", "valid_accuracy")}
+        said = (
+            f"validation masked-LM loss {summary['valid_loss']:.4f} nats, accuracy {summary['valid_accuracy']:.1%} "
+            f"on {summary['valid_masked']} masked tokens; {summary['truncated']} training sentences cut to the window"
+        )
+    elif recipe["task"] == "classify":
+        summary = train_classifier(recipe, out, progress=not args.quiet)
+        for problem in summary["problems"]:
+            print(f"qkv train: note: {problem}", file=sys.stderr)
+        majority = summary["majority"]
+        score = {
+            "accuracy": round(summary["accuracy"], 4),
+            "macro_f1": round(summary["macro_f1"], 4),
+            "majority": {k: round(v, 4) if isinstance(v, float) else v for k, v in majority.items()},
+            "skipped": len(summary["problems"]),
+        }
+        said = (
+            f"validation accuracy {summary['accuracy']:.1%}, macro-F1 {summary['macro_f1']:.3f} on "
+            f"{summary['valid_examples']} examples (majority class {majority['label']!r}: accuracy "
+            f"{majority['accuracy']:.1%}, macro-F1 {majority['macro_f1']:.3f})"
         )
     else:
         summary = train_numbers(recipe, out, progress=not args.quiet)
@@ -563,6 +593,60 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_bytes(path: Path, data: bytes) -> None:
+    """Write a file atomically: a temporary sibling, then os.replace."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    import io
+
+    import numpy as np
+
+    from qkv.checkpoint import load_model
+    from qkv.recipes import sentence_embeddings
+    from qkv.tokenization import FILE
+
+    suffix = Path(args.output).suffix
+    if suffix not in (".npy", ".jsonl"):
+        raise UserError(f"--output {args.output}: the name must end in .npy (NumPy float32) or .jsonl (JSON lines)")
+    out = _Output(args.output)  # checks the directory before any work
+    model, meta = load_model(args.model, kind="encoder_only")
+    if FILE not in meta["files"]:
+        raise UserError(f"{args.model} has no {FILE}; embed needs a model saved with its tokenizer")
+    tokenizer = _matching_tokenizer(args.model, model)
+    lines = _read_lines(args.input)
+    vectors, cut = sentence_embeddings(model, tokenizer, lines, batch_size=args.batch_size, normalize=args.normalize)
+    if cut:
+        print(
+            f"qkv embed: note: {cut} line(s) cut to the model's window of {model.config.max_len} tokens",
+            file=sys.stderr,
+        )
+    array = vectors.numpy().astype(np.float32)  # (N, D)
+    if suffix == ".jsonl":
+        for row in array.tolist():
+            out.write(json.dumps({"embedding": row}))
+        out.close()
+    else:
+        buffer = io.BytesIO()
+        np.save(buffer, array)
+        _write_bytes(Path(args.output), buffer.getvalue())
+    blank = sum(not line.strip() for line in lines)
+    print(
+        f"qkv embed: {len(lines)} lines -> {args.output} ({array.shape[0]} x {array.shape[1]} float32"
+        f"{f'; {blank} empty line(s) as zero rows' if blank else ''})",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def cmd_export_hf(args: argparse.Namespace) -> int:
     from qkv.hf import export_hf
 
@@ -776,6 +860,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst", help="output directory (must not exist, or be empty)")
     p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
     p.set_defaults(run=cmd_export_hf)
+
+    p = sub.add_parser(
+        "embed",
+        help="sentence vectors from an encoder-only model (mean of its last hidden states)",
+        description="Read one sentence per line (stdin or --input) and write one vector per line, in order: "
+        "the mean over the sentence's positions ([BEGIN] sentence [END], padding excluded) of the encoder's "
+        "last hidden states. --output NAME.npy writes a float32 NumPy array (lines x d_model); NAME.jsonl "
+        'writes one {"embedding": [...]} object per line. An empty line gives a zero row (so rows match '
+        "lines); a line longer than the model's window is cut to it. The file appears atomically.",
+        epilog=EPILOG_EMBED,
+        formatter_class=raw,
+    )
+    p.add_argument("--model", required=True, help="encoder_only model directory (with its tokenizer)")
+    p.add_argument("--input", default=None, help="input file, one sentence per line (default: stdin)")
+    p.add_argument("--output", required=True, help="output file: .npy (NumPy float32) or .jsonl (JSON lines)")
+    p.add_argument("--normalize", action="store_true", help="scale every row to unit L2 norm (zero rows stay zero)")
+    p.add_argument("--batch-size", type=_positive_int, default=64, help="sentences encoded together (default: 64)")
+    p.set_defaults(run=cmd_embed)
     return parser
 
 

@@ -191,7 +191,9 @@ def read_dailydialog(
     label_path = resolve(Path(folder) / f"dialogues_{labels}_{split}.txt") if labels is not None else None
     label_lines = read_lines(label_path) if label_path is not None else [None] * len(lines)
     if len(label_lines) != len(lines):
-        raise UserError(f"{text_path} has {len(lines)} lines but {label_path} has {len(label_lines)}; they must be aligned")
+        raise UserError(
+            f"{text_path} has {len(lines)} lines but {label_path} has {len(label_lines)}; they must be aligned"
+        )
     names = DAILYDIALOG_LABELS[labels] if labels is not None else ()
     first = _FIRST_LABEL.get(labels or "", 0)
     dialogues: list[list[tuple[str, str | None]]] = []

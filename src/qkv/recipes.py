@@ -5,8 +5,11 @@ the known sections and keys, errors naming the file and key), :func:`train_numbe
 built-in numbers task end to end: data, tokenizer, model, training, held-out exact match,
 model directory), :func:`train_lm` (character-level language modelling on a text file,
 scored by validation loss), :func:`train_translation` (parallel text, subword vocabulary,
-token-budget batches, validation BLEU) and :func:`cross_attention` (last-layer cross-attention of one example,
-for pictures).
+token-budget batches, validation BLEU), :func:`cross_attention` (last-layer cross-attention of one example,
+for pictures), and for encoder-only models :func:`train_mlm` (masked-LM pretraining on sentences),
+:func:`train_classifier` (sequence classification, from scratch or from a pretrained model;
+accuracy and macro-F1 beside the majority class), :func:`predict_labels` and
+:func:`sentence_embeddings` (mean of the last hidden states, for ``qkv embed``).
 
 What is not here: argument parsing and printing (``cli.py``).
 """
@@ -14,11 +17,13 @@ What is not here: argument parsing and printing (``cli.py``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -40,12 +45,30 @@ from qkv.checkpoint import (
     save_model,
     sha256_file,
 )
-from qkv.data import batches_by_tokens, read_parallel, read_text, resolve
+from qkv.data import (
+    DAILYDIALOG_LABELS,
+    batches_by_tokens,
+    read_dailydialog,
+    read_labelled,
+    read_lines,
+    read_parallel,
+    read_text,
+    resolve,
+)
 from qkv.errors import UserError
-from qkv.evaluation import BLEU_TOKENIZERS, corpus_scores, exact_match, lm_loss
+from qkv.evaluation import (
+    BLEU_TOKENIZERS,
+    accuracy,
+    corpus_scores,
+    exact_match,
+    lm_loss,
+    macro_f1,
+    masked_lm_scores,
+)
 from qkv.generation import beam_search
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.models.encoder_only import EncoderOnly
 from qkv.runs import (
     Scalars,
     average_checkpoints,
@@ -58,9 +81,18 @@ from qkv.runs import (
 from qkv.tasks import numbers_pairs
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import SCHEDULES, FitResult, Trainer, fit, seq2seq_batch, sequence_loss
+from qkv.training import (
+    IGNORE,
+    SCHEDULES,
+    FitResult,
+    Trainer,
+    fit,
+    mask_tokens,
+    seq2seq_batch,
+    sequence_loss,
+)
 
-TASKS = ("numbers", "lm", "translation")
+TASKS = ("numbers", "lm", "translation", "mlm", "classify")
 
 # Every key a recipe may set, with its default, per task. The model section takes the
 # fields of the task's model config dataclass (checked before any data is read).
@@ -196,11 +228,106 @@ TRANSLATION_DEFAULTS: dict = {
     },
 }
 
-DEFAULTS = {"numbers": NUMBERS_DEFAULTS, "lm": LM_DEFAULTS, "translation": TRANSLATION_DEFAULTS}
+# Encoder-only models (BERT) on sentences: masked-LM pretraining (mlm) and sequence
+# classification (classify), on DailyDialog by default (its utterances; its dialog acts).
+# Sized to train in about 10-20 minutes each on 2 CPU cores. A classifier fine-tuned from a
+# pretrained model (train.init) must name the same architecture; the fields of
+# ENCODER_HEAD_FIELDS may differ.
+ENCODER_MODEL: dict = {
+    "d_model": 256,
+    "n_heads": 4,
+    "d_ff": 1024,
+    "n_layers": 4,
+    "max_len": 64,
+    "dropout": 0.1,
+    "positions": "learned",
+    "activation": "gelu",
+    "norm_first": True,
+}
+ENCODER_HEAD_FIELDS = ("dropout", "attention_dropout", "pooling", "pooler", "n_classes", "mlm_head")
+MLM_DEFAULTS: dict = {
+    "task": "mlm",
+    "model": dict(ENCODER_MODEL),
+    "train": {
+        "steps": 4000,
+        "seconds": None,
+        "batch_size": 64,  # sentences per step
+        "lr": 1e-3,
+        "warmup": 400,
+        "schedule": "cosine",
+        "min_lr": 1e-5,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {
+        "dailydialog": "text",  # "text": DailyDialog's utterances (train / validation splits); null: sentences
+        "dailydialog_dir": "dailydialog",  # the DailyDialog folder (as given, or under $QKV_DATA)
+        "sentences": None,  # a text file, one sentence per line (with dailydialog: null)
+        "valid_sentences": None,  # its validation file (null: the last val_fraction of the sentences)
+        "val_fraction": 0.05,
+        "train_examples": None,  # use only the first N training sentences
+        "valid_examples": None,  # validate on the first N validation sentences
+        "tokenizer": None,  # an existing tokenizer.json (else a unigram vocabulary is trained); a mask is added
+        "vocab_size": 8000,
+        "mask_rate": 0.15,  # the share of tokens selected for prediction (80% masked, 10% random, 10% kept)
+        "eval_batch_size": 64,
+    },
+}
+CLASSIFY_DEFAULTS: dict = {
+    "task": "classify",
+    "model": {**ENCODER_MODEL, "pooling": "mean"},
+    "train": {
+        "steps": 2000,
+        "seconds": None,
+        "batch_size": 32,  # examples per step
+        "lr": 3e-4,
+        "warmup": 200,
+        "schedule": "cosine",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+        "init": None,  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
+    },
+    "data": {
+        "dailydialog": "act",  # "act" or "emotion": DailyDialog's per-utterance labels; null: train_tsv
+        "dailydialog_dir": "dailydialog",
+        "context": False,  # DailyDialog: read the previous utterance too ([BEGIN] previous [END] utterance [END])
+        "train_tsv": None,  # text<TAB>label lines (with dailydialog: null)
+        "valid_tsv": None,  # its validation file (null: the last val_fraction of the training lines)
+        "val_fraction": 0.1,
+        "train_examples": None,
+        "valid_examples": None,
+        "tokenizer": None,
+        "vocab_size": 8000,
+        "eval_batch_size": 64,
+    },
+}
+
+DEFAULTS = {
+    "numbers": NUMBERS_DEFAULTS,
+    "lm": LM_DEFAULTS,
+    "translation": TRANSLATION_DEFAULTS,
+    "mlm": MLM_DEFAULTS,
+    "classify": CLASSIFY_DEFAULTS,
+}
 # The longest numbers target is 10 words ("seven hundred seventy seven thousand ..."):
 # BEGIN + 10 words are 11 decoder positions; the longest source is 7 tokens.
 NUMBERS_MIN_LEN = 11
-MODEL_KINDS = {"numbers": "encoder_decoder", "lm": "decoder_only", "translation": "encoder_decoder"}
+MODEL_KINDS = {
+    "numbers": "encoder_decoder",
+    "lm": "decoder_only",
+    "translation": "encoder_decoder",
+    "mlm": "encoder_only",
+    "classify": "encoder_only",
+}
 
 
 def _set(recipe: dict, key: str, value, *, where: str) -> None:
@@ -276,8 +403,13 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         raise UserError(f"{where}: train.steps must be a positive integer for the {task} task")
     if task == "numbers" and recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
         raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
+    if task in ("mlm", "classify"):
+        _check_encoder_data(recipe, where)
     # Check the model fields now, before any data is read (the vocabulary comes later).
-    vocab = {"vocab_size": 64} if task == "lm" else {"src_vocab_size": 64, "tgt_vocab_size": 64}
+    if MODEL_KINDS[task] == "encoder_decoder":
+        vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64}
+    else:
+        vocab = {"vocab_size": 64}
     make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
     return recipe
 
@@ -330,6 +462,20 @@ _RULES = {
     ("data", "long"): (str, lambda v: v in ("drop", "truncate"), "drop or truncate"),
     ("data", "bleu_tokenize"): (str, lambda v: v in BLEU_TOKENIZERS, f"one of {', '.join(BLEU_TOKENIZERS)}"),
     ("data", "lowercase"): (bool, lambda v: True, "true or false"),
+    ("data", "dailydialog"): (
+        (str, type(None)),
+        lambda v: v is None or v in ("text", "act", "emotion"),
+        "text (utterances, for mlm), act or emotion (labels, for classify), or null",
+    ),
+    ("data", "dailydialog_dir"): (str, lambda v: bool(v), "a DailyDialog folder"),
+    ("data", "sentences"): ((str, type(None)), lambda v: v is None or bool(v), "a text file or null"),
+    ("data", "valid_sentences"): ((str, type(None)), lambda v: v is None or bool(v), "a text file or null"),
+    ("data", "train_tsv"): ((str, type(None)), lambda v: v is None or bool(v), "a text<TAB>label file or null"),
+    ("data", "valid_tsv"): ((str, type(None)), lambda v: v is None or bool(v), "a text<TAB>label file or null"),
+    ("data", "train_examples"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "valid_examples"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "mask_rate"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("data", "context"): (bool, lambda v: True, "true or false"),
 }
 
 
@@ -684,7 +830,7 @@ def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
     }
 
 
-def _tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, str]]) -> tuple[Tokenizer, str]:
+def _tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:
     """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one.
 
     A tokenizer file given together with a checkpoint must be the checkpoint's own (same
@@ -984,12 +1130,395 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     }
 
 
-def check_fine_tuning(model: EncoderDecoder, recipe: dict, init: Path) -> None:
-    """A model to fine-tune must have the architecture the recipe names (dropout may differ)."""
+def check_fine_tuning(
+    model: nn.Module, recipe: dict, init: Path, *, may_differ: tuple[str, ...] = ("dropout",)
+) -> None:
+    """A model to fine-tune must have the architecture the recipe names (``may_differ`` fields aside)."""
     differ = [
-        key for key, value in recipe["model"].items() if key != "dropout" and getattr(model.config, key, value) != value
+        key
+        for key, value in recipe["model"].items()
+        if key not in may_differ and getattr(model.config, key, value) != value
     ]
     if differ:
         has = ", ".join(f"{k}={getattr(model.config, k)}" for k in differ)
         wants = ", ".join(f"{k}={recipe['model'][k]}" for k in differ)
         raise UserError(f"train.init: {init} has model {has}; the recipe says {wants}")
+
+
+# ------------------------------------------------------------------ encoder-only (BERT)
+
+
+def _check_encoder_data(recipe: dict, where: str) -> None:
+    """The data sources of an mlm or classify recipe: DailyDialog or a file, exactly one."""
+    data, task = recipe["data"], recipe["task"]
+    own_file, own_valid = ("sentences", "valid_sentences") if task == "mlm" else ("train_tsv", "valid_tsv")
+    kinds = ("text",) if task == "mlm" else ("act", "emotion")
+    if data["dailydialog"] is not None:
+        if data["dailydialog"] not in kinds:
+            wanted = "text (its utterances)" if task == "mlm" else "act or emotion (its labels)"
+            raise UserError(f"{where}: data.dailydialog must be {wanted} or null for the {task} task")
+        for key in (own_file, own_valid):
+            if data[key] is not None:
+                raise UserError(f"{where}: data.{key} and data.dailydialog exclude each other; set one to null")
+    elif data[own_file] is None:
+        raise UserError(f"{where}: set data.{own_file} (a file) or data.dailydialog for the {task} task")
+    if task == "classify" and data["context"] and data["dailydialog"] is None:
+        raise UserError(f"{where}: data.context needs data.dailydialog (a TSV line has no previous utterance)")
+
+
+def _frame(
+    tokenizer: Tokenizer, texts: list[str], *, max_len: int, contexts: list[str | None] | None = None
+) -> tuple[list[list[int]], int]:
+    """Token ids as the encoder reads them, and how many texts were cut to fit ``max_len``.
+
+    [BEGIN] text [END] (BERT's [CLS] text [SEP]), or with a context [BEGIN] context [END]
+    text [END]: the text is cut at its end to fit, then the context at its start to fill the
+    room that is left (no room: no context).
+    """
+    begin = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    room = max_len - len(begin) - len(end)
+    if room < 1:
+        raise UserError(f"model.max_len={max_len} leaves no room for text between BEGIN and END")
+    text_ids = tokenizer.encode_batch(texts)
+    context_ids = tokenizer.encode_batch([c or "" for c in contexts]) if contexts is not None else None
+    rows, cut = [], 0
+    for i, ids in enumerate(text_ids):
+        if len(ids) > room:
+            ids, cut = ids[:room], cut + 1
+        row = begin + ids + end
+        keep = max_len - len(row) - len(end)  # context tokens that fit
+        if context_ids is not None and context_ids[i] and keep > 0:
+            row = begin + context_ids[i][-keep:] + end + ids + end
+        rows.append(row)
+    return rows, cut
+
+
+def _padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids right-padded into (B, S) ids, and (B, S) True at the real tokens."""
+    lengths = torch.tensor([len(row) for row in rows])  # (B,)
+    x = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)  # (B, S)
+    for i, row in enumerate(rows):
+        x[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return x, torch.arange(x.shape[1])[None, :] < lengths[:, None]  # (B, S), (B, S)
+
+
+def _special_ids(tokenizer: Tokenizer) -> list[int]:
+    ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id, tokenizer.mask_id)
+    return sorted({i for i in ids if i is not None})
+
+
+def _masked(
+    rows: list[list[int]], tokenizer: Tokenizer, *, random_ids: torch.Tensor, rate: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A masked-LM batch: corrupted ids (B, S), real-token mask (B, S), labels (B, S) (``IGNORE``
+    where nothing is predicted); special tokens and padding are never selected."""
+    x, valid = _padded(rows, tokenizer.pad_id)  # (B, S), (B, S)
+    maskable = valid & ~torch.isin(x, torch.tensor(_special_ids(tokenizer)))  # (B, S)
+    inputs, labels = mask_tokens(
+        x, maskable=maskable, mask_id=tokenizer.mask_id, random_ids=random_ids, generator=generator, rate=rate
+    )
+    return inputs, valid, labels
+
+
+def _mlm_sentences(data: dict) -> tuple[list[str], list[str], str]:
+    """Training and validation sentences of an mlm recipe, and where they come from."""
+    if data["dailydialog"] is not None:
+        folder = data["dailydialog_dir"]
+        train = [u for dialogue in read_dailydialog(folder, "train")[0] for u, _ in dialogue]
+        valid = [u for dialogue in read_dailydialog(folder, "validation")[0] for u, _ in dialogue]
+        source = f"DailyDialog utterances ({folder})"
+    else:
+        path = resolve(data["sentences"])
+        train = [line for line in read_lines(path) if line.strip()]
+        source = str(path)
+        if data["valid_sentences"] is not None:
+            valid = [line for line in read_lines(resolve(data["valid_sentences"])) if line.strip()]
+        else:
+            split = int(len(train) * (1 - float(data["val_fraction"])))
+            train, valid = train[:split], train[split:]
+    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    if not train or not valid:
+        raise UserError(f"{source}: too few sentences for training and validation ({len(train)} and {len(valid)})")
+    return train, valid, source
+
+
+def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Pretrain an encoder-only model by masked-LM (Devlin et al., 2019) as ``recipe`` says; save it to ``out``.
+
+    Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
+    sentence [END] and cut to the model's window; a unigram vocabulary (or the given
+    tokenizer) gets a mask token. Every step takes ``batch_size`` random sentences and selects
+    ``mask_rate`` of their ordinary tokens (:func:`~qkv.training.mask_tokens`: 80% masked,
+    10% random, 10% kept); the loss is the cross-entropy at the selected positions only. At
+    the end: the loss and accuracy at the selected positions of the validation sentences
+    (masked with a fixed seed, so the number is comparable between runs).
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    sentences, valid, source = _mlm_sentences(data)
+    tokenizer, vocabulary = _tokenizer_for(data, checkpoint=None, pairs=[(s,) for s in sentences])
+    tokenizer.add_mask()
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    model = build_model("encoder_only", fields)
+    window = model.config.max_len
+    examples, truncated = _frame(tokenizer, sentences, max_len=window)
+    valid_examples, _ = _frame(tokenizer, valid, max_len=window)
+    specials = set(_special_ids(tokenizer))
+    random_ids = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in specials])
+    rate, batch_size = float(data["mask_rate"]), int(train["batch_size"])
+    # The validation sentences are masked once, now, with their own seed (the same for every run).
+    valid_generator = torch.Generator().manual_seed(seed + 1)
+    size = int(data["eval_batch_size"])
+    valid_batches = [
+        _masked(valid_examples[i : i + size], tokenizer, random_ids=random_ids, rate=rate, generator=valid_generator)
+        for i in range(0, len(valid_examples), size)
+    ]
+    if not any((labels != IGNORE).any() for _, _, labels in valid_batches):
+        raise UserError(
+            f"no token of the {len(valid_examples)} validation sentence(s) was selected for masking; give more"
+        )
+    generator = torch.Generator().manual_seed(seed)
+
+    def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        for _ in range(100):  # redrawn in the rare case that no token of the batch was selected
+            rows = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
+            inputs, valid_tokens, labels = _masked(
+                [examples[i] for i in rows], tokenizer, random_ids=random_ids, rate=rate, generator=generator
+            )
+            selected = labels != IGNORE  # (B, S)
+            if selected.any():
+                break
+        else:
+            raise UserError(f"{source}: no token to mask (the sentences hold only special or unknown tokens)")
+        logits = m(inputs, mask=valid_tokens, only=selected)  # (N, V)
+        targets = labels[selected]  # (N,)
+        loss = sequence_loss(  # (1, N, V) against (1, N)
+            logits[None], targets[None], ignore_id=None, label_smoothing=train["label_smoothing"]
+        )
+        return loss, len(targets)
+
+    result = _fit(model, step_loss, train, progress=progress, desc="qkv mlm")
+    start = time.perf_counter()
+    valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
+    scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
+    eval_seconds = time.perf_counter() - start
+    _save(model, tokenizer, out, extra={"task": "mlm", "recipe": recipe, **scores})
+    return {
+        **scores,
+        "eval_seconds": eval_seconds,
+        "train_sentences": len(examples),
+        "valid_sentences": len(valid_examples),
+        "truncated": truncated,
+        "source": source,
+        "vocabulary": vocabulary,
+        **_summary(result, model, tokenizer),
+    }
+
+
+Labelled = tuple[str | None, str, str]  # (context or None, text, label)
+
+
+def _classify_examples(data: dict) -> tuple[list[Labelled], list[Labelled], list[str], list[str], str]:
+    """Training and validation examples of a classify recipe, the label names (class ids in
+    order), the problems found in the data (DailyDialog lines skipped) and the source."""
+    problems: list[str] = []
+    if data["dailydialog"] is not None:
+        folder, kind = data["dailydialog_dir"], data["dailydialog"]
+        splits = []
+        for split in ("train", "validation"):
+            dialogues, found = read_dailydialog(folder, split, labels=kind)
+            problems += found
+            examples: list[Labelled] = []
+            for dialogue in dialogues:
+                previous = None
+                for text, label in dialogue:
+                    examples.append((previous if data["context"] else None, text, str(label)))
+                    previous = text
+            splits.append(examples)
+        train, valid = splits
+        names = list(DAILYDIALOG_LABELS[kind])
+        source = f"DailyDialog {kind} labels ({folder})"
+    else:
+        path = resolve(data["train_tsv"])
+        train = [(None, text, label) for text, label in read_labelled(path)]
+        source = str(path)
+        if data["valid_tsv"] is not None:
+            valid_path = resolve(data["valid_tsv"])
+            valid = [(None, text, label) for text, label in read_labelled(valid_path)]
+            names = sorted({label for _, _, label in train})
+            for number, (_, _, label) in enumerate(valid, start=1):
+                if label not in names:
+                    raise UserError(f"{valid_path}:{number}: label {label!r} does not occur in {path}")
+        else:
+            split = int(len(train) * (1 - float(data["val_fraction"])))
+            names = sorted({label for _, _, label in train})
+            train, valid = train[:split], train[split:]
+    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    if not train or not valid:
+        raise UserError(f"{source}: too few examples for training and validation ({len(train)} and {len(valid)})")
+    if len(names) < 2:
+        raise UserError(f"{source}: the training examples have {len(names)} label(s); classification needs two")
+    return train, valid, names, problems, source
+
+
+def _load_encoder(model: EncoderOnly, pretrained: EncoderOnly, init: Path) -> None:
+    """Copy a pretrained encoder's weights into ``model``, all but its masked-LM and
+    classification heads (the new classifier starts fresh; a pretrained pooler is kept)."""
+    state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(("mlm_", "classifier."))}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(("classifier.", "pooler."))]
+    if missing or unexpected:
+        raise UserError(f"train.init: {init} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+@torch.no_grad()
+def _predict(model: EncoderOnly, rows: list[list[int]], *, batch_size: int) -> list[int]:
+    """The most likely class of every row of ids, in order (batched by similar length)."""
+    model.eval()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    predicted = [0] * len(rows)
+    for k in range(0, len(order), batch_size):
+        chunk = order[k : k + batch_size]
+        x, valid = _padded([rows[i] for i in chunk], model.config.pad_id)  # (B, S), (B, S)
+        for i, c in zip(chunk, model.classify(x, mask=valid).argmax(-1).tolist(), strict=True):
+            predicted[i] = c
+    return predicted
+
+
+def predict_labels(
+    model: EncoderOnly,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    labels: list[str],
+    contexts: list[str | None] | None = None,
+    batch_size: int = 64,
+) -> list[str]:
+    """The predicted label name of every text (``labels``: the names of the class ids, as a
+    classify model directory stores them in config.json under "labels")."""
+    if model.config.n_classes != len(labels):
+        raise UserError(f"the model has {model.config.n_classes} classes but {len(labels)} label names")
+    rows, _ = _frame(tokenizer, texts, max_len=model.config.max_len, contexts=contexts)
+    return [labels[c] for c in _predict(model, rows, batch_size=batch_size)]
+
+
+def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train an encoder-only sequence classifier as ``recipe`` says; save it to ``out``.
+
+    Examples are (text, label): DailyDialog utterances with their dialog act or emotion
+    (optionally read together with the previous utterance, ``data.context``), or the lines of
+    a ``text<TAB>label`` file. From scratch (a vocabulary trained on the training texts, or
+    ``data.tokenizer``), or from a pretrained model (``train.init``: its encoder weights and
+    its tokenizer; a different ``data.tokenizer`` is refused; the recipe must name its
+    architecture, but for ``ENCODER_HEAD_FIELDS``). Every step takes ``batch_size`` random
+    examples (the reported tokens are examples). At the end: accuracy and macro-F1 on the
+    validation split, beside the majority class of the training labels. The label names are
+    saved in config.json ("labels"), in class-id order.
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    examples, valid, names, problems, source = _classify_examples(data)
+    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    start_from = model_dir(init) if init is not None else None
+    texts = [(text,) for _, text, _ in examples]
+    tokenizer, vocabulary = _tokenizer_for(data, checkpoint=start_from, pairs=texts)
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    pretrained = None
+    if start_from is not None:
+        pretrained, _ = load_model(start_from, kind="encoder_only")
+        check_fine_tuning(pretrained, recipe, start_from, may_differ=ENCODER_HEAD_FIELDS)
+        head = {k: v for k, v in recipe["model"].items() if k in ENCODER_HEAD_FIELDS}
+        fields = {**dataclasses.asdict(pretrained.config), **head}
+    model = build_model("encoder_only", {**fields, "n_classes": len(names), "mlm_head": False})
+    if pretrained is not None:
+        _load_encoder(model, pretrained, start_from)
+    window = model.config.max_len
+    contexts = [context for context, _, _ in examples] if data["context"] else None
+    rows, truncated = _frame(tokenizer, [text for _, text, _ in examples], max_len=window, contexts=contexts)
+    index = {name: i for i, name in enumerate(names)}
+    targets = torch.tensor([index[label] for _, _, label in examples])  # (N,)
+    batch_size = int(train["batch_size"])
+    generator = torch.Generator().manual_seed(seed)
+
+    def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        pick = torch.randint(len(rows), (batch_size,), generator=generator)  # (B,)
+        x, valid_tokens = _padded([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
+        logits = m.classify(x, mask=valid_tokens)  # (B, C)
+        loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
+            logits[:, None], targets[pick][:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
+        )
+        return loss, batch_size
+
+    result = _fit(model, step_loss, train, progress=progress, desc="qkv classify")
+    start = time.perf_counter()
+    predicted = predict_labels(
+        model,
+        tokenizer,
+        [text for _, text, _ in valid],
+        labels=names,
+        contexts=[context for context, _, _ in valid] if data["context"] else None,
+        batch_size=int(data["eval_batch_size"]),
+    )
+    gold = [label for _, _, label in valid]
+    majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
+    scores = {
+        "accuracy": accuracy(predicted, gold),
+        "macro_f1": macro_f1(predicted, gold),
+        "majority": {
+            "label": majority,
+            "accuracy": accuracy([majority] * len(gold), gold),
+            "macro_f1": macro_f1([majority] * len(gold), gold),
+        },
+    }
+    eval_seconds = time.perf_counter() - start
+    initialized_from = str(start_from) if start_from is not None else None
+    extra = {"task": "classify", "labels": names, "recipe": recipe, "init": initialized_from, **scores}
+    _save(model, tokenizer, out, extra=extra)
+    return {
+        **scores,
+        "labels": names,
+        "train_examples": len(examples),
+        "valid_examples": len(valid),
+        "problems": problems,
+        "truncated": truncated,
+        "source": source,
+        "init": initialized_from,
+        "vocabulary": vocabulary,
+        "eval_seconds": eval_seconds,
+        "predictions": predicted,
+        **_summary(result, model, tokenizer),
+    }
+
+
+@torch.no_grad()
+def sentence_embeddings(
+    model: EncoderOnly, tokenizer: Tokenizer, texts: list[str], *, batch_size: int = 64, normalize: bool = False
+) -> tuple[torch.Tensor, int]:
+    """One vector per text: the mean of the last hidden states over its real positions
+    ([BEGIN] text [END], padding excluded); and how many texts were cut to the window.
+
+    An empty (or blank) text gives a zero row, so rows match texts one to one;
+    ``normalize`` scales every other row to unit L2 norm. Batches group texts of similar
+    length; padding does not change a row (keys at padding get no attention weight).
+
+    Shapes: returns (N, D) float32.
+    """
+    model.eval()
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    rows, cut = _frame(tokenizer, [texts[i] for i in todo], max_len=model.config.max_len)
+    vectors = torch.zeros(len(texts), model.config.d_model)  # (N, D)
+    order = sorted(range(len(todo)), key=lambda k: len(rows[k]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        x, valid = _padded([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
+        h = model.encode(x, mask=valid)  # (B, S, D)
+        weights = valid[..., None].to(h.dtype)  # (B, S, 1)
+        vectors[[todo[k] for k in chunk]] = ((h * weights).sum(1) / weights.sum(1)).float()  # (B, D)
+    if normalize:
+        vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
+    return vectors, cut
