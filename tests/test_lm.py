@@ -174,3 +174,27 @@ def test_dialogue_lm_with_subword_lines_and_a_validation_file(tmp_path, capsys) 
     assert summary["val_loss"] < math.log(tokenizer.vocab_size)
     with pytest.raises(UserError, match="documents=lines"):
         load_recipe(RECIPE, ["data.tokenizer=subword"])
+
+
+def test_dailydialog_documents_report_misaligned_labels(tmp_path, capsys) -> None:
+    """documents=dailydialog: dialogues of both splits, each ending with END; a dialogue whose
+    act labels do not line up is reported (file:line) and its text still used."""
+    folder = tmp_path / "dd"
+    folder.mkdir()
+    dialogue = "hello , how are you ? __eou__ fine , thanks . __eou__ bye ! __eou__"
+    for split, n in (("train", 30), ("validation", 2)):
+        (folder / f"dialogues_{split}.txt").write_text(f"{dialogue}\n" * n)
+        acts = ["2 1 4"] * n
+        if split == "train":
+            acts[6] = "2 1"  # one label short, as DailyDialog's line 7852
+        (folder / f"dialogues_act_{split}.txt").write_text("\n".join(acts) + "\n")
+    argv = ["train", RECIPE, "--out", str(tmp_path / "m"), "--quiet", "--json"]
+    settings = [f"data.text={folder}", "data.documents=dailydialog", "data.tokenizer=subword", "data.vocab_size=30"]
+    settings += ["train.steps=3", *(f"model.{k}={v}" for k, v in TINY.items())]
+    for item in settings:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "dialogues_train.txt:7: 3 utterances but 2 act labels" in captured.err
+    assert "its text is still used" in captured.err
+    assert json.loads(captured.out.splitlines()[-1])["val_loss"] > 0

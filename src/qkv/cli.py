@@ -220,6 +220,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(f"--resume: the {recipe['task']} task trains in one go; only translation runs resume")
     if recipe["task"] == "lm":
         summary = train_lm(recipe, out, progress=not args.quiet)
+        for problem in summary["problems"]:
+            print(f"qkv train: note: {problem}", file=sys.stderr)
         score = {"val_loss": round(summary["val_loss"], 4)}
         said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
     elif recipe["task"] == "translation":

@@ -47,6 +47,7 @@ from qkv.checkpoint import (
 )
 from qkv.data import (
     DAILYDIALOG_LABELS,
+    EOU,
     batches_by_tokens,
     read_dailydialog,
     read_labelled,
@@ -163,7 +164,9 @@ LM_DEFAULTS: dict = {
         "text": "tinyshakespeare/input.txt",
         "valid_text": None,  # a separate validation file (else the last val_fraction of the text)
         "val_fraction": 0.1,
-        "documents": "text",  # "text": one stream; "lines": every line a document ending with END
+        # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
+        # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
+        "documents": "text",
         "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; needs lines)
         "vocab_size": 4000,
         "eval_batch_size": 64,
@@ -395,7 +398,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     if task == "lm":
         if recipe["data"]["tokenizer"] not in ("char", "subword"):
             raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
-        if recipe["data"]["tokenizer"] == "subword" and recipe["data"]["documents"] != "lines":
+        if recipe["data"]["tokenizer"] == "subword" and recipe["data"]["documents"] == "text":
             raise UserError(f"{where}: data.tokenizer=subword needs data.documents=lines (pieces never span lines)")
         if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
             raise UserError(f"{where}: data.valid_text must be a file path or null")
@@ -452,7 +455,7 @@ _RULES = {
     ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "text"): (str, lambda v: bool(v), "a file path"),
-    ("data", "documents"): (str, lambda v: v in ("text", "lines"), "text or lines"),
+    ("data", "documents"): (str, lambda v: v in ("text", "lines", "dailydialog"), "text, lines or dailydialog"),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "max_tokens"): (int, lambda v: v > 0, "a positive integer"),
@@ -733,16 +736,30 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
-    path = resolve(data["text"])
-    text = read_text(path)
-    if data["valid_text"] is not None:
+    problems: list[str] = []
+    if data["documents"] == "dailydialog":
+        path = Path(data["text"])
+        split_docs = {}
+        for split in ("train", "validation"):
+            dialogues, _ = read_dailydialog(path, split)
+            split_docs[split] = [f" {EOU} ".join(u for u, _ in d) + f" {EOU}" for d in dialogues if d]
+            # The text needs no labels, but a dialogue whose act labels do not line up is
+            # reported (the known DailyDialog quirk); its text is still used.
+            _, misaligned = read_dailydialog(path, split, labels="act")
+            problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
+        train_text, valid_text = "\n".join(split_docs["train"]), "\n".join(split_docs["validation"])
+    elif data["valid_text"] is not None:
+        path = resolve(data["text"])
+        text = read_text(path)
         train_text, valid_text = text, read_text(resolve(data["valid_text"]))
     else:
+        path = resolve(data["text"])
+        text = read_text(path)
         split = int(len(text) * (1 - float(data["val_fraction"])))
         if split < 2 or len(text) - split < 2:
             raise UserError(f"{path}: too short to split into training and validation text")
         train_text, valid_text = text[:split], text[split:]
-    if data["documents"] == "lines":
+    if data["documents"] != "text":
         train_docs = [line for line in train_text.splitlines() if line.strip()]
         valid_docs = [line for line in valid_text.splitlines() if line.strip()]
     else:
@@ -754,7 +771,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         tokenizer = Tokenizer.train_subword(train_docs, vocab_size=int(data["vocab_size"]))
     else:
         tokenizer = Tokenizer.train_char_level(train_docs)
-    end = [tokenizer.eos_id] if data["documents"] == "lines" else []
+    end = [tokenizer.eos_id] if data["documents"] != "text" else []
 
     def stream(docs: list[str]) -> torch.Tensor:
         return torch.tensor([i for ids in tokenizer.encode_batch(docs) for i in [*ids, *end]], dtype=torch.long)
@@ -782,6 +799,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     return {
         "val_loss": val_loss,
         "val_tokens": len(val_ids),
+        "problems": problems,
         "eval_seconds": eval_seconds,
         **_summary(result, model, tokenizer),
     }
