@@ -68,3 +68,16 @@ def test_chat_with_an_encoder_decoder(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode()), encoding="utf-8"))
     assert main(["chat", "--model", str(tmp_path / "m"), "--max-new-tokens", "4"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
+
+
+def test_chat_sampling_is_reproducible_with_a_seed(chat_model, capsys, monkeypatch) -> None:
+    """--sample --seed gives the same replies twice; sampling options without --sample are refused."""
+    argv = ["chat", "--model", str(chat_model), "--separator", "\\n", "--max-new-tokens", "8"]
+    outputs = []
+    for _ in range(2):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello there\nhow are you\n"), encoding="utf-8"))
+        assert main([*argv, "--sample", "--top-k", "3", "--temperature", "1.5", "--seed", "7"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+    assert main([*argv, "--top-p", "0.9"]) == 2
+    assert "only apply with --sample" in capsys.readouterr().err

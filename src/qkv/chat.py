@@ -14,18 +14,27 @@ What is not here: the prompt loop and terminal handling (``cli.py``), decoding (
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from torch import Tensor
+
 from qkv.generation import DecodingModel, beam_search, continuation, most_likely
 from qkv.models.decoder_only import DecoderOnly
 from qkv.tokenization import Tokenizer
 
 
 def dialogue_context(turns: list[str], tokenizer: Tokenizer, *, room: int, separator: str) -> list[int]:
-    """Token ids of the newest turns that fit in ``room`` tokens, each followed by ``separator``."""
+    """Token ids of the newest turns that fit in ``room`` tokens, each followed by ``separator``
+    (less its trailing spaces)."""
     if room < 1:
         raise ValueError(f"no room for any context (room={room})")
     kept: list[int] = []
+    # Trailing spaces of the separator are left out: with word-start markers (SentencePiece's
+    # "▁") a final space would become a lone "▁" piece the model never saw at a turn's end;
+    # the space belongs to the next word, which the model writes.
+    end = separator.rstrip(" ") or separator
     for turn in reversed(turns):
-        ids = tokenizer.encode(turn + separator)
+        ids = tokenizer.encode(turn + end)
         if len(kept) + len(ids) > room:
             if not kept:
                 kept = ids[-room:]  # a single over-long turn: keep its end
@@ -42,8 +51,13 @@ def reply(
     separator: str,
     max_new_tokens: int,
     beam_size: int = 4,
+    choose: Callable[[Tensor], Tensor] | None = None,
 ) -> str:
-    """The model's next turn after ``turns`` (the dialogue so far, oldest first)."""
+    """The model's next turn after ``turns`` (the dialogue so far, oldest first).
+
+    ``choose`` picks each token (e.g. a :func:`~qkv.generation.sampler`); without it a
+    decoder-only model is greedy and an encoder-decoder model uses beam search.
+    """
     window = model.config.max_len
     if isinstance(model, DecoderOnly):
         max_new_tokens = min(max_new_tokens, window - 1)
@@ -51,7 +65,7 @@ def reply(
         marker = separator.strip() or separator  # " __eou__ " ends a turn at "__eou__"; "\n" at "\n"
         ids: list[int] = []
         text = ""
-        for token in continuation(model, context, max_new_tokens=max_new_tokens, choose=most_likely):
+        for token in continuation(model, context, max_new_tokens=max_new_tokens, choose=choose or most_likely):
             ids.append(token)
             text = tokenizer.decode(ids)
             if marker in text:
@@ -59,5 +73,9 @@ def reply(
         cut = text.find(marker)
         return (text[:cut] if cut >= 0 else text).strip()
     context = dialogue_context(turns, tokenizer, room=window, separator=separator)
+    if choose is not None:
+        return tokenizer.decode(
+            list(continuation(model, context, max_new_tokens=max_new_tokens, choose=choose))
+        ).strip()
     best = beam_search(model, [context], beam_size=beam_size, max_new_tokens=max_new_tokens)
     return tokenizer.decode(best[0][0].tokens).strip()

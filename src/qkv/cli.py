@@ -47,6 +47,7 @@ EPILOG_TRANSLATE = """examples:
 EPILOG_CHAT = """examples:
   qkv chat --model runs/chatbot
   echo "hello , how are you ?" | qkv chat --model runs/chatbot
+  qkv chat --model runs/chatbot --sample --top-p 0.9 --temperature 0.8 --seed 1
 """
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
@@ -491,6 +492,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from qkv.chat import reply
 
     model, tokenizer = _load_for_generation(args.model)
+    choose = None
+    if args.sample:
+        import torch
+
+        from qkv.generation import sampler
+
+        generator = torch.Generator()
+        if args.seed is not None:
+            generator.manual_seed(args.seed)
+        else:
+            generator.seed()
+        choose = sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    elif any(getattr(args, n) is not None for n in ("top_k", "top_p", "seed")) or args.temperature != 1.0:
+        raise UserError("--temperature, --top-k, --top-p and --seed only apply with --sample")
     separator = args.separator.encode().decode("unicode_escape")  # lets "\\n" mean a newline
     interactive = sys.stdin.isatty()
     if interactive:
@@ -511,7 +526,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 break
             continue
         turns.append(line)
-        answer = reply(model, tokenizer, turns, separator=separator, max_new_tokens=args.max_new_tokens)
+        answer = reply(model, tokenizer, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
         turns.append(answer)
         print(f"bot> {answer}" if interactive else answer, flush=True)
     return 0
@@ -802,6 +817,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--separator", default=" __eou__ ", help="text that ends a turn (default: DailyDialog's ' __eou__ ')"
     )
     p.add_argument("--max-new-tokens", type=_positive_int, default=60, help="longest reply (default: 60)")
+    p.add_argument("--sample", action="store_true", help="sample replies (default: greedy, or beam search)")
+    p.add_argument(
+        "--temperature", type=_number(float, lambda v: v > 0, "a number > 0"), default=1.0, help="with --sample"
+    )
+    p.add_argument("--top-k", type=_positive_int, default=None, help="with --sample: the k most likely tokens")
+    p.add_argument(
+        "--top-p",
+        type=_number(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        default=None,
+        help="with --sample: the smallest set of tokens with this probability",
+    )
+    p.add_argument("--seed", type=int, default=None, help="with --sample: reproducible replies")
     p.set_defaults(run=cmd_chat)
 
     p = sub.add_parser(
