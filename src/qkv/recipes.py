@@ -805,19 +805,6 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     }
 
 
-def _fit_window(ids: list[list[int]], limit: int, *, long: str) -> tuple[list[list[int] | None], int]:
-    """Truncate rows longer than ``limit`` tokens, or mark them for dropping (None); count them."""
-    changed = 0
-    out: list[list[int] | None] = []
-    for row in ids:
-        if len(row) > limit:
-            changed += 1
-            out.append(row[:limit] if long == "truncate" else None)
-        else:
-            out.append(row)
-    return out, changed
-
-
 # Train settings that may change when a run is resumed; any other change would make the
 # continued run differ from an uninterrupted one, so it is refused.
 RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
@@ -896,17 +883,16 @@ def _encode_pairs(
     tokenizer: Tokenizer, pairs: list[tuple[str, str]], *, window: int, long: str
 ) -> tuple[list[tuple[list[int], list[int]]], int]:
     """Token ids of the pairs, over-long ones (a source over the window, a target over the
-    window less BEGIN) dropped or truncated; and how many pairs were over-long."""
-    src, _ = _fit_window(tokenizer.encode_batch([a for a, _ in pairs]), window, long=long)
-    tgt, _ = _fit_window(tokenizer.encode_batch([b for _, b in pairs]), window - 1, long=long)
-    raw_src = tokenizer.encode_batch([a for a, _ in pairs]) if long == "truncate" else None
+    window less BEGIN) dropped or truncated (``long``); and how many pairs were over-long."""
+    sources = tokenizer.encode_batch([a for a, _ in pairs])
+    targets = tokenizer.encode_batch([b for _, b in pairs])
     examples, over_long = [], 0
-    for i, (s, t) in enumerate(zip(src, tgt, strict=True)):
-        if s is None or t is None:
+    for s, t in zip(sources, targets, strict=True):
+        if len(s) > window or len(t) > window - 1:
             over_long += 1
-            continue
-        if raw_src is not None and (len(raw_src[i]) > window or len(t) == window - 1):
-            over_long += 1  # counted as truncated if cut (a target exactly at the limit counts too)
+            if long == "drop":
+                continue
+            s, t = s[:window], t[: window - 1]
         examples.append((s, t))
     return examples, over_long
 
