@@ -26,7 +26,7 @@ def test_read_parallel_two_files_and_tsv(tmp_path) -> None:
         ({"s": b"a\n\nc\n", "t": b"x\ny\nz\n"}, "s:2: empty line"),
         ({"s": b"a\nb\n", "t": b"x\n\xff\n"}, "t:2: not valid UTF-8"),
         ({"tsv": b"a\tx\nb x\n"}, "tsv:2: expected source<TAB>target"),
-        ({"tsv": b"a\tx\n\ty\n"}, "tsv:2: the source side is empty"),
+        ({"tsv": b"a\tx\n\ty\n"}, "tsv:2: the source is empty"),
     ],
     ids=["unequal", "empty", "utf8", "tab", "empty-side"],
 )

@@ -95,17 +95,7 @@ def read_parallel(source: str | Path, target: str | Path | None = None) -> list[
     trailing newline) is not a sentence and is ignored.
     """
     if target is None:
-        path = resolve(source)
-        pairs = []
-        for number, line in enumerate(read_lines(path), start=1):
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise UserError(f"{path}:{number}: expected source<TAB>target, found {len(fields)} field(s)")
-            for side, text in zip(("source", "target"), fields, strict=True):
-                if not text.strip():
-                    raise UserError(f"{path}:{number}: the {side} side is empty")
-            pairs.append((fields[0], fields[1]))
-        return pairs
+        return _read_two_columns(resolve(source), ("source", "target"))
     src_path, tgt_path = resolve(source), resolve(target)
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
@@ -147,19 +137,22 @@ def read_labelled(path: str | Path) -> list[tuple[str, str]]:
     Refused with a UserError naming file and line: a line without exactly one tab, an empty
     text or an empty label, invalid UTF-8. A final newline is not a line.
     """
-    path = resolve(path)
-    examples = []
+    return [(text.strip(), label.strip()) for text, label in _read_two_columns(resolve(path), ("text", "label"))]
+
+
+def _read_two_columns(path: Path, names: tuple[str, str]) -> list[tuple[str, str]]:
+    """The two tab-separated fields of every line; a line without exactly one tab or with an
+    empty (all-blank) field is a UserError naming file, line and field."""
+    rows = []
     for number, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise UserError(f"{path}:{number}: expected text<TAB>label, found {len(fields)} field(s)")
-        text, label = fields[0].strip(), fields[1].strip()
-        if not text:
-            raise UserError(f"{path}:{number}: the text is empty")
-        if not label:
-            raise UserError(f"{path}:{number}: the label is empty")
-        examples.append((text, label))
-    return examples
+            raise UserError(f"{path}:{number}: expected {names[0]}<TAB>{names[1]}, found {len(fields)} field(s)")
+        for name, text in zip(names, fields, strict=True):
+            if not text.strip():
+                raise UserError(f"{path}:{number}: the {name} is empty")
+        rows.append((fields[0], fields[1]))
+    return rows
 
 
 # DailyDialog's label files hold numbers; these are their names, in the order of the numbers.
