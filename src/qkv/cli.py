@@ -14,13 +14,13 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from qkv import __version__
 from qkv.errors import UserError
+from qkv.files import write_atomic
 
 EPILOG_DEMO = """example:
   qkv demo --out qkv-demo          # about 2 minutes on 2 CPU cores
@@ -128,14 +128,7 @@ class _Output:
 
     def close(self) -> None:
         if self.path is not None:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.writelines(f"{line}\n" for line in self.lines)
-                os.replace(tmp, self.path)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+            write_atomic(self.path, "".join(f"{line}\n" for line in self.lines).encode())
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
@@ -610,18 +603,6 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_bytes(path: Path, data: bytes) -> None:
-    """Write a file atomically: a temporary sibling, then os.replace."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def cmd_embed(args: argparse.Namespace) -> int:
     import io
 
@@ -654,7 +635,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     else:
         buffer = io.BytesIO()
         np.save(buffer, array)
-        _write_bytes(Path(args.output), buffer.getvalue())
+        write_atomic(Path(args.output), buffer.getvalue())
     blank = sum(not line.strip() for line in lines)
     print(
         f"qkv embed: {len(lines)} lines -> {args.output} ({array.shape[0]} x {array.shape[1]} float32"

@@ -6,24 +6,20 @@ attention weights (``generation.py`` / the models) or losses (``training.py``).
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure  # a bare Figure: no pyplot global state, no display
 
+from qkv.files import write_atomic
+
 
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
+    write_atomic(path, png.getvalue())
     return path
 
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
 from qkv.errors import UserError
+from qkv.files import write_atomic
 from qkv.training import Trainer
 
 TRAINER_TENSORS = "trainer.safetensors"
@@ -55,17 +56,8 @@ def check_run_output(run: Path, *, resume: bool) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically (a temporary sibling, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Write JSON atomically."""
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def read_run(run: Path) -> dict:
