@@ -49,8 +49,10 @@ class _State:
     next_position: Tensor | None = None  # (N,), decoder-only: position of the next token
 
 
-def _pad(rows: list[list[int]], value: int, *, left: bool, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Pad token lists into a (B, L) tensor and its (B, L) validity mask."""
+def pad_rows(
+    rows: list[list[int]], value: int, *, left: bool = False, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """Pad token lists into a (B, L) tensor and its (B, L) validity mask (True at real tokens)."""
     length = max(1, max(len(r) for r in rows))
     tokens = torch.full((len(rows), length), value, dtype=torch.long, device=device)
     valid = torch.zeros((len(rows), length), dtype=torch.bool, device=device)
@@ -97,7 +99,7 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
     device = next(model.parameters()).device
     c = model.config
     if isinstance(model, EncoderDecoder):
-        src, src_mask = _pad(inputs, c.pad_id, left=False, device=device)  # (B, S)
+        src, src_mask = pad_rows(inputs, c.pad_id, left=False, device=device)  # (B, S)
         memory = model.encode(src, src_mask=src_mask)  # (B, S, D)
         bos = torch.full((len(inputs), 1), c.bos_id, dtype=torch.long, device=device)  # (B, 1)
         out = model.decode(bos, memory, src_mask=src_mask)
@@ -106,7 +108,7 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
         if c.bos_id is None:
             raise ValueError("an empty prompt needs a model with a bos_id")
         inputs = [r or [c.bos_id] for r in inputs]
-    prompt, valid = _pad(inputs, c.pad_id or 0, left=True, device=device)  # (B, P)
+    prompt, valid = pad_rows(inputs, c.pad_id or 0, left=True, device=device)  # (B, P)
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, P): each row counts from its first token
     out = model.decode(prompt, key_mask=valid, positions=positions)
     state = _State(out.cache, key_mask=valid, next_position=valid.sum(1))

@@ -66,7 +66,7 @@ from qkv.evaluation import (
     macro_f1,
     masked_lm_scores,
 )
-from qkv.generation import beam_search
+from qkv.generation import beam_search, pad_rows
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
@@ -1198,15 +1198,6 @@ def _frame(
     return rows, cut
 
 
-def _padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ids right-padded into (B, S) ids, and (B, S) True at the real tokens."""
-    lengths = torch.tensor([len(row) for row in rows])  # (B,)
-    x = torch.full((len(rows), int(lengths.max())), pad_id, dtype=torch.long)  # (B, S)
-    for i, row in enumerate(rows):
-        x[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return x, torch.arange(x.shape[1])[None, :] < lengths[:, None]  # (B, S), (B, S)
-
-
 def _special_ids(tokenizer: Tokenizer) -> list[int]:
     ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id, tokenizer.mask_id)
     return sorted({i for i in ids if i is not None})
@@ -1217,7 +1208,7 @@ def _masked(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A masked-LM batch: corrupted ids (B, S), real-token mask (B, S), labels (B, S) (``IGNORE``
     where nothing is predicted); special tokens and padding are never selected."""
-    x, valid = _padded(rows, tokenizer.pad_id)  # (B, S), (B, S)
+    x, valid = pad_rows(rows, tokenizer.pad_id)  # (B, S), (B, S)
     maskable = valid & ~torch.isin(x, torch.tensor(_special_ids(tokenizer)))  # (B, S)
     inputs, labels = mask_tokens(
         x, maskable=maskable, mask_id=tokenizer.mask_id, random_ids=random_ids, generator=generator, rate=rate
@@ -1386,7 +1377,7 @@ def _predict(model: EncoderOnly, rows: list[list[int]], *, batch_size: int) -> l
     predicted = [0] * len(rows)
     for k in range(0, len(order), batch_size):
         chunk = order[k : k + batch_size]
-        x, valid = _padded([rows[i] for i in chunk], model.config.pad_id)  # (B, S), (B, S)
+        x, valid = pad_rows([rows[i] for i in chunk], model.config.pad_id)  # (B, S), (B, S)
         for i, c in zip(chunk, model.classify(x, mask=valid).argmax(-1).tolist(), strict=True):
             predicted[i] = c
     return predicted
@@ -1451,7 +1442,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) ->
 
     def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
         pick = torch.randint(len(rows), (batch_size,), generator=generator)  # (B,)
-        x, valid_tokens = _padded([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
+        x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
         logits = m.classify(x, mask=valid_tokens)  # (B, C)
         loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
             logits[:, None], targets[pick][:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
@@ -1519,7 +1510,7 @@ def sentence_embeddings(
     order = sorted(range(len(todo)), key=lambda k: len(rows[k]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        x, valid = _padded([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
+        x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
         h = model.encode(x, mask=valid)  # (B, S, D)
         weights = valid[..., None].to(h.dtype)  # (B, S, 1)
         vectors[[todo[k] for k in chunk]] = ((h * weights).sum(1) / weights.sum(1)).float()  # (B, D)
