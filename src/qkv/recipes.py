@@ -69,7 +69,7 @@ from qkv.evaluation import (
 from qkv.generation import beam_search, pad_rows
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.models.encoder_only import EncoderOnly
+from qkv.models.encoder_only import EncoderOnly, masked_mean
 from qkv.runs import (
     Scalars,
     average_checkpoints,
@@ -1512,8 +1512,7 @@ def sentence_embeddings(
         chunk = order[start : start + batch_size]
         x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
         h = model.encode(x, mask=valid)  # (B, S, D)
-        weights = valid[..., None].to(h.dtype)  # (B, S, 1)
-        vectors[[todo[k] for k in chunk]] = ((h * weights).sum(1) / weights.sum(1)).float()  # (B, D)
+        vectors[[todo[k] for k in chunk]] = masked_mean(h, valid).float()  # (B, D)
     if normalize:
         vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
     return vectors, cut

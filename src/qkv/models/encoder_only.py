@@ -23,6 +23,15 @@ from qkv.layers import InputEmbedding, make_norm
 POOLINGS = ("first", "mean")
 
 
+def masked_mean(h: Tensor, mask: Tensor) -> Tensor:
+    """The mean of the vectors at the True positions of each row (a row with none: zeros).
+
+    Shapes: h (B, S, D), mask (B, S) -> (B, D).
+    """
+    weights = mask.to(h.dtype)[..., None]  # (B, S, 1)
+    return (h * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+
+
 @dataclass(frozen=True)
 class EncoderOnlyConfig(BlockConfig):
     """An encoder-only model: the per-block settings of :class:`BlockConfig` plus these.
@@ -160,8 +169,7 @@ class EncoderOnly(nn.Module):
         if self.config.pooling == "first":
             pooled = h[:, 0]  # (B, D)
         else:
-            weights = mask.to(h.dtype)[..., None]  # (B, S, 1)
-            pooled = (h * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, D)
+            pooled = masked_mean(h, mask)  # (B, D)
         if self.pooler is not None:
             pooled = torch.tanh(self.pooler(pooled))  # (B, D)
         return self.classifier(self.dropout(pooled))  # (B, n_classes)
