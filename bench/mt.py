@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from qkv.checkpoint import load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
-from qkv.recipes import beam_translate, load_recipe, train_translation  # noqa: E402
+from qkv.recipes import load_recipe  # noqa: E402
+from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
 from qkv.tokenization import Tokenizer  # noqa: E402
 
 # direction -> recipe, test pairs, published-metric reference (tokenized, lowercased) or None,

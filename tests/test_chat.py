@@ -10,7 +10,8 @@ import pytest
 
 from qkv.chat import dialogue_context
 from qkv.cli import main
-from qkv.recipes import load_recipe, train_lm
+from qkv.lm import train_lm
+from qkv.recipes import load_recipe
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")

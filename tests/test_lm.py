@@ -14,8 +14,9 @@ from qkv.cli import main
 from qkv.data import read_text, resolve
 from qkv.errors import UserError
 from qkv.evaluation import lm_loss
+from qkv.lm import train_lm
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
-from qkv.recipes import load_recipe, train_lm
+from qkv.recipes import load_recipe
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")

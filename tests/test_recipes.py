@@ -9,7 +9,8 @@ import torch
 
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, cross_attention, load_recipe
+from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, load_recipe
+from qkv.seq2seq import cross_attention
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
 

@@ -20,7 +20,8 @@ from qkv.checkpoint import read_meta
 from qkv.cli import main
 from qkv.data import data_root
 from qkv.errors import UserError
-from qkv.recipes import load_recipe, train_translation
+from qkv.recipes import load_recipe
+from qkv.seq2seq import train_translation
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")

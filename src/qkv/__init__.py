@@ -5,7 +5,8 @@ Layers, bottom up (imports only point down this list):
     models/                                  one file per family
     checkpoint.py, generation.py, training.py, evaluation.py, tokenization.py, tasks.py,
     data.py, errors.py
-    recipes.py, plots.py                     task runners and pictures used by the command line
+    recipes.py                               recipe files and what every task runner shares
+    seq2seq.py, lm.py, bert.py, plots.py     task runners and pictures used by the command line
     cli.py                                   the command line, the composition root
 
 This file holds only the version; importing qkv loads nothing else.

@@ -141,7 +141,8 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from qkv.plots import attention_heatmap, loss_curve
-    from qkv.recipes import cross_attention, load_recipe, train_numbers
+    from qkv.recipes import load_recipe
+    from qkv.seq2seq import cross_attention, train_numbers
 
     overrides = [f"train.seed={args.seed}"]
     if args.seconds is not None:
@@ -205,8 +206,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from qkv.bert import train_classifier, train_mlm
+    from qkv.lm import train_lm
     from qkv.plots import loss_curve
-    from qkv.recipes import load_recipe, train_classifier, train_lm, train_mlm, train_numbers, train_translation
+    from qkv.recipes import load_recipe
+    from qkv.seq2seq import train_numbers, train_translation
 
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
@@ -422,7 +426,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from qkv.models.encoder_decoder import EncoderDecoder
-    from qkv.recipes import alignments, translate
+    from qkv.seq2seq import alignments, translate
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
@@ -553,7 +557,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         }
     elif args.model is not None:
         from qkv.checkpoint import read_meta
-        from qkv.recipes import evaluate_numbers
+        from qkv.seq2seq import evaluate_numbers
         from qkv.tasks import held_out_numbers, numbers_pairs
 
         if args.examples > len(held_out_numbers()):
@@ -608,8 +612,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from qkv.bert import sentence_embeddings
     from qkv.checkpoint import load_model
-    from qkv.recipes import sentence_embeddings
     from qkv.tokenization import FILE
 
     suffix = Path(args.output).suffix

@@ -15,7 +15,7 @@ Every checkpoint is written atomically (``checkpoint.save_model``): a crash mid-
 the previous ``last`` whole. Commands that take ``--model`` accept a run directory and use
 its ``final`` checkpoint (``checkpoint.model_dir``).
 
-What is not here: the training loop and validation (``recipes.py``), the optimizer
+What is not here: the training loop and validation (``seq2seq.py``), the optimizer
 (``training.py``), the model directory format (``checkpoint.py``).
 """
 

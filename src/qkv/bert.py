@@ -1,0 +1,403 @@
+"""Encoder-only (BERT) task runners: masked-LM pretraining, sequence classification, embeddings.
+
+What is here: :func:`train_mlm` (15% of tokens selected: 80% [MASK], 10% random, 10% kept),
+:func:`train_classifier` (from scratch or from a pretrained encoder; accuracy and macro-F1
+beside the majority class), :func:`predict_labels` and :func:`sentence_embeddings` (mean of the
+last hidden states over real tokens, for ``qkv embed``).
+
+What is not here: recipe loading and the shared runner pieces (``recipes.py``), the model
+(``models/encoder_only.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from qkv.checkpoint import (
+    build_model,
+    check_output,
+    load_model,
+    model_dir,
+)
+from qkv.data import (
+    DAILYDIALOG_LABELS,
+    read_dailydialog,
+    read_labelled,
+    read_lines,
+    resolve,
+)
+from qkv.errors import UserError
+from qkv.evaluation import (
+    accuracy,
+    macro_f1,
+    masked_lm_scores,
+)
+from qkv.generation import pad_rows
+from qkv.models.encoder_only import EncoderOnly, masked_mean
+from qkv.recipes import (
+    ENCODER_HEAD_FIELDS,
+    check_fine_tuning,
+    fit_recipe,
+    fit_summary,
+    save_model_dir,
+    tokenizer_for,
+)
+from qkv.tokenization import Tokenizer
+from qkv.training import (
+    IGNORE,
+    mask_tokens,
+    sequence_loss,
+)
+
+
+def _frame(
+    tokenizer: Tokenizer, texts: list[str], *, max_len: int, contexts: list[str | None] | None = None
+) -> tuple[list[list[int]], int]:
+    """Token ids as the encoder reads them, and how many texts were cut to fit ``max_len``.
+
+    [BEGIN] text [END] (BERT's [CLS] text [SEP]), or with a context [BEGIN] context [END]
+    text [END]: the text is cut at its end to fit, then the context at its start to fill the
+    room that is left (no room: no context).
+    """
+    begin = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
+    end = [tokenizer.eos_id] if tokenizer.eos_id is not None else []
+    room = max_len - len(begin) - len(end)
+    if room < 1:
+        raise UserError(f"model.max_len={max_len} leaves no room for text between BEGIN and END")
+    text_ids = tokenizer.encode_batch(texts)
+    context_ids = tokenizer.encode_batch([c or "" for c in contexts]) if contexts is not None else None
+    rows, cut = [], 0
+    for i, ids in enumerate(text_ids):
+        if len(ids) > room:
+            ids, cut = ids[:room], cut + 1
+        row = begin + ids + end
+        keep = max_len - len(row) - len(end)  # context tokens that fit
+        if context_ids is not None and context_ids[i] and keep > 0:
+            row = begin + context_ids[i][-keep:] + end + ids + end
+        rows.append(row)
+    return rows, cut
+
+
+def _special_ids(tokenizer: Tokenizer) -> list[int]:
+    ids = (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id, tokenizer.mask_id)
+    return sorted({i for i in ids if i is not None})
+
+
+def _masked(
+    rows: list[list[int]], tokenizer: Tokenizer, *, random_ids: torch.Tensor, rate: float, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A masked-LM batch: corrupted ids (B, S), real-token mask (B, S), labels (B, S) (``IGNORE``
+    where nothing is predicted); special tokens and padding are never selected."""
+    x, valid = pad_rows(rows, tokenizer.pad_id)  # (B, S), (B, S)
+    maskable = valid & ~torch.isin(x, torch.tensor(_special_ids(tokenizer)))  # (B, S)
+    inputs, labels = mask_tokens(
+        x, maskable=maskable, mask_id=tokenizer.mask_id, random_ids=random_ids, generator=generator, rate=rate
+    )
+    return inputs, valid, labels
+
+
+def _mlm_sentences(data: dict) -> tuple[list[str], list[str], str]:
+    """Training and validation sentences of an mlm recipe, and where they come from."""
+    if data["dailydialog"] is not None:
+        folder = data["dailydialog_dir"]
+        train = [u for dialogue in read_dailydialog(folder, "train")[0] for u, _ in dialogue]
+        valid = [u for dialogue in read_dailydialog(folder, "validation")[0] for u, _ in dialogue]
+        source = f"DailyDialog utterances ({folder})"
+    else:
+        path = resolve(data["sentences"])
+        train = [line for line in read_lines(path) if line.strip()]
+        source = str(path)
+        if data["valid_sentences"] is not None:
+            valid = [line for line in read_lines(resolve(data["valid_sentences"])) if line.strip()]
+        else:
+            split = int(len(train) * (1 - float(data["val_fraction"])))
+            train, valid = train[:split], train[split:]
+    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    if not train or not valid:
+        raise UserError(f"{source}: too few sentences for training and validation ({len(train)} and {len(valid)})")
+    return train, valid, source
+
+
+def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Pretrain an encoder-only model by masked-LM (Devlin et al., 2019) as ``recipe`` says; save it to ``out``.
+
+    Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
+    sentence [END] and cut to the model's window; a unigram vocabulary (or the given
+    tokenizer) gets a mask token. Every step takes ``batch_size`` random sentences and selects
+    ``mask_rate`` of their ordinary tokens (:func:`~qkv.training.mask_tokens`: 80% masked,
+    10% random, 10% kept); the loss is the cross-entropy at the selected positions only. At
+    the end: the loss and accuracy at the selected positions of the validation sentences
+    (masked with a fixed seed, so the number is comparable between runs).
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    sentences, valid, source = _mlm_sentences(data)
+    tokenizer, vocabulary = tokenizer_for(data, checkpoint=None, pairs=[(s,) for s in sentences])
+    tokenizer.add_mask()
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    model = build_model("encoder_only", fields)
+    window = model.config.max_len
+    examples, truncated = _frame(tokenizer, sentences, max_len=window)
+    valid_examples, _ = _frame(tokenizer, valid, max_len=window)
+    specials = set(_special_ids(tokenizer))
+    random_ids = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in specials])
+    rate, batch_size = float(data["mask_rate"]), int(train["batch_size"])
+    # The validation sentences are masked once, now, with their own seed (the same for every run).
+    valid_generator = torch.Generator().manual_seed(seed + 1)
+    size = int(data["eval_batch_size"])
+    valid_batches = [
+        _masked(valid_examples[i : i + size], tokenizer, random_ids=random_ids, rate=rate, generator=valid_generator)
+        for i in range(0, len(valid_examples), size)
+    ]
+    if not any((labels != IGNORE).any() for _, _, labels in valid_batches):
+        raise UserError(
+            f"no token of the {len(valid_examples)} validation sentence(s) was selected for masking; give more"
+        )
+    generator = torch.Generator().manual_seed(seed)
+
+    def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        for _ in range(100):  # redrawn in the rare case that no token of the batch was selected
+            rows = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
+            inputs, valid_tokens, labels = _masked(
+                [examples[i] for i in rows], tokenizer, random_ids=random_ids, rate=rate, generator=generator
+            )
+            selected = labels != IGNORE  # (B, S)
+            if selected.any():
+                break
+        else:
+            raise UserError(f"{source}: no token to mask (the sentences hold only special or unknown tokens)")
+        logits = m(inputs, mask=valid_tokens, only=selected)  # (N, V)
+        targets = labels[selected]  # (N,)
+        loss = sequence_loss(  # (1, N, V) against (1, N)
+            logits[None], targets[None], ignore_id=None, label_smoothing=train["label_smoothing"]
+        )
+        return loss, len(targets)
+
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv mlm")
+    start = time.perf_counter()
+    valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
+    scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
+    eval_seconds = time.perf_counter() - start
+    save_model_dir(model, tokenizer, out, extra={"task": "mlm", "recipe": recipe, **scores})
+    return {
+        **scores,
+        "eval_seconds": eval_seconds,
+        "train_sentences": len(examples),
+        "valid_sentences": len(valid_examples),
+        "truncated": truncated,
+        "source": source,
+        "vocabulary": vocabulary,
+        **fit_summary(result, model, tokenizer),
+    }
+
+
+Labelled = tuple[str | None, str, str]  # (context or None, text, label)
+
+
+def _classify_examples(data: dict) -> tuple[list[Labelled], list[Labelled], list[str], list[str], str]:
+    """Training and validation examples of a classify recipe, the label names (class ids in
+    order), the problems found in the data (DailyDialog lines skipped) and the source."""
+    problems: list[str] = []
+    if data["dailydialog"] is not None:
+        folder, kind = data["dailydialog_dir"], data["dailydialog"]
+        splits = []
+        for split in ("train", "validation"):
+            dialogues, found = read_dailydialog(folder, split, labels=kind)
+            problems += found
+            examples: list[Labelled] = []
+            for dialogue in dialogues:
+                previous = None
+                for text, label in dialogue:
+                    examples.append((previous if data["context"] else None, text, str(label)))
+                    previous = text
+            splits.append(examples)
+        train, valid = splits
+        names = list(DAILYDIALOG_LABELS[kind])
+        source = f"DailyDialog {kind} labels ({folder})"
+    else:
+        path = resolve(data["train_tsv"])
+        train = [(None, text, label) for text, label in read_labelled(path)]
+        source = str(path)
+        if data["valid_tsv"] is not None:
+            valid_path = resolve(data["valid_tsv"])
+            valid = [(None, text, label) for text, label in read_labelled(valid_path)]
+            names = sorted({label for _, _, label in train})
+            for number, (_, _, label) in enumerate(valid, start=1):
+                if label not in names:
+                    raise UserError(f"{valid_path}:{number}: label {label!r} does not occur in {path}")
+        else:
+            split = int(len(train) * (1 - float(data["val_fraction"])))
+            names = sorted({label for _, _, label in train})
+            train, valid = train[:split], train[split:]
+    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    if not train or not valid:
+        raise UserError(f"{source}: too few examples for training and validation ({len(train)} and {len(valid)})")
+    if len(names) < 2:
+        raise UserError(f"{source}: the training examples have {len(names)} label(s); classification needs two")
+    return train, valid, names, problems, source
+
+
+def _load_encoder(model: EncoderOnly, pretrained: EncoderOnly, init: Path) -> None:
+    """Copy a pretrained encoder's weights into ``model``, all but its masked-LM and
+    classification heads (the new classifier starts fresh; a pretrained pooler is kept)."""
+    state = {k: v for k, v in pretrained.state_dict().items() if not k.startswith(("mlm_", "classifier."))}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(("classifier.", "pooler."))]
+    if missing or unexpected:
+        raise UserError(f"train.init: {init} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+@torch.no_grad()
+def _predict(model: EncoderOnly, rows: list[list[int]], *, batch_size: int) -> list[int]:
+    """The most likely class of every row of ids, in order (batched by similar length)."""
+    model.eval()
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    predicted = [0] * len(rows)
+    for k in range(0, len(order), batch_size):
+        chunk = order[k : k + batch_size]
+        x, valid = pad_rows([rows[i] for i in chunk], model.config.pad_id)  # (B, S), (B, S)
+        for i, c in zip(chunk, model.classify(x, mask=valid).argmax(-1).tolist(), strict=True):
+            predicted[i] = c
+    return predicted
+
+
+def predict_labels(
+    model: EncoderOnly,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    labels: list[str],
+    contexts: list[str | None] | None = None,
+    batch_size: int = 64,
+) -> list[str]:
+    """The predicted label name of every text (``labels``: the names of the class ids, as a
+    classify model directory stores them in config.json under "labels")."""
+    if model.config.n_classes != len(labels):
+        raise UserError(f"the model has {model.config.n_classes} classes but {len(labels)} label names")
+    rows, _ = _frame(tokenizer, texts, max_len=model.config.max_len, contexts=contexts)
+    return [labels[c] for c in _predict(model, rows, batch_size=batch_size)]
+
+
+def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train an encoder-only sequence classifier as ``recipe`` says; save it to ``out``.
+
+    Examples are (text, label): DailyDialog utterances with their dialog act or emotion
+    (optionally read together with the previous utterance, ``data.context``), or the lines of
+    a ``text<TAB>label`` file. From scratch (a vocabulary trained on the training texts, or
+    ``data.tokenizer``), or from a pretrained model (``train.init``: its encoder weights and
+    its tokenizer; a different ``data.tokenizer`` is refused; the recipe must name its
+    architecture, but for ``ENCODER_HEAD_FIELDS``). Every step takes ``batch_size`` random
+    examples (the reported tokens are examples). At the end: accuracy and macro-F1 on the
+    validation split, beside the majority class of the training labels. The label names are
+    saved in config.json ("labels"), in class-id order.
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    examples, valid, names, problems, source = _classify_examples(data)
+    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    start_from = model_dir(init) if init is not None else None
+    texts = [(text,) for _, text, _ in examples]
+    tokenizer, vocabulary = tokenizer_for(data, checkpoint=start_from, pairs=texts)
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    pretrained = None
+    if start_from is not None:
+        pretrained, _ = load_model(start_from, kind="encoder_only")
+        check_fine_tuning(pretrained, recipe, start_from, may_differ=ENCODER_HEAD_FIELDS)
+        head = {k: v for k, v in recipe["model"].items() if k in ENCODER_HEAD_FIELDS}
+        fields = {**dataclasses.asdict(pretrained.config), **head}
+    model = build_model("encoder_only", {**fields, "n_classes": len(names), "mlm_head": False})
+    if pretrained is not None:
+        _load_encoder(model, pretrained, start_from)
+    window = model.config.max_len
+    contexts = [context for context, _, _ in examples] if data["context"] else None
+    rows, truncated = _frame(tokenizer, [text for _, text, _ in examples], max_len=window, contexts=contexts)
+    index = {name: i for i, name in enumerate(names)}
+    targets = torch.tensor([index[label] for _, _, label in examples])  # (N,)
+    batch_size = int(train["batch_size"])
+    generator = torch.Generator().manual_seed(seed)
+
+    def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        pick = torch.randint(len(rows), (batch_size,), generator=generator)  # (B,)
+        x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
+        logits = m.classify(x, mask=valid_tokens)  # (B, C)
+        loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
+            logits[:, None], targets[pick][:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
+        )
+        return loss, batch_size
+
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv classify")
+    start = time.perf_counter()
+    predicted = predict_labels(
+        model,
+        tokenizer,
+        [text for _, text, _ in valid],
+        labels=names,
+        contexts=[context for context, _, _ in valid] if data["context"] else None,
+        batch_size=int(data["eval_batch_size"]),
+    )
+    gold = [label for _, _, label in valid]
+    majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
+    scores = {
+        "accuracy": accuracy(predicted, gold),
+        "macro_f1": macro_f1(predicted, gold),
+        "majority": {
+            "label": majority,
+            "accuracy": accuracy([majority] * len(gold), gold),
+            "macro_f1": macro_f1([majority] * len(gold), gold),
+        },
+    }
+    eval_seconds = time.perf_counter() - start
+    initialized_from = str(start_from) if start_from is not None else None
+    extra = {"task": "classify", "labels": names, "recipe": recipe, "init": initialized_from, **scores}
+    save_model_dir(model, tokenizer, out, extra=extra)
+    return {
+        **scores,
+        "labels": names,
+        "train_examples": len(examples),
+        "valid_examples": len(valid),
+        "problems": problems,
+        "truncated": truncated,
+        "source": source,
+        "init": initialized_from,
+        "vocabulary": vocabulary,
+        "eval_seconds": eval_seconds,
+        "predictions": predicted,
+        **fit_summary(result, model, tokenizer),
+    }
+
+
+@torch.no_grad()
+def sentence_embeddings(
+    model: EncoderOnly, tokenizer: Tokenizer, texts: list[str], *, batch_size: int = 64, normalize: bool = False
+) -> tuple[torch.Tensor, int]:
+    """One vector per text: the mean of the last hidden states over its real positions
+    ([BEGIN] text [END], padding excluded); and how many texts were cut to the window.
+
+    An empty (or blank) text gives a zero row, so rows match texts one to one;
+    ``normalize`` scales every other row to unit L2 norm. Batches group texts of similar
+    length; padding does not change a row (keys at padding get no attention weight).
+
+    Shapes: returns (N, D) float32.
+    """
+    model.eval()
+    todo = [i for i, text in enumerate(texts) if text.strip()]
+    rows, cut = _frame(tokenizer, [texts[i] for i in todo], max_len=model.config.max_len)
+    vectors = torch.zeros(len(texts), model.config.d_model)  # (N, D)
+    order = sorted(range(len(todo)), key=lambda k: len(rows[k]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
+        h = model.encode(x, mask=valid)  # (B, S, D)
+        vectors[[todo[k] for k in chunk]] = masked_mean(h, valid).float()  # (B, D)
+    if normalize:
+        vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
+    return vectors, cut

@@ -1,0 +1,529 @@
+"""Encoder-decoder task runners and batch decoding: the numbers demo and translation.
+
+What is here: :func:`train_numbers` (the built-in numbers task end to end: data, tokenizer,
+model, training, held-out exact match, model directory), :func:`train_translation` (parallel
+text, subword vocabulary, token-budget batches, epochs with validation loss and BLEU, a
+resumable run directory, best/last/averaged checkpoints, early stopping), :func:`translate` and
+:func:`beam_translate` (token-budget batches of sentences, greedy or beam, a max length relative
+to each source), :func:`alignments` and :func:`cross_attention` (from cross-attention weights).
+
+What is not here: recipe loading and the shared runner pieces (``recipes.py``), the decoding
+algorithms (``generation.py``), run directories (``runs.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from tqdm import tqdm
+
+from qkv import __version__
+from qkv.checkpoint import (
+    RUN_FILE,
+    check_output,
+    load_model,
+    model_dir,
+)
+from qkv.data import (
+    batches_by_tokens,
+    read_parallel,
+)
+from qkv.errors import UserError
+from qkv.evaluation import (
+    corpus_scores,
+    exact_match,
+)
+from qkv.generation import beam_search
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.recipes import (
+    check_fine_tuning,
+    fit_recipe,
+    fit_summary,
+    save_model_dir,
+    seq2seq_model,
+    tokenizer_for,
+)
+from qkv.runs import (
+    Scalars,
+    average_checkpoints,
+    check_run_output,
+    load_checkpoint,
+    read_run,
+    save_checkpoint,
+    write_json,
+)
+from qkv.tasks import numbers_pairs
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import Tokenizer
+from qkv.training import (
+    FitResult,
+    Trainer,
+    seq2seq_batch,
+    sequence_loss,
+)
+
+
+def cross_attention(model: EncoderDecoder, *, src: list[int], out: list[int]) -> torch.Tensor:
+    """Cross-attention weights of the last decoder layer while it produces ``out`` + END.
+
+    Row t is the step that reads BEGIN + out[:t] and produces (out + [END])[t].
+
+    Shapes: returns (H, T, S) with T = len(out) + 1 and S = len(src).
+    """
+    c = model.config
+    source = torch.tensor([src])  # (1, S)
+    target = torch.tensor([[c.bos_id, *out]])  # (1, T)
+    with torch.no_grad():
+        memory = model.encode(source)  # (1, S, D)
+        attention = model.decode(target, memory, src_mask=source != c.pad_id, need_weights=True).attention
+    return attention[-1][0]  # (H, T, S)
+
+
+def evaluate_numbers(
+    model: EncoderDecoder, tokenizer: Tokenizer, *, pairs: list[tuple[str, str]], beam_size: int
+) -> tuple[float, list[str]]:
+    """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
+    outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size, max_len_a=2.0)
+    return exact_match(outputs, [b for _, b in pairs]), outputs
+
+
+class Translation(NamedTuple):
+    """One scored output of :func:`translate`: detokenized text, token ids, beam score."""
+
+    text: str
+    tokens: list[int]
+    score: float
+
+
+def translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    beam_size: int,
+    nbest: int = 1,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    max_tokens: int = 8192,
+) -> list[list[Translation]]:
+    """The ``nbest`` best outputs of every text, in input order.
+
+    Texts are decoded in batches of similar length holding at most ``max_tokens`` source
+    tokens times the beam width. A source longer than the model's window is cut to it; an
+    output may have at most ⌊a·S⌋ + b tokens, S its own source's length (the max-length rule
+    of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs.
+    """
+    sources = [ids[: model.config.max_len] for ids in tokenizer.encode_batch(texts)]
+    found: list[list[Translation]] = [[Translation("", [], 0.0)] * nbest for _ in texts]
+    todo = sorted((i for i in range(len(texts)) if texts[i].strip() and sources[i]), key=lambda i: len(sources[i]))
+    budget = max(1, max_tokens // beam_size)
+    k = 0
+    while k < len(todo):
+        end = k + 1  # sorted by length: the chunk's last source is its longest
+        while end < len(todo) and len(sources[todo[end]]) * (end - k + 1) <= budget:
+            end += 1
+        chunk, k = todo[k:end], end
+        hypotheses = beam_search(
+            model,
+            [sources[i] for i in chunk],
+            beam_size=beam_size,
+            nbest=nbest,
+            length_penalty=length_penalty,
+            max_new_tokens=[int(max_len_a * len(sources[i])) + max_len_b for i in chunk],
+        )
+        for i, hyps in zip(chunk, hypotheses, strict=True):
+            found[i] = [Translation(tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps]
+            # Always nbest outputs, so they can be matched to inputs by counting.
+            found[i] += [Translation("", [], float("-inf"))] * (nbest - len(found[i]))
+    return found
+
+
+def beam_translate(
+    model: EncoderDecoder,
+    tokenizer: Tokenizer,
+    texts: list[str],
+    *,
+    beam_size: int,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+) -> list[str]:
+    """The best output of every text, in order (:func:`translate`)."""
+    found = translate(
+        model,
+        tokenizer,
+        texts,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+    return [hyps[0].text for hyps in found]
+
+
+@torch.no_grad()
+def alignments(model: EncoderDecoder, *, src: list[list[int]], out: list[list[int]]) -> list[list[tuple[int, int]]]:
+    """Hard alignments from cross-attention: each output token (END excluded) paired with the
+    source token its last decoder layer attends to most, averaged over heads (as fairseq's
+    ``--print-alignment`` does with its alignment layer). Pairs are (source index, output index).
+    """
+    found: list[list[tuple[int, int]]] = []
+    for s, o in zip(src, out, strict=True):
+        if not s or not o:
+            found.append([])
+            continue
+        weights = cross_attention(model, src=s, out=o)  # (H, T, S)
+        best = weights.mean(0)[: len(o)].argmax(-1).tolist()  # (T,): END's row dropped
+        found.append([(j, t) for t, j in enumerate(best)])
+    return found
+
+
+def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+    """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
+
+    Returns a summary: exact match on held-out numbers, timings, and what is needed to
+    show examples (model, tokenizer, held-out pairs, outputs, losses).
+    """
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
+    tokenizer = Tokenizer.train_word_level(s for pair in numbers_pairs(20_000, seed=seed, held_out=False) for s in pair)
+    model = seq2seq_model(recipe, tokenizer)
+    batch_size = int(train["batch_size"])
+
+    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
+        # Fresh examples every step (never a held-out number), fixed by (seed, step).
+        pairs = numbers_pairs(batch_size, seed=seed * 1_000_003 + step, held_out=False)
+        src = tokenizer.encode_batch([a for a, _ in pairs])
+        tgt = tokenizer.encode_batch([b for _, b in pairs])
+        s, t_in, t_out = seq2seq_batch(
+            list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        return loss, int((t_out != tokenizer.pad_id).sum())
+
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv numbers")
+    held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
+    start = time.perf_counter()
+    score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))
+    eval_seconds = time.perf_counter() - start
+    save_model_dir(model, tokenizer, out, extra={"task": "numbers", "recipe": recipe, "exact_match": score})
+    return {
+        "exact_match": score,
+        "eval_seconds": eval_seconds,
+        **fit_summary(result, model, tokenizer),
+        "held_out": held_out,
+        "outputs": outputs,
+    }
+
+
+# Train settings that may change when a run is resumed; any other change would make the
+# continued run differ from an uninterrupted one, so it is refused.
+RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
+
+
+def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
+    """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
+    differ = []
+    for section, value in recipe.items():
+        if not isinstance(value, dict):
+            if value != saved.get(section):
+                differ.append(section)
+            continue
+        for key, v in value.items():
+            # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
+            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) == ("data", "tokenizer")
+            if not may_change and v != saved.get(section, {}).get(key):
+                differ.append(f"{section}.{key}")
+    if differ:
+        raise UserError(
+            f"--resume: the recipe differs from the one {run} was trained with in {', '.join(differ)}; "
+            f"only train.{', train.'.join(RESUME_MAY_CHANGE)} may change"
+        )
+    return {
+        **saved,
+        "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
+        "data": {**saved["data"], "tokenizer": recipe["data"]["tokenizer"] or saved["data"]["tokenizer"]},
+    }
+
+
+@torch.no_grad()
+def teacher_forced_loss(
+    model: EncoderDecoder, tokenizer: Tokenizer, examples: list[tuple[list[int], list[int]]], *, max_tokens: int
+) -> float:
+    """Mean cross-entropy per target token (END included, no label smoothing) of ``examples``."""
+    model.eval()
+    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+    total, count = 0.0, 0
+    for rows in batches_by_tokens(lengths, max_tokens=max_tokens, seed=0):
+        s, t_in, t_out = seq2seq_batch(
+            [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        n = int((t_out != tokenizer.pad_id).sum())
+        total += sequence_loss(model(s, t_in), t_out, ignore_id=tokenizer.pad_id).item() * n
+        count += n
+    return total / max(count, 1)
+
+
+def _encode_pairs(
+    tokenizer: Tokenizer, pairs: list[tuple[str, str]], *, window: int, long: str
+) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """Token ids of the pairs, over-long ones (a source over the window, a target over the
+    window less BEGIN) dropped or truncated (``long``); and how many pairs were over-long."""
+    sources = tokenizer.encode_batch([a for a, _ in pairs])
+    targets = tokenizer.encode_batch([b for _, b in pairs])
+    examples, over_long = [], 0
+    for s, t in zip(sources, targets, strict=True):
+        if len(s) > window or len(t) > window - 1:
+            over_long += 1
+            if long == "drop":
+                continue
+            s, t = s[:window], t[: window - 1]
+        examples.append((s, t))
+    return examples, over_long
+
+
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
+
+    The vocabulary is a joint unigram model trained on both sides of the training pairs (or
+    a given tokenizer, or the checkpoint's). Pairs longer than the model's window are dropped
+    or truncated (``data.long``) and counted. Batches hold at most ``train.max_tokens``
+    padded tokens, length-bucketed and reshuffled every epoch (seed + epoch), so the data
+    order is a function of the seed and a position (epoch, batch) is enough to resume.
+    After every epoch: validation loss and BLEU (``data.valid_beam``), TensorBoard scalars,
+    ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
+    end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
+    the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
+    ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped.
+    """
+    run = Path(out)
+    check_run_output(run, resume=resume)
+    if resume:
+        recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    if train["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+    pairs = read_parallel(*data["train"])[: data["train_pairs"]]
+    valid = read_parallel(*data["valid"])[: data["valid_pairs"]]
+    if data["reverse"]:
+        pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
+    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
+    tokenizer, vocabulary = tokenizer_for(data, checkpoint=start_from, pairs=pairs)
+    model = seq2seq_model(recipe, tokenizer)
+    if init is not None and not resume:
+        pretrained, _ = load_model(start_from, kind="encoder_decoder")
+        check_fine_tuning(pretrained, recipe, start_from)
+        model.load_state_dict(pretrained.state_dict())
+    window = model.config.max_len
+    examples, over_long = _encode_pairs(tokenizer, pairs, window=window, long=data["long"])
+    if not examples:
+        raise UserError("no training pair fits the model's window (model.max_len)")
+    valid_examples, _ = _encode_pairs(tokenizer, valid, window=window, long="truncate")
+    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+    max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
+    steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
+    total_steps = int(train["epochs"]) * steps_per_epoch
+    if train["steps"] is not None:
+        total_steps = min(total_steps, int(train["steps"]))
+    trainer = Trainer(
+        model,
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        total_steps=total_steps,
+        schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        clip=float(train["clip"]),
+        betas=(0.9, float(train["beta2"])),
+        bf16=train["bf16"],
+    )
+    state = {"epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0, "history": [], "losses": [], "best": None, "bad": 0}
+    if resume:
+        state = load_checkpoint(run / "last", trainer)
+    run.mkdir(parents=True, exist_ok=True)
+    scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_file = Path(tmp) / TOKENIZER_FILE
+        tokenizer.save(tokenizer_file)
+        extra = {"task": "translation", "recipe": recipe}
+
+        def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
+            save_checkpoint(
+                model,
+                run / name,
+                files={TOKENIZER_FILE: tokenizer_file},
+                extra={**extra, **({"valid_scores": scores} if scores else {})},
+                trainer=trainer if resumable else None,
+                progress=state if resumable else None,
+            )
+
+        def record(final: str) -> None:
+            write_json(run / RUN_FILE, {"qkv_version": __version__, "recipe": recipe, "final": final, **state})
+
+        def validate(beam: int) -> dict:
+            start = time.perf_counter()
+            hypotheses = beam_translate(
+                model,
+                tokenizer,
+                [a for a, _ in valid],
+                beam_size=beam,
+                length_penalty=float(data["length_penalty"]),
+                max_len_a=float(data["max_len_a"]),
+                max_len_b=int(data["max_len_b"]),
+            )
+            scores = corpus_scores(
+                hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+            )
+            return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
+
+        if not resume:
+            save("last", resumable=True)
+            record("last")
+
+        def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+            s, t_in, t_out = seq2seq_batch(
+                [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+            )
+            logits = model(s, t_in)  # (B, T, V)
+            loss = sequence_loss(logits, t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+            return loss, int((t_out != tokenizer.pad_id).sum())
+
+        bar = tqdm(
+            total=total_steps,
+            initial=trainer.steps,
+            desc="qkv translation",
+            unit="step",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+        seconds_cap = train["seconds"]
+        stop = None
+        session_start, session_tokens = time.perf_counter(), 0
+        while stop is None:
+            if state["epoch"] >= int(train["epochs"]):
+                stop = "epochs"
+                break
+            order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
+            tick = time.perf_counter()
+            while state["batch"] < len(order) and stop is None:
+                group = order[state["batch"] : state["batch"] + accumulate]
+                loss, n_tokens = trainer.step([lambda rows=rows: batch_loss(rows) for rows in group])
+                now = time.perf_counter()
+                state["seconds"] += now - tick
+                tick = now
+                state["batch"] += len(group)
+                state["tokens"] += n_tokens
+                session_tokens += n_tokens
+                state["losses"].append(round(loss, 4))
+                bar.update(1)
+                if trainer.steps % 10 == 0:
+                    rate = session_tokens / max(now - session_start, 1e-9)
+                    bar.set_postfix(
+                        epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
+                    )
+                    scalars.add("train/loss", loss, trainer.steps)
+                    scalars.add("train/lr", trainer.lr, trainer.steps)
+                    scalars.add("train/tokens_per_second", rate, trainer.steps)
+                if trainer.steps >= total_steps:
+                    stop = "steps"
+                elif seconds_cap is not None and state["seconds"] >= seconds_cap:
+                    stop = "seconds"
+                if (
+                    train["save_every"]
+                    and trainer.steps % int(train["save_every"]) == 0
+                    and state["batch"] < len(order)
+                ):
+                    save("last", resumable=True)
+            if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
+                model.eval()
+                scores = validate(int(data["valid_beam"]))
+                valid_loss = teacher_forced_loss(model, tokenizer, valid_examples, max_tokens=max_tokens)
+                state["epoch"] += 1
+                state["batch"] = 0
+                entry = {
+                    "epoch": state["epoch"],
+                    "step": trainer.steps,
+                    "train_seconds": round(state["seconds"], 1),
+                    "valid_loss": round(valid_loss, 4),
+                    "valid_bleu": scores["bleu"],
+                    "valid_chrf": scores["chrf"],
+                }
+                state["history"].append(entry)
+                scalars.add("valid/loss", valid_loss, trainer.steps)
+                scalars.add("valid/bleu", scores["bleu"], trainer.steps)
+                scalars.add("valid/chrf", scores["chrf"], trainer.steps)
+                if progress:
+                    tqdm.write(
+                        f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
+                        f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)"
+                    )
+                if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
+                    state["best"], state["bad"] = entry, 0
+                    save("best")
+                else:
+                    state["bad"] += 1
+                    if train["patience"] is not None and state["bad"] >= int(train["patience"]):
+                        stop = "patience"
+                keep = int(train["average_last"])
+                if keep:
+                    save(f"epoch-{state['epoch']:03d}")
+                    for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
+                        shutil.rmtree(old)
+            save("last", resumable=True)
+            record("last")
+        bar.close()
+        scalars.close()
+
+        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam.
+        candidates = {}
+        if (run / "best").is_dir():
+            best_model, _ = load_model(run / "best")
+            model.load_state_dict(best_model.state_dict())
+            candidates["best"] = validate(int(data["beam_size"]))
+        epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
+        if len(epochs) > 1:
+            average_checkpoints(epochs, model)
+            candidates["averaged"] = validate(int(data["beam_size"]))
+            save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
+        if not candidates:  # stopped before the first epoch ended
+            last_model, _ = load_model(run / "last")
+            model.load_state_dict(last_model.state_dict())
+            candidates["last"] = validate(int(data["beam_size"]))
+        final = max(candidates, key=lambda name: candidates[name]["bleu"])
+        if final != "averaged":
+            final_model, _ = load_model(run / final)
+            model.load_state_dict(final_model.state_dict())
+        scores = candidates[final]
+        state["final_scores"] = {
+            name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
+        }
+        state["stopped_by"] = stop
+        record(final)
+    result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
+    return {
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "bleu_signature": scores["bleu_signature"],
+        "final": final,
+        "epochs": state["epoch"],
+        "stopped_by": stop,
+        "history": state["history"],
+        "vocabulary": vocabulary,
+        "over_long_pairs": over_long,
+        "eval_seconds": scores["seconds"],
+        **fit_summary(result, model, tokenizer),
+        "hypotheses": scores["hypotheses"],
+    }
