@@ -7,6 +7,8 @@ torch.nn.Transformer on the same synthetic batches, in one run.
 Training: target tokens/s of forward + backward + AdamW step (fused AdamW for all three, the
 same label-smoothed loss, dropout 0.1), fp32 and bf16 autocast, for the base size (d=512, 8
 heads, FFN 2048, 6+6 layers, vocab 8,000) and the small one (d=256, 4 heads, FFN 1024, 3+3).
+qkv computes the loss through its own training path (``training.seq2seq_loss``), which skips
+the output layer at padding positions: the same loss and gradients, tested equal.
 ``torch.nn.Transformer`` gets token embeddings, sinusoidal positions and an output layer.
 Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on both sides:
 Hugging Face ``min_new_tokens=32``; qkv's END id is unset), greedy at batch 1 and 32, beam 5
@@ -32,7 +34,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.generation import beam_search, greedy  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
-from qkv.training import Trainer  # noqa: E402
+from qkv.training import Trainer, seq2seq_loss  # noqa: E402
 
 SIZES = {
     "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "layers": 6},
@@ -152,6 +154,8 @@ def train_rate(name: str, model: nn.Module, data: list, *, bf16: bool, warm: int
 
     def loss_of(src, t_in, t_out):
         def run():
+            if name == "qkv":  # qkv's own training loss: logits at real target tokens only (tested equal)
+                return seq2seq_loss(model, src, t_in, t_out, pad_id=PAD, label_smoothing=0.1)
             if name == "marian":
                 logits = model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=t_in).logits
             else:

@@ -390,6 +390,17 @@ def test_configs_are_frozen() -> None:
 # ---------------------------------------------------------------------- tying
 
 
+def test_encoder_decoder_only_selects_positions() -> None:
+    """``only`` gives the logits of the selected positions, as computed for all of them."""
+    model = build("encoder_decoder")
+    src, tgt = _tokens(B, S, SRC_V), _tokens(B, T, TGT_V)
+    only = torch.rand(B, T) < 0.6  # (B, T)
+    full = model(src, tgt)  # (B, T, V)
+    picked = model(src, tgt, only=only)  # (N, V)
+    assert picked.shape == (int(only.sum()), TGT_V)
+    torch.testing.assert_close(picked, full[only], atol=ATOL, rtol=0)
+
+
 def test_encoder_decoder_tied_and_shared_embeddings() -> None:
     """tie_output makes the output the target embedding; share_embeddings makes one embedding module."""
     model = EncoderDecoder(ed_config(src_vocab_size=TGT_V, share_embeddings=True, tie_output=True))

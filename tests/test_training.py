@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.training import fit, inverse_sqrt, seq2seq_batch, sequence_loss
+from qkv.training import fit, inverse_sqrt, seq2seq_batch, seq2seq_loss, sequence_loss
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -87,6 +87,26 @@ def _model(seed: int = 0) -> EncoderDecoder:
         max_len=16,
     )
     return EncoderDecoder(config)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_seq2seq_loss_equals_the_loss_over_all_positions(smoothing: float) -> None:
+    """Logits at real target tokens only (the fast path) give the loss, count and gradients of
+    logits everywhere with padding ignored (the explicit path)."""
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (4, 7, 2)]
+    src, tgt_in, tgt_out = seq2seq_batch([(r, r[::-1]) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    model = _model()
+    fast, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=smoothing)
+    fast.backward()
+    fast_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    explicit = sequence_loss(model(src, tgt_in), tgt_out, ignore_id=PAD, label_smoothing=smoothing)
+    explicit.backward()
+    assert n == int((tgt_out != PAD).sum()) == 4 + 7 + 2 + 3
+    assert fast.item() == pytest.approx(explicit.item(), rel=1e-6)
+    for a, b in zip(fast_grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
 def _copy_task():

@@ -301,7 +301,11 @@ class DecoderStack(nn.Module):
     ) -> tuple[Tensor, list[BlockCache], list[Tensor] | None]:
         t = x.shape[1]
         s = cache_length(cache) + t
-        self_mask = causal_mask(t, s, device=x.device)[None, None]  # (1, 1, T, S_self)
+        # One new position may see every key: its causal mask is all True, and None spares
+        # each block's attention the mask work (the decoding step).
+        self_mask = None
+        if t > 1 or key_mask is not None:
+            self_mask = causal_mask(t, s, device=x.device)[None, None]  # (1, 1, T, S_self)
         if key_mask is not None:
             self_mask = self_mask & padding_mask(key_mask)  # (B, 1, T, S_self)
         self_bias = (

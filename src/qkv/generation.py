@@ -44,8 +44,8 @@ class _State:
 
     cache: list
     memory: Tensor | None = None  # (N, S, D), encoder-decoder only
-    src_mask: Tensor | None = None  # (N, S)
-    key_mask: Tensor | None = None  # (N, P), decoder-only: real tokens so far
+    src_mask: Tensor | None = None  # (N, S) (None: all real)
+    key_mask: Tensor | None = None  # (N, P), decoder-only: real tokens so far (None: all real)
     next_position: Tensor | None = None  # (N,), decoder-only: position of the next token
 
 
@@ -101,6 +101,9 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
     if isinstance(model, EncoderDecoder):
         src, src_mask = pad_rows(inputs, c.pad_id, left=False, device=device)  # (B, S)
         memory = model.encode(src, src_mask=src_mask)  # (B, S, D)
+        # Without padding (e.g. one input) no key is ever masked: a None mask spares every
+        # cross-attention call of every step its mask work (decoding is per-op overhead bound).
+        src_mask = None if bool(src_mask.all()) else src_mask
         bos = torch.full((len(inputs), 1), c.bos_id, dtype=torch.long, device=device)  # (B, 1)
         out = model.decode(bos, memory, src_mask=src_mask)
         return out.logits[:, -1], _State(out.cache, memory=memory, src_mask=src_mask)  # (B, V)
@@ -111,7 +114,8 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
     prompt, valid = pad_rows(inputs, c.pad_id or 0, left=True, device=device)  # (B, P)
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, P): each row counts from its first token
     out = model.decode(prompt, key_mask=valid, positions=positions)
-    state = _State(out.cache, key_mask=valid, next_position=valid.sum(1))
+    # As above: prompts of one length need no key mask, so the steps need no self-attention mask.
+    state = _State(out.cache, key_mask=None if bool(valid.all()) else valid, next_position=valid.sum(1))
     return out.logits[:, -1], state  # (B, V)
 
 
@@ -120,8 +124,10 @@ def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tenso
     if isinstance(model, EncoderDecoder):
         out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)  # (N, 1, V)
         return out.logits[:, -1], replace(state, cache=out.cache)
-    new = torch.ones_like(tokens[:, None], dtype=torch.bool)  # (N, 1)
-    key_mask = torch.cat([state.key_mask, new], dim=1)  # (N, P+1)
+    key_mask = None
+    if state.key_mask is not None:
+        new = torch.ones_like(tokens[:, None], dtype=torch.bool)  # (N, 1)
+        key_mask = torch.cat([state.key_mask, new], dim=1)  # (N, P+1)
     # A row past its cap (check_inputs) keeps being fed, its output ignored; clamping its
     # position keeps a learned position table from being indexed past its end.
     positions = state.next_position.clamp(max=model.config.max_len - 1)[:, None]  # (N, 1)

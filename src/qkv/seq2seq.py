@@ -65,7 +65,7 @@ from qkv.training import (
     FitResult,
     Trainer,
     seq2seq_batch,
-    sequence_loss,
+    seq2seq_loss,
 )
 
 
@@ -208,8 +208,7 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
         s, t_in, t_out = seq2seq_batch(
             list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
-        loss = sequence_loss(m(s, t_in), t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
-        return loss, int((t_out != tokenizer.pad_id).sum())
+        return seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
 
     result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv numbers")
     held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
@@ -268,8 +267,8 @@ def teacher_forced_loss(
         s, t_in, t_out = seq2seq_batch(
             [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
-        n = int((t_out != tokenizer.pad_id).sum())
-        total += sequence_loss(model(s, t_in), t_out, ignore_id=tokenizer.pad_id).item() * n
+        loss, n = seq2seq_loss(model, s, t_in, t_out, pad_id=tokenizer.pad_id)
+        total += loss.item() * n
         count += n
     return total / max(count, 1)
 
@@ -280,7 +279,7 @@ def _encode_pairs(
     """Token ids of the pairs, over-long ones (a source over the window, a target over the
     window less BEGIN) dropped or truncated (``long``); and how many pairs were over-long."""
     sources = tokenizer.encode_batch([a for a, _ in pairs])
-    targets = tokenizer.encode_batch([b for _, b in pairs])
+    targets = tokenizer.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
     examples, over_long = [], 0
     for s, t in zip(sources, targets, strict=True):
         if len(s) > window or len(t) > window - 1:
@@ -397,9 +396,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             s, t_in, t_out = seq2seq_batch(
                 [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
             )
-            logits = model(s, t_in)  # (B, T, V)
-            loss = sequence_loss(logits, t_out, ignore_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
-            return loss, int((t_out != tokenizer.pad_id).sum())
+            smoothing = train["label_smoothing"]
+            return seq2seq_loss(model, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=smoothing)
 
         bar = tqdm(
             total=total_steps,

@@ -40,6 +40,23 @@ def sequence_loss(logits: Tensor, targets: Tensor, *, ignore_id: int | None, lab
     )
 
 
+def seq2seq_loss(
+    model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *, pad_id: int, label_smoothing: float = 0.0
+) -> tuple[Tensor, int]:
+    """Mean cross-entropy per real target token of an encoder-decoder, and their count.
+
+    The same value as :func:`sequence_loss` over all positions with ``ignore_id=pad_id``,
+    but logits are computed at the real target tokens only (the model's ``only``), so
+    padding costs no output-layer work.
+
+    Shapes: src (B, S), tgt_in and tgt_out (B, T) as :func:`seq2seq_batch` returns them.
+    """
+    keep = tgt_out != pad_id  # (B, T)
+    logits = model(src, tgt_in, only=keep)  # (N, V)
+    loss = sequence_loss(logits[None], tgt_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
+    return loss, int(keep.sum())
+
+
 def inverse_sqrt(step: int, *, warmup: int) -> float:
     """Learning-rate factor: linear warmup to 1 at ``warmup``, then ∝ 1/√step (eq. 3)."""
     step = max(step, 1)

@@ -108,19 +108,25 @@ class EncoderDecoder(nn.Module):
         tgt: Tensor,
         memory: Tensor,
         *,
-        src_mask: Tensor,
+        src_mask: Tensor | None,
         cache: list[BlockCache] | None = None,
         need_weights: bool = False,
+        only: Tensor | None = None,
     ) -> DecoderOutput:
         """Predict the next target tokens from the target so far and the encoder output.
 
         With a ``cache`` from an earlier call, ``tgt`` holds only the new positions. Target
         padding needs no mask: it only ever follows real tokens, which the causal mask
-        already keeps from seeing it.
+        already keeps from seeing it. With ``only`` (True where a prediction is wanted),
+        the output layer runs at those positions alone: in training, padding positions
+        would cost the largest matmul of a small model and a softmax over the vocabulary
+        for a loss that ignores them.
 
         Shapes:
-            tgt: (B, T); memory: (B, S, D); src_mask: (B, S) bool.
-            returns logits (B, T, V), the cache, and optionally the cross-attention weights.
+            tgt: (B, T); memory: (B, S, D); src_mask: (B, S) bool (None: every source token is real).
+            only: (B, T) bool or None.
+            returns logits (B, T, V), or (N, V) with ``only`` (N = only.sum()), the cache,
+            and optionally the cross-attention weights.
         """
         past = cache_length(cache)
         positions = torch.arange(past, past + tgt.shape[1], device=tgt.device)  # (T,)
@@ -128,13 +134,18 @@ class EncoderDecoder(nn.Module):
         x, cache, weights = self.decoder(
             x, positions=positions, memory=memory, memory_mask=src_mask, cache=cache, need_weights=need_weights
         )  # (B, T, D)
-        return DecoderOutput(self.output(x), cache, weights)  # (B, T, V)
+        if only is not None:
+            x = x[only]  # (N, D)
+        return DecoderOutput(self.output(x), cache, weights)  # (B, T, V) or (N, V)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher-forced logits. Shapes: src (B, S), tgt (B, T) -> (B, T, V)."""
+    def forward(self, src: Tensor, tgt: Tensor, *, only: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits, at every target position or where ``only`` is True.
+
+        Shapes: src (B, S), tgt (B, T), only (B, T) bool -> (B, T, V), or (N, V) with ``only``.
+        """
         src_mask = src != self.config.pad_id  # (B, S)
         memory = self.encode(src, src_mask=src_mask)  # (B, S, D)
-        return self.decode(tgt, memory, src_mask=src_mask).logits  # (B, T, V)
+        return self.decode(tgt, memory, src_mask=src_mask, only=only).logits  # (B, T, V) or (N, V)
 
 
 def _embedding(c: EncoderDecoderConfig, vocab_size: int) -> InputEmbedding:
