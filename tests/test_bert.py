@@ -263,11 +263,13 @@ def test_dailydialog_classifier_and_mlm_through_the_cli(tmp_path, capsys) -> Non
     assert main(["train", str(RECIPES / "dailydialog_mlm.yaml"), "--out", str(mlm_dir), *tiny]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["task"] == "mlm" and "valid_loss" in result and "valid_accuracy" in result
+    assert result["tokens_per_second"] > 0
     argv = ["train", str(RECIPES / "dailydialog_acts.yaml"), "--out", str(tmp_path / "acts"), *tiny]
     assert main([*argv, f"--set=train.init={mlm_dir}", "--set=data.context=true"]) == 0
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert result["task"] == "classify" and result["skipped"] == 1 and result["majority"]["label"] == "inform"
+    assert result["examples_per_second"] > 0 and "tokens_per_second" not in result  # one loss term per example
     assert "dialogues_train.txt:3" in err
     assert read_meta(tmp_path / "acts")["labels"] == ["inform", "question", "directive", "commissive"]
 
