@@ -284,8 +284,9 @@ def test_gpt2_round_trip(tied: bool, gpt2_vocab: Path, tmp_path: Path, capsys) -
 # ---------------------------------------------------------------------------- Marian
 
 
-def marian_tokenizer(directory: Path):
-    """A MarianTokenizer over two tiny SentencePiece models, saved (and returned) in ``directory``."""
+def marian_tokenizer(directory: Path, extra: tuple[str, ...] = ()):
+    """A MarianTokenizer over two tiny SentencePiece models, saved (and returned) in ``directory``;
+    ``extra`` tokens go into vocab.json after the pieces of both sides, before <pad>."""
     sentencepiece = pytest.importorskip("sentencepiece")
     from transformers import MarianTokenizer
 
@@ -304,7 +305,7 @@ def marian_tokenizer(directory: Path):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / f"{side}.spm"))
         pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
     vocab = {"</s>": 0, "<unk>": 1}
-    for piece in pieces:
+    for piece in [*pieces, *extra]:
         vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)
     (directory / "vocab.json").write_text(json.dumps(vocab))
@@ -313,17 +314,8 @@ def marian_tokenizer(directory: Path):
     return tokenizer
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
-def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
-    """Marian -> encoder_decoder -> Marian: encoder states and logits with source padding, greedy
-    translations (decoding starts from the padding token) and the SentencePiece files agree."""
-    if shared:
-        hf_tokenizer = marian_tokenizer(tmp_path / "tokenizer")
-        src_vocab = tgt_vocab = len(hf_tokenizer)
-        pad, extra = hf_tokenizer.pad_token_id, {"activation_function": "swish", "scale_embedding": True}
-    else:
-        hf_tokenizer, src_vocab, tgt_vocab, pad = None, 41, 29, 28
-        extra = {"activation_function": "gelu", "share_encoder_decoder_embeddings": False, "tie_word_embeddings": False}
+def marian_model(src_vocab: int, tgt_vocab: int, pad: int, **extra) -> MarianMTModel:
+    """A small random Marian (END = 0, decoding from the padding token, no forced END)."""
     config = MarianConfig(
         vocab_size=src_vocab,
         decoder_vocab_size=tgt_vocab,
@@ -346,6 +338,21 @@ def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
     perturb(hf, 6)
     with torch.no_grad():
         hf.final_logits_bias.normal_(std=0.2, generator=torch.Generator().manual_seed(5))
+    return hf
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "separate"])
+def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
+    """Marian -> encoder_decoder -> Marian: encoder states and logits with source padding, greedy
+    translations (decoding starts from the padding token) and the SentencePiece files agree."""
+    if shared:
+        hf_tokenizer = marian_tokenizer(tmp_path / "tokenizer")
+        src_vocab = tgt_vocab = len(hf_tokenizer)
+        pad, extra = hf_tokenizer.pad_token_id, {"activation_function": "swish", "scale_embedding": True}
+    else:
+        hf_tokenizer, src_vocab, tgt_vocab, pad = None, 41, 29, 28
+        extra = {"activation_function": "gelu", "share_encoder_decoder_embeddings": False, "tie_word_embeddings": False}
+    hf = marian_model(src_vocab, tgt_vocab, pad, **extra)
     src = tmp_path / "hf"
     hf.save_pretrained(src)
     if hf_tokenizer is not None:
@@ -396,6 +403,127 @@ def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
         back_tokenizer = MarianTokenizer.from_pretrained(out)
         assert back_tokenizer(TEXTS).input_ids == hf_tokenizer(TEXTS).input_ids
         assert back_tokenizer(text_target=TEXTS).input_ids == hf_tokenizer(text_target=TEXTS).input_ids
+
+
+# Source texts for Marian's tokenizer: punctuation, digits, accents, runs of spaces, a tab, a
+# character no piece or token has (🚀: <unk>), an unknown run vocab.json holds as a token (東京),
+# a capital only the target side has a piece for (É: MarianTokenizer finds it in vocab.json), a
+# "▁" in the text, a special token in the text, a target-language code (read at the start only).
+MARIAN_TEXTS = [
+    *TEXTS,
+    "École 東京 🚀 fin",
+    "  leading and trailing  ",
+    "a\u2581b </s> c",
+    ">>fra<< Hello world!",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def marian_files(tmp_path_factory) -> Path:
+    """MarianTokenizer's files, vocab.json with a language code and an unknown run (東京) added."""
+    directory = tmp_path_factory.mktemp("marian") / "tokenizer"
+    marian_tokenizer(directory, extra=(">>fra<<", "東京"))
+    return directory
+
+
+def import_marian(files: Path, tmp_path: Path) -> tuple[MarianMTModel, Path]:
+    """A random shared-vocabulary Marian saved with ``files``, imported; the model and qkv directory."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(files)
+    hf = marian_model(len(hf_tokenizer), len(hf_tokenizer), hf_tokenizer.pad_token_id)
+    hf.save_pretrained(tmp_path / "hf")
+    hf_tokenizer.save_pretrained(tmp_path / "hf")
+    summary = import_hf(tmp_path / "hf", tmp_path / "qkv")
+    assert summary["tokenizer"].startswith("tokenizer.json from source.spm and vocab.json"), summary
+    return hf, tmp_path / "qkv"
+
+
+def test_marian_tokenizer_is_marians(marian_files: Path, tmp_path: Path) -> None:
+    """The converted tokenizer encodes sources (</s> appended) and decodes ids as MarianTokenizer does."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(marian_files)
+    _, qkv = import_marian(marian_files, tmp_path)
+    model, meta = load_model(qkv)
+    assert {"tokenizer.json", "special_tokens.json", "source.spm", "vocab.json"} <= set(meta["files"])
+    tokenizer = Tokenizer.load(qkv / "tokenizer.json")
+    c = model.config
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (c.pad_id, c.bos_id, c.eos_id)
+    assert tokenizer.vocab_size == len(hf_tokenizer)
+    expected = hf_tokenizer(MARIAN_TEXTS).input_ids
+    assert tokenizer.encode_batch(MARIAN_TEXTS) == expected
+    for text, ids in zip(MARIAN_TEXTS, expected, strict=True):
+        assert tokenizer.encode(text) == ids, text
+    assert {hf_tokenizer.unk_token_id, *hf_tokenizer.convert_tokens_to_ids(["É", "東京"])} <= set(expected[5])
+    # Decoding any ids (target pieces, <s>, <unk>, END, padding, the language code) as
+    # MarianTokenizer.decode(skip_special_tokens=True) does: through vocab.json, then stripped.
+    every_kind = ["▁", "<s>", "É", "a", "東京", ">>fra<<", "<unk>", "▁", "</s>", "<pad>", "▁"]
+    g = torch.Generator().manual_seed(8)
+    samples = [torch.randint(0, len(hf_tokenizer), (n,), generator=g).tolist() for n in (0, 1, 2, 5, 9, 14) * 8]
+    for ids in [hf_tokenizer.convert_tokens_to_ids(every_kind), *samples]:
+        assert tokenizer.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True), ids
+
+
+def test_marian_translate_end_to_end(marian_files: Path, tmp_path: Path) -> None:
+    """qkv translate on an imported Marian (greedy) writes what HF's greedy generate + decode gives;
+    export-hf then writes the original SentencePiece and vocabulary files back, byte for byte."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(marian_files)
+    hf, qkv = import_marian(marian_files, tmp_path)
+    sources = [*TEXTS[:4], "Café 123", "a b c"]
+    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
+    new = 16
+    # --max-len-a 0 --max-len-b N caps every output at N new tokens, as max_new_tokens=N does in HF.
+    argv = ["translate", "--model", str(qkv), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
+    argv += ["--max-len-a", "0", "--max-len-b", str(new), "--output", str(tmp_path / "out.txt"), "--quiet"]
+    assert main(argv) == 0
+    # HF's own pipeline: MarianTokenizer (which appends </s>), greedy generate, decode.
+    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=new)
+    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
+    assert len(set(expected)) > 1 and all(expected)  # the outputs are text and depend on the source
+
+    exported = tmp_path / "exported"
+    export_hf(qkv, exported)
+    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        assert (exported / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+    assert not (exported / "tokenizer.json").exists()  # qkv's conversion stays in qkv
+    assert MarianTokenizer.from_pretrained(exported)(MARIAN_TEXTS).input_ids == hf_tokenizer(MARIAN_TEXTS).input_ids
+
+
+def test_marian_tokenizer_not_converted(marian_files: Path, tmp_path: Path) -> None:
+    """Separate source and target vocabularies are kept for export but not converted; a BPE
+    source.spm is refused, naming the file and the field."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    vocab = json.loads((marian_files / "vocab.json").read_text())
+    src = tmp_path / "hf"
+    marian_model(len(vocab), len(vocab), vocab["<pad>"]).save_pretrained(src)
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        shutil.copy(marian_files / name, src / name)
+    shutil.copy(marian_files / "vocab.json", src / "target_vocab.json")
+    (src / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
+    summary = import_hf(src, tmp_path / "separate")
+    assert "not converted" in summary["tokenizer"] and "target_vocab.json" in summary["tokenizer"]
+    assert "tokenizer.json" not in load_model(tmp_path / "separate")[1]["files"]
+
+    (src / "tokenizer_config.json").unlink()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_prefix=str(tmp_path / "bpe"),
+        model_type="bpe",
+        vocab_size=60,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    shutil.copy(tmp_path / "bpe.model", src / "source.spm")
+    with pytest.raises(UserError, match=r"source\.spm: model_type is not supported: only unigram"):
+        import_hf(src, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 @pytest.mark.parametrize("d_model", [14, 15])

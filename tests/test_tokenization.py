@@ -67,3 +67,22 @@ def test_load_garbage_file_is_user_error(tmp_path):
 def test_load_missing_file_is_user_error(tmp_path):
     with pytest.raises(UserError, match=r"nope\.json"):
         Tokenizer.load(tmp_path / "nope.json")
+
+
+def test_add_special_tokens_appends_end_and_survives_save_load(tokenizer, tmp_path):
+    """A tokenizer whose post-processor ends texts with END (a converted Marian one) adds it on
+    encode, keeps the setting through save/load, and leaves it out when asked (targets)."""
+    from tokenizers import processors
+
+    tokenizer.save(tmp_path / "tokenizer.json")
+    adding = Tokenizer.load(tmp_path / "tokenizer.json")  # a copy, changed below
+    adding.backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    adding.add_special_tokens = True
+    plain = tokenizer.encode(SENTENCE)
+    assert adding.encode(SENTENCE) == [*plain, adding.eos_id]
+    assert adding.encode_batch([SENTENCE]) == [[*plain, adding.eos_id]]
+    assert adding.encode_batch([SENTENCE], add_special_tokens=False) == [plain]
+    (tmp_path / "b").mkdir()
+    adding.save(tmp_path / "b" / "tokenizer.json")
+    reloaded = Tokenizer.load(tmp_path / "b" / "tokenizer.json")
+    assert reloaded.add_special_tokens and reloaded.encode(SENTENCE) == [*plain, reloaded.eos_id]

@@ -24,17 +24,33 @@ Supported:
     ``vocab.json`` + ``merges.txt`` (byte-level BPE) rebuilt as HF's tokenizers do; the special
     tokens' roles go to ``special_tokens.json`` (``tokenization.py``). Export writes
     ``tokenizer.json`` and a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast``.
+  * Marian's tokenizer (shared vocabulary): ``source.spm`` + ``vocab.json`` become a
+    ``tokenizer.json`` that gives the ids ``MarianTokenizer`` gives a source text (``</s>``
+    appended) and the text its ``decode(ids, skip_special_tokens=True)`` gives
+    (:func:`_marian_tokenizer`), so ``qkv translate`` and ``qkv generate`` run an imported
+    Marian. ``source.spm``, ``target.spm``, the ``vocab.json`` files and ``tokenizer_config.json``
+    are kept in the qkv directory (with their SHA-256) and are what export writes back.
 
 Not supported (a :class:`~qkv.errors.UserError` names the file and the field or tensor):
 other architectures; sharded checkpoints (``*.index.json``); BERT with relative positions or
 as a decoder, BERT's next-sentence head; GPT-2 without attention scaling or with
 ``scale_attn_by_inverse_layer_idx``; Marian with different encoder and decoder widths or head
-counts. Marian's SentencePiece tokenizer is not converted: ``source.spm``, ``target.spm`` and
-the ``vocab.json`` files are kept in the qkv directory (with their SHA-256) and written back on
-export, but qkv itself cannot tokenize with them, so an imported Marian model runs from token
-ids (Python) and ``qkv generate`` refuses it. Generation settings (``generation_config.json``:
-beams, ``bad_words_ids``, forced END) are not carried over; Marian's ``activation_dropout``
-is dropped (training only).
+counts; a ``source.spm`` other than a unigram model of normal and control pieces (BPE, byte
+fallback, user-defined pieces). Marian with separate source and target vocabularies
+(``separate_vocabs``, ``target_vocab.json``) imports with its files kept and exported but not
+converted, as a qkv tokenizer has one vocabulary: it runs from token ids (Python) and
+``qkv translate`` refuses it. Generation settings (``generation_config.json``: beams,
+``bad_words_ids``, forced END) are not carried over; Marian's ``activation_dropout`` is dropped
+(training only).
+
+Where the converted Marian tokenizer still differs from ``MarianTokenizer``: a target-language
+code (``>>fra<<``) is read wherever it stands (``MarianTokenizer``: at the start only, and an
+unknown code as ``<unk>``); a ``source.spm`` piece that ``vocab.json`` lacks, which
+``MarianTokenizer`` reads as ``<unk>``, is segmented around instead; a text that only its
+normalization (NFKC) turns into a special token's text (fullwidth ``＜pad＞``, where ``<`` and
+``>`` have pieces) reads as that token. Targets: qkv encodes every text alike, so a target
+(fine-tuning, teacher-forced loss) is segmented with ``source.spm`` (``MarianTokenizer``:
+``target.spm``) and ends with ``</s>`` before qkv adds END to it (two ``</s>``).
 
 ``transformers`` is never imported: configs are read and written as JSON and tensors with
 safetensors. The models do not import this module.
@@ -44,16 +60,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 from torch import Tensor
 
 from qkv.checkpoint import build_model, check_output, load_model, save_model
@@ -64,10 +82,18 @@ from qkv.models.encoder_decoder import EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnlyConfig
 from qkv.tokenization import FILE, Tokenizer
 
+if TYPE_CHECKING:  # protobuf-generated; imported where used, so that qkv.hf loads without protobuf
+    from sentencepiece.sentencepiece_model_pb2 import ModelProto
+
 BERT = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 GPT2 = ("GPT2LMHeadModel",)
 MARIAN = ("MarianMTModel",)
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
+# Suffixes of the vocab.json tokens the source SentencePiece model never produces, in the
+# converted Unigram model: with a space in them they can never match text (the normalizer
+# turns every space into "▁"), and the decoder removes the suffix (or, for a control piece
+# such as <s>, the whole token, which SentencePiece decodes to nothing).
+NOT_SOURCE, CONTROL = " (not in source.spm)", " (control)"
 HF_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_BIN = "pytorch_model.bin"
@@ -797,6 +823,146 @@ def _gpt2_tokenizer(directory: Path) -> Tokenizer | None:
     return Tokenizer(backend, specials=specials)
 
 
+def _read_spm(path: Path) -> ModelProto:
+    """The protobuf of a SentencePiece model file."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except (OSError, DecodeError) as e:
+        raise UserError(f"cannot read {path} as a SentencePiece model: {e}") from None
+    if not proto.pieces:
+        raise UserError(f"{path} is not a SentencePiece model: it has no pieces")
+    return proto
+
+
+def _check_spm(path: Path, proto: ModelProto) -> None:
+    """Refuse what the conversion below does not reproduce (none of it occurs in Marian's models)."""
+    from sentencepiece.sentencepiece_model_pb2 import ModelProto, TrainerSpec
+
+    piece_type = ModelProto.SentencePiece
+    spec, trainer = proto.normalizer_spec, proto.trainer_spec
+    refused = [
+        ("model_type", trainer.model_type != TrainerSpec.UNIGRAM, "only unigram models are"),
+        ("byte_fallback", trainer.byte_fallback, "byte pieces are not"),
+        ("treat_whitespace_as_suffix", trainer.treat_whitespace_as_suffix, "only word-initial ▁ is"),
+        ("escape_whitespaces", not spec.escape_whitespaces, "spaces must become ▁"),
+        ("denormalizer_spec", bool(proto.denormalizer_spec.precompiled_charsmap), "a denormalizer is not"),
+    ]
+    for field, bad, why in refused:
+        if bad:
+            raise UserError(f"{path}: {field} is not supported: {why}")
+    for piece in proto.pieces:
+        if piece.type not in (piece_type.NORMAL, piece_type.UNKNOWN, piece_type.CONTROL):
+            kind = piece_type.Type.Name(piece.type).lower()
+            raise UserError(f"{path}: piece {piece.piece!r} is {kind}; qkv converts normal and control pieces only")
+
+
+def _marian_tokenizer(directory: Path, config: EncoderDecoderConfig) -> Tokenizer:
+    """MarianTokenizer (shared vocabulary) as a ``tokenizers`` Unigram model over vocab.json's ids.
+
+    MarianTokenizer segments a source text with source.spm, looks each piece up in vocab.json
+    (a piece it lacks is <unk>) and appends </s>; it decodes ids through vocab.json and, with a
+    shared vocabulary, source.spm, then strips the text. Rebuilt here as HF's converter of
+    SentencePiece models does it: source.spm's normalizer (precompiled character map,
+    whitespace rules) and Metaspace, then a Unigram model whose token i is vocab.json's id i,
+    scored as in source.spm so that its best segmentation is SentencePiece's, and a
+    post-processor that appends </s> (``Tokenizer.add_special_tokens``). BEGIN is the decoder's
+    start token; multilingual models' target-language codes (>>fra<<) are added tokens.
+
+    SentencePiece never produces most other vocab.json tokens (the target side's pieces, its
+    own control pieces such as <s>), so they are kept out of the text's reach (NOT_SOURCE): a
+    low score would not do, as the Unigram model prefers any piece to <unk>. It does produce,
+    for a run of characters it has no piece for, the run's text as one piece, which vocab.json
+    may hold (the target side's "É", or a rare character of the source side); a normalizer
+    step turns every such run that vocab.json lacks into one U+FFFF (read as <unk>), so that a
+    token made of such characters matches only a whole run, as MarianTokenizer's look-up does.
+    The unmatched tokens get source.spm's lowest score: the Unigram model scores <unk> from the
+    lowest score of its vocabulary, which must stay SentencePiece's.
+    """
+    spm_path, vocab_path = directory / "source.spm", directory / "vocab.json"
+    proto = _read_spm(spm_path)
+    _check_spm(spm_path, proto)
+    try:
+        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{vocab_path} is not valid JSON: {e}") from None
+    ids = sorted(vocab.values()) if isinstance(vocab, dict) else None
+    if ids is None or any(type(i) is not int for i in ids) or ids != list(range(len(ids))):
+        raise UserError(f"{vocab_path} must map tokens to the ids 0, 1, ..., N-1, each once")
+    tokens = sorted(vocab, key=vocab.__getitem__)  # token i has id i
+    settings = _tokenizer_settings(directory)
+    eos = _special(settings, "eos_token", "</s>")
+    unk = _special(settings, "unk_token", "<unk>")
+    pad = _special(settings, "pad_token", "<pad>")
+    if config.bos_id >= len(tokens):
+        raise UserError(f"{vocab_path} has no id {config.bos_id} (config.json's decoder_start_token_id)")
+    specials = {"pad": pad, "bos": tokens[config.bos_id], "eos": eos, "unk": unk}
+    for token in specials.values():
+        if token not in vocab:
+            raise UserError(f"{vocab_path} lacks the special token {token!r}")
+    codes = [t for t in tokens if t.startswith(">>") and t.endswith("<<")]  # MarianTokenizer's test
+    whole = set(specials.values()) | set(codes)  # matched in the raw text, before the normalizer
+
+    normal = type(proto).SentencePiece.NORMAL
+    source = {p.piece: p for p in proto.pieces}
+    lowest = min((p.score for p in proto.pieces if p.type == normal), default=0.0)
+    # SentencePiece reads a character it has no one-character piece for as unknown.
+    known = {p.piece for p in proto.pieces if p.type == normal and len(p.piece) == 1}
+    scored: list[tuple[str, float]] = []
+    surfaces = []  # tokens that are the text of a run of unknown characters
+    for token in tokens:
+        piece = source.get(token)
+        if token in whole:
+            scored.append((token, 0.0))  # SentencePiece scores its control pieces 0 too
+        elif piece is not None and piece.type == normal:
+            scored.append((token, piece.score))
+        elif piece is None and token and not known.intersection(token):
+            scored.append((token, lowest))  # one piece beats two or more: a whole run is this token
+            surfaces.append(token)
+        else:
+            scored.append((token + (NOT_SOURCE if piece is None else CONTROL), lowest))
+    backend = HFTokenizer(models.Unigram(scored, unk_id=vocab[unk], byte_fallback=False))
+
+    spec = proto.normalizer_spec
+    steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
+    if spec.remove_extra_whitespaces:
+        steps += [normalizers.Replace(Regex(r"\A +| +\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
+    steps.append(normalizers.Replace(" ", "▁"))
+    if spec.add_dummy_prefix:
+        # SentencePiece prefixes "▁" even to a text that starts with one; Metaspace would not.
+        steps.append(normalizers.Replace(Regex(r"\A▁"), "▁▁"))
+    # A maximal run of unknown characters (none before it, at least one) that is not one of
+    # the surfaces becomes U+FFFF, a noncharacter no vocabulary holds: one <unk>.
+    unknown = "[^" + "".join(re.escape(c) for c in sorted(known)) + "]"
+    run = rf"(?<!{unknown})(?={unknown})"
+    if surfaces:
+        run += rf"(?!(?:{'|'.join(re.escape(t) for t in surfaces)})(?!{unknown}))"
+    steps.append(normalizers.Replace(Regex(rf"{run}{unknown}+"), "\uffff"))
+    backend.normalizer = normalizers.Sequence(steps)
+    # "always": every stretch of text between special tokens gets the prefix, as MarianTokenizer
+    # hands each stretch to SentencePiece on its own; split=False: one Viterbi pass per stretch.
+    scheme = "always" if spec.add_dummy_prefix else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace(Regex(rf"\A.*{re.escape(CONTROL)}\z"), ""),
+            decoders.Replace(NOT_SOURCE, ""),
+            decoders.Replace("▁", " "),
+            decoders.Fuse(),
+            decoders.Replace(Regex(r"\A\s+|\s+\z"), ""),  # MarianTokenizer strips the decoded text
+        ]
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"$A:0 {eos}:0", pair=f"$A:0 $B:0 {eos}:0", special_tokens=[(eos, vocab[eos])]
+    )
+    backend.add_special_tokens(sorted(set(specials.values())))
+    backend.add_tokens([AddedToken(code, normalized=False) for code in codes])
+    return Tokenizer(backend, specials=specials, add_special_tokens=True)
+
+
 def _hf_tokenizer_config(tokenizer: Tokenizer, kind: str, max_len: int) -> dict:
     """A tokenizer_config.json that loads tokenizer.json as it is, with its special tokens."""
     s = tokenizer.specials
@@ -856,20 +1022,28 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         extra["hf"]["id2label"] = labels
     with tempfile.TemporaryDirectory() as tmp:
         files: dict[str, Path] = {}
+        tokenizer: Tokenizer | None = None
+        said = "none"
         if architecture in MARIAN:
+            # The SentencePiece files are kept whatever happens, for export_hf to write back.
             files = {name: src / name for name in MARIAN_TOKENIZER_FILES if (src / name).is_file()}
-            said = f"kept {', '.join(files)} (SentencePiece; qkv does not tokenize with them)" if files else "none"
+            kept = f"kept {', '.join(files)} for export"
+            if not {"source.spm", "vocab.json"} <= set(files):
+                said = f"{kept}; not converted: source.spm or vocab.json is missing" if files else said
+            elif _tokenizer_settings(src).get("separate_vocabs"):
+                said = f"{kept}; not converted: qkv has one vocabulary for source and target, this model two"
+            else:
+                tokenizer = _marian_tokenizer(src, model.config)
+                said = f"{FILE} from source.spm and vocab.json ({kept})"
         else:
             tokenizer = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
-            said = "none"
-            if tokenizer is not None:
-                vocab = model.config.vocab_size
-                if tokenizer.vocab_size > vocab:
-                    raise UserError(
-                        f"{src}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}"
-                    )
-                files = {p.name: p for p in tokenizer.save(Path(tmp) / FILE)}
-                said = FILE
+            said = FILE if tokenizer is not None else said
+        if tokenizer is not None:
+            c = model.config
+            vocab = min(c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else c.vocab_size
+            if tokenizer.vocab_size > vocab:
+                raise UserError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}")
+            files.update({p.name: p for p in tokenizer.save(Path(tmp) / FILE)})
         save_model(model, dst, files=files, extra=extra)
     return {
         "architecture": architecture,
@@ -916,12 +1090,14 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
         )
         (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
         files = meta["files"]
-        if FILE in files:
+        if FILE in files and "source.spm" not in files:
             tokenizer = Tokenizer.load(src / FILE)
             shutil.copyfile(src / FILE, tmp / FILE)
             settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
             (tmp / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
         else:
+            # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
+            # converted from them stays behind (transformers has no fast Marian tokenizer to read it).
             for name in MARIAN_TOKENIZER_FILES:
                 if name in files:
                     shutil.copyfile(src / name, tmp / name)

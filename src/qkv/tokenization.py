@@ -7,7 +7,11 @@ mask token ``<mask>``, added after the others). Its file is stored inside a mode
 directory and its SHA-256 in ``config.json`` (``checkpoint.py``), so a model is never run
 with a tokenizer it was not trained with. A tokenizer whose special tokens are not qkv's
 (one converted from a Hugging Face checkpoint by ``hf.py``: BERT's [PAD], [CLS], [SEP],
-[UNK], GPT-2's <|endoftext|>) names them in ``special_tokens.json`` beside its file.
+[UNK], GPT-2's <|endoftext|>, Marian's BEGIN <pad>) names them in ``special_tokens.json``
+beside its file. That file may also say ``"add_special_tokens": true``: then ``encode``
+applies the tokenizer's post-processor, which a converted Marian tokenizer uses to end every
+text with </s>, as MarianTokenizer ends sources (BERT's, which adds [CLS] and [SEP], is not
+applied: qkv adds BEGIN and END itself where a model needs them).
 
 What is not here: the tokenization algorithms themselves (the library's), batching.
 """
@@ -29,6 +33,7 @@ ROLES = ("pad", "bos", "eos", "unk")  # what each of SPECIALS is for
 MASK = "<mask>"  # masked-LM vocabularies only: appended by Tokenizer.add_mask, after every other id
 FILE = "tokenizer.json"
 SPECIALS_FILE = "special_tokens.json"  # beside FILE: {role: token or null}, when not qkv's SPECIALS
+ADD_SPECIALS = "add_special_tokens"  # in SPECIALS_FILE: true when encode applies the post-processor
 
 
 class Tokenizer:
@@ -36,11 +41,20 @@ class Tokenizer:
 
     A vocabulary qkv trains has them at 0–3 (``SPECIALS``). ``specials`` names other tokens
     for these roles ({"pad": "[PAD]", "bos": "[CLS]", ...}); a role mapped to None has no
-    token and its id is None (GPT-2 has no padding token).
+    token and its id is None (GPT-2 has no padding token). With ``add_special_tokens``,
+    ``encode`` lets the backend's post-processor add its tokens (Marian's </s> at the end of
+    every text: the model was trained on sources that end with it).
     """
 
-    def __init__(self, backend: HFTokenizer, *, specials: dict[str, str | None] | None = None) -> None:
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        *,
+        specials: dict[str, str | None] | None = None,
+        add_special_tokens: bool = False,
+    ) -> None:
         self.backend = backend
+        self.add_special_tokens = add_special_tokens
         if specials is None:
             specials = dict(zip(ROLES, SPECIALS, strict=True))
         unknown = sorted(set(specials) - set(ROLES))
@@ -128,22 +142,26 @@ class Tokenizer:
     def load(cls, path: str | Path) -> Tokenizer:
         """Read a ``tokenizer.json``, with the special-token roles of ``special_tokens.json``
         beside it if there is one (else qkv's ``SPECIALS``)."""
-        specials = _read_specials(Path(path).with_name(SPECIALS_FILE))
+        specials, add_special_tokens = _read_specials(Path(path).with_name(SPECIALS_FILE))
         try:
             backend = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception for unreadable files
             raise UserError(f"cannot read tokenizer {path}: {e}") from None
-        return cls(backend, specials=specials)
+        return cls(backend, specials=specials, add_special_tokens=add_special_tokens)
 
     def save(self, path: str | Path) -> list[Path]:
-        """Write the tokenizer to ``path`` and, when its special tokens are not qkv's, their
-        roles to ``special_tokens.json`` beside it; returns the files written."""
+        """Write the tokenizer to ``path`` and, when its special tokens are not qkv's (or
+        ``encode`` adds special tokens), their roles to ``special_tokens.json`` beside it;
+        returns the files written."""
         path = Path(path)
         self.backend.save(str(path))
-        if self.specials == dict(zip(ROLES, SPECIALS, strict=True)):
+        if self.specials == dict(zip(ROLES, SPECIALS, strict=True)) and not self.add_special_tokens:
             return [path]
         sidecar = path.with_name(SPECIALS_FILE)
-        sidecar.write_text(json.dumps(self.specials, indent=2) + "\n")
+        written: dict = dict(self.specials)
+        if self.add_special_tokens:
+            written[ADD_SPECIALS] = True
+        sidecar.write_text(json.dumps(written, indent=2) + "\n")
         return [path, sidecar]
 
     @property
@@ -170,14 +188,18 @@ class Tokenizer:
         return self
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+    def encode_batch(self, texts: list[str], *, add_special_tokens: bool | None = None) -> list[list[int]]:
+        """Ids of each text; ``add_special_tokens`` overrides the tokenizer's own setting (a
+        translation target must not end with a converted Marian tokenizer's </s>: the
+        training batch appends END itself)."""
+        add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add)]
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text`` (for labelling attention pictures)."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
+        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).tokens
 
     def id_to_token(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or UNK
@@ -186,14 +208,20 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=True)
 
 
-def _read_specials(path: Path) -> dict[str, str | None] | None:
-    """The roles in a ``special_tokens.json`` (None when there is no such file)."""
+def _read_specials(path: Path) -> tuple[dict[str, str | None] | None, bool]:
+    """The roles in a ``special_tokens.json`` (None when there is no such file) and its
+    ``add_special_tokens`` (false when absent)."""
     if not path.is_file():
-        return None
+        return None, False
     try:
         specials = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
-    if not isinstance(specials, dict) or not all(v is None or isinstance(v, str) for v in specials.values()):
+    if not isinstance(specials, dict):
         raise UserError(f"{path} must map roles ({', '.join(ROLES)}) to token strings or null")
-    return specials
+    add_special_tokens = specials.pop(ADD_SPECIALS, False)
+    if not isinstance(add_special_tokens, bool):
+        raise UserError(f"{path}: field {ADD_SPECIALS!r} must be true or false, got {add_special_tokens!r}")
+    if not all(v is None or isinstance(v, str) for v in specials.values()):
+        raise UserError(f"{path} must map roles ({', '.join(ROLES)}) to token strings or null")
+    return specials, add_special_tokens
