@@ -306,3 +306,15 @@ def test_saved_directory_has_ordinary_permissions(tmp_path: Path) -> None:
     mode = (tmp_path / "m").stat().st_mode & 0o777
     assert mode == (tmp_path / "plain").stat().st_mode & 0o777, f"saved with mode {mode:o}"
     assert os.access(tmp_path / "m", os.R_OK | os.X_OK)
+
+
+def test_save_refuses_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    """A save never replaces the working directory or one above it, which it would move away."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    for target in (".", ".."):
+        with pytest.raises(UserError, match="current directory"):
+            save_model(make("decoder_only"), target)
+    assert work.is_dir() and not any(work.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == ["work"]

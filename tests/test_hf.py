@@ -38,9 +38,10 @@ from qkv.checkpoint import load_model, save_model  # noqa: E402
 from qkv.cli import main  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
 from qkv.generation import greedy  # noqa: E402
-from qkv.hf import export_hf, import_hf  # noqa: E402
+from qkv.hf import HFConfig, _load_state, export_hf, gpt2_fields, import_hf  # noqa: E402
 from qkv.layers import sinusoidal_encoding  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
+from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
 from qkv.tokenization import Tokenizer  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -155,6 +156,9 @@ def test_bert_round_trip(architecture, bert_vocab: Path, tmp_path: Path) -> None
     assert summary["kind"] == "encoder_only" and summary["tokenizer"] == "tokenizer.json"
     model, meta = load_model(tmp_path / "qkv")
     assert meta["hf"]["architecture"] == architecture.__name__
+    assert summary["ignored"] == []
+    if architecture is BertForSequenceClassification:
+        assert meta["labels"] == ["LABEL_0", "LABEL_1", "LABEL_2"]
     tokens, mask, types = bert_inputs(vocab)
     with torch.no_grad():
         hidden = model.encode(tokens, mask=mask, token_types=types)
@@ -186,6 +190,101 @@ def test_bert_round_trip(architecture, bert_vocab: Path, tmp_path: Path) -> None
     back_tokenizer = AutoTokenizer.from_pretrained(out)
     for text in TEXTS:
         assert back_tokenizer(text).input_ids == hf_tokenizer(text).input_ids, text
+
+
+def test_bert_mlm_untied_and_ignored_tensors(tmp_path: Path, capsys) -> None:
+    """BertForMaskedLM with tie_word_embeddings=False computes with cls.predictions.decoder.bias, not
+    cls.predictions.bias: logits agree both ways. The tensors the model does not use (the next-sentence
+    head, a pooler, the stale bias) are named in the summary and on one stderr line."""
+    vocab = 31
+    config = BertConfig(
+        vocab_size=vocab,
+        hidden_size=15,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        intermediate_size=22,
+        max_position_embeddings=23,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    hf = BertForMaskedLM(config).eval()
+    perturb(hf, 3)
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    tensors = load_file(src / "model.safetensors")
+    assert not torch.equal(tensors["cls.predictions.bias"], tensors["cls.predictions.decoder.bias"])
+    g = torch.Generator().manual_seed(9)
+    unused = {
+        "cls.seq_relationship.weight": torch.randn(2, 15, generator=g),
+        "cls.seq_relationship.bias": torch.randn(2, generator=g),
+        "bert.pooler.dense.weight": torch.randn(15, 15, generator=g),
+        "bert.pooler.dense.bias": torch.randn(15, generator=g),
+    }
+    save_file({**tensors, **unused}, src / "model.safetensors", {"format": "pt"})
+
+    assert main(["import-hf", str(src), str(tmp_path / "qkv"), "--json"]) == 0
+    captured = capsys.readouterr()
+    ignored = sorted([*unused, "cls.predictions.bias"])
+    assert json.loads(captured.out)["ignored"] == ignored
+    assert len(captured.err.strip().splitlines()) == 1 and all(name in captured.err for name in ignored)
+    model, _ = load_model(tmp_path / "qkv")
+    assert not model.config.tie_output and not model.config.pooler
+    tokens, mask, types = bert_inputs(vocab)
+    expected = bert_outputs(hf, tokens, mask, types)
+    with torch.no_grad():
+        assert_close(model(tokens, mask=mask, token_types=types)[mask], expected[1])
+
+    out = tmp_path / "exported"
+    export_hf(tmp_path / "qkv", out)
+    back, info = BertForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    for a, b in zip(bert_outputs(back.eval(), tokens, mask, types), expected, strict=True):
+        assert_close(a, b)
+
+
+def test_native_classifier_exports_labels_and_mask(tmp_path: Path) -> None:
+    """A qkv classifier's label names become id2label/label2id and its tokenizer's <mask> the mask_token;
+    the classifier's logits agree; importing it back stores the label names again."""
+    tokenizer = Tokenizer.train_word_level(CORPUS).add_mask()
+    tokenizer.save(tmp_path / "tokenizer.json")
+    config = EncoderOnlyConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=15,
+        n_heads=3,
+        d_ff=22,
+        n_layers=1,
+        max_len=23,
+        norm_first=False,
+        positions="learned",
+        scale_embeddings=False,
+        embedding_norm=True,
+        activation="gelu",
+        type_vocab_size=2,
+        n_classes=3,
+        pooler=True,
+        mlm_head=False,
+    )
+    torch.manual_seed(0)
+    model = EncoderOnly(config).eval()
+    perturb(model, 4)
+    labels = ["négatif", "neutral", "positive"]
+    files = {"tokenizer.json": tmp_path / "tokenizer.json"}
+    save_model(model, tmp_path / "native", files=files, extra={"task": "classify", "labels": labels})
+
+    out = tmp_path / "hf"
+    export_hf(tmp_path / "native", out)
+    settings = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert settings["mask_token"] == "<mask>"
+    assert AutoTokenizer.from_pretrained(out).mask_token_id == tokenizer.mask_id
+    back = BertForSequenceClassification.from_pretrained(out).eval()
+    assert back.config.id2label == dict(enumerate(labels))
+    assert back.config.label2id == {name: i for i, name in enumerate(labels)}
+    tokens, mask, types = bert_inputs(tokenizer.vocab_size)
+    with torch.no_grad():
+        assert_close(model.classify(tokens, mask=mask, token_types=types), bert_outputs(back, tokens, mask, types)[1])
+
+    import_hf(out, tmp_path / "again")
+    assert load_model(tmp_path / "again")[1]["labels"] == labels
 
 
 # ----------------------------------------------------------------------------- GPT-2
@@ -405,6 +504,44 @@ def test_marian_round_trip(shared: bool, tmp_path: Path) -> None:
         assert back_tokenizer(text_target=TEXTS).input_ids == hf_tokenizer(text_target=TEXTS).input_ids
 
 
+def test_marian_shared_untied(tmp_path: Path) -> None:
+    """share_encoder_decoder_embeddings without tie_word_embeddings: transformers 5.x computes with
+    encoder.embed_tokens and decoder.embed_tokens (model.shared is unused). Equal tables import as the
+    encoder's and export under all three names; different ones are refused, naming the file."""
+    pad = 40
+    hf = marian_model(41, 41, pad, tie_word_embeddings=False)
+    src = tmp_path / "hf"
+    hf.save_pretrained(src)
+    with pytest.raises(UserError, match=r"model\.safetensors: tensors 'model\.encoder\.embed_tokens\.weight' and"):
+        import_hf(src, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+    with torch.no_grad():
+        hf.model.decoder.embed_tokens.weight.copy_(hf.model.encoder.embed_tokens.weight)
+    shutil.rmtree(src)
+    hf.save_pretrained(src)
+    summary = import_hf(src, tmp_path / "qkv")
+    assert summary["ignored"] == ["model.shared.weight"]  # perturbed, and unused by HF too
+    model, _ = load_model(tmp_path / "qkv")
+    assert model.config.share_embeddings and not model.config.tie_output
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(1, pad, (2, 7), generator=g)
+    ids[1, 5:] = pad
+    target = torch.randint(1, pad, (2, 5), generator=g)
+    target[:, 0] = pad
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=(ids != pad).long(), decoder_input_ids=target).logits
+        assert_close(model(ids, target), expected)
+
+    out = tmp_path / "exported"
+    export_hf(tmp_path / "qkv", out)
+    back, info = MarianMTModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        again = back.eval()(input_ids=ids, attention_mask=(ids != pad).long(), decoder_input_ids=target).logits
+    assert_close(again, expected)
+
+
 # Source texts for Marian's tokenizer: punctuation, digits, accents, runs of spaces, a tab, a
 # character no piece or token has (🚀: <unk>), an unknown run vocab.json holds as a token (東京),
 # a capital only the target side has a piece for (É: MarianTokenizer finds it in vocab.json), a
@@ -580,12 +717,177 @@ def test_wrong_shape_and_bad_field_are_refused(tiny_gpt2: Path, tmp_path: Path) 
 
 
 def test_export_refuses_what_hf_cannot_express(tmp_path: Path) -> None:
-    """A qkv-native decoder-only model (sinusoidal positions, √D scaling) is no GPT-2; the field is named."""
+    """A qkv-native decoder-only model (sinusoidal positions, √D scaling) is no GPT-2; the field is named.
+    A BERT-style masked-LM model with a pooler is refused too (BertForMaskedLM would drop the pooler)."""
     config = DecoderOnlyConfig(d_model=15, n_heads=3, d_ff=11, vocab_size=13, n_layers=1, max_len=16)
     save_model(DecoderOnly(config), tmp_path / "native")
     with pytest.raises(UserError, match=r"positions='learned'.*positions='sinusoidal'"):
         export_hf(tmp_path / "native", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    bert = EncoderOnlyConfig(
+        d_model=15,
+        n_heads=3,
+        d_ff=11,
+        vocab_size=13,
+        n_layers=1,
+        max_len=16,
+        norm_first=False,
+        positions="learned",
+        scale_embeddings=False,
+        embedding_norm=True,
+        activation="gelu",
+        pooler=True,
+    )
+    save_model(EncoderOnly(bert), tmp_path / "mlm")
+    with pytest.raises(UserError, match=r"BertForMaskedLM.*pooler=True"):
+        export_hf(tmp_path / "mlm", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def native_gpt2(directory: Path) -> None:
+    """A qkv decoder-only model that GPT-2 can express, saved in ``directory``."""
+    config = DecoderOnlyConfig(
+        d_model=15,
+        n_heads=3,
+        d_ff=11,
+        vocab_size=13,
+        n_layers=1,
+        max_len=16,
+        positions="learned",
+        scale_embeddings=False,
+        activation="gelu_tanh",
+    )
+    save_model(DecoderOnly(config), directory)
+
+
+def test_export_takes_a_run_and_refuses_bad_destinations(tmp_path: Path, monkeypatch, capsys) -> None:
+    """export-hf reads a training run's final checkpoint; it refuses the working directory, a directory
+    that is not empty, and names the destination when it cannot be written."""
+    run = tmp_path / "run"
+    native_gpt2(run / "best")
+    (run / "run.json").write_text(json.dumps({"final": "best"}), encoding="utf-8")
+    assert main(["export-hf", str(run), str(tmp_path / "out")]) == 0
+    assert "GPT2LMHeadModel" in capsys.readouterr().out
+    assert GPT2LMHeadModel.from_pretrained(tmp_path / "out") is not None
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory", encoding="utf-8")
+    for dst, message in (
+        (".", "current directory"),
+        (str(tmp_path), "current directory"),
+        (str(tmp_path / "out"), "not an empty directory"),
+        (str(blocker / "out"), f"cannot write {blocker / 'out'}"),
+    ):
+        assert main(["export-hf", str(run), dst]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+    assert not any(work.iterdir()) and blocker.read_text(encoding="utf-8") == "not a directory"
+
+
+def test_gpt2_default_begin_and_end() -> None:
+    """GPT2Config's default BEGIN/END 50256 applies only to a vocabulary that has that id."""
+    fields = {"n_embd": 15, "n_head": 3, "n_layer": 1}
+    small = gpt2_fields(HFConfig(Path("config.json"), {**fields, "vocab_size": 11}))
+    assert small["bos_id"] is None and small["eos_id"] is None
+    full = gpt2_fields(HFConfig(Path("config.json"), {**fields, "vocab_size": 50257}))
+    assert full["bos_id"] == full["eos_id"] == 50256
+    given = gpt2_fields(HFConfig(Path("config.json"), {**fields, "vocab_size": 11, "eos_token_id": 3}))
+    assert given["bos_id"] is None and given["eos_id"] == 3
+
+
+def test_quantized_and_mis_shaped_weights_are_refused(tiny_gpt2: Path, tmp_path: Path) -> None:
+    """A quantization_config or an integer tensor is refused, naming the file and field or tensor; the
+    state loading refuses a tensor that would only broadcast into a parameter."""
+    config = json.loads((tiny_gpt2 / "config.json").read_text())
+    (tiny_gpt2 / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "x"}}))
+    with pytest.raises(UserError, match=r"config\.json: field 'quantization_config'"):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+    (tiny_gpt2 / "config.json").write_text(json.dumps(config))
+    tensors = load_file(tiny_gpt2 / "model.safetensors")
+    name = "transformer.h.0.mlp.c_fc.weight"
+    tensors[name] = tensors[name].to(torch.int8)
+    save_file(tensors, tiny_gpt2 / "model.safetensors")
+    with pytest.raises(
+        UserError, match=r"model\.safetensors: tensor 'transformer\.h\.0\.mlp\.c_fc\.weight' is torch\.int8"
+    ):
+        import_hf(tiny_gpt2, tmp_path / "qkv")
+    assert not (tmp_path / "qkv").exists()
+
+    model = DecoderOnly(DecoderOnlyConfig(d_model=15, n_heads=3, d_ff=11, vocab_size=13, n_layers=1, max_len=16))
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    state["decoder.norm.bias"] = torch.zeros(1)  # (1,) broadcasts into (15,)
+    with pytest.raises(RuntimeError, match=r"decoder\.norm\.bias shape \(1,\)"):
+        _load_state(model, state)
+
+
+@pytest.fixture
+def tiny_bert(tmp_path: Path) -> Path:
+    """A small BERT classifier checkpoint with a vocab.txt (the legacy tokenizer file)."""
+    src = tmp_path / "hf"
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmno"]
+    config = BertConfig(
+        vocab_size=len(tokens),
+        hidden_size=15,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        intermediate_size=22,
+        max_position_embeddings=23,
+        num_labels=2,
+    )
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(src)
+    (src / "vocab.txt").write_text("".join(f"{t}\n" for t in tokens), encoding="utf-8")
+    return src
+
+
+def test_bert_files_are_checked(tiny_bert: Path, tmp_path: Path) -> None:
+    """Bad tokenizer files, label names and token ids are UserErrors naming the file and field; a
+    default special token the vocabulary lacks leaves its role empty."""
+    config = json.loads((tiny_bert / "config.json").read_text())
+    vocab = (tiny_bert / "vocab.txt").read_text(encoding="utf-8")
+    settings = tiny_bert / "tokenizer_config.json"
+    cases = [
+        ("config.json", {**config, "id2label": {"1": "a", "2": "b"}}, r"config\.json: field 'id2label' must map"),
+        ("config.json", {**config, "pad_token_id": 3}, r"config\.json: field 'pad_token_id' is 3, .*vocab\.txt.* id 0"),
+        ("tokenizer_config.json", {"do_lower_case": "yes"}, r"tokenizer_config\.json: field 'do_lower_case' must be"),
+        ("tokenizer_config.json", {"strip_accents": 1}, r"tokenizer_config\.json: field 'strip_accents' must be"),
+        (
+            "tokenizer_config.json",
+            {"cls_token": "[BOS]"},
+            r"vocab\.txt: tokenizer lacks the special token\(s\) \[BOS\]",
+        ),
+    ]
+    for name, content, message in cases:
+        (tiny_bert / name).write_text(json.dumps(content), encoding="utf-8")
+        with pytest.raises(UserError, match=message):
+            import_hf(tiny_bert, tmp_path / "qkv")
+        (tiny_bert / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        settings.unlink(missing_ok=True)
+    (tiny_bert / "vocab.txt").write_bytes(b"[PAD]\n[UNK]\n\xff\xfe\n")
+    with pytest.raises(UserError, match=r"cannot read .*vocab\.txt"):
+        import_hf(tiny_bert, tmp_path / "qkv")
+    assert not (tmp_path / "qkv").exists()
+
+    (tiny_bert / "vocab.txt").write_text(vocab.replace("[CLS]", "[C]").replace("[SEP]", "[S]"), encoding="utf-8")
+    assert import_hf(tiny_bert, tmp_path / "qkv")["tokenizer"] == "tokenizer.json"
+    tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, None, None, 1)
+    assert load_model(tmp_path / "qkv")[1]["labels"] == ["LABEL_0", "LABEL_1"]
+
+
+def test_gpt2_token_ids_must_agree(gpt2_vocab: Path, tmp_path: Path) -> None:
+    """config.json's bos_token_id and the tokenizer's BEGIN token must be the same id."""
+    src = tmp_path / "hf"
+    gpt2_model(
+        len(json.loads((gpt2_vocab / "vocab.json").read_text(encoding="utf-8"))), tied=True, eos=5
+    ).save_pretrained(src)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(gpt2_vocab / name, src / name)
+    with pytest.raises(UserError, match=r"config\.json: field 'bos_token_id' is 5, .*'<\|endoftext\|>' the id 0"):
+        import_hf(src, tmp_path / "qkv")
 
 
 @pytest.mark.parametrize("command", ["import-hf", "export-hf"])

@@ -5,11 +5,11 @@ A model directory holds:
     model.safetensors   the weights (tied tensors stored once); never pickle
     other files         e.g. tokenizer.json, listed with their SHA-256 under "files"
 
-Writes are atomic: everything is written into a temporary sibling directory that then
-replaces the target, so a crash never leaves a half-written model (directories cannot be
-swapped in one rename, so for an instant the previous version sits at ``.NAME.old``). Loading checks every
-file and tensor against the config and refuses, naming the problem, with a
-:class:`~qkv.errors.UserError`.
+Writes are atomic (``files.atomic_directory``): everything is written into a temporary
+sibling directory, flushed to disk, that then replaces the target, so a crash never leaves a
+half-written model (directories cannot be swapped in one rename, so for an instant the previous
+version sits at ``.NAME.old``). Loading checks every file and tensor against the config and
+refuses, naming the problem, with a :class:`~qkv.errors.UserError`.
 
 What is not here: training state (optimizer, schedule; ``training.py``), tokenizer logic
 (``tokenization.py``).
@@ -20,9 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -32,6 +30,7 @@ from torch import nn
 
 from qkv import __version__
 from qkv.errors import UserError
+from qkv.files import atomic_directory, read_json_object
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
@@ -102,22 +101,31 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_output(directory: str | Path) -> None:
-    """Refuse (UserError) an output path that a save must not replace: anything but nothing,
-    an empty directory or an earlier qkv model directory. Call it before long work."""
+def check_output(directory: str | Path, *, models: bool = True) -> None:
+    """Refuse (UserError) an output path that a save must not replace: anything but nothing, an
+    empty directory or (with ``models``) an earlier qkv model directory; never the working
+    directory or one above it, which the save would move away. Call it before long work."""
     directory = Path(directory)
-    if directory.exists() and not _replaceable(directory):
-        raise UserError(f"{directory} exists and is not a qkv model directory; choose another output directory")
+    if not directory.exists():
+        return
+    resolved, cwd = directory.resolve(), Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise UserError(f"{directory} is the current directory or one above it; choose another output directory")
+    if not _replaceable(directory, models=models):
+        what = "a qkv model directory" if models else "an empty directory"
+        raise UserError(f"{directory} exists and is not {what}; choose another output directory")
 
 
-def _replaceable(directory: Path) -> bool:
-    """Only an empty directory or an earlier qkv model directory may be replaced by a save."""
-    if not directory.is_dir() or directory.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+def _replaceable(directory: Path, *, models: bool) -> bool:
+    """Only an empty directory or (with ``models``) an earlier qkv model directory may be replaced."""
+    if not directory.is_dir():
         return False
     if not any(directory.iterdir()):
         return True
+    if not models:
+        return False
     try:
-        return json.loads((directory / "config.json").read_text()).get("kind") in KINDS
+        return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("kind") in KINDS
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -135,9 +143,7 @@ def save_model(
         directory.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {directory.parent}: {e.strerror}") from None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a model directory is not
-    try:
+    with atomic_directory(directory) as tmp:
         state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
         save_file(state, tmp / "model.safetensors")
         hashes = {}
@@ -154,19 +160,7 @@ def save_model(
             "files": hashes,
             **(extra or {}),
         }
-        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
-        for path in tmp.iterdir():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return directory
 
 
@@ -177,7 +171,7 @@ def model_dir(directory: str | Path) -> Path:
     if (directory / "config.json").is_file() or not (directory / RUN_FILE).is_file():
         return directory
     try:
-        final = json.loads((directory / RUN_FILE).read_text())["final"]
+        final = json.loads((directory / RUN_FILE).read_text(encoding="utf-8"))["final"]
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{directory / RUN_FILE} names no final checkpoint; is the run finished?") from None
     if not isinstance(final, str) or not final or "/" in final or final.startswith("."):
@@ -193,12 +187,7 @@ def read_meta(directory: str | Path) -> dict:
     path = directory / "config.json"
     if not path.is_file():
         raise UserError(f"{path} is missing: {directory} is not a qkv model directory")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(meta, dict):
-        raise UserError(f"{path} must hold a JSON object")
+    meta = read_json_object(path)
     for key in ("kind", "config"):
         if key not in meta:
             raise UserError(f"{path} has no {key!r} field")

@@ -599,6 +599,11 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from qkv.hf import import_hf
 
     result = import_hf(args.src, args.dst)
+    if result["ignored"]:  # tensors the model does not use (BERT's next-sentence head, an unused pooler)
+        names = result["ignored"]
+        print(
+            f"qkv import-hf: note: {len(names)} tensor(s) of {args.src} not used: {', '.join(names)}", file=sys.stderr
+        )
     if args.json:
         print(json.dumps(result))
     else:
@@ -852,8 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
         "BertForSequenceClassification, GPT2LMHeadModel or MarianMTModel and write a qkv model directory "
-        "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are kept but "
-        "qkv cannot tokenize with them.",
+        "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
+        "(shared vocabulary) and kept for export; tensors the model does not use are named on stderr.",
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
@@ -872,8 +877,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG_EXPORT_HF,
         formatter_class=raw,
     )
-    p.add_argument("src", help="qkv model directory")
-    p.add_argument("dst", help="output directory (must not exist, or be empty)")
+    p.add_argument("src", help="qkv model directory or training run")
+    p.add_argument("dst", help="output directory (must not exist, or be an empty directory other than the current one)")
     p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
     p.set_defaults(run=cmd_export_hf)
 

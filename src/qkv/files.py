@@ -1,15 +1,24 @@
-"""Atomic file writes: the bytes go to a temporary sibling, which is flushed to disk and then
-renamed over the target, so a reader sees the old file or the new one, never half of one.
+"""Atomic writes and JSON reading: a file or a whole directory goes to a temporary sibling,
+which is flushed to disk and then renamed over the target, so a reader sees the old version or
+the new one, never half of one.
 
-What is here: :func:`write_atomic`. What is not here: directories written atomically (model
-directories, ``checkpoint.py``).
+What is here: :func:`write_atomic` (one file), :func:`atomic_directory` (a directory: model
+directories, ``checkpoint.py``; Hugging Face exports, ``hf.py``) and :func:`read_json_object`
+(a JSON object, with the file named in every error). What is not here: what goes into the
+files.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from qkv.errors import UserError
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:
@@ -25,3 +34,70 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Write the directory ``path`` whole or not at all: yields an empty temporary sibling to fill.
+
+    When the block ends normally, every file in the sibling is flushed to disk and the sibling
+    replaces ``path`` (whatever directory is there is removed; the caller decides whether it may
+    be). Directories cannot be swapped in one rename, so for an instant the previous version
+    sits at ``.NAME.old``; if the second rename fails it is put back. When the block raises, the
+    sibling is removed and ``path`` is left as it was. The parent directory must exist.
+    """
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    old = path.with_name(f".{path.name}.old")
+    moved = False
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); the directory is an ordinary one
+        yield tmp
+        for file in sorted(tmp.rglob("*")):
+            if file.is_file():
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+        _fsync_directory(tmp)
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            moved = True
+        os.replace(tmp, path)
+        moved = False
+        _fsync_directory(path.parent)  # the renames themselves reach the disk
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if moved and not path.exists():
+            os.replace(old, path)
+        raise
+
+
+def _fsync_directory(path: Path) -> None:
+    """Flush a directory's entries to disk where the platform allows it (Windows cannot open a
+    directory; there the rename is as durable as the OS makes it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory; the data files were flushed
+    finally:
+        os.close(fd)
+
+
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object in ``path``; a missing or unreadable file, invalid JSON or anything but an
+    object is a UserError naming the file."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError as e:  # invalid JSON, or bytes that are not UTF-8
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} must hold a JSON object")
+    return value

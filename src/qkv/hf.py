@@ -12,28 +12,51 @@ Supported:
     ``encoder_only`` model (post-norm, learned positions, token types, embedding LayerNorm,
     pooler, MLM head with its bias). Which of the three a qkv model exports as follows from
     its heads: classifier -> sequence classification, MLM head -> masked LM, neither -> BertModel.
+    With ``tie_word_embeddings=false`` transformers 5.x computes the MLM logits with
+    ``cls.predictions.decoder.bias`` (tied, it is ``cls.predictions.bias``): import reads the
+    one the model computes with, export writes both. A classifier's class names are qkv's
+    ``labels`` (config.json, class order) and HF's ``id2label``/``label2id``, both ways.
+    A model with an MLM head and a pooler is refused (``BertForMaskedLM`` has no pooler); one
+    with neither exports as ``BertModel`` without pooler weights, which transformers then
+    initializes at random: ``last_hidden_state`` is the model's, ``pooler_output`` is not.
   * GPT-2: ``GPT2LMHeadModel`` <-> ``decoder_only`` (pre-norm, learned positions, tanh GELU;
-    HF's Conv1D weights are stored (in, out) and its fused ``c_attn`` is split into Wq, Wk, Wv).
+    HF's Conv1D weights are stored (in, out) and its fused ``c_attn`` is split into Wq, Wk, Wv;
+    without ``bos_token_id``/``eos_token_id``, GPT2Config's 50256 applies only to a vocabulary
+    that has that id).
   * Marian: ``MarianMTModel`` <-> ``encoder_decoder`` (post-norm, sinusoids in two halves,
     √D-scaled embeddings, shared or separate embeddings, ``final_logits_bias``; decoding starts
     from the padding token, so the qkv ``bos_id`` is Marian's ``decoder_start_token_id``).
+    Shared embeddings without ``tie_word_embeddings``: transformers 5.x then does not tie
+    ``model.shared`` to the stacks' ``embed_tokens``, which it computes with; import reads the
+    encoder's (refusing a decoder table that differs: qkv shares one), export writes all three.
   * Weights from ``model.safetensors``, or ``pytorch_model.bin`` read with
     ``torch.load(weights_only=True)`` (nothing is unpickled beyond tensors); fp16/bf16 weights
-    become fp32.
+    become fp32. Tensors the model does not use (BERT's next-sentence head
+    ``cls.seq_relationship``, the pooler of a ``BertForMaskedLM`` checkpoint) are left out and
+    named in :func:`import_hf`'s summary (``ignored``; the CLI prints them on stderr); buffers and
+    second copies of tied weights are not named.
   * Tokenizers: ``tokenizer.json`` as it is, else BERT's ``vocab.txt`` (WordPiece) or GPT-2's
     ``vocab.json`` + ``merges.txt`` (byte-level BPE) rebuilt as HF's tokenizers do; the special
-    tokens' roles go to ``special_tokens.json`` (``tokenization.py``). Export writes
-    ``tokenizer.json`` and a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast``.
+    tokens' roles go to ``special_tokens.json`` (``tokenization.py``): those that
+    ``tokenizer_config.json`` or ``special_tokens_map.json`` name, else HF's defaults ([CLS],
+    <|endoftext|>, ...) where the vocabulary has them (else the role has no token). Where
+    config.json gives the padding, BEGIN or END id too, the two must agree. Export writes
+    ``tokenizer.json`` and a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast`` (with the
+    mask token: qkv's ``<mask>`` or BERT's ``[MASK]``).
   * Marian's tokenizer (shared vocabulary): ``source.spm`` + ``vocab.json`` become a
     ``tokenizer.json`` that gives the ids ``MarianTokenizer`` gives a source text (``</s>``
     appended) and the text its ``decode(ids, skip_special_tokens=True)`` gives
     (:func:`_marian_tokenizer`), so ``qkv translate`` and ``qkv generate`` run an imported
     Marian. ``source.spm``, ``target.spm``, the ``vocab.json`` files and ``tokenizer_config.json``
     are kept in the qkv directory (with their SHA-256) and are what export writes back.
+  * Export reads a model directory or a training run (its final checkpoint) and writes a new or
+    empty directory (not the working directory), whole or not at all, flushed to disk
+    (``files.atomic_directory``, as ``checkpoint.save_model`` writes).
 
 Not supported (a :class:`~qkv.errors.UserError` names the file and the field or tensor):
-other architectures; sharded checkpoints (``*.index.json``); BERT with relative positions or
-as a decoder, BERT's next-sentence head; GPT-2 without attention scaling or with
+other architectures; sharded checkpoints (``*.index.json``); quantized checkpoints
+(``quantization_config``, or a weight that is not floating-point); BERT with relative
+positions or as a decoder; GPT-2 without attention scaling or with
 ``scale_attn_by_inverse_layer_idx``; Marian with different encoder and decoder widths or head
 counts; a ``source.spm`` other than a unigram model of normal and control pieces (BPE, byte
 fallback, user-defined pieces). Marian with separate source and target vocabularies
@@ -59,11 +82,10 @@ safetensors. The models do not import this module.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,8 +96,9 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 from torch import Tensor
 
-from qkv.checkpoint import build_model, check_output, load_model, save_model
+from qkv.checkpoint import build_model, check_output, load_model, model_dir, save_model
 from qkv.errors import UserError
+from qkv.files import atomic_directory, read_json_object
 from qkv.layers import sinusoidal_encoding
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
@@ -88,15 +111,19 @@ if TYPE_CHECKING:  # protobuf-generated; imported where used, so that qkv.hf loa
 BERT = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 GPT2 = ("GPT2LMHeadModel",)
 MARIAN = ("MarianMTModel",)
-MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json")
+HF_CONFIG = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json", TOKENIZER_CONFIG)
 # Suffixes of the vocab.json tokens the source SentencePiece model never produces, in the
 # converted Unigram model: with a space in them they can never match text (the normalizer
 # turns every space into "▁"), and the decoder removes the suffix (or, for a control piece
 # such as <s>, the whole token, which SentencePiece decodes to nothing).
 NOT_SOURCE, CONTROL = " (not in source.spm)", " (control)"
-HF_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_BIN = "pytorch_model.bin"
+# Buffers that HF checkpoints may hold and no model computes with (BERT's position and type ids,
+# old GPT-2 checkpoints' causal mask): not reported as ignored tensors.
+BUFFERS = re.compile(r"(?:^|\.)(?:position_ids|token_type_ids)$|(?:^|\.)attn\.(?:masked_)?bias$")
 
 # HF activation names -> qkv's (HF's gelu_new and gelu_pytorch_tanh are both the tanh GELU).
 ACTIVATIONS_FROM_HF = {
@@ -177,12 +204,9 @@ def read_config(directory: Path) -> tuple[HFConfig, str]:
         raise UserError(f"{directory} does not exist or is not a directory")
     if not path.is_file():
         raise UserError(f"{path} is missing: {directory} is not a Hugging Face checkpoint directory")
-    try:
-        fields = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
-    if not isinstance(fields, dict):
-        raise UserError(f"{path} must hold a JSON object")
+    fields = read_json_object(path)
+    if fields.get("quantization_config") is not None:
+        raise UserError(f"{path}: field 'quantization_config' is set: quantized checkpoints are not supported")
     architectures = fields.get("architectures")
     if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
         raise UserError(f"{path}: field 'architectures' is missing or empty; it names the model class")
@@ -216,49 +240,118 @@ def read_tensors(directory: Path) -> tuple[Path, State]:
     raise UserError(f"{directory} has neither {WEIGHTS} nor {WEIGHTS_BIN}")
 
 
-def _rename_legacy(tensors: State) -> State:
-    """Old BERT checkpoints call LayerNorm's weight and bias gamma and beta."""
-    renamed = {}
-    for name, tensor in tensors.items():
+def _canonical_names(names: list[str], expected: Mapping[str, Tensor], prefix: str) -> dict[str, str]:
+    """The name under which the mapping reads each stored tensor -> its stored name.
+
+    Old BERT checkpoints call LayerNorm's weight and bias gamma and beta; HF stores a model's
+    body with or without ``prefix`` ("bert.", "transformer.") depending on the class that saved
+    it. A name the mapping does not read stays as stored.
+    """
+    canonical: dict[str, str] = {}
+    for stored in names:
+        name = stored
         if name.endswith("LayerNorm.gamma"):
             name = name[: -len("gamma")] + "weight"
         elif name.endswith("LayerNorm.beta"):
             name = name[: -len("beta")] + "bias"
-        renamed[name] = tensor
-    return renamed
+        candidates = (name, prefix + name, name.removeprefix(prefix)) if prefix else (name,)
+        canonical.setdefault(next((c for c in candidates if c in expected), name), stored)
+    return canonical
 
 
-def _match_prefix(tensors: State, expected: Mapping[str, Tensor], prefix: str) -> State:
-    """Names as ``expected`` spells them: HF stores a model's body with or without ``prefix``
-    ("bert.", "transformer.") depending on the class that saved it."""
-    matched = {}
-    for name, tensor in tensors.items():
-        for candidate in (name, prefix + name, name.removeprefix(prefix)):
-            if candidate in expected:
-                name = candidate
-                break
-        matched.setdefault(name, tensor)
-    return matched
+def _first(names: tuple[str, ...], tensors: Mapping[str, Tensor]) -> str | None:
+    return next((name for name in names if name in tensors), None)
 
 
-def _check_tensors(file: Path, architecture: str, tensors: State, expected: Mapping[str, Tensor]) -> None:
-    """Every tensor the config implies is there with its shape (extra tensors, such as buffers, are ignored)."""
+def _read_from(
+    tensors: Mapping[str, Tensor],
+    config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig,
+    file: Path,
+) -> dict[str, str]:
+    """Where the mapping reads a tensor under another name (expected name -> the name it is read from).
+
+    transformers 5.x ties a copy to its original only with ``tie_word_embeddings``; without it
+    the model computes with the copy, and the original may be a stale, unused tensor. Older
+    checkpoints may hold either name alone.
+    """
+    read: dict[str, str] = {}
+    if isinstance(config, EncoderOnlyConfig) and config.mlm_head:
+        # BertForMaskedLM adds cls.predictions.decoder.bias; tied, it is cls.predictions.bias.
+        bias, decoder_bias = "cls.predictions.bias", "cls.predictions.decoder.bias"
+        found = _first((bias, decoder_bias) if config.tie_output else (decoder_bias, bias), tensors)
+        if found is not None:
+            read[bias] = found
+    if isinstance(config, EncoderDecoderConfig) and config.share_embeddings:
+        # Tied, both stacks read model.shared; untied, each reads its own embed_tokens table,
+        # which qkv's one shared table can only hold if the two are equal.
+        shared, encoder, decoder = (
+            "model.shared.weight",
+            "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight",
+        )
+        order = (shared, encoder, decoder) if config.tie_output else (encoder, shared, decoder)
+        found = _first(order, tensors)
+        if found is not None:
+            read[shared] = found
+            other = tensors.get(decoder)
+            if not config.tie_output and other is not None and not torch.equal(other, tensors[found]):
+                raise UserError(
+                    f"{file}: tensors {found!r} and {decoder!r} differ, but qkv's encoder and decoder share one "
+                    f"embedding table ({HF_CONFIG}: share_encoder_decoder_embeddings=true, tie_word_embeddings=false)"
+                )
+    return read
+
+
+def _check_tensors(
+    file: Path,
+    architecture: str,
+    tensors: Mapping[str, Tensor],
+    expected: Mapping[str, Tensor],
+    stored: Mapping[str, str],
+) -> None:
+    """Every tensor the config implies is there, floating-point, with its shape (``stored``: the
+    name each has in the file)."""
     for name, want in expected.items():
         if name not in tensors:
-            raise UserError(f"{file}: tensor {name!r} is missing; a {architecture} with this config.json needs it")
-        if tuple(tensors[name].shape) != tuple(want.shape):
+            raise UserError(f"{file}: tensor {name!r} is missing; a {architecture} with this {HF_CONFIG} needs it")
+        have = tensors[name]
+        if not have.is_floating_point():
             raise UserError(
-                f"{file}: tensor {name!r} has shape {tuple(tensors[name].shape)}; "
-                f"config.json implies {tuple(want.shape)}"
+                f"{file}: tensor {stored.get(name, name)!r} is {have.dtype}; only floating-point weights are "
+                "supported (quantized checkpoints are not)"
+            )
+        if tuple(have.shape) != tuple(want.shape):
+            raise UserError(
+                f"{file}: tensor {stored.get(name, name)!r} has shape {tuple(have.shape)}; "
+                f"{HF_CONFIG} implies {tuple(want.shape)}"
             )
 
 
+def _ignored(tensors: Mapping[str, Tensor], used: set[str], stored: Mapping[str, str]) -> list[str]:
+    """The stored names of the tensors nothing reads: not a buffer, and not a copy of a tensor
+    that is read (a tied weight saved under both of its names)."""
+    read = [tensors[name] for name in used if name in tensors]
+    ignored = []
+    for name, tensor in tensors.items():
+        if name in used or BUFFERS.search(name):
+            continue
+        if any(t.shape == tensor.shape and t.dtype == tensor.dtype and torch.equal(t, tensor) for t in read):
+            continue
+        ignored.append(stored.get(name, name))
+    return sorted(ignored)
+
+
 def _load_state(model: torch.nn.Module, state: State) -> None:
-    """Copy ``state`` into the model; every parameter (tied ones once) must be covered."""
+    """Copy ``state`` into the model; every parameter (tied ones once) must be covered, each by
+    a tensor of its exact shape (``copy_`` would broadcast)."""
     params = model.state_dict()
     covered = set()
     with torch.no_grad():
         for name, tensor in state.items():
+            # A bug here, not the user's: _check_tensors has checked every tensor the mapping reads.
+            if name not in params or params[name].shape != tensor.shape:
+                want = tuple(params[name].shape) if name in params else "no such parameter"
+                raise RuntimeError(f"the weight mapping gives {name} shape {tuple(tensor.shape)}; the model: {want}")
             params[name].copy_(tensor)
             covered.add(params[name].data_ptr())
     left = [name for name, p in params.items() if p.data_ptr() not in covered]
@@ -272,7 +365,7 @@ def _linear(names: list[tuple[str, str]], qkv: str, hf: str, *, bias: bool = Tru
         names.append((f"{qkv}.bias", f"{hf}.bias"))
 
 
-def _require(config: object, target: str, **wanted: object) -> None:
+def _require(config: object, target: str, wanted: Mapping[str, object]) -> None:
     """Refuse to export a model whose config differs from what the HF architecture computes."""
     for name, value in wanted.items():
         have = getattr(config, name)
@@ -308,8 +401,8 @@ def bert_fields(config: HFConfig, architecture: str, tensor_names: set[str]) -> 
     vocab_size = config.integer("vocab_size")
     n_classes = 0
     if architecture == "BertForSequenceClassification":
-        labels = config.fields.get("id2label")
-        n_classes = len(labels) if isinstance(labels, dict) else config.integer("num_labels", 2)
+        labels = bert_labels(config)
+        n_classes = len(labels) if labels is not None else config.integer("num_labels", 2)
     has_pooler = any(name.endswith("pooler.dense.weight") for name in tensor_names)
     return {
         "d_model": d_model,
@@ -336,6 +429,17 @@ def bert_fields(config: HFConfig, architecture: str, tensor_names: set[str]) -> 
         "pooler": architecture == "BertForSequenceClassification" or (architecture == "BertModel" and has_pooler),
         "mlm_head": architecture == "BertForMaskedLM",
     }
+
+
+def bert_labels(config: HFConfig) -> list[str] | None:
+    """The class names of a classifier's config.json, in class order (None without ``id2label``)."""
+    labels = config.fields.get("id2label")
+    if labels is None:
+        return None
+    n = len(labels) if isinstance(labels, dict) else 0
+    if not n or set(labels) != {str(i) for i in range(n)} or not all(isinstance(name, str) for name in labels.values()):
+        raise UserError(f'{config.path}: field \'id2label\' must map "0", "1", ..., "N-1" to label names (strings)')
+    return [labels[str(i)] for i in range(n)]
 
 
 def bert_architecture(config: EncoderOnlyConfig) -> str:
@@ -403,19 +507,24 @@ def _bert_type_name(config: EncoderOnlyConfig) -> str:
     return f"{prefix}embeddings.token_type_embeddings.weight"
 
 
-def bert_config(config: EncoderOnlyConfig, labels: dict | None) -> dict:
-    """The HF config.json of an encoder-only model that computes what BERT computes (else a UserError)."""
+def bert_config(config: EncoderOnlyConfig, labels: list[str] | None) -> dict:
+    """The HF config.json of an encoder-only model that computes what BERT computes (else a UserError).
+
+    ``labels``: a classifier's class names, in class order (else LABEL_0, LABEL_1, ...).
+    """
     target = "BERT"
     _require(
         config,
         target,
-        norm_first=False,
-        norm="layernorm",
-        positions="learned",
-        scale_embeddings=False,
-        embedding_norm=True,
-        bias=True,
-        attention="softmax",
+        {
+            "norm_first": False,
+            "norm": "layernorm",
+            "positions": "learned",
+            "scale_embeddings": False,
+            "embedding_norm": True,
+            "bias": True,
+            "attention": "softmax",
+        },
     )
     _same_heads(config, target)
     activation = _hf_activation(config.activation, target)
@@ -423,7 +532,12 @@ def bert_config(config: EncoderOnlyConfig, labels: dict | None) -> dict:
         raise UserError("cannot export as BERT: its masked-LM head uses the model's activation, qkv's exact GELU")
     architecture = bert_architecture(config)
     if config.n_classes:
-        _require(config, "BertForSequenceClassification", pooler=True, pooling="first")
+        _require(config, "BertForSequenceClassification", {"pooler": True, "pooling": "first"})
+    if config.mlm_head and config.pooler:
+        raise UserError(
+            "cannot export as BERT: a model with a masked-LM head exports as BertForMaskedLM, which has no "
+            "pooler, and this model has one (pooler=True)"
+        )
     fields = {
         "architectures": [architecture],
         "model_type": "bert",
@@ -442,10 +556,12 @@ def bert_config(config: EncoderOnlyConfig, labels: dict | None) -> dict:
         "tie_word_embeddings": config.tie_output,
     }
     if config.n_classes:
-        if not labels or len(labels) != config.n_classes:
-            labels = {str(i): f"LABEL_{i}" for i in range(config.n_classes)}
-        fields["id2label"] = labels
-        fields["label2id"] = {name: int(i) for i, name in labels.items()}
+        if labels is None:
+            labels = [f"LABEL_{i}" for i in range(config.n_classes)]
+        elif len(labels) != config.n_classes:
+            raise UserError(f"cannot export as BERT: {len(labels)} label names for {config.n_classes} classes")
+        fields["id2label"] = {str(i): name for i, name in enumerate(labels)}
+        fields["label2id"] = {name: i for i, name in enumerate(labels)}
     return fields
 
 
@@ -463,6 +579,8 @@ def gpt2_fields(config: HFConfig) -> dict:
     d_model = config.integer("n_embd")
     vocab_size = config.integer("vocab_size")
     d_ff = config.fields.get("n_inner")
+    # GPT2Config's default BEGIN and END (<|endoftext|>) exist only in a vocabulary that has id 50256.
+    default_end = 50256 if vocab_size > 50256 else None
     return {
         "d_model": d_model,
         "n_heads": config.integer("n_head"),
@@ -481,8 +599,8 @@ def gpt2_fields(config: HFConfig) -> dict:
         "tie_output": config.flag("tie_word_embeddings", True),
         "scale_embeddings": False,
         "pad_id": config.token_id("pad_token_id", None, vocab_size),
-        "bos_id": config.token_id("bos_token_id", 50256, vocab_size),
-        "eos_id": config.token_id("eos_token_id", 50256, vocab_size),
+        "bos_id": config.token_id("bos_token_id", default_end, vocab_size),
+        "eos_id": config.token_id("eos_token_id", default_end, vocab_size),
     }
 
 
@@ -539,12 +657,14 @@ def gpt2_config(config: DecoderOnlyConfig) -> dict:
     _require(
         config,
         target,
-        norm_first=True,
-        norm="layernorm",
-        positions="learned",
-        scale_embeddings=False,
-        bias=True,
-        attention="softmax",
+        {
+            "norm_first": True,
+            "norm": "layernorm",
+            "positions": "learned",
+            "scale_embeddings": False,
+            "bias": True,
+            "attention": "softmax",
+        },
     )
     _same_heads(config, target)
     return {
@@ -666,11 +786,13 @@ def marian_config(config: EncoderDecoderConfig) -> dict:
     _require(
         config,
         target,
-        norm_first=False,
-        norm="layernorm",
-        positions="sinusoidal_halves",
-        bias=True,
-        attention="softmax",
+        {
+            "norm_first": False,
+            "norm": "layernorm",
+            "positions": "sinusoidal_halves",
+            "bias": True,
+            "attention": "softmax",
+        },
     )
     _same_heads(config, target)
     if abs(config.norm_eps - 1e-5) > 1e-12:
@@ -704,16 +826,10 @@ def marian_config(config: EncoderDecoderConfig) -> dict:
     }
 
 
-def _marian_aliases(tensors: State, config: EncoderDecoderConfig, file: Path) -> State:
-    """Marian checkpoints may store the shared table under an embed_tokens name, may omit the
-    (then zero) final_logits_bias, and may hold the sinusoids, which must be Marian's."""
-    tensors = dict(tensors)
-    if config.share_embeddings and "model.shared.weight" not in tensors:
-        for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
-            if name in tensors:
-                tensors["model.shared.weight"] = tensors[name]
-                break
-    tensors.setdefault("final_logits_bias", torch.zeros(1, config.tgt_vocab_size))
+def _marian_positions(tensors: Mapping[str, Tensor], config: EncoderDecoderConfig, file: Path) -> set[str]:
+    """Marian checkpoints may hold the sinusoids, which qkv computes itself: they must be Marian's.
+    Returns the names of those the checkpoint holds."""
+    found = set()
     for stack in ("encoder", "decoder"):
         name = f"model.{stack}.embed_positions.weight"
         if name in tensors:
@@ -721,67 +837,137 @@ def _marian_aliases(tensors: State, config: EncoderDecoderConfig, file: Path) ->
             computed = sinusoidal_encoding(torch.arange(stored.shape[0]), config.d_model, halves=True)  # (P, D)
             if stored.shape != computed.shape or (stored - computed).abs().max() > 1e-3:
                 raise UserError(f"{file}: tensor {name!r} is not Marian's sinusoids, which qkv computes itself")
+            found.add(name)
+    return found
+
+
+def _untied_copies(config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig, tensors: State) -> State:
+    """The tensors that transformers 5.x reads under a second name when ``tie_word_embeddings``
+    is false (and so does not tie that name to the first): BertForMaskedLM's
+    ``cls.predictions.decoder.bias``, and a Marian with shared embeddings' ``embed_tokens`` tables."""
+    tensors = dict(tensors)
+    if isinstance(config, EncoderOnlyConfig) and config.mlm_head and not config.tie_output:
+        tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"].clone()
+    if isinstance(config, EncoderDecoderConfig) and config.share_embeddings and not config.tie_output:
+        for stack in ("encoder", "decoder"):
+            tensors[f"model.{stack}.embed_tokens.weight"] = tensors["model.shared.weight"].clone()
     return tensors
 
 
 # ---------------------------------------------------------------------- tokenizers
 
 
-def _tokenizer_settings(directory: Path) -> dict:
-    """tokenizer_config.json, with special_tokens_map.json's entries where it has none."""
-    settings: dict = {}
-    for name in ("special_tokens_map.json", "tokenizer_config.json"):
-        path = directory / name
-        if path.is_file():
-            try:
-                loaded = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
-                raise UserError(f"{path} is not valid JSON: {e}") from None
-            if isinstance(loaded, dict):
-                settings.update(loaded)
-    return settings
+class TokenizerSettings:
+    """tokenizer_config.json, with special_tokens_map.json's entries where it has none; errors
+    name the file a field came from."""
+
+    def __init__(self, directory: Path) -> None:
+        self.fields: dict = {}
+        self.paths: dict[str, Path] = {}
+        for name in ("special_tokens_map.json", TOKENIZER_CONFIG):
+            path = directory / name
+            if path.is_file():
+                loaded = read_json_object(path)
+                self.fields.update(loaded)
+                self.paths.update(dict.fromkeys(loaded, path))
+
+    def get(self, name: str, default: object = None) -> object:
+        return self.fields.get(name, default)
+
+    def flag(self, name: str, default: bool | None) -> bool | None:
+        """A true/false field; null only where the default is None (``strip_accents``: null
+        follows ``do_lower_case``)."""
+        value = self.fields.get(name, default)
+        if not isinstance(value, bool) and (value is not None or default is not None):
+            allowed = "true or false" if default is not None else "true, false or null"
+            raise UserError(f"{self.paths[name]}: field {name!r} must be {allowed}, got {value!r}")
+        return value
+
+    def token(self, name: str, default: str | None) -> tuple[str | None, bool]:
+        """A special token's text (a string, or {"content": ...} as older files write it; null:
+        none) and whether the files name it (False: the default)."""
+        value = self.fields.get(name, default)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if name in self.fields and (value is None or isinstance(value, str)):
+            return value, True
+        return default, False
+
+    def roles(
+        self, defaults: Mapping[str, tuple[str, str | None]], has: Callable[[str], bool]
+    ) -> dict[str, str | None]:
+        """role -> token, from ``defaults`` (role -> (field, default token)): the token the files
+        name (Tokenizer refuses one the vocabulary lacks), else the default where the vocabulary
+        has it (``has``), else none."""
+        roles: dict[str, str | None] = {}
+        for role, (field, default) in defaults.items():
+            token, named = self.token(field, default)
+            roles[role] = token if named or (token is not None and has(token)) else None
+        return roles
 
 
-def _special(settings: dict, name: str, default: str | None) -> str | None:
-    """A special token's text: a string, or {"content": ...} as older files write it."""
-    value = settings.get(name, default)
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) or value is None else default
+BERT_ROLES = {
+    "pad": ("pad_token", "[PAD]"),
+    "bos": ("cls_token", "[CLS]"),
+    "eos": ("sep_token", "[SEP]"),
+    "unk": ("unk_token", "[UNK]"),
+}
+GPT2_ROLES = {
+    "pad": ("pad_token", None),
+    "bos": ("bos_token", "<|endoftext|>"),
+    "eos": ("eos_token", "<|endoftext|>"),
+    "unk": ("unk_token", "<|endoftext|>"),
+}
 
 
-def _load_tokenizer(path: Path, specials: dict[str, str | None]) -> Tokenizer:
-    try:
-        backend = HFTokenizer.from_file(str(path))
-    except Exception as e:  # the library raises a bare Exception for unreadable files
-        raise UserError(f"cannot read tokenizer {path}: {e}") from None
+def _tokenizer(path: Path, backend: HFTokenizer, specials: dict[str, str | None]) -> Tokenizer:
+    """A qkv Tokenizer over ``backend``, read from ``path``; its errors name the file."""
     try:
         return Tokenizer(backend, specials=specials)
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
 
 
-def _bert_tokenizer(directory: Path) -> Tokenizer | None:
-    settings = _tokenizer_settings(directory)
-    pad, unk = _special(settings, "pad_token", "[PAD]"), _special(settings, "unk_token", "[UNK]")
-    cls, sep = _special(settings, "cls_token", "[CLS]"), _special(settings, "sep_token", "[SEP]")
-    mask = _special(settings, "mask_token", "[MASK]")
-    specials = {"pad": pad, "bos": cls, "eos": sep, "unk": unk}
+def _load_tokenizer(
+    path: Path, settings: TokenizerSettings, defaults: Mapping[str, tuple[str, str | None]]
+) -> Tokenizer:
+    try:
+        backend = HFTokenizer.from_file(str(path))
+    except Exception as e:  # the library raises a bare Exception for unreadable files
+        raise UserError(f"cannot read tokenizer {path}: {e}") from None
+    roles = settings.roles(defaults, lambda token: backend.token_to_id(token) is not None)
+    return _tokenizer(path, backend, roles)
+
+
+def _read_vocab_txt(path: Path) -> dict[str, int]:
+    """vocab.txt as HF's BertTokenizer reads it: one token a line, its id the line number."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(True)
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    return {line.rstrip("\n"): i for i, line in enumerate(lines)}
+
+
+def _bert_tokenizer(directory: Path) -> tuple[Tokenizer, Path] | None:
+    """BERT's tokenizer and the file it was read from (None without one)."""
+    settings = TokenizerSettings(directory)
     if (directory / FILE).is_file():
-        return _load_tokenizer(directory / FILE, specials)
+        return _load_tokenizer(directory / FILE, settings, BERT_ROLES), directory / FILE
     path = directory / "vocab.txt"
     if not path.is_file():
         return None
-    # As HF's BertTokenizer builds it from vocab.txt: one token a line, its id the line number.
-    vocab = {line.rstrip("\n"): i for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(True))}
-    if unk not in vocab:
-        raise UserError(f"{path} lacks the unknown token {unk!r}")
+    vocab = _read_vocab_txt(path)
+    specials = settings.roles(BERT_ROLES, vocab.__contains__)
+    unk, cls, sep = specials["unk"], specials["bos"], specials["eos"]
+    mask, _ = settings.token("mask_token", "[MASK]")
+    if unk is None or unk not in vocab:
+        raise UserError(f"{path} lacks the unknown token {settings.token('unk_token', '[UNK]')[0]!r}")
     backend = HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
     backend.normalizer = normalizers.BertNormalizer(
         clean_text=True,
-        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-        strip_accents=settings.get("strip_accents"),
-        lowercase=bool(settings.get("do_lower_case", True)),
+        handle_chinese_chars=bool(settings.flag("tokenize_chinese_chars", True)),
+        strip_accents=settings.flag("strip_accents", None),
+        lowercase=bool(settings.flag("do_lower_case", True)),
     )
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
@@ -791,20 +977,15 @@ def _bert_tokenizer(directory: Path) -> Tokenizer | None:
             pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
             special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])],
         )
-    backend.add_special_tokens([t for t in (pad, unk, cls, sep, mask) if t is not None and t in vocab])
-    return Tokenizer(backend, specials=specials)
+    backend.add_special_tokens([t for t in (*specials.values(), mask) if t is not None and t in vocab])
+    return _tokenizer(path, backend, specials), path
 
 
-def _gpt2_tokenizer(directory: Path) -> Tokenizer | None:
-    settings = _tokenizer_settings(directory)
-    specials = {
-        "pad": _special(settings, "pad_token", None),
-        "bos": _special(settings, "bos_token", "<|endoftext|>"),
-        "eos": _special(settings, "eos_token", "<|endoftext|>"),
-        "unk": _special(settings, "unk_token", "<|endoftext|>"),
-    }
+def _gpt2_tokenizer(directory: Path) -> tuple[Tokenizer, Path] | None:
+    """GPT-2's tokenizer and the file it was read from (None without one)."""
+    settings = TokenizerSettings(directory)
     if (directory / FILE).is_file():
-        return _load_tokenizer(directory / FILE, specials)
+        return _load_tokenizer(directory / FILE, settings, GPT2_ROLES), directory / FILE
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         return None
@@ -813,14 +994,30 @@ def _gpt2_tokenizer(directory: Path) -> Tokenizer | None:
         bpe = models.BPE.from_file(str(vocab), str(merges), continuing_subword_prefix="", end_of_word_suffix="")
     except Exception as e:  # the library raises a bare Exception for unreadable files
         raise UserError(f"cannot read {vocab} and {merges} as a byte-level BPE: {e}") from None
+    specials = settings.roles(GPT2_ROLES, lambda token: bpe.token_to_id(token) is not None)
     backend = HFTokenizer(bpe)
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(settings.get("add_prefix_space", False)))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(settings.flag("add_prefix_space", False)))
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     backend.add_special_tokens(
         sorted({t for t in specials.values() if t is not None and bpe.token_to_id(t) is not None})
     )
-    return Tokenizer(backend, specials=specials)
+    return _tokenizer(vocab, backend, specials), vocab
+
+
+def _check_token_ids(config: HFConfig, tokenizer: Tokenizer, fields: Mapping[str, str], source: Path) -> None:
+    """Where config.json gives a special token's id (``fields``: field -> role) and the tokenizer
+    has that role, the two must agree."""
+    for field, role in fields.items():
+        value = config.fields.get(field)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        have = getattr(tokenizer, f"{role}_id")
+        if value is not None and have is not None and value != have:
+            raise UserError(
+                f"{config.path}: field {field!r} is {value!r}, but the tokenizer ({source}) gives its {role} token "
+                f"{tokenizer.specials[role]!r} the id {have}"
+            )
 
 
 def _read_spm(path: Path) -> ModelProto:
@@ -885,24 +1082,21 @@ def _marian_tokenizer(directory: Path, config: EncoderDecoderConfig) -> Tokenize
     spm_path, vocab_path = directory / "source.spm", directory / "vocab.json"
     proto = _read_spm(spm_path)
     _check_spm(spm_path, proto)
-    try:
-        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{vocab_path} is not valid JSON: {e}") from None
-    ids = sorted(vocab.values()) if isinstance(vocab, dict) else None
-    if ids is None or any(type(i) is not int for i in ids) or ids != list(range(len(ids))):
+    vocab = read_json_object(vocab_path)
+    ids = list(vocab.values())
+    if any(type(i) is not int for i in ids) or sorted(ids) != list(range(len(ids))):
         raise UserError(f"{vocab_path} must map tokens to the ids 0, 1, ..., N-1, each once")
     tokens = sorted(vocab, key=vocab.__getitem__)  # token i has id i
-    settings = _tokenizer_settings(directory)
-    eos = _special(settings, "eos_token", "</s>")
-    unk = _special(settings, "unk_token", "<unk>")
-    pad = _special(settings, "pad_token", "<pad>")
+    settings = TokenizerSettings(directory)
+    eos, _ = settings.token("eos_token", "</s>")
+    unk, _ = settings.token("unk_token", "<unk>")
+    pad, _ = settings.token("pad_token", "<pad>")
     if config.bos_id >= len(tokens):
-        raise UserError(f"{vocab_path} has no id {config.bos_id} (config.json's decoder_start_token_id)")
+        raise UserError(f"{vocab_path} has no id {config.bos_id} ({HF_CONFIG}'s decoder_start_token_id)")
     specials = {"pad": pad, "bos": tokens[config.bos_id], "eos": eos, "unk": unk}
-    for token in specials.values():
-        if token not in vocab:
-            raise UserError(f"{vocab_path} lacks the special token {token!r}")
+    for role, token in specials.items():
+        if token is None or token not in vocab:
+            raise UserError(f"{vocab_path} lacks the {role} token {token!r}")
     codes = [t for t in tokens if t.startswith(">>") and t.endswith("<<")]  # MarianTokenizer's test
     whole = set(specials.values()) | set(codes)  # matched in the raw text, before the normalizer
 
@@ -969,10 +1163,10 @@ def _hf_tokenizer_config(tokenizer: Tokenizer, kind: str, max_len: int) -> dict:
     settings: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
     if kind == "encoder_only":  # BERT's names for BEGIN and END
         settings.update(cls_token=s["bos"], sep_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
-        if tokenizer.backend.token_to_id("[MASK]") is not None:
-            settings["mask_token"] = "[MASK]"
     else:
         settings.update(bos_token=s["bos"], eos_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
+    if tokenizer.mask_id is not None:  # qkv's <mask>, or an imported BERT's [MASK]
+        settings["mask_token"] = tokenizer.backend.id_to_token(tokenizer.mask_id)
     return {k: v for k, v in settings.items() if v is not None}
 
 
@@ -982,17 +1176,21 @@ def _hf_tokenizer_config(tokenizer: Tokenizer, kind: str, max_len: int) -> dict:
 def import_hf(src: str | Path, dst: str | Path) -> dict:
     """Convert the HF checkpoint directory ``src`` into the qkv model directory ``dst``.
 
-    Returns a summary: architecture, kind, model directory, parameter count and what became
-    of the tokenizer.
+    Returns a summary: architecture, kind, model directory, parameter count, what became of
+    the tokenizer, and ``ignored``: the checkpoint's tensors that the model does not use (say,
+    BERT's next-sentence head, or the pooler of a BertForMaskedLM checkpoint), by stored name.
     """
     src, dst = Path(src), Path(dst)
     check_output(dst)
     config, architecture = read_config(src)
-    file, tensors = read_tensors(src)
-    tensors = _rename_legacy(tensors)
+    file, stored = read_tensors(src)
+    labels = None
     if architecture in BERT:
-        kind, fields = "encoder_only", bert_fields(config, architecture, set(tensors))
+        kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
         to_qkv, from_qkv, prefix = bert_to_qkv, qkv_to_bert, "bert."
+        if architecture == "BertForSequenceClassification":
+            # HF's names where config.json has none (older files leave out two classes' defaults).
+            labels = bert_labels(config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
     elif architecture in GPT2:
         kind, fields = "decoder_only", gpt2_fields(config)
         to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
@@ -1005,24 +1203,29 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         raise UserError(f"{config.path}: {e}") from None
     # What a checkpoint of this config holds, named and shaped: the export of a model built from it.
     expected = from_qkv(model.state_dict(), model.config)
-    if architecture in BERT and "cls.predictions.bias" not in tensors and "cls.predictions.decoder.bias" in tensors:
-        tensors["cls.predictions.bias"] = tensors["cls.predictions.decoder.bias"]
-    if architecture in MARIAN:
-        tensors = _marian_aliases(tensors, model.config, file)
-    tensors = _match_prefix(tensors, expected, prefix) if prefix else tensors
     if architecture in BERT and model.config.type_vocab_size == 0:
         expected = {k: v for k, v in expected.items() if not k.endswith("token_type_embeddings.weight")}
-    _check_tensors(file, architecture, tensors, expected)
-    _load_state(model, to_qkv(tensors, model.config))
+    names = _canonical_names(list(stored), expected, prefix)  # canonical name -> stored name
+    tensors = {name: stored[original] for name, original in names.items()}
+    read = _read_from(tensors, model.config, file)  # expected name -> canonical name
+    inputs = {name: tensors[read.get(name, name)] for name in expected if read.get(name, name) in tensors}
+    used = {read.get(name, name) for name in expected}
+    if isinstance(model.config, EncoderDecoderConfig):
+        inputs.setdefault("final_logits_bias", torch.zeros(1, model.config.tgt_vocab_size))  # absent: zero
+        used |= _marian_positions(tensors, model.config, file)
+    origin = {name: names.get(read.get(name, name), name) for name in expected}  # the name in the file
+    _check_tensors(file, architecture, inputs, expected, origin)
+    _load_state(model, to_qkv(inputs, model.config))
     model.eval()
+    ignored = _ignored(tensors, used, names)
 
     extra: dict = {"hf": {"architecture": architecture}}
-    labels = config.fields.get("id2label")
-    if architecture == "BertForSequenceClassification" and isinstance(labels, dict):
-        extra["hf"]["id2label"] = labels
+    if labels is not None:
+        extra["labels"] = labels  # as qkv's own classifiers store them (bert.py)
     with tempfile.TemporaryDirectory() as tmp:
         files: dict[str, Path] = {}
         tokenizer: Tokenizer | None = None
+        source: Path | None = None
         said = "none"
         if architecture in MARIAN:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
@@ -1030,19 +1233,27 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             kept = f"kept {', '.join(files)} for export"
             if not {"source.spm", "vocab.json"} <= set(files):
                 said = f"{kept}; not converted: source.spm or vocab.json is missing" if files else said
-            elif _tokenizer_settings(src).get("separate_vocabs"):
+            elif TokenizerSettings(src).get("separate_vocabs"):
                 said = f"{kept}; not converted: qkv has one vocabulary for source and target, this model two"
             else:
-                tokenizer = _marian_tokenizer(src, model.config)
+                tokenizer, source = _marian_tokenizer(src, model.config), src / "vocab.json"
                 said = f"{FILE} from source.spm and vocab.json ({kept})"
         else:
-            tokenizer = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
-            said = FILE if tokenizer is not None else said
-        if tokenizer is not None:
+            found = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
+            if found is not None:
+                (tokenizer, source), said = found, FILE
+        if tokenizer is not None and source is not None:
             c = model.config
             vocab = min(c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else c.vocab_size
             if tokenizer.vocab_size > vocab:
                 raise UserError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}")
+            if architecture in BERT:
+                ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
+            elif architecture in GPT2:
+                ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
+            else:
+                ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
+            _check_token_ids(config, tokenizer, ids, source)
             files.update({p.name: p for p in tokenizer.save(Path(tmp) / FILE)})
         save_model(model, dst, files=files, extra=extra)
     return {
@@ -1051,65 +1262,74 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         "model": str(dst),
         "parameters": sum(p.numel() for p in model.parameters()),
         "tokenizer": said,
+        "ignored": ignored,
     }
 
 
 def export_hf(src: str | Path, dst: str | Path) -> dict:
-    """Write the qkv model directory ``src`` as the HF checkpoint directory ``dst``.
+    """Write the qkv model directory (or training run) ``src`` as the HF checkpoint directory ``dst``.
 
-    ``dst`` must not exist or be empty; it is written whole or not at all. Returns a summary:
-    architecture, model_type, directory and the files written.
+    ``dst`` must not exist or be an empty directory (not the working directory or one above
+    it); it is written whole or not at all, flushed to disk. Returns a summary: architecture,
+    model_type, directory and the files written.
     """
-    src, dst = Path(src), Path(dst)
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-        raise UserError(f"{dst} exists and is not an empty directory; choose another output directory")
+    src, dst = model_dir(Path(src)), Path(dst)
+    check_output(dst, models=False)
     model, meta = load_model(src)
-    for name in meta["files"]:
-        if not (src / name).is_file():  # load_model also reads training runs, whose files sit elsewhere
-            raise UserError(f"{src / name} is missing: export-hf needs the model directory itself")
     config = model.config
     state = model.state_dict()
     if isinstance(config, EncoderOnlyConfig):
-        hf_meta = meta.get("hf") if isinstance(meta.get("hf"), dict) else {}
-        hf_config = bert_config(config, hf_meta.get("id2label"))
+        hf_config = bert_config(config, _meta_labels(src, meta, config.n_classes))
         tensors = qkv_to_bert(state, config)
     elif isinstance(config, DecoderOnlyConfig):
         hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
     else:
         hf_config, tensors = marian_config(config), qkv_to_marian(state, config)
+    tensors = _untied_copies(config, tensors)
     hf_config["dtype"] = "float32"
+    files = meta["files"]
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_directory(dst) as tmp:
+            save_file(
+                {k: v.detach().float().contiguous().clone() for k, v in tensors.items()},
+                tmp / WEIGHTS,
+                {"format": "pt"},
+            )
+            (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+            if FILE in files and "source.spm" not in files:
+                tokenizer = Tokenizer.load(src / FILE)
+                shutil.copyfile(src / FILE, tmp / FILE)
+                settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
+                (tmp / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+            else:
+                # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
+                # converted from them stays behind (transformers has no fast Marian tokenizer to read it).
+                for name in MARIAN_TOKENIZER_FILES:
+                    if name in files:
+                        shutil.copyfile(src / name, tmp / name)
     except OSError as e:
-        raise UserError(f"cannot create {dst.parent}: {e.strerror}") from None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); a model directory is not
-    try:
-        save_file(
-            {k: v.detach().float().contiguous().clone() for k, v in tensors.items()}, tmp / WEIGHTS, {"format": "pt"}
-        )
-        (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n")
-        files = meta["files"]
-        if FILE in files and "source.spm" not in files:
-            tokenizer = Tokenizer.load(src / FILE)
-            shutil.copyfile(src / FILE, tmp / FILE)
-            settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
-            (tmp / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-        else:
-            # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
-            # converted from them stays behind (transformers has no fast Marian tokenizer to read it).
-            for name in MARIAN_TOKENIZER_FILES:
-                if name in files:
-                    shutil.copyfile(src / name, tmp / name)
-        if dst.exists():
-            dst.rmdir()
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise UserError(f"cannot write {dst}: {e.strerror or e}") from None
     return {
         "architecture": hf_config["architectures"][0],
         "model_type": hf_config["model_type"],
         "out": str(dst),
         "files": sorted(p.name for p in dst.iterdir()),
     }
+
+
+def _meta_labels(src: Path, meta: dict, n_classes: int) -> list[str] | None:
+    """A classifier's class names from its config.json: ``labels`` (qkv's classifiers and
+    imports), else an older import's ``hf.id2label``; None when it has neither."""
+    if not n_classes:
+        return None
+    labels = meta.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list) or len(labels) != n_classes or not all(isinstance(x, str) for x in labels):
+            raise UserError(f"{src / HF_CONFIG}: field 'labels' must list the {n_classes} class names (strings)")
+        return labels
+    hf = meta.get("hf")
+    old = hf.get("id2label") if isinstance(hf, dict) else None
+    if isinstance(old, dict) and set(old) == {str(i) for i in range(n_classes)}:
+        return [str(old[str(i)]) for i in range(n_classes)]
+    return None

@@ -26,6 +26,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 from qkv.errors import UserError
+from qkv.files import read_json_object
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in every vocabulary qkv trains
@@ -147,7 +148,10 @@ class Tokenizer:
             backend = HFTokenizer.from_file(str(path))
         except Exception as e:  # the library raises a bare Exception for unreadable files
             raise UserError(f"cannot read tokenizer {path}: {e}") from None
-        return cls(backend, specials=specials, add_special_tokens=add_special_tokens)
+        try:
+            return cls(backend, specials=specials, add_special_tokens=add_special_tokens)
+        except UserError as e:  # the roles of special_tokens.json that the vocabulary lacks
+            raise UserError(f"{path}: {e}") from None
 
     def save(self, path: str | Path) -> list[Path]:
         """Write the tokenizer to ``path`` and, when its special tokens are not qkv's (or
@@ -161,7 +165,7 @@ class Tokenizer:
         written: dict = dict(self.specials)
         if self.add_special_tokens:
             written[ADD_SPECIALS] = True
-        sidecar.write_text(json.dumps(written, indent=2) + "\n")
+        sidecar.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
         return [path, sidecar]
 
     @property
@@ -213,12 +217,7 @@ def _read_specials(path: Path) -> tuple[dict[str, str | None] | None, bool]:
     ``add_special_tokens`` (false when absent)."""
     if not path.is_file():
         return None, False
-    try:
-        specials = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
-    if not isinstance(specials, dict):
-        raise UserError(f"{path} must map roles ({', '.join(ROLES)}) to token strings or null")
+    specials = read_json_object(path)
     add_special_tokens = specials.pop(ADD_SPECIALS, False)
     if not isinstance(add_special_tokens, bool):
         raise UserError(f"{path}: field {ADD_SPECIALS!r} must be true or false, got {add_special_tokens!r}")
