@@ -7,7 +7,8 @@ and BertModel on the same synthetic batches, in one run.
 Decoder-only, nanoGPT's Shakespeare size (6 layers, width 384, 6 heads, context 256,
 vocabulary 65, batch 64): training tokens/s (forward + backward + fused AdamW step, dropout
 0.2 as nanoGPT's recipe) in fp32 and bf16 autocast, and KV-cache generation tokens/s (one
-prompt token, 255 new tokens, greedy, batch 1 and 16; END disabled on both sides).
+prompt token, 255 new tokens, greedy, batch 1 and 16; END disabled on both sides), fp32 and
+again with bfloat16 weights on both sides.
 Encoder-only: inference sentences/s of the last hidden states, 4 layers, width 256, 4 heads,
 batch 32 x 128 tokens (lengths 64..128 with padding masks), fp32 and bf16 autocast.
 Both sides get the same architecture: GPT-2's (pre-norm, learned positions, tanh GELU, biases)
@@ -17,6 +18,7 @@ and BERT's (post-norm, learned positions, token types, embedding LayerNorm, exac
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -195,10 +197,17 @@ def main() -> int:
             show(f"GPT train {'bf16' if bf16 else 'fp32'} (B64 x T256)", a, b, "tokens/s", "HF GPT2LMHeadModel")
     if args.only in (None, "generate"):
         ours, theirs = qkv_gpt(0.0).eval(), hf_gpt(0.0).eval()
+        # And both with bfloat16 weights (qkv generate --bf16; HF: .to(torch.bfloat16)).
+        ours_bf16, theirs_bf16 = copy.deepcopy(ours).to(torch.bfloat16), copy.deepcopy(theirs).to(torch.bfloat16)
         for batch in (1, 16):
-            a = generate_rate("qkv", ours, batch=batch, new=GPT["max_len"] - 1)
-            b = generate_rate("hf", theirs, batch=batch, new=GPT["max_len"] - 1)
-            show(f"GPT generate fp32 batch {batch} ({GPT['max_len'] - 1} new)", a, b, "tokens/s", "HF generate")
+            new = GPT["max_len"] - 1
+            a = generate_rate("qkv", ours, batch=batch, new=new)
+            b = generate_rate("hf", theirs, batch=batch, new=new)
+            show(f"GPT generate fp32 batch {batch} ({new} new)", a, b, "tokens/s", "HF generate")
+            a16 = generate_rate("qkv", ours_bf16, batch=batch, new=new)
+            b16 = generate_rate("hf", theirs_bf16, batch=batch, new=new)
+            show(f"GPT generate bf16 weights batch {batch}", a16, b16, "tokens/s", "HF bf16 ")
+            show(f"GPT generate qkv bf16 / HF fp32 batch {batch}", a16, b, "tokens/s", "HF fp32 ")
     if args.only in (None, "bert"):
         ours, theirs = bert_models()
         for bf16 in (False, True):

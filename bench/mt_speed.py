@@ -12,13 +12,15 @@ the output layer at padding positions: the same loss and gradients, tested equal
 ``torch.nn.Transformer`` gets token embeddings, sinusoidal positions and an output layer.
 Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on both sides:
 Hugging Face ``min_new_tokens=32``; qkv's END id is unset), greedy at batch 1 and 32, beam 5
-at batch 8, fp32, KV cache on both. Reference ceilings from issue 3 (not re-measured here):
-CTranslate2 int8 at the base size 192 / 2,174 / 532 tokens/s; Hugging Face fp32 78 / 960 / 218.
+at batch 8, KV cache on both; fp32, and both models again with bfloat16 weights. Reference
+ceilings from issue 3 (not re-measured here): CTranslate2 int8 at the base size 192 / 2,174 /
+532 tokens/s; Hugging Face fp32 78 / 960 / 218.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -244,13 +246,34 @@ def main() -> int:
             # Forced length: with no END id the search never stops early (generation.py treats None as "no END").
             object.__setattr__(ours.config, "eos_id", None)
             theirs = marian_model(size, dropout=0.0).eval()
+            # The same models with bfloat16 weights (qkv translate --bf16; HF: .to(torch.bfloat16)).
+            ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
+            theirs_bf16 = copy.deepcopy(theirs).to(torch.bfloat16)
             for batch, beam in ((1, 1), (32, 1), (8, 5)):
                 repeats = 3 if batch == 1 else 2
                 a = decode_rate("qkv", ours, batch=batch, beam=beam, repeats=repeats)
                 b = decode_rate("marian", theirs, batch=batch, beam=beam, repeats=repeats)
+                a16 = decode_rate("qkv", ours_bf16, batch=batch, beam=beam, repeats=repeats)
+                b16 = decode_rate("marian", theirs_bf16, batch=batch, beam=beam, repeats=repeats)
                 what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
-                results.append({"what": what, "qkv": round(a), "hf": round(b), "ratio": round(a / b, 2)})
-                print(f"{what:<32} new tok/s: qkv {a:7.0f} | HF generate {b:7.0f} | ratio {a / b:.2f}x", flush=True)
+                results.append(
+                    {
+                        "what": what,
+                        "qkv": round(a),
+                        "hf": round(b),
+                        "ratio": round(a / b, 2),
+                        "qkv_bf16": round(a16),
+                        "hf_bf16": round(b16),
+                        "ratio_bf16_vs_hf_fp32": round(a16 / b, 2),
+                        "ratio_bf16_vs_hf_bf16": round(a16 / b16, 2),
+                    }
+                )
+                print(
+                    f"{what:<32} new tok/s fp32: qkv {a:7.0f} | HF generate {b:7.0f} | ratio {a / b:.2f}x   "
+                    f"bf16 weights: qkv {a16:7.0f} | HF {b16:7.0f} | qkv bf16 / HF fp32 {a16 / b:.2f}x, "
+                    f"/ HF bf16 {a16 / b16:.2f}x",
+                    flush=True,
+                )
     print(json.dumps(results))
     return 0
 

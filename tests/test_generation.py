@@ -536,3 +536,17 @@ def test_sliding_continuation_goes_past_the_window() -> None:
         context = seen[-5:]
     # Without sliding, the output stops at the window.
     assert len(list(continuation(model, prompt[:4], max_new_tokens=30, choose=most_likely))) == 8
+
+
+def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
+    """A model cast to bfloat16 (``--bf16``) decodes the trained models' clear-margin outputs as
+    float32 does: greedy and beam search, both families, with padding in the batch."""
+    import copy
+
+    for model, inputs in (copy_model, lm_model[:2]):
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        assert greedy(half, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
+        beams = beam_search(half, inputs, beam_size=3, max_new_tokens=8)
+        assert [h[0].tokens for h in beams] == [
+            h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
+        ]

@@ -206,6 +206,10 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     out = capsys.readouterr().out.split("\n")[:-1]
     assert len(out) == 5 and out[1] == "" and out[3] == ""
     assert all(out[i] for i in (0, 2, 4))
+    argv = ["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet", "--bf16"]
+    assert main(argv) == 0
+    half = capsys.readouterr().out.split("\n")[:-1]  # bfloat16 weights: same lines, order and empty lines
+    assert len(half) == 5 and half[1] == half[3] == "" and all(half[i] for i in (0, 2, 4))
     # Batch composition does not change a sentence's translation.
     for i in (0, 2, 4):
         monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((lines[i] + "\n").encode())))
