@@ -16,12 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv.checkpoint import read_meta
+from qkv.checkpoint import load_model, model_dir, read_meta
 from qkv.cli import main
-from qkv.data import data_root
+from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
 from qkv.recipes import load_recipe
-from qkv.seq2seq import train_translation
+from qkv.seq2seq import beam_translate, train_translation
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
@@ -83,6 +83,21 @@ def test_translation_recipe_trains_and_scores(tmp_path) -> None:
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     # Commands taking --model accept the run directory: its final checkpoint.
     assert read_meta(run)["files"] == read_meta(run / meta["final"])["files"]
+
+
+def test_a_run_stopped_mid_epoch_is_scored_without_dropout(tmp_path) -> None:
+    """A run stopped by its step cap in the middle of an epoch (so in training mode) scores its
+    final checkpoint as a freshly loaded copy translates (no dropout), and returns it for inference."""
+    overrides = [*_overrides(tmp_path, steps=25, epochs=20), "model.dropout=0.5", "train.average_last=2"]
+    run = tmp_path / "run"
+    summary = train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    assert summary["stopped_by"] == "steps" and summary["epochs"] >= 2
+    assert not summary["model"].training
+    final, _ = load_model(model_dir(run))
+    valid = read_parallel(*json.loads((run / "run.json").read_text())["recipe"]["data"]["valid"])
+    again = beam_translate(final, summary["tokenizer"], [a for a, _ in valid], beam_size=2)
+    assert again == summary["hypotheses"]
+    assert beam_translate(summary["model"], summary["tokenizer"], [a for a, _ in valid], beam_size=2) == again
 
 
 def test_averaging_is_the_mean_of_the_epoch_checkpoints(tmp_path) -> None:

@@ -374,6 +374,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
 
         def validate(beam: int) -> dict:
             start = time.perf_counter()
+            model.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
             hypotheses = beam_translate(
                 model,
                 tokenizer,
@@ -505,6 +506,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             final_model, _ = load_model(run / final)
             model.load_state_dict(final_model.state_dict())
         scores = candidates[final]
+        model.eval()  # the returned model is for inference (bench/mt.py translates the test set with it)
         state["final_scores"] = {
             name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
         }
