@@ -550,3 +550,34 @@ def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
         assert [h[0].tokens for h in beams] == [
             h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
         ]
+
+
+@pytest.mark.parametrize("attention", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
+def test_decoding_without_masks_equals_all_true_masks(positions: str, attention: str) -> None:
+    """The fast path (no mask when nothing is padded: ``_start`` passes None) equals the explicit
+    path with all-True masks, step by step with the cache, for both normalizations; sigmoid
+    attention's bias counts the keys, so a None mask must count all of them."""
+    ed = make_ed(positions, seed=5, attention=attention)
+    src = torch.tensor(_random_rows([6, 6], SRC_V, seed=5))  # (B, S), no padding
+    memory = ed.encode(src)  # (B, S, D)
+    all_true = torch.ones_like(src, dtype=torch.bool)  # (B, S)
+    tokens = torch.full((2, 1), BOS)  # (B, 1)
+    plain, masked = ed.decode(tokens, memory, src_mask=None), ed.decode(tokens, memory, src_mask=all_true)
+    for _ in range(4):
+        torch.testing.assert_close(plain.logits, masked.logits, atol=ATOL, rtol=0)
+        tokens = plain.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        plain = ed.decode(tokens, memory, src_mask=None, cache=plain.cache)
+        masked = ed.decode(tokens, memory, src_mask=all_true, cache=masked.cache)
+
+    lm = make_do(positions, seed=6, attention=attention)
+    prompt = torch.tensor(_random_rows([5, 5], V, seed=6))  # (B, P)
+    valid = torch.ones_like(prompt, dtype=torch.bool)  # (B, P)
+    plain, masked = lm.decode(prompt), lm.decode(prompt, key_mask=valid)
+    for step in range(4):
+        torch.testing.assert_close(plain.logits[:, -1], masked.logits[:, -1], atol=ATOL, rtol=0)
+        tokens = plain.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        valid = torch.cat([valid, torch.ones_like(tokens, dtype=torch.bool)], dim=1)  # (B, P+1)
+        position = torch.full((1,), prompt.shape[1] + step)  # (1,)
+        plain = lm.decode(tokens, positions=position, cache=plain.cache)
+        masked = lm.decode(tokens, key_mask=valid, positions=position, cache=masked.cache)

@@ -16,12 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from qkv import cli
 from qkv.checkpoint import load_model, model_dir, read_meta
 from qkv.cli import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
 from qkv.recipes import load_recipe
-from qkv.seq2seq import beam_translate, train_translation
+from qkv.seq2seq import _encode_pairs, beam_translate, source_ids, train_translation
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
@@ -98,6 +99,46 @@ def test_a_run_stopped_mid_epoch_is_scored_without_dropout(tmp_path) -> None:
     again = beam_translate(final, summary["tokenizer"], [a for a, _ in valid], beam_size=2)
     assert again == summary["hypotheses"]
     assert beam_translate(summary["model"], summary["tokenizer"], [a for a, _ in valid], beam_size=2) == again
+    # The check can fail: with dropout on, this model translates differently.
+    summary["model"].train()
+    torch.manual_seed(0)
+    assert beam_translate(summary["model"], summary["tokenizer"], [a for a, _ in valid], beam_size=2) != again
+
+
+def _ending_tokenizer(tmp_path: Path) -> Path:
+    """A tokenizer file whose post-processor ends every source with END (as a converted Marian
+    one does), so it carries a special_tokens.json beside it."""
+    from tokenizers import processors
+
+    pairs = read_parallel(*_corpus(tmp_path, 50, seed=4))
+    tokenizer = Tokenizer.train_subword((s for pair in pairs for s in pair), vocab_size=40)
+    tokenizer.backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", tokenizer.eos_id)]
+    )
+    tokenizer.add_special_tokens = True
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(tmp_path / "tok" / "tokenizer.json")
+    return tmp_path / "tok" / "tokenizer.json"
+
+
+def test_a_tokenizer_that_ends_sources_keeps_its_settings_in_every_checkpoint(tmp_path) -> None:
+    """special_tokens.json travels into the run's checkpoints (resume and translate load the same
+    tokenizer); sources end with END, training targets do not (the batch appends it), and a cut
+    source keeps its END."""
+    path = _ending_tokenizer(tmp_path)
+    run = tmp_path / "run"
+    recipe = load_recipe(RECIPE, [*_overrides(tmp_path, epochs=1), f"data.tokenizer={path}"])
+    summary = train_translation(recipe, run, progress=False)
+    for checkpoint in ("last", "best", model_dir(run).name):
+        loaded = Tokenizer.load(run / checkpoint / "tokenizer.json")
+        assert loaded.add_special_tokens and (run / checkpoint / "special_tokens.json").is_file()
+    tokenizer = summary["tokenizer"]
+    examples, _ = _encode_pairs(tokenizer, [("ein hund", "a dog")], window=13, long="drop")
+    ((src, tgt),) = examples
+    assert src[-1] == tokenizer.eos_id and tokenizer.eos_id not in tgt
+    long = " ".join(["hund"] * 30)
+    (cut,) = source_ids(tokenizer, [long], window=7)
+    assert len(cut) == 7 and cut[-1] == tokenizer.eos_id and cut[:6] == tokenizer.encode(long)[:6]
 
 
 def test_averaging_is_the_mean_of_the_epoch_checkpoints(tmp_path) -> None:
@@ -222,7 +263,11 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     assert len(out) == 5 and out[1] == "" and out[3] == ""
     assert all(out[i] for i in (0, 2, 4))
     argv = ["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet", "--bf16"]
+    loaded = []
+    real = cli._load_for_generation
+    monkeypatch.setattr(cli, "_load_for_generation", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
     assert main(argv) == 0
+    assert next(loaded[0][0].parameters()).dtype == torch.bfloat16
     half = capsys.readouterr().out.split("\n")[:-1]  # bfloat16 weights: same lines, order and empty lines
     assert len(half) == 5 and half[1] == half[3] == "" and all(half[i] for i in (0, 2, 4))
     # Batch composition does not change a sentence's translation.

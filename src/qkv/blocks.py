@@ -39,7 +39,8 @@ BlockCache = tuple[KVCache, KVCache | None]
 class DecoderOutput(NamedTuple):
     """What a decoding step returns.
 
-    logits: (B, T, V); cache: one block cache per decoder block; attention: when asked,
+    logits: (B, T, V), or (N, V) at the positions a caller selected (``only``); cache: one
+    block cache per decoder block; attention: when asked,
     one (B, H, T, S) weight tensor per decoder block (cross-attention where there is
     one, else self-attention), else None.
     """

@@ -440,7 +440,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from qkv.models.encoder_decoder import EncoderDecoder
-    from qkv.seq2seq import alignments, translate
+    from qkv.seq2seq import alignments, source_ids, translate
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
@@ -482,7 +482,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
             out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 else text)
     if aligned is not None:
-        sources = [ids[:window] for ids in tokenizer.encode_batch(lines)]
+        sources = source_ids(tokenizer, lines, window=window)
         for src, hyps in zip(sources, found, strict=True):
             for h in hyps:
                 pairs = alignments(model, src=[src], out=[h.tokens])[0]

@@ -515,11 +515,11 @@ def fit_recipe(
 
 
 def save_model_dir(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, extra: dict) -> None:
-    """Save the model directory with its tokenizer file."""
+    """Save the model directory with its tokenizer files (``special_tokens.json`` too, when the
+    tokenizer has one: an imported model's tokens and settings)."""
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_path = Path(tmp) / TOKENIZER_FILE
-        tokenizer.save(tokenizer_path)
-        save_model(model, out, files={TOKENIZER_FILE: tokenizer_path}, extra=extra)
+        files = {path.name: path for path in tokenizer.save(Path(tmp) / TOKENIZER_FILE)}
+        save_model(model, out, files=files, extra=extra)
 
 
 def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer) -> dict:

@@ -120,7 +120,7 @@ def translate(
     output may have at most ⌊a·S⌋ + b tokens, S its own source's length (the max-length rule
     of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs.
     """
-    sources = [ids[: model.config.max_len] for ids in tokenizer.encode_batch(texts)]
+    sources = source_ids(tokenizer, texts, window=model.config.max_len)
     found: list[list[Translation]] = [[Translation("", [], 0.0)] * nbest for _ in texts]
     todo = sorted((i for i in range(len(texts)) if texts[i].strip() and sources[i]), key=lambda i: len(sources[i]))
     budget = max(1, max_tokens // beam_size)
@@ -143,6 +143,18 @@ def translate(
             # Always nbest outputs, so they can be matched to inputs by counting.
             found[i] += [Translation("", [], float("-inf"))] * (nbest - len(found[i]))
     return found
+
+
+def source_ids(tokenizer: Tokenizer, texts: list[str], *, window: int) -> list[list[int]]:
+    """Encoder ids of each text, cut to the window. A tokenizer that ends sources with END
+    (a converted Marian one) keeps it when the text is cut: the model only saw sources ending so."""
+    ends = tokenizer.add_special_tokens and tokenizer.eos_id is not None
+    out = []
+    for ids in tokenizer.encode_batch(texts):
+        if len(ids) > window:
+            ids = [*ids[: window - 1], tokenizer.eos_id] if ends and ids[-1] == tokenizer.eos_id else ids[:window]
+        out.append(ids)
+    return out
 
 
 def beam_translate(
@@ -355,15 +367,15 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     run.mkdir(parents=True, exist_ok=True)
     scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_file = Path(tmp) / TOKENIZER_FILE
-        tokenizer.save(tokenizer_file)
+        # special_tokens.json too, when there is one (a fine-tuned imported model's tokens)
+        tokenizer_files = {path.name: path for path in tokenizer.save(Path(tmp) / TOKENIZER_FILE)}
         extra = {"task": "translation", "recipe": recipe}
 
         def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
             save_checkpoint(
                 model,
                 run / name,
-                files={TOKENIZER_FILE: tokenizer_file},
+                files=tokenizer_files,
                 extra={**extra, **({"valid_scores": scores} if scores else {})},
                 trainer=trainer if resumable else None,
                 progress=state if resumable else None,

@@ -3,7 +3,8 @@
 What is here: :func:`sequence_loss` (token cross-entropy with label smoothing, padding
 ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3),
 :func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
-END), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
+END), :func:`seq2seq_loss` (an encoder-decoder's loss with logits at real target tokens
+only), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
 mask/random/kept) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
 state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it with a
 step and/or time budget and a progress bar with loss, learning rate and tokens/s.

@@ -123,7 +123,8 @@ class EncoderDecoder(nn.Module):
         for a loss that ignores them.
 
         Shapes:
-            tgt: (B, T); memory: (B, S, D); src_mask: (B, S) bool (None: every source token is real).
+            tgt: (B, T); memory: (B, S, D); src_mask: (B, S) bool (None: every source token is
+            real; unlike :meth:`encode`, decode has no token ids to derive padding from).
             only: (B, T) bool or None.
             returns logits (B, T, V), or (N, V) with ``only`` (N = only.sum()), the cache,
             and optionally the cross-attention weights.
