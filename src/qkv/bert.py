@@ -180,7 +180,7 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         )
         return loss, len(targets)
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv mlm")
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv mlm", unit="masked_tok")
     start = time.perf_counter()
     valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
     scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
@@ -334,7 +334,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) ->
         )
         return loss, batch_size
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv classify")
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv classify", unit="ex")
     start = time.perf_counter()
     predicted = predict_labels(
         model,

@@ -266,13 +266,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         score = {"exact_match": round(summary["exact_match"], 4)}
         said = f"held-out exact match {summary['exact_match']:.1%}"
     loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}")
-    unit = "examples" if recipe["task"] == "classify" else "tokens"
+    # The rate counts what the loss is over: examples (classify), masked tokens (mlm), tokens.
+    unit = {"classify": "examples", "mlm": "masked_tokens"}.get(recipe["task"], "tokens")
     result = {
         "task": recipe["task"],
         "model": str(out),
         "steps": summary["steps"],
         "train_seconds": round(summary["train_seconds"], 1),
-        # A classifier's loss is per example, so its rate counts examples, not tokens.
         f"{unit}_per_second": round(summary["tokens_per_second"]),
         "final_loss": round(summary["final_loss"], 4),
         **score,
@@ -282,7 +282,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print(
             f"trained {result['steps']} steps in {result['train_seconds']}s "
-            f"({result[f'{unit}_per_second']} {unit}/s), final training loss {result['final_loss']}, {said}; "
+            f"({result[f'{unit}_per_second']} {unit.replace('_', ' ')}/s), "
+            f"final training loss {result['final_loss']}, {said}; "
             f"model saved to {out}"
         )
     return 0

@@ -494,6 +494,7 @@ def fit_recipe(
     *,
     progress: bool,
     desc: str,
+    unit: str = "tok",
 ) -> FitResult:
     """:func:`~qkv.training.fit` with a recipe's train section."""
     return fit(
@@ -511,6 +512,7 @@ def fit_recipe(
         bf16=train["bf16"],
         progress=progress,
         desc=desc,
+        unit=unit,
     )
 
 

@@ -276,12 +276,14 @@ def fit(
     bf16: bool = False,
     progress: bool = True,
     desc: str = "train",
+    unit: str = "tok",
 ) -> FitResult:
     """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
 
     ``step_loss(model, step)`` returns the loss of one batch and its number of target
-    tokens; it owns the data, so the loop is the same for every model family. The optimizer
-    side is a :class:`Trainer`.
+    tokens (or examples, for a per-example loss; ``unit`` names them in the progress bar);
+    it owns the data, so the loop is the same for every model family. The optimizer side is
+    a :class:`Trainer`.
     """
     trainer = Trainer(
         model,
@@ -306,7 +308,8 @@ def fit(
         result.seconds = time.perf_counter() - start
         bar.update(1)
         if step % 10 == 0 or step == steps - 1:
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{result.tokens / result.seconds:.0f}")
+            rate = f"{result.tokens / result.seconds:.0f}"
+            bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
         if seconds is not None and result.seconds >= seconds:
             break
     bar.close()
