@@ -1254,7 +1254,7 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             else:
                 ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
             _check_token_ids(config, tokenizer, ids, source)
-            files.update({p.name: p for p in tokenizer.save(Path(tmp) / FILE)})
+            files.update(tokenizer.save(Path(tmp) / FILE))
         save_model(model, dst, files=files, extra=extra)
     return {
         "architecture": architecture,

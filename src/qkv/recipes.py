@@ -520,8 +520,7 @@ def save_model_dir(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, e
     """Save the model directory with its tokenizer files (``special_tokens.json`` too, when the
     tokenizer has one: an imported model's tokens and settings)."""
     with tempfile.TemporaryDirectory() as tmp:
-        files = {path.name: path for path in tokenizer.save(Path(tmp) / TOKENIZER_FILE)}
-        save_model(model, out, files=files, extra=extra)
+        save_model(model, out, files=tokenizer.save(Path(tmp) / TOKENIZER_FILE), extra=extra)
 
 
 def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer) -> dict:

@@ -368,7 +368,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
     with tempfile.TemporaryDirectory() as tmp:
         # special_tokens.json too, when there is one (a fine-tuned imported model's tokens)
-        tokenizer_files = {path.name: path for path in tokenizer.save(Path(tmp) / TOKENIZER_FILE)}
+        tokenizer_files = tokenizer.save(Path(tmp) / TOKENIZER_FILE)
         extra = {"task": "translation", "recipe": recipe}
 
         def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:

@@ -153,20 +153,20 @@ class Tokenizer:
         except UserError as e:  # the roles of special_tokens.json that the vocabulary lacks
             raise UserError(f"{path}: {e}") from None
 
-    def save(self, path: str | Path) -> list[Path]:
+    def save(self, path: str | Path) -> dict[str, Path]:
         """Write the tokenizer to ``path`` and, when its special tokens are not qkv's (or
         ``encode`` adds special tokens), their roles to ``special_tokens.json`` beside it;
-        returns the files written."""
+        returns the files written by name, as a model directory's ``files`` takes them."""
         path = Path(path)
         self.backend.save(str(path))
         if self.specials == dict(zip(ROLES, SPECIALS, strict=True)) and not self.add_special_tokens:
-            return [path]
+            return {path.name: path}
         sidecar = path.with_name(SPECIALS_FILE)
         written: dict = dict(self.specials)
         if self.add_special_tokens:
             written[ADD_SPECIALS] = True
         sidecar.write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
-        return [path, sidecar]
+        return {path.name: path, sidecar.name: sidecar}
 
     @property
     def vocab_size(self) -> int:
