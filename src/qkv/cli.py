@@ -326,6 +326,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from qkv.generation import beam_search, continuation, greedy, most_likely, sample, sampler
     from qkv.models.decoder_only import DecoderOnly
+    from qkv.seq2seq import cut_source
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
@@ -366,7 +367,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     def fit(ids: list[int]) -> list[int]:
         if len(ids) <= window:
             return ids
-        return ids[-(window // 2) :] if isinstance(model, DecoderOnly) else ids[:window]
+        return ids[-(window // 2) :] if isinstance(model, DecoderOnly) else cut_source(tokenizer, ids, window=window)
 
     longest = max((len(fit(ids)) for ids in encoded), default=0)
     room = window if not isinstance(model, DecoderOnly) else window - max(1, longest) + 1

@@ -148,13 +148,16 @@ def translate(
 def source_ids(tokenizer: Tokenizer, texts: list[str], *, window: int) -> list[list[int]]:
     """Encoder ids of each text, cut to the window. A tokenizer that ends sources with END
     (a converted Marian one) keeps it when the text is cut: the model only saw sources ending so."""
-    ends = tokenizer.add_special_tokens and tokenizer.eos_id is not None
-    out = []
-    for ids in tokenizer.encode_batch(texts):
-        if len(ids) > window:
-            ids = [*ids[: window - 1], tokenizer.eos_id] if ends and ids[-1] == tokenizer.eos_id else ids[:window]
-        out.append(ids)
-    return out
+    return [cut_source(tokenizer, ids, window=window) for ids in tokenizer.encode_batch(texts)]
+
+
+def cut_source(tokenizer: Tokenizer, ids: list[int], *, window: int) -> list[int]:
+    """``ids`` cut to the window, keeping a final END the tokenizer added (see :func:`source_ids`)."""
+    if len(ids) <= window:
+        return ids
+    if tokenizer.add_special_tokens and tokenizer.eos_id is not None and ids[-1] == tokenizer.eos_id:
+        return [*ids[: window - 1], tokenizer.eos_id]
+    return ids[:window]
 
 
 def beam_translate(
