@@ -5,12 +5,15 @@ from __future__ import annotations
 import io
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from qkv.chat import dialogue_context
+import qkv.chat
+from qkv.chat import dialogue_context, reply
 from qkv.cli import main
 from qkv.lm import train_lm
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.recipes import load_recipe
 from qkv.tokenization import Tokenizer
 
@@ -25,6 +28,38 @@ def test_dialogue_context_keeps_the_newest_turns_that_fit() -> None:
     assert tokenizer.decode(dialogue_context(turns, tokenizer, room=3, separator="|")) == "ij|"
     with pytest.raises(ValueError):
         dialogue_context(turns, tokenizer, room=0, separator="|")
+
+
+def test_a_tokenizer_that_ends_sources_ends_the_dialogue_once(monkeypatch) -> None:
+    """A converted Marian tokenizer adds END to every text it encodes: the dialogue's turns are
+    encoded without it, and an encoder-decoder's source ends with exactly one END, within the
+    window."""
+    from tokenizers import processors
+
+    tokenizer = Tokenizer.train_char_level(["abcdefghij |"])
+    plain = dialogue_context(["abc", "defg"], tokenizer, room=100, separator="|")
+    tokenizer.backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", tokenizer.eos_id)]
+    )
+    tokenizer.add_special_tokens = True
+    assert tokenizer.encode("abc")[-1] == tokenizer.eos_id  # the tokenizer does add END
+    assert dialogue_context(["abc", "defg"], tokenizer, room=100, separator="|") == plain
+    seen = []
+
+    def fake_beam_search(model, inputs, *, beam_size, max_new_tokens):
+        seen.append(inputs[0])
+        return [[SimpleNamespace(tokens=[])]]
+
+    monkeypatch.setattr(qkv.chat, "beam_search", fake_beam_search)
+    config = EncoderDecoderConfig(
+        src_vocab_size=tokenizer.vocab_size, tgt_vocab_size=tokenizer.vocab_size, d_model=6, n_heads=2, d_ff=5,
+        n_encoder_layers=1, n_decoder_layers=1, max_len=7,
+        pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+    )  # fmt: skip
+    model = EncoderDecoder(config)
+    reply(model, tokenizer, ["abc", "defg"], separator="|", max_new_tokens=3)
+    assert seen == [[*plain[-5:], tokenizer.eos_id]]  # "defg|" (the newest turn that fits), one END
+    assert seen[0].count(tokenizer.eos_id) == 1
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ def dialogue_context(turns: list[str], tokenizer: Tokenizer, *, room: int, separ
     # the space belongs to the next word, which the model writes.
     end = separator.rstrip(" ") or separator
     for turn in reversed(turns):
-        ids = tokenizer.encode(turn + end)
+        # No special tokens per turn: a converted Marian tokenizer would end every turn with
+        # </s>; an encoder-decoder's source gets its one END in reply().
+        ids = tokenizer.encode(turn + end, add_special_tokens=False)
         if len(kept) + len(ids) > room:
             if not kept:
                 kept = ids[-room:]  # a single over-long turn: keep its end
@@ -72,7 +74,12 @@ def reply(
                 break
         cut = text.find(marker)
         return (text[:cut] if cut >= 0 else text).strip()
-    context = dialogue_context(turns, tokenizer, room=window, separator=separator)
+    # A tokenizer that ends sources with END (a converted Marian one) ends the dialogue with it
+    # once, as the model saw every training source end.
+    ends = tokenizer.add_special_tokens and tokenizer.eos_id is not None
+    context = dialogue_context(turns, tokenizer, room=window - ends, separator=separator)
+    if ends:
+        context.append(tokenizer.eos_id)
     if choose is not None:
         return tokenizer.decode(
             list(continuation(model, context, max_new_tokens=max_new_tokens, choose=choose))

@@ -462,7 +462,6 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                 ):
                     save("last", resumable=True)
             if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
-                model.eval()
                 scores = validate(int(data["valid_beam"]))
                 valid_loss = teacher_forced_loss(model, tokenizer, valid_examples, max_tokens=max_tokens)
                 state["epoch"] += 1

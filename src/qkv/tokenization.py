@@ -191,8 +191,10 @@ class Tokenizer:
             self.backend.add_special_tokens([MASK])
         return self
 
-    def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
+    def encode(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
+        """Ids of ``text``; ``add_special_tokens`` as in :meth:`encode_batch`."""
+        add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        return self.backend.encode(text, add_special_tokens=add).ids
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool | None = None) -> list[list[int]]:
         """Ids of each text; ``add_special_tokens`` overrides the tokenizer's own setting (a
