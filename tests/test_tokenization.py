@@ -86,3 +86,16 @@ def test_add_special_tokens_appends_end_and_survives_save_load(tokenizer, tmp_pa
     adding.save(tmp_path / "b" / "tokenizer.json")
     reloaded = Tokenizer.load(tmp_path / "b" / "tokenizer.json")
     assert reloaded.add_special_tokens and reloaded.encode(SENTENCE) == [*plain, reloaded.eos_id]
+
+
+def test_segmented_and_unsegmented_chinese_give_the_same_pieces() -> None:
+    """Tatoeba's Chinese is word-segmented; people type it without spaces. The subword
+    tokenizer drops spaces next to Chinese characters and CJK punctuation, in training and in
+    encoding, so both forms give the same ids and output decodes as ordinary Chinese. English
+    spacing is untouched."""
+    texts = ["我 爱 你 。", "Tom 是 我 的 朋友 ！", "我 有 3 个 苹果 。", "I love you .", "Tom is my friend !"] * 20
+    tokenizer = Tokenizer.train_subword(texts, vocab_size=60)
+    assert tokenizer.encode("我 爱 你 。") == tokenizer.encode("我爱你。")
+    assert tokenizer.encode("Tom 是 我 的 朋友 ！") == tokenizer.encode("Tom是我的朋友！")
+    assert tokenizer.decode(tokenizer.encode("我 有 3 个 苹果 。")) == "我有3个苹果。"
+    assert tokenizer.decode(tokenizer.encode("I love you .")) == "I love you ."
