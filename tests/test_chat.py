@@ -117,3 +117,33 @@ def test_chat_sampling_is_reproducible_with_a_seed(chat_model, capsys, monkeypat
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
     assert main([*argv, "--top-p", "0.9"]) == 2
     assert "only apply with --sample" in capsys.readouterr().err
+
+
+def test_chat_separator_escapes_and_non_ascii_text(chat_model, capsys, monkeypatch) -> None:
+    """--separator: only \\n, \\t and \\\\ are escapes; other text (non-ASCII, a final
+    backslash) reaches the model as typed, so a reply can stop at it."""
+    seen = []
+
+    def fake_reply(model, tokenizer, turns, *, separator, **options):
+        seen.append(separator)
+        return "ok"
+
+    monkeypatch.setattr(qkv.chat, "reply", fake_reply)
+    cases = {"。": "。", " __eou__ ": " __eou__ ", "\\n": "\n", "a\\tb": "a\tb", "\\\\n": "\\n", "x\\": "x\\"}
+    cases["\\d é"] = "\\d é"
+    for given, meant in cases.items():
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello\n"), encoding="utf-8"))
+        assert main(["chat", "--model", str(chat_model), "--separator", given]) == 0, given
+        assert seen.pop() == meant
+    capsys.readouterr()
+
+
+def test_chat_names_the_stdin_line_with_invalid_utf8(chat_model, capsys, monkeypatch) -> None:
+    """Bytes that are not UTF-8 on a later line: the turns before are answered, then one line
+    naming the line, exit status 2."""
+    raw = b"hello there\nhow \xff are you\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    assert main(["chat", "--model", str(chat_model), "--separator", "\\n", "--max-new-tokens", "4"]) == 2
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1
+    assert captured.err.startswith("qkv chat: error: <stdin>:2: not valid UTF-8") and captured.err.count("\n") == 1

@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -501,8 +502,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    """``text`` with the escapes \\n, \\t and \\\\ replaced, left to right; any other backslash
+    stays as typed (``unicode_escape`` would garble non-ASCII text and fail on a final backslash)."""
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from qkv.chat import reply
+    from qkv.data import decode_lines
 
     model, tokenizer = _load_for_generation(args.model, bf16=args.bf16)
     choose = None
@@ -519,20 +530,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
         choose = sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
     elif any(getattr(args, n) is not None for n in ("top_k", "top_p", "seed")) or args.temperature != 1.0:
         raise UserError("--temperature, --top-k, --top-p and --seed only apply with --sample")
-    separator = args.separator.encode().decode("unicode_escape")  # lets "\\n" mean a newline
+    separator = _unescape(args.separator)
     interactive = sys.stdin.isatty()
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
 
         print(f"qkv chat with {args.model}; an empty line or Ctrl-D ends the chat", file=sys.stderr)
     turns: list[str] = []
+    number = 0
     while True:
+        number += 1
         try:
-            line = input("you> ") if interactive else sys.stdin.readline()
+            if interactive:
+                line = input("you> ")
+            else:
+                # Read bytes, one line at a time (each turn is answered before the next is read),
+                # so invalid UTF-8 is named by its line, as every other command names it.
+                raw = sys.stdin.buffer.readline()
+                if not raw:
+                    break
+                line = decode_lines([raw], "<stdin>", first=number)[0]
         except EOFError:
             break
-        if not interactive and not line:
-            break
+        except UnicodeDecodeError as e:  # input() in a terminal decodes the bytes itself
+            raise UserError(f"<stdin>:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
         line = line.strip()
         if not line:
             if interactive:
@@ -822,7 +843,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", required=True, help="model directory (decoder-only or encoder-decoder, with tokenizer)")
     p.add_argument(
-        "--separator", default=" __eou__ ", help="text that ends a turn (default: DailyDialog's ' __eou__ ')"
+        "--separator",
+        default=" __eou__ ",
+        help="text that ends a turn; \\n, \\t and \\\\ are a newline, a tab and a backslash "
+        "(default: DailyDialog's ' __eou__ ')",
     )
     p.add_argument("--max-new-tokens", type=_positive_int, default=60, help="longest reply (default: 60)")
     p.add_argument("--sample", action="store_true", help="sample replies (default: greedy, or beam search)")

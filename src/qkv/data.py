@@ -62,11 +62,12 @@ def read_text(path: str | Path) -> str:
         raise UserError(f"{path}:{line}: not valid UTF-8 ({e.reason})") from None
 
 
-def decode_lines(raw_lines: Iterable[bytes], name: str) -> list[str]:
+def decode_lines(raw_lines: Iterable[bytes], name: str, *, first: int = 1) -> list[str]:
     """UTF-8 lines (bytes, e.g. a binary file or stdin's buffer) without their line ends;
-    bad bytes are a UserError naming ``name`` and the line."""
+    bad bytes are a UserError naming ``name`` and the line (``first``: the number of the first
+    line given, for a reader that decodes line by line)."""
     lines = []
-    for number, raw in enumerate(raw_lines, start=1):
+    for number, raw in enumerate(raw_lines, start=first):
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as e:
