@@ -318,3 +318,42 @@ def test_save_refuses_the_working_directory(tmp_path: Path, monkeypatch) -> None
             save_model(make("decoder_only"), target)
     assert work.is_dir() and not any(work.iterdir())
     assert [p.name for p in tmp_path.iterdir()] == ["work"]
+
+
+@pytest.fixture
+def read_only(tmp_path: Path):
+    """A directory (holding an empty directory) that this process may not write in; skipped
+    where permissions do not bind (root with CAP_DAC_OVERRIDE writes anywhere)."""
+    folder = tmp_path / "read-only"
+    (folder / "empty").mkdir(parents=True)
+    for path in (folder / "empty", folder):
+        path.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("file permissions do not restrict this user (root)")
+        yield folder
+    finally:
+        for path in (folder, folder / "empty"):
+            path.chmod(0o755)  # so that pytest can remove them
+
+
+def test_an_output_that_cannot_be_written_is_refused_up_front(read_only: Path, capsys) -> None:
+    """Model directories (new, nested, or replacing an empty one) and training runs under a
+    directory without write permission: a UserError naming the path, before any work."""
+    from qkv.checkpoint import check_output
+    from qkv.cli import main
+    from qkv.runs import check_run_output
+
+    for target in (read_only / "m", read_only / "a" / "b" / "m", read_only / "empty"):
+        with pytest.raises(UserError, match=f"cannot write {target}: no permission to write in {read_only}"):
+            check_output(target)
+    with pytest.raises(UserError, match=f"cannot write {read_only / 'run'}: no permission"):
+        check_run_output(read_only / "run", resume=False)
+    with pytest.raises(UserError, match=f"cannot write {read_only / 'empty'}: no permission"):
+        check_run_output(read_only / "empty", resume=False)  # itself not writable
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")
+    assert main(["train", recipe, "--out", str(read_only / "m"), "--quiet", "--set", "data.text=absent.txt"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qkv train: error: cannot write {read_only / 'm'}: no permission to write in {read_only}; " + (
+        "choose another output path\n"
+    )

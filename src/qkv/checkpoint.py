@@ -30,7 +30,7 @@ from torch import nn
 
 from qkv import __version__
 from qkv.errors import UserError
-from qkv.files import atomic_directory, read_json_object
+from qkv.files import atomic_directory, check_writable, read_json_object
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
@@ -104,8 +104,10 @@ def sha256_file(path: Path) -> str:
 def check_output(directory: str | Path, *, models: bool = True) -> None:
     """Refuse (UserError) an output path that a save must not replace: anything but nothing, an
     empty directory or (with ``models``) an earlier qkv model directory; never the working
-    directory or one above it, which the save would move away. Call it before long work."""
+    directory or one above it, which the save would move away; nor one whose parent the
+    process may not write in (the save makes it there). Call it before long work."""
     directory = Path(directory)
+    check_writable(directory, inside=False)
     if not directory.exists():
         return
     resolved, cwd = directory.resolve(), Path.cwd().resolve()

@@ -3,7 +3,8 @@ which is flushed to disk and then renamed over the target, so a reader sees the 
 the new one, never half of one.
 
 What is here: :func:`write_atomic` (one file), :func:`atomic_directory` (a directory: model
-directories, ``checkpoint.py``; Hugging Face exports, ``hf.py``) and :func:`read_json_object`
+directories, ``checkpoint.py``; Hugging Face exports, ``hf.py``), :func:`check_writable` (refuse
+an output the process may not write, before the work that makes it) and :func:`read_json_object`
 (a JSON object, with the file named in every error). What is not here: what goes into the
 files.
 """
@@ -86,6 +87,24 @@ def _fsync_directory(path: Path) -> None:
         pass  # some file systems refuse fsync on a directory; the data files were flushed
     finally:
         os.close(fd)
+
+
+def check_writable(path: str | Path, *, inside: bool) -> None:
+    """Refuse (UserError naming ``path``) an output that the process has no permission to write,
+    before any long work: with ``inside``, files will be made inside the directory ``path``;
+    without, ``path`` itself will be made or replaced in its parent (``atomic_directory``,
+    ``write_atomic``). Either needs the nearest existing directory (of ``path``, or of its
+    parent) to be writable; ``mkdir(parents=True)`` makes the rest."""
+    path = Path(path)
+    existing = path if inside else path.parent
+    # os.path.exists, not Path.exists: below a directory that cannot be searched the latter
+    # raises PermissionError instead of answering.
+    while not os.path.exists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not os.path.isdir(existing):
+        raise UserError(f"cannot write {path}: {existing} is not a directory; choose another output path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write {path}: no permission to write in {existing}; choose another output path")
 
 
 def read_json_object(path: str | Path) -> dict:

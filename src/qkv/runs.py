@@ -33,7 +33,7 @@ from torch import nn
 
 from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
 from qkv.errors import UserError
-from qkv.files import write_atomic
+from qkv.files import check_writable, write_atomic
 from qkv.training import Trainer
 
 TRAINER_TENSORS = "trainer.safetensors"
@@ -41,7 +41,9 @@ TRAINER_STATE = "trainer.json"
 
 
 def check_run_output(run: Path, *, resume: bool) -> None:
-    """A new run needs a new or empty directory; ``resume`` needs a run with a ``last`` checkpoint."""
+    """A new run needs a new or empty directory; ``resume`` needs a run with a ``last`` checkpoint.
+    Either way the process must be allowed to write in it (or, for a new one, to make it)."""
+    check_writable(run, inside=True)  # else the first checkpoint fails after an epoch of training
     if resume:
         last, previous = run / "last", run / ".last.old"
         if not last.exists() and previous.is_dir():
