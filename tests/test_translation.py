@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -172,6 +173,55 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path) -> None:
         load_file(whole / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
         load_file(parts / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
     )
+
+
+@pytest.mark.parametrize("stop", ["steps", "patience"])
+def test_resuming_a_run_that_had_stopped_trains_no_more(tmp_path, stop: str) -> None:
+    """--resume of a run that its step cap or patience had stopped (as a kill while the final
+    models are compared leaves it) goes straight to the end: no step, no epoch, last/ unchanged."""
+    overrides = [*_overrides(tmp_path, epochs=20, n_train=60), "train.deterministic=true"]
+    if stop == "steps":
+        overrides.append("train.steps=3")  # mid-epoch (2 steps an epoch)
+    else:  # a learning rate too small to change a weight: no epoch after the first validates better
+        overrides += ["train.patience=1", "train.lr=1e-12"]
+    run = tmp_path / "run"
+    first = train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    assert first["stopped_by"] == stop
+    before = _weights(run / "last")
+    assert json.loads((run / "last" / "trainer.json").read_text())["progress"]["stopped_by"] == stop
+    second = train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
+    assert second["stopped_by"] == stop
+    assert (second["steps"], second["epochs"]) == (first["steps"], first["epochs"])
+    assert second["history"] == first["history"] and second["final"] == first["final"]
+    after = _weights(run / "last")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
+    """A pretrained model whose config is not the recipe defaults (an imported Marian one's is not):
+    the fine-tuned model has its config but for the recipe's dropout, starts from its weights, and
+    resumes with that architecture; a recipe naming another architecture is refused."""
+    overrides = _overrides(tmp_path, epochs=1, n_train=60)
+    odd = ["norm_first=false", "activation=gelu", "positions=learned", "scale_embeddings=false", "output_bias=true"]
+    base = tmp_path / "base"
+    train_translation(load_recipe(RECIPE, [*overrides, *(f"model.{o}" for o in odd)]), base, progress=False)
+    pretrained, _ = load_model(model_dir(base))
+    # A learning rate too small to change a weight: the fine-tuned model is where training started.
+    tuning = [*overrides, f"train.init={base}", "train.steps=1", "train.lr=1e-12", "model.dropout=0.3"]
+    tuned = train_translation(load_recipe(RECIPE, tuning), tmp_path / "tuned", progress=False)
+    assert tuned["model"].config == dataclasses.replace(pretrained.config, dropout=0.3)
+    a, b = pretrained.state_dict(), tuned["model"].state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    valid = [x for x, _ in read_parallel(*load_recipe(RECIPE, overrides)["data"]["valid"])]
+    assert beam_translate(tuned["model"], tuned["tokenizer"], valid, beam_size=2) == beam_translate(
+        pretrained, tuned["tokenizer"], valid, beam_size=2
+    )
+    resumed = train_translation(load_recipe(RECIPE, tuning), tmp_path / "tuned", progress=False, resume=True)
+    assert resumed["model"].config == tuned["model"].config
+    with pytest.raises(UserError, match=r"has model norm_first=False; the recipe says norm_first=True"):
+        train_translation(
+            load_recipe(RECIPE, [*tuning, "model.norm_first=true"]), tmp_path / "conflict", progress=False
+        )
 
 
 def test_resume_after_a_crash_between_the_renames_of_a_save(tmp_path) -> None:

@@ -165,7 +165,9 @@ TRANSLATION_DEFAULTS: dict = {
         "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
         "patience": None,  # stop after this many epochs without a better validation BLEU
         "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
-        "init": None,  # a qkv model directory to start from (fine-tuning; its tokenizer is used)
+        # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
+        # used; the model section must agree with it but for ENCODER_DECODER_TUNING_FIELDS
+        "init": None,
         "tensorboard": True,
         "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
     },
@@ -208,6 +210,12 @@ ENCODER_MODEL: dict = {
 
 
 ENCODER_HEAD_FIELDS = ("dropout", "attention_dropout", "pooling", "pooler", "n_classes", "mlm_head")
+
+
+# The model fields a translation model fine-tuned from a pretrained one (train.init) may set
+# for itself; every other field is the pretrained model's (regularisation only: none of these
+# changes the weights' shapes or what they compute in eval mode).
+ENCODER_DECODER_TUNING_FIELDS = ("dropout", "attention_dropout")
 
 
 MLM_DEFAULTS: dict = {

@@ -13,6 +13,7 @@ algorithms (``generation.py``), run directories (``runs.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from qkv import __version__
 from qkv.checkpoint import (
     RUN_FILE,
+    build_model,
     check_output,
     load_model,
     model_dir,
@@ -42,6 +44,7 @@ from qkv.evaluation import (
 from qkv.generation import beam_search
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
+    ENCODER_DECODER_TUNING_FIELDS,
     check_fine_tuning,
     fit_recipe,
     fit_summary,
@@ -306,6 +309,24 @@ def _encode_pairs(
     return examples, over_long
 
 
+def _checkpoint_model(checkpoint: Path, recipe: dict) -> EncoderDecoder:
+    """A model with ``checkpoint``'s architecture and weights, but for the recipe's
+    ENCODER_DECODER_TUNING_FIELDS. The recipe's model section (defaults included) must agree
+    with the checkpoint: an imported model's norm_first, activation, positions ... are rarely the
+    recipe defaults, and weights loaded into another architecture would compute something else."""
+    pretrained, _ = load_model(checkpoint, kind="encoder_decoder")
+    check_fine_tuning(pretrained, recipe, checkpoint, may_differ=ENCODER_DECODER_TUNING_FIELDS)
+    tuned = {k: v for k, v in recipe["model"].items() if k in ENCODER_DECODER_TUNING_FIELDS}
+    model = build_model("encoder_decoder", {**dataclasses.asdict(pretrained.config), **tuned})
+    try:
+        missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
+    except RuntimeError as e:  # a shape mismatch
+        raise UserError(f"train.init: {checkpoint} does not fit its own config: {str(e).splitlines()[0]}") from None
+    if missing or unexpected:
+        raise UserError(f"train.init: {checkpoint} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
+
+
 def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
 
@@ -318,7 +339,10 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
     end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
     the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
-    ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped.
+    ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped; a run that had
+    stopped (by a cap or patience the resumed recipe keeps) goes straight to choosing the final
+    model. ``train.init`` fine-tunes a model directory: its tokenizer, its architecture (the
+    recipe's model section must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``) and weights.
     """
     run = Path(out)
     check_run_output(run, resume=resume)
@@ -336,11 +360,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
     start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
     tokenizer, vocabulary = tokenizer_for(data, checkpoint=start_from, pairs=pairs)
-    model = seq2seq_model(recipe, tokenizer)
-    if init is not None and not resume:
-        pretrained, _ = load_model(start_from, kind="encoder_decoder")
-        check_fine_tuning(pretrained, recipe, start_from)
-        model.load_state_dict(pretrained.state_dict())
+    # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
+    # the recipe's model section over the config defaults.
+    model = seq2seq_model(recipe, tokenizer) if start_from is None else _checkpoint_model(start_from, recipe)
     window = model.config.max_len
     examples, over_long = _encode_pairs(tokenizer, pairs, window=window, long=data["long"])
     if not examples:
@@ -364,7 +386,17 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         betas=(0.9, float(train["beta2"])),
         bf16=train["bf16"],
     )
-    state = {"epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0, "history": [], "losses": [], "best": None, "bad": 0}
+    state = {
+        "epoch": 0,
+        "batch": 0,
+        "tokens": 0,
+        "seconds": 0.0,
+        "history": [],
+        "losses": [],
+        "best": None,
+        "bad": 0,
+        "stopped_by": None,
+    }
     if resume:
         state = load_checkpoint(run / "last", trainer)
     run.mkdir(parents=True, exist_ok=True)
@@ -424,15 +456,34 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             dynamic_ncols=True,
         )
         seconds_cap = train["seconds"]
+
+        def stopped() -> str | None:
+            # Checked before every step and epoch, not only after: a resumed run that had already
+            # stopped (its last/ saved, then killed while the final models were compared, or run
+            # again) must go straight to the end, not train one more step or epoch. A cap raised
+            # on --resume (RESUME_MAY_CHANGE) lets it continue.
+            if train["patience"] is not None and state["bad"] >= int(train["patience"]):
+                return "patience"
+            if state["epoch"] >= int(train["epochs"]):
+                return "epochs"
+            if trainer.steps >= total_steps:
+                return "steps"
+            if seconds_cap is not None and state["seconds"] >= seconds_cap:
+                return "seconds"
+            return None
+
         stop = None
         session_start, session_tokens = time.perf_counter(), 0
         while stop is None:
-            if state["epoch"] >= int(train["epochs"]):
-                stop = "epochs"
+            stop = stopped()
+            if stop is not None:
                 break
             order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
             tick = time.perf_counter()
-            while state["batch"] < len(order) and stop is None:
+            while state["batch"] < len(order):
+                stop = stopped()
+                if stop is not None:
+                    break
                 group = order[state["batch"] : state["batch"] + accumulate]
                 loss, n_tokens = trainer.step([lambda rows=rows: batch_loss(rows) for rows in group])
                 now = time.perf_counter()
@@ -451,10 +502,6 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     scalars.add("train/loss", loss, trainer.steps)
                     scalars.add("train/lr", trainer.lr, trainer.steps)
                     scalars.add("train/tokens_per_second", rate, trainer.steps)
-                if trainer.steps >= total_steps:
-                    stop = "steps"
-                elif seconds_cap is not None and state["seconds"] >= seconds_cap:
-                    stop = "seconds"
                 if (
                     train["save_every"]
                     and trainer.steps % int(train["save_every"]) == 0
@@ -488,15 +535,16 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     save("best")
                 else:
                     state["bad"] += 1
-                    if train["patience"] is not None and state["bad"] >= int(train["patience"]):
-                        stop = "patience"
                 keep = int(train["average_last"])
                 if keep:
                     save(f"epoch-{state['epoch']:03d}")
                     for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
                         shutil.rmtree(old)
+            stop = stopped()
+            state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
             save("last", resumable=True)
             record("last")
+        state["stopped_by"] = stop  # a resumed run that stopped at once: this session's verdict
         bar.close()
         scalars.close()
 
@@ -524,7 +572,6 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         state["final_scores"] = {
             name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
         }
-        state["stopped_by"] = stop
         record(final)
     result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
     return {
