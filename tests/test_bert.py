@@ -176,6 +176,30 @@ def test_classifier_from_scratch_beats_chance(tmp_path) -> None:
     assert found == ["tool", "fruit"]
 
 
+def test_evaluate_scores_a_classifier_as_training_did(tmp_path, capsys) -> None:
+    """qkv evaluate --model CLS --tsv: on the validation file, the accuracy and macro-F1 that
+    training reported; a label the model does not know is refused with file:line."""
+    train, valid = _tsv(tmp_path / "train.tsv", 120, 5), _tsv(tmp_path / "valid.tsv", 29, 6)
+    overrides = ["data.dailydialog=null", f"data.train_tsv={train}", f"data.valid_tsv={valid}", "data.vocab_size=40"]
+    summary = train_classifier(
+        load_recipe(None, ["task=classify", *overrides, *_tiny(steps=8)]), tmp_path / "cls", progress=False
+    )
+    assert main(["evaluate", "--model", str(tmp_path / "cls"), "--tsv", str(valid), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    gold = [label for _, label in read_labelled(valid)]
+    assert result["examples"] == len(gold) == 29
+    assert result["accuracy"] == round(summary["accuracy"], 4) == round(accuracy(summary["predictions"], gold), 4)
+    assert result["macro_f1"] == round(summary["macro_f1"], 4) == round(macro_f1(summary["predictions"], gold), 4)
+
+    unknown = tmp_path / "unknown.tsv"
+    unknown.write_text("a red apple\tfruit\nthe carrot\tvegetable\n")
+    assert main(["evaluate", "--model", str(tmp_path / "cls"), "--tsv", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"qkv evaluate: error: {unknown}:2: label 'vegetable' is not one of the model's: fruit, tool\n"
+    assert main(["evaluate", "--model", str(tmp_path / "cls")]) == 2
+    assert "give --tsv FILE" in capsys.readouterr().err
+
+
 def test_classifier_fine_tuned_from_the_mlm_model(mlm, tmp_path) -> None:
     """train.init: the pretrained encoder and its tokenizer; a different tokenizer or
     architecture is refused, naming both."""

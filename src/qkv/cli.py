@@ -55,6 +55,7 @@ EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp test.en --ref $QKV_DATA/multi30k/tok/test_2016_flickr.lc.norm.tok.en --tokenize moses
   qkv evaluate --model qkv-demo/model --examples 500
   qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
+  qkv evaluate --model runs/dailydialog_acts --tsv test.tsv --json     # accuracy, macro-F1
 """
 EPILOG_IMPORT_HF = """examples:
   qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
@@ -566,7 +567,47 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate_classifier(path: str, tsv: str) -> dict:
+    """Accuracy and macro-F1 of a classify-task model on a ``text<TAB>label`` file, computed as
+    training computes its final validation scores."""
+    from qkv.bert import predict_labels
+    from qkv.checkpoint import load_model
+    from qkv.data import read_labelled, resolve
+    from qkv.evaluation import accuracy, macro_f1
+    from qkv.tokenization import FILE
+
+    model, meta = load_model(path, kind="encoder_only")
+    labels = meta.get("labels")
+    if meta.get("task") != "classify" or not isinstance(labels, list):
+        raise UserError(f"{path} is not a classify-task model (task {meta.get('task')}); --tsv scores a classifier")
+    if FILE not in meta["files"]:
+        raise UserError(f"{path} has no {FILE}; --tsv needs a model saved with its tokenizer")
+    tokenizer = _matching_tokenizer(path, model)
+    file = resolve(tsv)
+    examples = read_labelled(file)  # every line is an example, so its index is its line number
+    if not examples:
+        raise UserError(f"{file} holds no text<TAB>label lines")
+    for number, (_, label) in enumerate(examples, start=1):
+        if label not in labels:
+            raise UserError(f"{file}:{number}: label {label!r} is not one of the model's: {', '.join(labels)}")
+    if (meta.get("recipe") or {}).get("data", {}).get("context"):
+        # The file has no previous utterances: the scores may differ from those of training.
+        print(f"qkv evaluate: note: {path} was trained with the previous utterance as context", file=sys.stderr)
+    start = time.perf_counter()
+    predicted = predict_labels(model, tokenizer, [text for text, _ in examples], labels=labels)
+    gold = [label for _, label in examples]
+    return {
+        "task": "classify",
+        "accuracy": round(accuracy(predicted, gold), 4),
+        "macro_f1": round(macro_f1(predicted, gold), 4),
+        "examples": len(examples),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.text is not None and args.tsv is not None:
+        raise UserError("give --text (a language model) or --tsv (a classifier), not both")
     if args.text is not None:
         import torch
 
@@ -592,17 +633,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             "tokens": len(ids),
             "seconds": round(time.perf_counter() - start, 1),
         }
+    elif args.tsv is not None:
+        if args.model is None:
+            raise UserError("--tsv needs --model DIR (a classify-task model)")
+        result = _evaluate_classifier(args.model, args.tsv)
     elif args.model is not None:
-        from qkv.checkpoint import read_meta
+        from qkv.checkpoint import model_dir, read_meta
         from qkv.seq2seq import evaluate_numbers
         from qkv.tasks import held_out_numbers, numbers_pairs
 
         if args.examples > len(held_out_numbers()):
             raise UserError(f"--examples {args.examples}: only {len(held_out_numbers())} held-out numbers exist")
-        model, tokenizer = _load_for_generation(args.model)
-        meta = read_meta(args.model)
+        meta = read_meta(model_dir(args.model))
+        if meta.get("task") == "classify":
+            raise UserError(
+                f"{args.model} is a classify-task model; give --tsv FILE (text<TAB>label lines) to score it"
+            )
         if meta["kind"] != "encoder_decoder" or meta.get("task") != "numbers":
             raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']}, task {meta.get('task')})")
+        model, tokenizer = _load_for_generation(args.model)
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
         score, _ = evaluate_numbers(model, tokenizer, pairs=pairs, beam_size=args.beam)
@@ -869,7 +918,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
         description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
         "--model: exact match of a numbers model on held-out numbers. With --model and --text: a language "
-        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context.",
+        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context. "
+        "With --model and --tsv: a classifier's accuracy and macro-F1 on text<TAB>label lines.",
         epilog=EPILOG_EVALUATE,
         formatter_class=raw,
     )
@@ -884,8 +934,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lang", default="en", help="language of the hypotheses for --tokenize moses (default en)")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
-    p.add_argument("--model", default=None, help="a model directory: a numbers-task model, or with --text a LM")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a model directory: a numbers-task model, with --text a LM, with --tsv a classifier",
+    )
     p.add_argument("--text", default=None, help="text file: loss and perplexity of the --model language model")
+    p.add_argument("--tsv", default=None, help="text<TAB>label file: accuracy and macro-F1 of the --model classifier")
     p.add_argument("--examples", type=_positive_int, default=1000, help="held-out numbers to evaluate")
     p.add_argument("--beam", type=_positive_int, default=4, help="beam width for --model")
     p.add_argument("--seed", type=int, default=1, help="which held-out numbers to draw")
