@@ -177,6 +177,32 @@ def test_dialogue_lm_with_subword_lines_and_a_validation_file(tmp_path, capsys) 
         load_recipe(RECIPE, ["data.tokenizer=subword"])
 
 
+def test_evaluate_text_reads_documents_as_training_did(tmp_path, capsys) -> None:
+    """A model trained with documents=lines: qkv evaluate --text on the validation file gives the
+    validation loss of training (every line a document ending with END). A model whose
+    config.json has no recipe (imported, older) reads the file as one stream, as before."""
+    turns = ["hello , how are you ?", "fine , thanks . and you ?", "good . see you later .", "bye !"]
+    train = tmp_path / "train.txt"
+    train.write_text("\n".join(" __eou__ ".join(turns[i:] + turns[:i]) for i in range(4)) * 10 + "\n")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("bye ! __eou__ hello , how are you ?\n\nfine , thanks . __eou__ good .\nsee you later .\n")
+    overrides = [f"data.text={train}", f"data.valid_text={valid}", "data.documents=lines", "train.steps=5"]
+    summary = train_lm(
+        load_recipe(RECIPE, [*overrides, *(f"model.{k}={v}" for k, v in TINY.items())]), tmp_path / "m", progress=False
+    )
+    assert main(["evaluate", "--model", str(tmp_path / "m"), "--text", str(valid), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens"] == summary["val_tokens"] == len(valid.read_text().replace("\n", "")) + 3  # 3 ENDs
+    assert result["loss"] == pytest.approx(summary["val_loss"], abs=1e-4)
+
+    config = tmp_path / "m" / "config.json"
+    meta = json.loads(config.read_text())
+    del meta["recipe"]
+    config.write_text(json.dumps(meta))
+    assert main(["evaluate", "--model", str(tmp_path / "m"), "--text", str(valid), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == len(valid.read_text())  # newlines are tokens
+
+
 def test_dailydialog_documents_report_misaligned_labels(tmp_path, capsys) -> None:
     """documents=dailydialog: dialogues of both splits, each ending with END; a dialogue whose
     act labels do not line up is reported (file:line) and its text still used."""

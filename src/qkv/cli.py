@@ -609,11 +609,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.text is not None and args.tsv is not None:
         raise UserError("give --text (a language model) or --tsv (a classifier), not both")
     if args.text is not None:
-        import torch
-
         from qkv.checkpoint import load_model
         from qkv.data import read_text, resolve
         from qkv.evaluation import lm_loss
+        from qkv.lm import documents_of, split_documents, token_stream
         from qkv.tokenization import FILE
 
         if args.model is None:
@@ -622,7 +621,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if FILE not in meta["files"]:
             raise UserError(f"{args.model} has no {FILE}")
         tokenizer = _matching_tokenizer(args.model, model)
-        ids = torch.tensor(tokenizer.encode(read_text(resolve(args.text))), dtype=torch.long)
+        # The stream as training built its validation stream: a model that read one document
+        # per line (each ending with END) is scored the same way, so the loss is comparable.
+        documents = documents_of(meta)
+        text = read_text(resolve(args.text))
+        ids = token_stream(tokenizer, split_documents(text, documents=documents), documents=documents)
         if len(ids) < 2:
             raise UserError(f"{args.text} holds fewer than two tokens")
         start = time.perf_counter()
@@ -918,7 +921,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
         description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
         "--model: exact match of a numbers model on held-out numbers. With --model and --text: a language "
-        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context. "
+        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context; a "
+        "model trained with one document per line (data.documents) reads every non-empty line as a document "
+        "ending with END, as its validation loss was measured. "
         "With --model and --tsv: a classifier's accuracy and macro-F1 on text<TAB>label lines.",
         epilog=EPILOG_EVALUATE,
         formatter_class=raw,

@@ -1,4 +1,5 @@
-"""Decoder-only language modelling runner (GPT): :func:`train_lm`.
+"""Decoder-only language modelling runner (GPT): :func:`train_lm`; the token stream it trains
+and validates on (:func:`split_documents`, :func:`token_stream`), shared with ``qkv evaluate --text``.
 
 Character-level or subword vocabularies, one text stream or one document per line / per
 DailyDialog dialogue, contiguous-block batches, scored by validation loss in nats per token.
@@ -40,6 +41,34 @@ from qkv.training import (
 )
 
 
+def documents_of(meta: dict) -> str:
+    """How the language model of a model directory's config.json read its text (the recipe's
+    ``data.documents``); "text" for a model saved without a recipe (imported, or older)."""
+    recipe = meta.get("recipe")
+    data = recipe.get("data") if isinstance(recipe, dict) else None
+    documents = data.get("documents", "text") if isinstance(data, dict) else "text"
+    return documents if documents in ("text", "lines", "dailydialog") else "text"
+
+
+def split_documents(text: str, *, documents: str) -> list[str]:
+    """The documents of ``text``: itself for ``documents="text"`` (one stream), else every
+    non-empty line ("lines", and "dailydialog", whose dialogues are joined one per line)."""
+    if documents == "text":
+        return [text]
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def token_stream(tokenizer: Tokenizer, docs: list[str], *, documents: str) -> torch.Tensor:
+    """The token ids a language model trains and is validated on: the documents' ids, one after
+    another, each but a "text" stream ending with END (so the model learns where one ends).
+    ``qkv evaluate --text`` builds its stream with this too, so its loss is the validation loss.
+
+    Shapes: returns (N,) int64.
+    """
+    end = [tokenizer.eos_id] if documents != "text" else []
+    return torch.tensor([i for ids in tokenizer.encode_batch(docs) for i in [*ids, *end]], dtype=torch.long)
+
+
 def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     """Train a decoder-only language model as ``recipe`` says; save it to ``out``.
 
@@ -77,11 +106,8 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         if split < 2 or len(text) - split < 2:
             raise UserError(f"{path}: too short to split into training and validation text")
         train_text, valid_text = text[:split], text[split:]
-    if data["documents"] != "text":
-        train_docs = [line for line in train_text.splitlines() if line.strip()]
-        valid_docs = [line for line in valid_text.splitlines() if line.strip()]
-    else:
-        train_docs, valid_docs = [train_text], [valid_text]
+    train_docs = split_documents(train_text, documents=data["documents"])
+    valid_docs = split_documents(valid_text, documents=data["documents"])
     if not train_docs or not valid_docs:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
@@ -89,12 +115,8 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         tokenizer = Tokenizer.train_subword(train_docs, vocab_size=int(data["vocab_size"]))
     else:
         tokenizer = Tokenizer.train_char_level(train_docs)
-    end = [tokenizer.eos_id] if data["documents"] != "text" else []
-
-    def stream(docs: list[str]) -> torch.Tensor:
-        return torch.tensor([i for ids in tokenizer.encode_batch(docs) for i in [*ids, *end]], dtype=torch.long)
-
-    train_ids, val_ids = stream(train_docs), stream(valid_docs)
+    train_ids = token_stream(tokenizer, train_docs, documents=data["documents"])
+    val_ids = token_stream(tokenizer, valid_docs, documents=data["documents"])
     fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size}
     model = build_model("decoder_only", fields)
     context, batch_size = model.config.max_len, int(train["batch_size"])
