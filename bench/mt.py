@@ -27,7 +27,7 @@ from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
 from qkv.recipes import load_recipe  # noqa: E402
 from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
-from qkv.tokenization import Tokenizer  # noqa: E402
+from qkv.tokenization import Vocabularies  # noqa: E402
 
 # direction -> recipe, test pairs, published-metric reference (tokenized, lowercased) or None,
 # target language, sacreBLEU tokenizer, (target, who published the anchor)
@@ -73,8 +73,8 @@ def main() -> int:
     recipe = load_recipe(ROOT / "recipes" / recipe_file, args.set)
     start = time.perf_counter()
     if args.skip_training:
-        model, _ = load_model(out)
-        tokenizer = Tokenizer.load(model_dir(out) / "tokenizer.json")
+        model, meta = load_model(out)
+        tokenizer = Vocabularies.load(model_dir(out), files=meta["files"])  # source and target
         run = json.loads((out / "run.json").read_text())
         summary = {"model": model, "tokenizer": tokenizer, "train_seconds": run["seconds"], "steps": None}
         summary["tokens_per_second"] = run["tokens"] / max(run["seconds"], 1e-9)

@@ -18,13 +18,13 @@ import torch
 from safetensors.torch import load_file
 
 from qkv import cli
-from qkv.checkpoint import load_model, model_dir, read_meta
+from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
 from qkv.cli import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
 from qkv.recipes import load_recipe
-from qkv.seq2seq import _encode_pairs, beam_translate, source_ids, train_translation
-from qkv.tokenization import Tokenizer
+from qkv.seq2seq import _encode_pairs, beam_translate, source_ids, train_translation, translate
+from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
 WORDS = {"ein": "a", "hund": "dog", "katze": "cat", "läuft": "runs", "schläft": "sleeps", "rot": "red", "groß": "big"}
@@ -133,7 +133,7 @@ def test_a_tokenizer_that_ends_sources_keeps_its_settings_in_every_checkpoint(tm
     for checkpoint in ("last", "best", model_dir(run).name):
         loaded = Tokenizer.load(run / checkpoint / "tokenizer.json")
         assert loaded.add_special_tokens and (run / checkpoint / "special_tokens.json").is_file()
-    tokenizer = summary["tokenizer"]
+    tokenizer = summary["tokenizer"].source  # a joint vocabulary: source and target alike
     examples, _ = _encode_pairs(tokenizer, [("ein hund", "a dog")], window=13, long="drop")
     ((src, tgt),) = examples
     assert src[-1] == tokenizer.eos_id and tokenizer.eos_id not in tgt
@@ -355,6 +355,186 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     n_src = len(Tokenizer.load(run / "best" / "tokenizer.json").encode(lines[0]))
     assert all(0 <= int(pair.split("-")[0]) < n_src for pair in align[0].split())
     assert main(["translate", "--model", str(run), "--beam", "2", "--nbest", "3"]) == 2
+
+
+SEPARATE = ["data.vocab=separate", "model.share_embeddings=false", "data.src_vocab_size=40", "data.tgt_vocab_size=30"]
+
+
+def _separate_run(tmp_path: Path, *extra: str, epochs: int = 20) -> tuple[Path, dict]:
+    run = tmp_path / "run"
+    recipe = load_recipe(RECIPE, [*_overrides(tmp_path, epochs=epochs), *SEPARATE, *extra])
+    return run, train_translation(recipe, run, progress=False)
+
+
+def _pieces(tokenizer: Tokenizer) -> set[str]:
+    return set(tokenizer.backend.get_vocab())
+
+
+def test_separate_vocabularies_are_trained_per_side_and_stored_in_every_checkpoint(tmp_path, capsys) -> None:
+    """data.vocab=separate: the source vocabulary holds only source text's pieces, the target one
+    only target text's; the model's tables have their sizes; every checkpoint stores both files
+    with their SHA-256; and every command reads sources with the source tokenizer and writes
+    outputs with the target one."""
+    run, summary = _separate_run(tmp_path)
+    vocab = summary["tokenizer"]
+    assert vocab.separate
+    source, target = vocab.source, vocab.target
+    assert any("ß" in p for p in _pieces(source)) and not any("ß" in p or "ä" in p for p in _pieces(target))
+    assert any("b" in p for p in _pieces(target)) and not any("b" in p for p in _pieces(source))  # "big"
+    config = summary["model"].config
+    assert (config.src_vocab_size, config.tgt_vocab_size) == (source.vocab_size, target.vocab_size)
+    assert config.src_vocab_size != config.tgt_vocab_size and not config.share_embeddings
+    for name in ("last", "best", model_dir(run).name):
+        files = read_meta(run / name)["files"]
+        assert {"tokenizer.json", "target_tokenizer.json"} <= set(files)
+        assert files["tokenizer.json"] != files["target_tokenizer.json"]
+        assert files["target_tokenizer.json"] == sha256_file(run / name / "target_tokenizer.json")
+        loaded = Vocabularies.load(run / name, files=files)
+        assert loaded.source.encode("ein hund") == source.encode("ein hund")
+        assert loaded.target.encode("a dog") == target.encode("a dog")
+
+    lines = ["ein hund läuft", "", "katze schläft", "ein großer roter hund schläft"]
+    (tmp_path / "in.de").write_text("\n".join(lines) + "\n")
+    model, _ = load_model(model_dir(run))
+    expected = translate(model, vocab, lines, beam_size=3, nbest=2)
+    argv = ["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.split("\n")[:-1]
+    assert out == [hyps[0].text for hyps in expected] and out[0]
+    # The outputs are target ids: read with the source vocabulary they would be other text.
+    assert all(h[0].text == target.decode(h[0].tokens) for h in expected)
+    assert any(source.decode(h[0].tokens) != h[0].text for h in expected)
+    assert main([*argv, "--nbest", "2", "--alignments", str(tmp_path / "align.txt")]) == 0
+    nbest = capsys.readouterr().out.split("\n")[:-1]
+    assert [line.split("\t")[0] for line in nbest] == [h.text for hyps in expected for h in hyps]
+    align = (tmp_path / "align.txt").read_text().split("\n")[:-1]
+    for line, pairs, hyps in zip(lines, align[::2], expected, strict=True):
+        n_src, n_out = len(source.encode(line)), len(hyps[0].tokens)
+        assert all(0 <= int(a) < n_src and 0 <= int(b) < n_out for a, b in (p.split("-") for p in pairs.split()))
+    # generate (beam) and chat on an encoder-decoder decode with the target vocabulary too.
+    assert main(["generate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3"]) == 0
+    generated = capsys.readouterr().out.split("\n")[:-1]
+    assert [g for g in generated if g] == [t for t in out if t]
+    from qkv.chat import reply
+
+    (tmp_path / "turns.txt").write_text("ein hund\n")
+    with open(tmp_path / "turns.txt", "rb") as stdin:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("sys.stdin", io.TextIOWrapper(stdin))
+            assert main(["chat", "--model", str(run), "--separator", " "]) == 0
+    answer = capsys.readouterr().out.strip()
+    assert answer == reply(model, vocab, ["ein hund"], separator=" ", max_new_tokens=64) and answer
+
+
+def test_separate_vocabularies_resume_fine_tune_and_refuse_mismatched_files(tmp_path) -> None:
+    """A separate-vocabulary run resumes (to the weights of an uninterrupted run) and fine-tunes
+    with its own two tokenizers, named or not; a target tokenizer that is not the run's (named, or
+    swapped into a checkpoint) is refused naming the file."""
+    overrides = [*_overrides(tmp_path, epochs=2), *SEPARATE, "train.deterministic=true"]
+    run = tmp_path / "run"
+    first = train_translation(load_recipe(RECIPE, [*overrides, "train.steps=3"]), run, progress=False)
+    assert first["stopped_by"] == "steps"
+    (tmp_path / "given").mkdir()
+    for name in ("tokenizer.json", "target_tokenizer.json"):
+        (tmp_path / "given" / name).write_bytes((run / "last" / name).read_bytes())
+    named = [f"data.tokenizer={tmp_path / 'given' / 'tokenizer.json'}"]
+    named.append(f"data.target_tokenizer={tmp_path / 'given' / 'target_tokenizer.json'}")
+    second = train_translation(load_recipe(RECIPE, [*overrides, *named]), run, progress=False, resume=True)
+    assert second["epochs"] == 2 and second["vocabulary"].count("the tokenizer of") == 2
+    whole = train_translation(load_recipe(RECIPE, overrides), tmp_path / "whole", progress=False)
+    a, b = _weights(tmp_path / "whole" / "last"), _weights(run / "last")
+    assert whole["steps"] == second["steps"] and all(torch.equal(a[k], b[k]) for k in a)
+    # Resumed again (a checkpoint's tokenizers written anew), the same named files are still the run's.
+    third = train_translation(
+        load_recipe(RECIPE, [*overrides, *named, "train.epochs=3"]), run, progress=False, resume=True
+    )
+    assert third["epochs"] == 3
+    for side in ("source", "target"):
+        one, other = getattr(second["tokenizer"], side), getattr(third["tokenizer"], side)
+        assert one.backend.to_str() == other.backend.to_str()
+
+    other = Tokenizer.train_subword(["a different text", "another one"], vocab_size=20)
+    other.save(tmp_path / "other.json")
+    with pytest.raises(UserError, match=r"data\.target_tokenizer .*other\.json is not the tokenizer .* was trained"):
+        train_translation(
+            load_recipe(RECIPE, [*overrides, f"data.target_tokenizer={tmp_path / 'other.json'}"]),
+            run,
+            progress=False,
+            resume=True,
+        )
+    tuned = train_translation(
+        load_recipe(RECIPE, [*overrides, f"train.init={run}", "train.steps=1"]), tmp_path / "tuned", progress=False
+    )
+    assert tuned["vocabulary"].count("the tokenizer of") == 2 and tuned["tokenizer"].separate
+    assert tuned["model"].config == second["model"].config
+    with pytest.raises(UserError, match=r"has a separate vocabulary but the recipe says data\.vocab=joint"):
+        train_translation(
+            load_recipe(RECIPE, [*_overrides(tmp_path, epochs=1), f"train.init={run}", "model.share_embeddings=false"]),
+            tmp_path / "joint",
+            progress=False,
+        )
+    # The source tokenizer swapped in as the target's: loading, resuming, translating refuse it by name.
+    (run / "last" / "target_tokenizer.json").write_bytes((run / "last" / "tokenizer.json").read_bytes())
+    with pytest.raises(UserError, match=r"last/target_tokenizer\.json does not match the SHA-256"):
+        train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
+    (run / "best" / "target_tokenizer.json").write_bytes((run / "best" / "tokenizer.json").read_bytes())
+    with pytest.raises(UserError, match=r"best/target_tokenizer\.json does not match the SHA-256"):
+        cli._load_for_generation(str(run / "best"))
+
+
+def test_separate_vocabularies_recipe_errors(tmp_path) -> None:
+    with pytest.raises(UserError, match=r"model\.share_embeddings=true needs data\.vocab=joint"):
+        load_recipe(RECIPE, ["data.vocab=separate"])  # the recipe shares embeddings
+    with pytest.raises(UserError, match=r"data\.tgt_vocab_size needs data\.vocab=separate"):
+        load_recipe(RECIPE, ["data.tgt_vocab_size=500"])
+    with pytest.raises(UserError, match=r"data\.target_tokenizer needs data\.vocab=separate"):
+        load_recipe(RECIPE, ["data.target_tokenizer=t.json"])
+    with pytest.raises(UserError, match=r"data\.vocab must be joint or separate"):
+        load_recipe(RECIPE, ["data.vocab=shared", "model.share_embeddings=false"])
+    recipe = load_recipe(RECIPE, [*SEPARATE, "data.vocab_size=700", "data.src_vocab_size=null"])
+    assert (recipe["data"]["vocab"], recipe["data"]["tgt_vocab_size"]) == ("separate", 30)
+    # A target tokenizer whose special tokens sit at other ids than the source's is refused.
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    backend = HFTokenizer(models.WordLevel(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.train_from_iterator(
+        ["a dog runs"], trainers.WordLevelTrainer(special_tokens=["<unk>", "<pad>", "<s>", "</s>"])
+    )
+    backend.save(str(tmp_path / "shifted.json"))
+    with pytest.raises(
+        UserError, match=r"same special tokens at the same ids \(differ: pad <pad> \(id 0\) vs <pad> \(id 1\)"
+    ):
+        train_translation(
+            load_recipe(
+                RECIPE,
+                [*_overrides(tmp_path, epochs=1), *SEPARATE, f"data.target_tokenizer={tmp_path / 'shifted.json'}"],
+            ),
+            tmp_path / "run",
+            progress=False,
+        )
+
+
+def test_export_hf_refuses_separate_vocabularies(tmp_path) -> None:
+    from qkv.hf import export_hf
+
+    run, _ = _separate_run(tmp_path, "train.steps=2", epochs=1)
+    with pytest.raises(UserError, match=r"separate source and target vocabularies"):
+        export_hf(run, tmp_path / "hf")
+
+
+def test_a_run_begun_before_vocabulary_options_resumes(tmp_path) -> None:
+    """run.json of a run started before data.vocab existed lacks its keys: they take their defaults."""
+    overrides = [*_overrides(tmp_path, epochs=1), "train.deterministic=true"]
+    run = tmp_path / "run"
+    train_translation(load_recipe(RECIPE, [*overrides, "train.steps=2"]), run, progress=False)
+    saved = json.loads((run / "run.json").read_text())
+    for key in ("vocab", "target_tokenizer", "src_vocab_size", "tgt_vocab_size"):
+        del saved["recipe"]["data"][key]
+    (run / "run.json").write_text(json.dumps(saved))
+    resumed = train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
+    assert resumed["epochs"] == 1 and not resumed["tokenizer"].separate
 
 
 def test_translation_recipe_errors(tmp_path, capsys) -> None:

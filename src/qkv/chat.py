@@ -3,7 +3,8 @@
 What is here: :func:`dialogue_context` (the most recent turns that fit, joined by a
 separator) and :func:`reply` (the next turn: a decoder-only model continues the dialogue
 until it writes the separator or END; an encoder-decoder model reads the dialogue as its
-source and writes the reply as its target).
+source and writes the reply as its target: with separate vocabularies, the dialogue is
+encoded by the source tokenizer and the reply decoded by the target one).
 
 The window rule: the newest turns are kept whole, oldest dropped first; a single turn
 longer than the room left is cut from its start (its end is what the reply answers). A
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from qkv.generation import DecodingModel, beam_search, continuation, most_likely
 from qkv.models.decoder_only import DecoderOnly
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import Tokenizer, Vocabularies
 
 
 def dialogue_context(turns: list[str], tokenizer: Tokenizer, *, room: int, separator: str) -> list[int]:
@@ -47,7 +48,7 @@ def dialogue_context(turns: list[str], tokenizer: Tokenizer, *, room: int, separ
 
 def reply(
     model: DecodingModel,
-    tokenizer: Tokenizer,
+    tokenizers: Tokenizer | Vocabularies,
     turns: list[str],
     *,
     separator: str,
@@ -60,29 +61,29 @@ def reply(
     ``choose`` picks each token (e.g. a :func:`~qkv.generation.sampler`); without it a
     decoder-only model is greedy and an encoder-decoder model uses beam search.
     """
+    vocab = Vocabularies.of(tokenizers)
+    source, target = vocab.source, vocab.target  # one tokenizer but for separate vocabularies
     window = model.config.max_len
     if isinstance(model, DecoderOnly):
         max_new_tokens = min(max_new_tokens, window - 1)
-        context = dialogue_context(turns, tokenizer, room=window - max_new_tokens + 1, separator=separator)
+        context = dialogue_context(turns, source, room=window - max_new_tokens + 1, separator=separator)
         marker = separator.strip() or separator  # " __eou__ " ends a turn at "__eou__"; "\n" at "\n"
         ids: list[int] = []
         text = ""
         for token in continuation(model, context, max_new_tokens=max_new_tokens, choose=choose or most_likely):
             ids.append(token)
-            text = tokenizer.decode(ids)
+            text = target.decode(ids)
             if marker in text:
                 break
         cut = text.find(marker)
         return (text[:cut] if cut >= 0 else text).strip()
     # A tokenizer that ends sources with END (a converted Marian one) ends the dialogue with it
     # once, as the model saw every training source end.
-    ends = tokenizer.add_special_tokens and tokenizer.eos_id is not None
-    context = dialogue_context(turns, tokenizer, room=window - ends, separator=separator)
+    ends = source.add_special_tokens and source.eos_id is not None
+    context = dialogue_context(turns, source, room=window - ends, separator=separator)
     if ends:
-        context.append(tokenizer.eos_id)
+        context.append(source.eos_id)
     if choose is not None:
-        return tokenizer.decode(
-            list(continuation(model, context, max_new_tokens=max_new_tokens, choose=choose))
-        ).strip()
+        return target.decode(list(continuation(model, context, max_new_tokens=max_new_tokens, choose=choose))).strip()
     best = beam_search(model, [context], beam_size=beam_size, max_new_tokens=max_new_tokens)
-    return tokenizer.decode(best[0][0].tokens).strip()
+    return target.decode(best[0][0].tokens).strip()

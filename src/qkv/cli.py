@@ -292,6 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _load_for_generation(path: str, *, bf16: bool = False):
+    """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint)."""
     import torch
 
     from qkv.checkpoint import load_model, model_dir
@@ -307,20 +308,32 @@ def _load_for_generation(path: str, *, bf16: bool = False):
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")
     if FILE not in meta.get("files", {}):
         raise UserError(f"{path} has no {FILE}; generate needs a model saved with its tokenizer")
-    return model, _matching_tokenizer(path, model)
+    return model, _matching_vocabularies(path, model, files=meta["files"])
 
 
 def _matching_tokenizer(path: str, model):
     """The model directory's tokenizer, refused if it has ids the model has no embedding for."""
-    from qkv.checkpoint import model_dir
-    from qkv.tokenization import FILE, Tokenizer
+    return _matching_vocabularies(path, model, files=()).source
 
-    tokenizer = Tokenizer.load(model_dir(path) / FILE)
+
+def _matching_vocabularies(path: str, model, *, files):
+    """The model directory's Vocabularies (separate when ``files``, its config.json's, list
+    target_tokenizer.json), refused if a tokenizer has ids the model has no embedding for."""
+    from qkv.checkpoint import model_dir
+    from qkv.tokenization import FILE, TARGET_FILE, Vocabularies
+
+    vocab = Vocabularies.load(model_dir(path), files=files)
     c = model.config
-    vocab = min(c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else c.vocab_size
-    if tokenizer.vocab_size > vocab:
-        raise UserError(f"{path}: {FILE} has {tokenizer.vocab_size} tokens but the model only {vocab}")
-    return tokenizer
+    if hasattr(c, "src_vocab_size"):
+        sides = [(vocab.source, c.src_vocab_size, FILE), (vocab.target, c.tgt_vocab_size, TARGET_FILE)]
+        if not vocab.separate:  # one file for both sides: it must fit the smaller table
+            sides = [(vocab.source, min(c.src_vocab_size, c.tgt_vocab_size), FILE)]
+    else:
+        sides = [(vocab.source, c.vocab_size, FILE)]
+    for tokenizer, size, name in sides:
+        if tokenizer.vocab_size > size:
+            raise UserError(f"{path}: {name} has {tokenizer.vocab_size} tokens but the model only {size}")
+    return vocab
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -342,10 +355,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if given and not args.sample:
         raise UserError(f"{', '.join(given)} only apply with --sample")
     out = _Output(args.output)
-    model, tokenizer = _load_for_generation(args.model, bf16=args.bf16)
+    model, vocab = _load_for_generation(args.model, bf16=args.bf16)
+    # Inputs in the source vocabulary, outputs in the target's (the same one but for an
+    # encoder-decoder with separate vocabularies).
+    source, target = vocab.source, vocab.target
     lines = [args.prompt] if args.prompt is not None else _read_lines(args.input)
     window = model.config.max_len
-    encoded = tokenizer.encode_batch(lines)
+    encoded = source.encode_batch(lines)
     lengths = [len(ids) for ids in encoded]
     streaming = isinstance(model, DecoderOnly) and args.prompt is not None and args.output is None and args.beam == 1
     too_long = [number for number, length in enumerate(lengths, start=1) if length > window]
@@ -369,7 +385,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     def fit(ids: list[int]) -> list[int]:
         if len(ids) <= window:
             return ids
-        return ids[-(window // 2) :] if isinstance(model, DecoderOnly) else cut_source(tokenizer, ids, window=window)
+        return ids[-(window // 2) :] if isinstance(model, DecoderOnly) else cut_source(source, ids, window=window)
 
     longest = max((len(fit(ids)) for ids in encoded), default=0)
     room = window if not isinstance(model, DecoderOnly) else window - max(1, longest) + 1
@@ -390,22 +406,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
             choose = most_likely
         ids: list[int] = []
         shown = ""
-        prompt = encoded[0] or [tokenizer.bos_id]
+        prompt = encoded[0] or [source.bos_id]
         if len(prompt) > window:
             print(f"qkv generate: note: the prompt keeps its newest {window} tokens (the window)", file=sys.stderr)
         for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose, slide=True):
             ids.append(token)
-            text = tokenizer.decode(ids)
+            text = target.decode(ids)
             if text.endswith("\ufffd"):
                 continue  # a character whose bytes span several tokens (byte-level BPE): wait for the rest
             print(text[len(shown) :], end="", flush=True)
             shown = text
-        print(tokenizer.decode(ids)[len(shown) :], flush=True)
+        print(target.decode(ids)[len(shown) :], flush=True)
         return 0
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
         todo = [i for i, line in enumerate(chunk) if line.strip()]
-        inputs = [fit(ids) for ids in tokenizer.encode_batch([chunk[i] for i in todo])]
+        inputs = [fit(ids) for ids in source.encode_batch([chunk[i] for i in todo])]
         # An empty input still gets --nbest lines, so outputs can be matched to inputs by counting.
         results: dict[int, list[str]] = {i: [""] * args.nbest for i in range(len(chunk))}
         if inputs:
@@ -419,17 +435,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     top_p=args.top_p,
                     generator=generator,
                 )
-                texts = [[tokenizer.decode(o)] for o in outs]
+                texts = [[target.decode(o)] for o in outs]
             elif args.beam > 1:
                 hyps = beam_search(
                     model, inputs, beam_size=args.beam, max_new_tokens=args.max_new_tokens, nbest=args.nbest
                 )
                 texts = [
-                    [tokenizer.decode(h.tokens) + (f"\t{h.score:.4f}" if args.nbest > 1 else "") for h in hs]
+                    [target.decode(h.tokens) + (f"\t{h.score:.4f}" if args.nbest > 1 else "") for h in hs]
                     for hs in hyps
                 ]
             else:
-                texts = [[tokenizer.decode(o)] for o in greedy(model, inputs, max_new_tokens=args.max_new_tokens)]
+                texts = [[target.decode(o)] for o in greedy(model, inputs, max_new_tokens=args.max_new_tokens)]
             for i, text in zip(todo, texts, strict=True):
                 results[i] = text
         for i in range(len(chunk)):
@@ -448,14 +464,14 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
-    model, tokenizer = _load_for_generation(args.model, bf16=args.bf16)
+    model, vocab = _load_for_generation(args.model, bf16=args.bf16)
     if not isinstance(model, EncoderDecoder):
         raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
     out = _Output(args.output)
     aligned = _Output(args.alignments) if args.alignments else None
     lines = _read_lines(args.input)
     window = model.config.max_len
-    too_long = sum(len(ids) > window for ids in tokenizer.encode_batch(lines))
+    too_long = sum(len(ids) > window for ids in vocab.source.encode_batch(lines))
     if too_long:
         print(
             f"qkv translate: note: {too_long} input line(s) cut to the model's window of {window} tokens",
@@ -469,7 +485,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     for chunk in _chunks(lines, 1024):  # bounded memory; each chunk is batched by tokens inside
         found += translate(
             model,
-            tokenizer,
+            vocab,
             chunk,
             beam_size=args.beam,
             nbest=args.nbest,
@@ -486,7 +502,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
             out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 else text)
     if aligned is not None:
-        sources = source_ids(tokenizer, lines, window=window)
+        sources = source_ids(vocab.source, lines, window=window)
         for src, hyps in zip(sources, found, strict=True):
             for h in hyps:
                 pairs = alignments(model, src=[src], out=[h.tokens])[0]
@@ -516,7 +532,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from qkv.chat import reply
     from qkv.data import decode_lines
 
-    model, tokenizer = _load_for_generation(args.model, bf16=args.bf16)
+    model, vocab = _load_for_generation(args.model, bf16=args.bf16)
     choose = None
     if args.sample:
         import torch
@@ -561,7 +577,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 break
             continue
         turns.append(line)
-        answer = reply(model, tokenizer, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
+        answer = reply(model, vocab, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
         turns.append(answer)
         print(f"bot> {answer}" if interactive else answer, flush=True)
     return 0
@@ -654,10 +670,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
         if meta["kind"] != "encoder_decoder" or meta.get("task") != "numbers":
             raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']}, task {meta.get('task')})")
-        model, tokenizer = _load_for_generation(args.model)
+        model, vocab = _load_for_generation(args.model)
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
-        score, _ = evaluate_numbers(model, tokenizer, pairs=pairs, beam_size=args.beam)
+        score, _ = evaluate_numbers(model, vocab, pairs=pairs, beam_size=args.beam)
         result = {
             "task": "numbers",
             "exact_match": round(score, 4),

@@ -61,8 +61,10 @@ positions or as a decoder; GPT-2 without attention scaling or with
 counts; a ``source.spm`` other than a unigram model of normal and control pieces (BPE, byte
 fallback, user-defined pieces). Marian with separate source and target vocabularies
 (``separate_vocabs``, ``target_vocab.json``) imports with its files kept and exported but not
-converted, as a qkv tokenizer has one vocabulary: it runs from token ids (Python) and
-``qkv translate`` refuses it. Generation settings (``generation_config.json``: beams,
+converted into qkv's separate vocabularies: it runs from token ids (Python) and
+``qkv translate`` refuses it. A qkv translation model trained with separate vocabularies
+(``target_tokenizer.json``) is not exported: Marian's separate vocabularies are SentencePiece
+files qkv does not write. Generation settings (``generation_config.json``: beams,
 ``bad_words_ids``, forced END) are not carried over; Marian's ``activation_dropout`` is dropped
 (training only).
 
@@ -103,7 +105,7 @@ from qkv.layers import sinusoidal_encoding
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnlyConfig
-from qkv.tokenization import FILE, Tokenizer
+from qkv.tokenization import FILE, TARGET_FILE, Tokenizer
 
 if TYPE_CHECKING:  # protobuf-generated; imported where used, so that qkv.hf loads without protobuf
     from sentencepiece.sentencepiece_model_pb2 import ModelProto
@@ -1276,6 +1278,11 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
     src, dst = model_dir(Path(src)), Path(dst)
     check_output(dst, models=False)
     model, meta = load_model(src)
+    if TARGET_FILE in meta["files"]:
+        raise UserError(
+            f"{src} has separate source and target vocabularies ({FILE}, {TARGET_FILE}); export-hf writes "
+            f"one tokenizer for both, so it cannot export this model"
+        )
     config = model.config
     state = model.state_dict()
     if isinstance(config, EncoderOnlyConfig):

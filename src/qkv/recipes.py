@@ -5,7 +5,8 @@ the known sections and keys of each task's defaults, errors naming the file and 
 pieces the task runners share: :func:`fit_recipe` (the training loop with a recipe's train
 section), :func:`save_model_dir`, :func:`fit_summary`, :func:`seq2seq_model`,
 :func:`tokenizer_for` (a checkpoint's, a given or a newly trained vocabulary, with the SHA-256
-check) and :func:`check_fine_tuning`.
+check), :func:`vocabularies_for` (the same for a translation model's source and target: joint or
+separate) and :func:`check_fine_tuning`.
 
 What is not here: the runners themselves (``seq2seq.py``: numbers and translation; ``lm.py``:
 language modelling; ``bert.py``: masked-LM pretraining, classification, embeddings) and
@@ -17,7 +18,7 @@ from __future__ import annotations
 import copy
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -40,7 +41,7 @@ from qkv.evaluation import (
 )
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import TARGET_FILE, Tokenizer, Vocabularies
 from qkv.training import (
     SCHEDULES,
     FitResult,
@@ -131,8 +132,9 @@ LM_DEFAULTS: dict = {
 
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
-# width-256 Transformer with a shared unigram vocabulary by default. Trains in epochs with
-# validation after each, in a run directory (``runs.py``) that can be resumed.
+# width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
+# Trains in epochs with validation after each, in a run directory (``runs.py``) that can be
+# resumed.
 TRANSLATION_DEFAULTS: dict = {
     "task": "translation",
     "model": {
@@ -177,8 +179,15 @@ TRANSLATION_DEFAULTS: dict = {
         "reverse": False,  # swap the sides: translate the second file/column into the first
         "train_pairs": None,  # use only the first N training pairs
         "valid_pairs": None,  # validate on the first N validation pairs
-        "tokenizer": None,  # an existing tokenizer.json (else one is trained on the training pairs)
+        # "joint": one vocabulary trained on both sides; "separate": a source vocabulary trained on
+        # the source sentences and a target one on the target sentences (needs
+        # model.share_embeddings=false), stored as tokenizer.json and target_tokenizer.json
+        "vocab": "joint",
+        "tokenizer": None,  # an existing tokenizer.json: the joint one, or the source's (else one is trained)
+        "target_tokenizer": None,  # separate only: an existing target tokenizer file (else one is trained)
         "vocab_size": 8000,
+        "src_vocab_size": None,  # separate only: the source vocabulary's size (null: vocab_size)
+        "tgt_vocab_size": None,  # separate only: the target vocabulary's size (null: vocab_size)
         "long": "drop",
         "valid_beam": 1,  # decoding for the per-epoch validation BLEU (1: greedy)
         "beam_size": 4,  # decoding for the final validation BLEU
@@ -385,6 +394,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
     if task in ("mlm", "classify"):
         _check_encoder_data(recipe, where)
+    if task == "translation":
+        _check_vocabularies(recipe, where)
     # Check the model fields now, before any data is read (the vocabulary comes later).
     if MODEL_KINDS[task] == "encoder_decoder":
         vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64}
@@ -413,6 +424,10 @@ _RULES = {
     ("data", "train_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
     ("data", "valid_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
     ("data", "tokenizer"): ((str, type(None)), lambda v: v is None or bool(v), "a tokenizer.json path or null"),
+    ("data", "target_tokenizer"): ((str, type(None)), lambda v: v is None or bool(v), "a tokenizer file path or null"),
+    ("data", "vocab"): (str, lambda v: v in ("joint", "separate"), "joint or separate"),
+    ("data", "src_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
+    ("data", "tgt_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
     ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),
@@ -482,15 +497,17 @@ def _check_values(recipe: dict, where: str) -> None:
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
 
 
-def seq2seq_model(recipe: dict, tokenizer: Tokenizer) -> EncoderDecoder:
-    """A fresh encoder-decoder from the recipe's model section and one shared vocabulary."""
+def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> EncoderDecoder:
+    """A fresh encoder-decoder from the recipe's model section and its vocabularies (one
+    tokenizer: a joint vocabulary). The special ids are the target's (equal to the source's)."""
+    vocab = Vocabularies.of(tokenizers)
     fields = {
         **recipe["model"],
-        "src_vocab_size": tokenizer.vocab_size,
-        "tgt_vocab_size": tokenizer.vocab_size,
-        "pad_id": tokenizer.pad_id,
-        "bos_id": tokenizer.bos_id,
-        "eos_id": tokenizer.eos_id,
+        "src_vocab_size": vocab.source.vocab_size,
+        "tgt_vocab_size": vocab.target.vocab_size,
+        "pad_id": vocab.target.pad_id,
+        "bos_id": vocab.target.bos_id,
+        "eos_id": vocab.target.eos_id,
     }
     return build_model("encoder_decoder", fields)
 
@@ -531,7 +548,7 @@ def save_model_dir(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, e
         save_model(model, out, files=tokenizer.save(Path(tmp) / TOKENIZER_FILE), extra=extra)
 
 
-def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer) -> dict:
+def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer | Vocabularies) -> dict:
     return {
         "train_seconds": result.seconds,
         "steps": result.steps,
@@ -544,29 +561,103 @@ def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer) -> di
 
 
 def tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:
-    """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one.
+    """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one
+    trained on every sentence of ``pairs``.
 
     A tokenizer file given together with a checkpoint must be the checkpoint's own (same
     SHA-256): a model run with a vocabulary it was not trained with would map ids to the
     wrong tokens, silently.
     """
-    given = resolve(data["tokenizer"]) if data["tokenizer"] is not None else None
+    return _tokenizer(
+        data,
+        "tokenizer",
+        TOKENIZER_FILE,
+        checkpoint=checkpoint,
+        meta=read_meta(checkpoint) if checkpoint is not None else None,
+        texts=lambda: (s for pair in pairs for s in pair),
+        vocab_size=int(data["vocab_size"]),
+    )
+
+
+def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, str]]) -> tuple[Vocabularies, str]:
+    """A translation run's vocabularies, as :func:`tokenizer_for` finds one tokenizer, per
+    ``data.vocab``: joint (``data.tokenizer``, or one trained on both sides of ``pairs``), or
+    separate (the source's from ``data.tokenizer`` or trained on the sources, of
+    ``data.src_vocab_size`` pieces; the target's from ``data.target_tokenizer`` or trained on the
+    targets, of ``data.tgt_vocab_size``). A checkpoint's must be of the same kind as the recipe's.
+    """
+    meta = read_meta(checkpoint) if checkpoint is not None else None
+    separate = data["vocab"] == "separate"
+    if meta is not None and (TARGET_FILE in meta["files"]) != separate:
+        has = "separate" if TARGET_FILE in meta["files"] else "joint"
+        raise UserError(
+            f"{checkpoint} has a {has} vocabulary but the recipe says data.vocab={data['vocab']}; set data.vocab={has}"
+        )
+    if not separate:
+        tokenizer, said = tokenizer_for(data, checkpoint=checkpoint, pairs=pairs)
+        return Vocabularies(tokenizer, tokenizer), said
+    found = [
+        _tokenizer(
+            data,
+            key,
+            file,
+            checkpoint=checkpoint,
+            meta=meta,
+            texts=lambda side=side: (pair[side] for pair in pairs),
+            vocab_size=int(data[size] if data[size] is not None else data["vocab_size"]),
+        )
+        for side, (key, file, size) in enumerate(
+            [("tokenizer", TOKENIZER_FILE, "src_vocab_size"), ("target_tokenizer", TARGET_FILE, "tgt_vocab_size")]
+        )
+    ]
+    (source, said_source), (target, said_target) = found
+    said = f"{said_source} (source), {said_target} (target)"
+    try:
+        return Vocabularies(source, target), said
+    except UserError as e:  # two given files that do not fit together
+        raise UserError(f"data.vocab=separate: {e} (source: {said_source}; target: {said_target})") from None
+
+
+def _tokenizer(
+    data: dict,
+    key: str,
+    file: str,
+    *,
+    checkpoint: Path | None,
+    meta: dict | None,
+    texts: Callable[[], Iterable[str]],
+    vocab_size: int,
+) -> tuple[Tokenizer, str]:
+    """One tokenizer and what it is: the checkpoint's ``file`` (a file named by ``data.KEY`` must
+    be that one), else the file ``data.KEY`` names, else one of ``vocab_size`` trained on ``texts``."""
+    given = resolve(data[key]) if data[key] is not None else None
     if given is not None and not given.is_file():
-        raise UserError(f"data.tokenizer: {given} does not exist")
-    if checkpoint is not None:
-        meta = read_meta(checkpoint)
-        if TOKENIZER_FILE not in meta["files"]:
-            raise UserError(f"{checkpoint} has no {TOKENIZER_FILE}")
-        if given is not None and sha256_file(given) != meta["files"][TOKENIZER_FILE]:
+        raise UserError(f"data.{key}: {given} does not exist")
+    if checkpoint is not None and meta is not None:
+        if file not in meta["files"]:
+            raise UserError(f"{checkpoint} has no {file}")
+        if given is not None and not _same_tokenizer(given, checkpoint / file, digest=meta["files"][file]):
             raise UserError(
-                f"data.tokenizer {given} is not the tokenizer {checkpoint} was trained with "
-                f"(SHA-256 differs from {checkpoint / TOKENIZER_FILE}); use that file or start a new run"
+                f"data.{key} {given} is not the tokenizer {checkpoint} was trained with "
+                f"(SHA-256 differs from {checkpoint / file}); use that file or start a new run"
             )
-        return Tokenizer.load(checkpoint / TOKENIZER_FILE), f"the tokenizer of {checkpoint}"
+        return Tokenizer.load(checkpoint / file), f"the tokenizer of {checkpoint}"
     if given is not None:
         return Tokenizer.load(given), str(given)
-    tokenizer = Tokenizer.train_subword((s for pair in pairs for s in pair), vocab_size=int(data["vocab_size"]))
+    tokenizer = Tokenizer.train_subword(texts(), vocab_size=vocab_size)
     return tokenizer, f"a new {tokenizer.vocab_size}-token unigram vocabulary"
+
+
+def _same_tokenizer(given: Path, stored: Path, *, digest: str) -> bool:
+    """Whether ``given`` is the tokenizer stored as ``stored`` (SHA-256 ``digest``): the same
+    bytes, or the same tokenizer written again. A checkpoint's copy is the tokenizer as loaded
+    and saved, and ``tokenizers`` writes some scores it read back with other digits (the same
+    numbers to within a rounding), so a file named with data.tokenizer may not be byte-equal."""
+    if sha256_file(given) == digest:
+        return True
+    a, b = Tokenizer.load(given), Tokenizer.load(stored)
+    same_settings = a.specials == b.specials and a.add_special_tokens == b.add_special_tokens
+    return same_settings and a.backend.to_str() == b.backend.to_str()
 
 
 def check_fine_tuning(
@@ -600,3 +691,18 @@ def _check_encoder_data(recipe: dict, where: str) -> None:
         raise UserError(f"{where}: set data.{own_file} (a file) or data.dailydialog for the {task} task")
     if task == "classify" and data["context"] and data["dailydialog"] is None:
         raise UserError(f"{where}: data.context needs data.dailydialog (a TSV line has no previous utterance)")
+
+
+def _check_vocabularies(recipe: dict, where: str) -> None:
+    """The vocabulary keys of a translation recipe: the per-side ones only with separate
+    vocabularies, which cannot share one embedding table."""
+    data = recipe["data"]
+    if data["vocab"] == "joint":
+        for key in ("target_tokenizer", "src_vocab_size", "tgt_vocab_size"):
+            if data[key] is not None:
+                raise UserError(f"{where}: data.{key} needs data.vocab=separate (a joint vocabulary has one)")
+    elif recipe["model"].get("share_embeddings", False):
+        raise UserError(
+            f"{where}: model.share_embeddings=true needs data.vocab=joint (one vocabulary for source and "
+            f"target); set model.share_embeddings=false for separate vocabularies"
+        )

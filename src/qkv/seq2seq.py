@@ -2,10 +2,13 @@
 
 What is here: :func:`train_numbers` (the built-in numbers task end to end: data, tokenizer,
 model, training, held-out exact match, model directory), :func:`train_translation` (parallel
-text, subword vocabulary, token-budget batches, epochs with validation loss and BLEU, a
-resumable run directory, best/last/averaged checkpoints, early stopping), :func:`translate` and
-:func:`beam_translate` (token-budget batches of sentences, greedy or beam, a max length relative
-to each source), :func:`alignments` and :func:`cross_attention` (from cross-attention weights).
+text, subword vocabularies: joint or separate, token-budget batches, epochs with validation
+loss and BLEU, a resumable run directory, best/last/averaged checkpoints, early stopping),
+:func:`translate` and :func:`beam_translate` (token-budget batches of sentences, greedy or
+beam, a max length relative to each source), :func:`alignments` and :func:`cross_attention`
+(from cross-attention weights). What takes the model's tokenizers takes one tokenizer (a
+joint vocabulary) or :class:`~qkv.tokenization.Vocabularies`, and encodes sources with the
+source tokenizer, targets and outputs with the target one.
 
 What is not here: recipe loading and the shared runner pieces (``recipes.py``), the decoding
 algorithms (``generation.py``), run directories (``runs.py``).
@@ -44,13 +47,14 @@ from qkv.evaluation import (
 from qkv.generation import beam_search
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
+    DEFAULTS,
     ENCODER_DECODER_TUNING_FIELDS,
     check_fine_tuning,
     fit_recipe,
     fit_summary,
     save_model_dir,
     seq2seq_model,
-    tokenizer_for,
+    vocabularies_for,
 )
 from qkv.runs import (
     Scalars,
@@ -62,8 +66,7 @@ from qkv.runs import (
     write_json,
 )
 from qkv.tasks import numbers_pairs
-from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.training import (
     FitResult,
     Trainer,
@@ -89,7 +92,7 @@ def cross_attention(model: EncoderDecoder, *, src: list[int], out: list[int]) ->
 
 
 def evaluate_numbers(
-    model: EncoderDecoder, tokenizer: Tokenizer, *, pairs: list[tuple[str, str]], beam_size: int
+    model: EncoderDecoder, tokenizer: Tokenizer | Vocabularies, *, pairs: list[tuple[str, str]], beam_size: int
 ) -> tuple[float, list[str]]:
     """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
     outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size, max_len_a=2.0)
@@ -106,7 +109,7 @@ class Translation(NamedTuple):
 
 def translate(
     model: EncoderDecoder,
-    tokenizer: Tokenizer,
+    tokenizers: Tokenizer | Vocabularies,
     texts: list[str],
     *,
     beam_size: int,
@@ -121,9 +124,11 @@ def translate(
     Texts are decoded in batches of similar length holding at most ``max_tokens`` source
     tokens times the beam width. A source longer than the model's window is cut to it; an
     output may have at most ⌊a·S⌋ + b tokens, S its own source's length (the max-length rule
-    of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs.
+    of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs. Texts are
+    encoded with the source tokenizer, outputs decoded with the target one.
     """
-    sources = source_ids(tokenizer, texts, window=model.config.max_len)
+    vocab = Vocabularies.of(tokenizers)
+    sources = source_ids(vocab.source, texts, window=model.config.max_len)
     found: list[list[Translation]] = [[Translation("", [], 0.0)] * nbest for _ in texts]
     todo = sorted((i for i in range(len(texts)) if texts[i].strip() and sources[i]), key=lambda i: len(sources[i]))
     budget = max(1, max_tokens // beam_size)
@@ -142,7 +147,7 @@ def translate(
             max_new_tokens=[int(max_len_a * len(sources[i])) + max_len_b for i in chunk],
         )
         for i, hyps in zip(chunk, hypotheses, strict=True):
-            found[i] = [Translation(tokenizer.decode(h.tokens), h.tokens, h.score) for h in hyps]
+            found[i] = [Translation(vocab.target.decode(h.tokens), h.tokens, h.score) for h in hyps]
             # Always nbest outputs, so they can be matched to inputs by counting.
             found[i] += [Translation("", [], float("-inf"))] * (nbest - len(found[i]))
     return found
@@ -165,7 +170,7 @@ def cut_source(tokenizer: Tokenizer, ids: list[int], *, window: int) -> list[int
 
 def beam_translate(
     model: EncoderDecoder,
-    tokenizer: Tokenizer,
+    tokenizers: Tokenizer | Vocabularies,
     texts: list[str],
     *,
     beam_size: int,
@@ -176,7 +181,7 @@ def beam_translate(
     """The best output of every text, in order (:func:`translate`)."""
     found = translate(
         model,
-        tokenizer,
+        tokenizers,
         texts,
         beam_size=beam_size,
         length_penalty=length_penalty,
@@ -246,10 +251,17 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True) -> di
 # Train settings that may change when a run is resumed; any other change would make the
 # continued run differ from an uninterrupted one, so it is refused.
 RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
+TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
 
 def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
     """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
+    # Keys added to recipes after the run began take their defaults, which do what the run did
+    # (data.vocab: joint), so an older run resumes.
+    saved = {
+        **saved,
+        **{k: {**v, **saved.get(k, {})} for k, v in DEFAULTS["translation"].items() if isinstance(v, dict)},
+    }
     differ = []
     for section, value in recipe.items():
         if not isinstance(value, dict):
@@ -258,7 +270,7 @@ def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
             continue
         for key, v in value.items():
             # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
-            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) == ("data", "tokenizer")
+            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) in TOKENIZER_KEYS
             if not may_change and v != saved.get(section, {}).get(key):
                 differ.append(f"{section}.{key}")
     if differ:
@@ -269,7 +281,7 @@ def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
     return {
         **saved,
         "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
-        "data": {**saved["data"], "tokenizer": recipe["data"]["tokenizer"] or saved["data"]["tokenizer"]},
+        "data": {**saved["data"], **{k: recipe["data"][k] or saved["data"][k] for _, k in TOKENIZER_KEYS}},
     }
 
 
@@ -277,7 +289,8 @@ def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
 def teacher_forced_loss(
     model: EncoderDecoder, tokenizer: Tokenizer, examples: list[tuple[list[int], list[int]]], *, max_tokens: int
 ) -> float:
-    """Mean cross-entropy per target token (END included, no label smoothing) of ``examples``."""
+    """Mean cross-entropy per target token (END included, no label smoothing) of ``examples``
+    (token ids, targets in the vocabulary of ``tokenizer``: the target tokenizer)."""
     model.eval()
     lengths = [max(len(s), len(t) + 1) for s, t in examples]
     total, count = 0.0, 0
@@ -292,12 +305,14 @@ def teacher_forced_loss(
 
 
 def _encode_pairs(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], *, window: int, long: str
+    tokenizers: Tokenizer | Vocabularies, pairs: list[tuple[str, str]], *, window: int, long: str
 ) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """Token ids of the pairs, over-long ones (a source over the window, a target over the
-    window less BEGIN) dropped or truncated (``long``); and how many pairs were over-long."""
-    sources = tokenizer.encode_batch([a for a, _ in pairs])
-    targets = tokenizer.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
+    """Token ids of the pairs (sources by the source tokenizer, targets by the target one),
+    over-long ones (a source over the window, a target over the window less BEGIN) dropped or
+    truncated (``long``); and how many pairs were over-long."""
+    vocab = Vocabularies.of(tokenizers)
+    sources = vocab.source.encode_batch([a for a, _ in pairs])
+    targets = vocab.target.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
     examples, over_long = [], 0
     for s, t in zip(sources, targets, strict=True):
         if len(s) > window or len(t) > window - 1:
@@ -330,8 +345,10 @@ def _checkpoint_model(checkpoint: Path, recipe: dict) -> EncoderDecoder:
 def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
 
-    The vocabulary is a joint unigram model trained on both sides of the training pairs (or
-    a given tokenizer, or the checkpoint's). Pairs longer than the model's window are dropped
+    The vocabulary (``data.vocab``) is a joint unigram model trained on both sides of the
+    training pairs, or two separate ones, the source's trained on the sources and the target's
+    on the targets (or given tokenizers, or the checkpoint's:
+    :func:`~qkv.recipes.vocabularies_for`). Pairs longer than the model's window are dropped
     or truncated (``data.long``) and counted. Batches hold at most ``train.max_tokens``
     padded tokens, length-bucketed and reshuffled every epoch (seed + epoch), so the data
     order is a function of the seed and a position (epoch, batch) is enough to resume.
@@ -341,7 +358,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
     ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped; a run that had
     stopped (by a cap or patience the resumed recipe keeps) goes straight to choosing the final
-    model. ``train.init`` fine-tunes a model directory: its tokenizer, its architecture (the
+    model. ``train.init`` fine-tunes a model directory: its tokenizers, its architecture (the
     recipe's model section must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``) and weights.
     """
     run = Path(out)
@@ -359,15 +376,16 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
     start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
-    tokenizer, vocabulary = tokenizer_for(data, checkpoint=start_from, pairs=pairs)
+    vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
+    target = vocab.target  # its special ids are the model's (and the source tokenizer's)
     # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
     # the recipe's model section over the config defaults.
-    model = seq2seq_model(recipe, tokenizer) if start_from is None else _checkpoint_model(start_from, recipe)
+    model = seq2seq_model(recipe, vocab) if start_from is None else _checkpoint_model(start_from, recipe)
     window = model.config.max_len
-    examples, over_long = _encode_pairs(tokenizer, pairs, window=window, long=data["long"])
+    examples, over_long = _encode_pairs(vocab, pairs, window=window, long=data["long"])
     if not examples:
         raise UserError("no training pair fits the model's window (model.max_len)")
-    valid_examples, _ = _encode_pairs(tokenizer, valid, window=window, long="truncate")
+    valid_examples, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
     lengths = [max(len(s), len(t) + 1) for s, t in examples]
     max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
     steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
@@ -402,8 +420,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     run.mkdir(parents=True, exist_ok=True)
     scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
     with tempfile.TemporaryDirectory() as tmp:
-        # special_tokens.json too, when there is one (a fine-tuned imported model's tokens)
-        tokenizer_files = tokenizer.save(Path(tmp) / TOKENIZER_FILE)
+        # target_tokenizer.json with separate vocabularies; special_tokens.json too, when there
+        # is one (a fine-tuned imported model's tokens)
+        tokenizer_files = vocab.save(tmp)
         extra = {"task": "translation", "recipe": recipe}
 
         def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
@@ -424,7 +443,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             model.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
             hypotheses = beam_translate(
                 model,
-                tokenizer,
+                vocab,
                 [a for a, _ in valid],
                 beam_size=beam,
                 length_penalty=float(data["length_penalty"]),
@@ -442,10 +461,10 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
 
         def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
             s, t_in, t_out = seq2seq_batch(
-                [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+                [examples[i] for i in rows], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
             )
             smoothing = train["label_smoothing"]
-            return seq2seq_loss(model, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=smoothing)
+            return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing)
 
         bar = tqdm(
             total=total_steps,
@@ -510,7 +529,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     save("last", resumable=True)
             if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
                 scores = validate(int(data["valid_beam"]))
-                valid_loss = teacher_forced_loss(model, tokenizer, valid_examples, max_tokens=max_tokens)
+                valid_loss = teacher_forced_loss(model, target, valid_examples, max_tokens=max_tokens)
                 state["epoch"] += 1
                 state["batch"] = 0
                 entry = {
@@ -585,6 +604,6 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         "vocabulary": vocabulary,
         "over_long_pairs": over_long,
         "eval_seconds": scores["seconds"],
-        **fit_summary(result, model, tokenizer),
+        **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
         "hypotheses": scores["hypotheses"],
     }

@@ -13,13 +13,18 @@ applies the tokenizer's post-processor, which a converted Marian tokenizer uses 
 text with </s>, as MarianTokenizer ends sources (BERT's, which adds [CLS] and [SEP], is not
 applied: qkv adds BEGIN and END itself where a model needs them).
 
+:class:`Vocabularies` pairs the tokenizer that reads an encoder-decoder's source with the one
+that writes (and scores) its target: one joint tokenizer for both, or two separate ones with
+the same special tokens, stored as ``tokenizer.json`` (source) and ``target_tokenizer.json``.
+
 What is not here: the tokenization algorithms themselves (the library's), batching.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
@@ -33,6 +38,7 @@ SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3 in every vocabulary qkv trains
 ROLES = ("pad", "bos", "eos", "unk")  # what each of SPECIALS is for
 MASK = "<mask>"  # masked-LM vocabularies only: appended by Tokenizer.add_mask, after every other id
 FILE = "tokenizer.json"
+TARGET_FILE = "target_tokenizer.json"  # an encoder-decoder's target tokenizer, with separate vocabularies
 SPECIALS_FILE = "special_tokens.json"  # beside FILE: {role: token or null}, when not qkv's SPECIALS
 ADD_SPECIALS = "add_special_tokens"  # in SPECIALS_FILE: true when encode applies the post-processor
 
@@ -217,6 +223,76 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class Vocabularies:
+    """The tokenizers of an encoder-decoder: ``source`` encodes what the encoder reads,
+    ``target`` encodes and decodes what the decoder writes. Joint (one vocabulary): the same
+    object twice. Separate: two tokenizers with the same special tokens at the same ids, since
+    the model has one ``pad_id``/``bos_id``/``eos_id`` for both sides (a source padded with
+    another id would be attended to as text), and with the same ``special_tokens.json``
+    settings (one such file beside both in a model directory).
+    """
+
+    source: Tokenizer
+    target: Tokenizer
+
+    def __post_init__(self) -> None:
+        if self.separate:
+            source, target = self.source, self.target
+            sides = [
+                (
+                    role,
+                    (source.specials[role], getattr(source, f"{role}_id")),
+                    (target.specials[role], getattr(target, f"{role}_id")),
+                )
+                for role in ROLES
+            ]
+            differ = [f"{role} {a[0]} (id {a[1]}) vs {b[0]} (id {b[1]})" for role, a, b in sides if a != b]
+            if differ:
+                raise UserError(
+                    f"the source and target tokenizers must have the same special tokens at the same ids "
+                    f"(differ: {', '.join(differ)})"
+                )
+            if source.add_special_tokens != target.add_special_tokens:
+                raise UserError(f"the source and target tokenizers differ in {ADD_SPECIALS} ({SPECIALS_FILE})")
+
+    @classmethod
+    def of(cls, tokenizers: Tokenizer | Vocabularies) -> Vocabularies:
+        """``tokenizers`` as Vocabularies: one tokenizer is a joint vocabulary."""
+        return tokenizers if isinstance(tokenizers, Vocabularies) else cls(tokenizers, tokenizers)
+
+    @property
+    def separate(self) -> bool:
+        return self.target is not self.source
+
+    def save(self, directory: str | Path) -> dict[str, Path]:
+        """Write ``tokenizer.json`` (the source's, or the joint one), ``target_tokenizer.json``
+        when separate, and ``special_tokens.json`` when needed into ``directory``; returns the
+        files written by name, as a model directory's ``files`` takes them."""
+        directory = Path(directory)
+        files = self.source.save(directory / FILE)
+        if self.separate:
+            # The target's special-token settings equal the source's (checked above): the one
+            # special_tokens.json written beside tokenizer.json describes both.
+            self.target.backend.save(str(directory / TARGET_FILE))
+            files[TARGET_FILE] = directory / TARGET_FILE
+        return files
+
+    @classmethod
+    def load(cls, directory: str | Path, *, files: Collection[str]) -> Vocabularies:
+        """The vocabularies of a model directory whose config.json lists ``files``: separate
+        when ``target_tokenizer.json`` is among them, else ``tokenizer.json`` for both sides."""
+        directory = Path(directory)
+        source = Tokenizer.load(directory / FILE)
+        if TARGET_FILE not in files:
+            return cls(source, source)
+        target = Tokenizer.load(directory / TARGET_FILE)
+        try:
+            return cls(source, target)
+        except UserError as e:
+            raise UserError(f"{directory / TARGET_FILE}: {e}") from None
 
 
 # Han characters, CJK symbols and punctuation (U+3000-303F: "。", "、"), full-width forms
