@@ -52,10 +52,11 @@ def test_batches_by_tokens_respect_the_budget_and_cover_everything() -> None:
 
 
 def test_subword_tokenizer_round_trip_on_cased_and_chinese_text() -> None:
-    """Unigram pieces of the asked size decode back to the text (spaces restored)."""
+    """Unigram pieces of the asked size decode back to the text (spaces restored; Chinese
+    comes back without the word-segmentation spaces, see tokenization.cjk_spaces)."""
     texts = ["Two young men are playing soccer.", "A dog runs on the beach.", "湯姆 買 了 箇 手機 。"] * 30
     tokenizer = Tokenizer.train_subword(texts, vocab_size=61)
     assert tokenizer.vocab_size <= 61
     assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
-    for text in texts[:3]:
-        assert tokenizer.decode(tokenizer.encode(text)) == text
+    for text, expected in zip(texts[:3], [*texts[:2], "湯姆買了箇手機。"], strict=True):
+        assert tokenizer.decode(tokenizer.encode(text)) == expected

@@ -668,7 +668,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{args.model} is a classify-task model; give --tsv FILE (text<TAB>label lines) to score it"
             )
-        if meta["kind"] != "encoder_decoder" or meta.get("task") != "numbers":
+        # A model saved without a recipe (no task) is tried as a numbers model: loading it
+        # names what it lacks (its tokenizer, say).
+        if meta["kind"] != "encoder_decoder" or meta.get("task") not in (None, "numbers"):
             raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']}, task {meta.get('task')})")
         model, vocab = _load_for_generation(args.model)
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
