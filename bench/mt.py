@@ -118,8 +118,9 @@ def main() -> int:
     headline = result.get("published_metric_bleu", result["sacrebleu"])
     print(json.dumps(result))
     verdict = "" if target is None else ("  target met" if headline >= target else "  TARGET MISSED")
+    goal = anchor if target is None else f"target >= {target}; published {anchor}"
     print(
-        f"{args.direction}: qkv {headline} BLEU (target >= {target}; published {anchor}){verdict} | "
+        f"{args.direction}: qkv {headline} BLEU ({goal}){verdict} | "
         f"sacreBLEU {detok['bleu']} chrF {detok['chrf']} | training {result['train_seconds'] / 60:.1f} min, "
         f"{result['tokens_per_second']} target tokens/s | whole command {result['wall_seconds'] / 60:.1f} min"
     )
