@@ -572,3 +572,29 @@ def test_multi30k_smoke(tmp_path) -> None:
     losses = [h["valid_loss"] for h in summary["history"]]
     assert losses[-1] < 0.8 * losses[0]
     assert summary["bleu"] > 0.0
+
+
+def test_over_long_pairs_are_named_by_line_before_training(tmp_path, capsys) -> None:
+    """Pairs longer than the window are said on stderr before training (file and line numbers),
+    counted in the summary and in run.json; dropped from training, truncated for validation."""
+    overrides = [*_overrides(tmp_path, steps=2, epochs=1), "model.max_len=5", "data.long=drop"]
+    run = tmp_path / "run"
+    summary = train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    err = capsys.readouterr().err
+    train_note = next(line for line in err.splitlines() if "1.de + " in line)
+    assert f"{summary['over_long_pairs']} of 300 pairs are longer than the model's window (5 tokens)" in train_note
+    assert "dropped (data.long: drop)" in train_note
+    assert 0 < summary["over_long_pairs"] < 300 and summary["over_long_valid_pairs"] > 0
+    # the first lines named are over-long, and no line before the first one named is
+    named = [int(n) for n in train_note.split("lines ")[1].rstrip(", .").split(", ") if n.isdigit()]
+    sources = Path(tmp_path / "1.de").read_text().splitlines()
+    tokenizer = summary["tokenizer"].source
+    targets = Path(tmp_path / "1.en").read_text().splitlines()
+
+    def over(i: int) -> bool:
+        return len(tokenizer.encode(sources[i - 1])) > 5 or len(tokenizer.encode(targets[i - 1])) > 4
+
+    assert named and all(over(i) for i in named)
+    assert not any(over(i) for i in range(1, named[0]))
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["over_long_pairs"] == {"train": summary["over_long_pairs"], "valid": summary["over_long_valid_pairs"]}

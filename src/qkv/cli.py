@@ -232,7 +232,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
     elif recipe["task"] == "translation":
         summary = train_translation(recipe, out, progress=not args.quiet, resume=args.resume)
-        keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by", "over_long_pairs")
+        keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by")
+        keys += ("over_long_pairs", "over_long_valid_pairs")
         score = {k: summary[k] for k in keys}
         said = (
             f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}) "

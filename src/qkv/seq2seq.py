@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -306,22 +307,32 @@ def teacher_forced_loss(
 
 def _encode_pairs(
     tokenizers: Tokenizer | Vocabularies, pairs: list[tuple[str, str]], *, window: int, long: str
-) -> tuple[list[tuple[list[int], list[int]]], int]:
+) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
     """Token ids of the pairs (sources by the source tokenizer, targets by the target one),
     over-long ones (a source over the window, a target over the window less BEGIN) dropped or
-    truncated (``long``); and how many pairs were over-long."""
+    truncated (``long``); and the indices of the over-long pairs."""
     vocab = Vocabularies.of(tokenizers)
     sources = vocab.source.encode_batch([a for a, _ in pairs])
     targets = vocab.target.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
-    examples, over_long = [], 0
-    for s, t in zip(sources, targets, strict=True):
+    examples, over_long = [], []
+    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
         if len(s) > window or len(t) > window - 1:
-            over_long += 1
+            over_long.append(i)
             if long == "drop":
                 continue
             s, t = s[:window], t[: window - 1]
         examples.append((s, t))
     return examples, over_long
+
+
+def over_long_note(over_long: list[int], *, files: list[str], total: int, window: int, action: str) -> str:
+    """One line naming the over-long pairs by line number (pair i is line i + 1 of its files:
+    :func:`~qkv.data.read_parallel` keeps every line), the first ten of them."""
+    lines = ", ".join(str(i + 1) for i in over_long[:10]) + (", ..." if len(over_long) > 10 else "")
+    return (
+        f"{' + '.join(files)}: {len(over_long)} of {total} pairs are longer than the model's window "
+        f"({window} tokens) and were {action}: line{'s' if len(over_long) > 1 else ''} {lines}"
+    )
 
 
 def _checkpoint_model(checkpoint: Path, recipe: dict) -> EncoderDecoder:
@@ -385,7 +396,17 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     examples, over_long = _encode_pairs(vocab, pairs, window=window, long=data["long"])
     if not examples:
         raise UserError("no training pair fits the model's window (model.max_len)")
-    valid_examples, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
+    valid_examples, valid_over_long = _encode_pairs(vocab, valid, window=window, long="truncate")
+    # Said on stderr before training, as well as counted in the summary and run.json: a user
+    # who did not expect over-long lines learns which ones at once.
+    actions = {"drop": "dropped (data.long: drop)", "truncate": "truncated (data.long: truncate)"}
+    for ids, files, total, action in (
+        (over_long, data["train"], len(pairs), actions[data["long"]]),
+        (valid_over_long, data["valid"], len(valid), "truncated for validation loss"),
+    ):
+        if ids:
+            note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
+            print(f"qkv train: note: {note}", file=sys.stderr)
     lengths = [max(len(s), len(t) + 1) for s, t in examples]
     max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
     steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
@@ -436,7 +457,11 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             )
 
         def record(final: str) -> None:
-            write_json(run / RUN_FILE, {"qkv_version": __version__, "recipe": recipe, "final": final, **state})
+            over = {"train": len(over_long), "valid": len(valid_over_long)}
+            write_json(
+                run / RUN_FILE,
+                {"qkv_version": __version__, "recipe": recipe, "final": final, "over_long_pairs": over, **state},
+            )
 
         def validate(beam: int) -> dict:
             start = time.perf_counter()
@@ -602,7 +627,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         "stopped_by": stop,
         "history": state["history"],
         "vocabulary": vocabulary,
-        "over_long_pairs": over_long,
+        "over_long_pairs": len(over_long),
+        "over_long_valid_pairs": len(valid_over_long),
         "eval_seconds": scores["seconds"],
         **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
         "hypotheses": scores["hypotheses"],
