@@ -598,3 +598,18 @@ def test_over_long_pairs_are_named_by_line_before_training(tmp_path, capsys) -> 
     assert not any(over(i) for i in range(1, named[0]))
     meta = json.loads((run / "run.json").read_text())
     assert meta["over_long_pairs"] == {"train": summary["over_long_pairs"], "valid": summary["over_long_valid_pairs"]}
+
+
+def test_resume_refuses_changed_data_files(tmp_path) -> None:
+    """run.json records each data file's SHA-256; a resume after a file changed is refused
+    (the saved position in the data order would point at other sentences), naming the file."""
+    overrides = _overrides(tmp_path, steps=3, epochs=2)
+    run = tmp_path / "run"
+    train_translation(load_recipe(RECIPE, overrides), run, progress=False)
+    meta = json.loads((run / "run.json").read_text())
+    assert set(meta["data_sha256"]) == {str(tmp_path / f"{n}.{lang}") for n in (1, 2) for lang in ("de", "en")}
+    train_file = tmp_path / "1.en"
+    train_file.write_text(train_file.read_text().replace("dog", "hound"))
+    grown = [*overrides[:5], "train.steps=4", *overrides[6:]]
+    with pytest.raises(UserError, match=r"1\.en changed since .* began"):
+        train_translation(load_recipe(RECIPE, grown), run, progress=False, resume=True)

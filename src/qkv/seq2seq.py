@@ -35,10 +35,12 @@ from qkv.checkpoint import (
     check_output,
     load_model,
     model_dir,
+    sha256_file,
 )
 from qkv.data import (
     batches_by_tokens,
     read_parallel,
+    resolve,
 )
 from qkv.errors import UserError
 from qkv.evaluation import (
@@ -255,6 +257,17 @@ RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "
 TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
 
+def _check_same_data(saved: dict | None, now: dict[str, str], run: Path) -> None:
+    """Refuse to resume ``run`` when a data file's SHA-256 differs from the one it began with
+    (runs from before the hashes were recorded are not checked)."""
+    changed = [path for path, digest in now.items() if saved is not None and saved.get(path, digest) != digest]
+    if changed:
+        raise UserError(
+            f"--resume: {', '.join(map(str, (resolve(p) for p in changed)))} changed since {run} began "
+            "(SHA-256 differs): the saved position in the data order would point elsewhere; start a new run"
+        )
+
+
 def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
     """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
     # Keys added to recipes after the run began take their defaults, which do what the run did
@@ -377,6 +390,10 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     if resume:
         recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
     train, data = recipe["train"], recipe["data"]
+    # The position in the data order that resume restores means nothing if the files changed.
+    data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data["train"], *data["valid"]])}
+    if resume:
+        _check_same_data(read_run(run).get("data_sha256"), data_sha256, run)
     seed = int(train["seed"])
     torch.manual_seed(seed)
     if train["deterministic"]:
@@ -460,7 +477,14 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             over = {"train": len(over_long), "valid": len(valid_over_long)}
             write_json(
                 run / RUN_FILE,
-                {"qkv_version": __version__, "recipe": recipe, "final": final, "over_long_pairs": over, **state},
+                {
+                    "qkv_version": __version__,
+                    "recipe": recipe,
+                    "final": final,
+                    "data_sha256": data_sha256,
+                    "over_long_pairs": over,
+                    **state,
+                },
             )
 
         def validate(beam: int) -> dict:
