@@ -13,7 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.generation import _advance, _start, beam_search, continuation, filter_logits, greedy, most_likely, sample
+from qkv.generation import (
+    _advance,
+    _start,
+    beam_search,
+    continuation,
+    filter_logits,
+    greedy,
+    int8_linears,
+    most_likely,
+    sample,
+)
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -547,6 +557,21 @@ def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
         half = copy.deepcopy(model).to(torch.bfloat16)
         assert greedy(half, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
         beams = beam_search(half, inputs, beam_size=3, max_new_tokens=8)
+        assert [h[0].tokens for h in beams] == [
+            h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
+        ]
+
+
+def test_int8_linears_decode_like_float32(copy_model, lm_model) -> None:
+    """A model with int8 linear layers (``--int8``) is a copy (the original keeps float32
+    weights) and decodes the trained models' clear-margin outputs as float32 does: greedy and
+    beam search, both families, with padding in the batch."""
+    for model, inputs in (copy_model, lm_model[:2]):
+        quantized = int8_linears(model)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert not any(type(m) is torch.nn.Linear for m in quantized.modules())  # every one replaced
+        assert greedy(quantized, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
+        beams = beam_search(quantized, inputs, beam_size=3, max_new_tokens=8)
         assert [h[0].tokens for h in beams] == [
             h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
         ]

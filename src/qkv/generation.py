@@ -13,6 +13,8 @@ in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never
 Inputs and outputs are lists of token-id lists; outputs hold the new tokens only, without
 BEGIN and END.
 
+:func:`int8_linears` prepares a model for faster CPU decoding (int8 weights).
+
 What is not here: tokenization, batching by tokens (callers), models.
 """
 
@@ -422,3 +424,26 @@ def beam_search(
         scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
         logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+
+
+def int8_linears(model: DecodingModel) -> DecodingModel:
+    """A copy of ``model`` whose ``nn.Linear`` layers hold int8 weights (one scale per output
+    channel) and quantize their inputs on the fly: PyTorch's dynamic quantization (its fbgemm
+    kernels), for decoding on CPUs. Embeddings, norms and attention arithmetic stay float32.
+
+    Decoding reads every weight once per step, so a quarter of the bytes is most of the gain at
+    small batches (bench/mt_speed.py). Outputs may differ slightly from float32: check with
+    ``qkv evaluate``. Inference only (the copy has no gradients).
+    """
+    import copy
+    import warnings
+
+    from torch import nn
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch.ao.quantization announces its move to torchao, which is not a dependency here;
+        # the API still ships and is what runs.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(copy.deepcopy(model).eval(), {nn.Linear: per_channel_dynamic_qconfig})
