@@ -12,7 +12,8 @@ the output layer at padding positions: the same loss and gradients, tested equal
 ``torch.nn.Transformer`` gets token embeddings, sinusoidal positions and an output layer.
 Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on both sides:
 Hugging Face ``min_new_tokens=32``; qkv's END id is unset), greedy at batch 1 and 32, beam 5
-at batch 8, KV cache on both; fp32, and both models again with bfloat16 weights. Reference
+at batch 8, KV cache on both; fp32, both models again with bfloat16 weights, and both with
+int8 linear layers (``generation.int8_linears``: PyTorch dynamic quantization). Reference
 ceilings from issue 3 (not re-measured here): CTranslate2 int8 at the base size 192 / 2,174 /
 532 tokens/s; Hugging Face fp32 78 / 960 / 218.
 """
@@ -34,7 +35,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.generation import beam_search, greedy  # noqa: E402
+from qkv.generation import beam_search, greedy, int8_linears  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
 from qkv.training import Trainer, seq2seq_loss  # noqa: E402
 
@@ -249,12 +250,16 @@ def main() -> int:
             # The same models with bfloat16 weights (qkv translate --bf16; HF: .to(torch.bfloat16)).
             ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
             theirs_bf16 = copy.deepcopy(theirs).to(torch.bfloat16)
+            # And with int8 linear layers (qkv translate --int8), the same quantization on both sides.
+            ours_int8, theirs_int8 = int8_linears(ours), int8_linears(theirs)
             for batch, beam in ((1, 1), (32, 1), (8, 5)):
                 repeats = 3 if batch == 1 else 2
                 a = decode_rate("qkv", ours, batch=batch, beam=beam, repeats=repeats)
                 b = decode_rate("marian", theirs, batch=batch, beam=beam, repeats=repeats)
                 a16 = decode_rate("qkv", ours_bf16, batch=batch, beam=beam, repeats=repeats)
                 b16 = decode_rate("marian", theirs_bf16, batch=batch, beam=beam, repeats=repeats)
+                a8 = decode_rate("qkv", ours_int8, batch=batch, beam=beam, repeats=repeats)
+                b8 = decode_rate("marian", theirs_int8, batch=batch, beam=beam, repeats=repeats)
                 what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
                 results.append(
                     {
@@ -266,12 +271,17 @@ def main() -> int:
                         "hf_bf16": round(b16),
                         "ratio_bf16_vs_hf_fp32": round(a16 / b, 2),
                         "ratio_bf16_vs_hf_bf16": round(a16 / b16, 2),
+                        "qkv_int8": round(a8),
+                        "hf_int8": round(b8),
+                        "ratio_int8_vs_hf_fp32": round(a8 / b, 2),
+                        "ratio_int8_vs_hf_int8": round(a8 / b8, 2),
                     }
                 )
                 print(
                     f"{what:<32} new tok/s fp32: qkv {a:7.0f} | HF generate {b:7.0f} | ratio {a / b:.2f}x   "
                     f"bf16 weights: qkv {a16:7.0f} | HF {b16:7.0f} | qkv bf16 / HF fp32 {a16 / b:.2f}x, "
-                    f"/ HF bf16 {a16 / b16:.2f}x",
+                    f"/ HF bf16 {a16 / b16:.2f}x   int8: qkv {a8:7.0f} | HF {b8:7.0f} | qkv int8 / HF fp32 "
+                    f"{a8 / b:.2f}x, / HF int8 {a8 / b8:.2f}x",
                     flush=True,
                 )
     print(json.dumps(results))
