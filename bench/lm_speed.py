@@ -8,7 +8,7 @@ Decoder-only, nanoGPT's Shakespeare size (6 layers, width 384, 6 heads, context 
 vocabulary 65, batch 64): training tokens/s (forward + backward + fused AdamW step, dropout
 0.2 as nanoGPT's recipe) in fp32 and bf16 autocast, and KV-cache generation tokens/s (one
 prompt token, 255 new tokens, greedy, batch 1 and 16; END disabled on both sides), fp32 and
-again with bfloat16 weights on both sides.
+again with bfloat16 weights on both sides, and qkv with int8 linear layers (against HF fp32).
 Encoder-only: inference sentences/s of the last hidden states, 4 layers, width 256, 4 heads,
 batch 32 x 128 tokens (lengths 64..128 with padding masks), fp32 and bf16 autocast.
 Both sides get the same architecture: GPT-2's (pre-norm, learned positions, tanh GELU, biases)
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.generation import greedy  # noqa: E402
+from qkv.generation import greedy, int8_linears  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
 from qkv.training import Trainer  # noqa: E402
@@ -199,6 +199,9 @@ def main() -> int:
         ours, theirs = qkv_gpt(0.0).eval(), hf_gpt(0.0).eval()
         # And both with bfloat16 weights (qkv generate --bf16; HF: .to(torch.bfloat16)).
         ours_bf16, theirs_bf16 = copy.deepcopy(ours).to(torch.bfloat16), copy.deepcopy(theirs).to(torch.bfloat16)
+        # qkv with int8 linear layers (qkv generate --int8). Not applied to HF: GPT-2's projections
+        # are Conv1D modules, which PyTorch's dynamic quantization leaves in fp32.
+        ours_int8 = int8_linears(ours)
         for batch in (1, 16):
             new = GPT["max_len"] - 1
             a = generate_rate("qkv", ours, batch=batch, new=new)
@@ -208,6 +211,8 @@ def main() -> int:
             b16 = generate_rate("hf", theirs_bf16, batch=batch, new=new)
             show(f"GPT generate bf16 weights batch {batch}", a16, b16, "tokens/s", "HF bf16 ")
             show(f"GPT generate qkv bf16 / HF fp32 batch {batch}", a16, b, "tokens/s", "HF fp32 ")
+            a8 = generate_rate("qkv", ours_int8, batch=batch, new=new)
+            show(f"GPT generate qkv int8 / HF fp32 batch {batch}", a8, b, "tokens/s", "HF fp32 ")
     if args.only in (None, "bert"):
         ours, theirs = bert_models()
         for bf16 in (False, True):
