@@ -310,7 +310,6 @@ def _load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
 
     from qkv.checkpoint import load_model, model_dir
     from qkv.generation import int8_linears
-    from qkv.tokenization import FILE
 
     path = str(model_dir(path))  # a training run: its final checkpoint
     model, meta = load_model(path)
@@ -322,22 +321,23 @@ def _load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
         model = model.to(torch.bfloat16)
     if int8:
         model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
-    if FILE not in meta.get("files", {}):
-        raise UserError(f"{path} has no {FILE}; generate needs a model saved with its tokenizer")
-    return model, _matching_vocabularies(path, model, files=meta["files"])
+    return model, _matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
 
 
-def _matching_tokenizer(path: str, model):
-    """The model directory's tokenizer, refused if it has ids the model has no embedding for."""
-    return _matching_vocabularies(path, model, files=()).source
+def _matching_tokenizer(path: str, model, *, files, use: str):
+    """The model directory's tokenizer (:func:`_matching_vocabularies`'s source side)."""
+    return _matching_vocabularies(path, model, files=files, use=use).source
 
 
-def _matching_vocabularies(path: str, model, *, files):
+def _matching_vocabularies(path: str, model, *, files, use: str):
     """The model directory's Vocabularies (separate when ``files``, its config.json's, list
-    target_tokenizer.json), refused if a tokenizer has ids the model has no embedding for."""
+    target_tokenizer.json); refused, naming ``use`` (what needs it), when it has no
+    tokenizer.json, and when a tokenizer has ids the model has no embedding for."""
     from qkv.checkpoint import model_dir
     from qkv.tokenization import FILE, TARGET_FILE, Vocabularies
 
+    if FILE not in files:
+        raise UserError(f"{path} has no {FILE}; {use} needs a model saved with its tokenizer")
     vocab = Vocabularies.load(model_dir(path), files=files)
     c = model.config
     if hasattr(c, "src_vocab_size"):
@@ -606,15 +606,12 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
     from qkv.checkpoint import load_model
     from qkv.data import read_labelled, resolve
     from qkv.evaluation import accuracy, macro_f1
-    from qkv.tokenization import FILE
 
     model, meta = load_model(path, kind="encoder_only")
     labels = meta.get("labels")
     if meta.get("task") != "classify" or not isinstance(labels, list):
         raise UserError(f"{path} is not a classify-task model (task {meta.get('task')}); --tsv scores a classifier")
-    if FILE not in meta["files"]:
-        raise UserError(f"{path} has no {FILE}; --tsv needs a model saved with its tokenizer")
-    tokenizer = _matching_tokenizer(path, model)
+    tokenizer = _matching_tokenizer(path, model, files=meta["files"], use="--tsv")
     file = resolve(tsv)
     examples = read_labelled(file)  # every line is an example, so its index is its line number
     if not examples:
@@ -645,14 +642,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from qkv.data import read_text, resolve
         from qkv.evaluation import lm_loss
         from qkv.lm import documents_of, split_documents, token_stream
-        from qkv.tokenization import FILE
 
         if args.model is None:
             raise UserError("--text needs --model DIR (a decoder-only model)")
         model, meta = load_model(args.model, kind="decoder_only")
-        if FILE not in meta["files"]:
-            raise UserError(f"{args.model} has no {FILE}")
-        tokenizer = _matching_tokenizer(args.model, model)
+        tokenizer = _matching_tokenizer(args.model, model, files=meta["files"], use="--text")
         # The stream as training built its validation stream: a model that read one document
         # per line (each ending with END) is scored the same way, so the loss is comparable.
         documents = documents_of(meta)
@@ -742,16 +736,13 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     from qkv.bert import sentence_embeddings
     from qkv.checkpoint import load_model
-    from qkv.tokenization import FILE
 
     suffix = Path(args.output).suffix
     if suffix not in (".npy", ".jsonl"):
         raise UserError(f"--output {args.output}: the name must end in .npy (NumPy float32) or .jsonl (JSON lines)")
     out = _Output(args.output)  # checks the directory before any work
     model, meta = load_model(args.model, kind="encoder_only")
-    if FILE not in meta["files"]:
-        raise UserError(f"{args.model} has no {FILE}; embed needs a model saved with its tokenizer")
-    tokenizer = _matching_tokenizer(args.model, model)
+    tokenizer = _matching_tokenizer(args.model, model, files=meta["files"], use="embed")
     lines = _read_lines(args.input)
     vectors, cut = sentence_embeddings(model, tokenizer, lines, batch_size=args.batch_size, normalize=args.normalize)
     if cut:
