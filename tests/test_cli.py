@@ -21,6 +21,7 @@ import torch
 from qkv.checkpoint import save_model
 from qkv.cli import main
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml")
 TINY = [
@@ -197,6 +198,10 @@ def test_model_without_tokenizer(capsys, tmp_path):
     save_model(model, tmp_path / "bare")
     assert_user_error(run(capsys, "generate", "--model", str(tmp_path / "bare"), "--prompt", "1"), "tokenizer.json")
     assert_user_error(run(capsys, "evaluate", "--model", str(tmp_path / "bare"), "--examples", "2"), "tokenizer.json")
+    # With a tokenizer but no task (saved without a recipe, or imported): not scored as numbers.
+    tokenizer = Tokenizer.train_char_level(["0123456"])  # 11 ids, as the model
+    save_model(model, tmp_path / "untasked", files=tokenizer.save(tmp_path / "tokenizer.json"))
+    assert_user_error(run(capsys, "evaluate", "--model", str(tmp_path / "untasked"), "--examples", "2"), "task None")
 
 
 def test_generate_invalid_utf8_input_names_file_and_line(capsys, trained, tmp_path):

@@ -678,11 +678,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(
                 f"{args.model} is a classify-task model; give --tsv FILE (text<TAB>label lines) to score it"
             )
-        # A model saved without a recipe (no task) is tried as a numbers model: loading it
-        # names what it lacks (its tokenizer, say).
-        if meta["kind"] != "encoder_decoder" or meta.get("task") not in (None, "numbers"):
-            raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']}, task {meta.get('task')})")
+        if meta["kind"] != "encoder_decoder":
+            raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']})")
+        # Loaded first, so a model that lacks its tokenizer is told so; then only the numbers
+        # task is scored (an imported or recipe-less model has no task and is refused).
         model, vocab = _load_for_generation(args.model)
+        if meta.get("task") != "numbers":
+            raise UserError(f"{args.model} is not a numbers-task model (task {meta.get('task')})")
         pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
         start = time.perf_counter()
         score, _ = evaluate_numbers(model, vocab, pairs=pairs, beam_size=args.beam)
