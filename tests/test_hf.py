@@ -896,3 +896,32 @@ def test_help_has_an_example(command: str, capsys) -> None:
         main([command, "--help"])
     out = capsys.readouterr().out
     assert exit_info.value.code == 0 and "example" in out and f"qkv {command}" in out
+
+
+def test_imported_classifier_is_scored_by_evaluate_tsv(tiny_bert: Path, tmp_path: Path, capsys) -> None:
+    """An imported BertForSequenceClassification has label names but no qkv task: `qkv evaluate
+    --tsv` scores it, with the accuracy and macro-F1 of the original model's own predictions."""
+    from qkv.evaluation import accuracy, macro_f1
+
+    config = json.loads((tiny_bert / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "neg", "1": "pos"}, {"neg": 0, "pos": 1}
+    (tiny_bert / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert main(["import-hf", str(tiny_bert), str(tmp_path / "qkv")]) == 0
+    generator = torch.Generator().manual_seed(3)
+    letters = "abcdefghijklmno"
+    texts = [" ".join(letters[i] for i in torch.randint(15, (5,), generator=generator)) for _ in range(31)]
+    gold = ["neg" if i % 3 else "pos" for i in range(31)]
+    lines = "".join(f"{t}\t{g}\n" for t, g in zip(texts, gold, strict=True))
+    (tmp_path / "eval.tsv").write_text(lines, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(tmp_path / "qkv"), "--tsv", str(tmp_path / "eval.tsv"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+
+    hf_tokenizer = BertTokenizer(str(tiny_bert / "vocab.txt"))
+    hf_model = BertForSequenceClassification.from_pretrained(tiny_bert).eval()
+    with torch.no_grad():
+        logits = hf_model(**hf_tokenizer(texts, return_tensors="pt", padding=True)).logits
+    predicted = [["neg", "pos"][i] for i in logits.argmax(-1).tolist()]
+    assert result["examples"] == 31
+    assert result["accuracy"] == round(accuracy(predicted, gold), 4)
+    assert result["macro_f1"] == round(macro_f1(predicted, gold), 4)

@@ -218,6 +218,15 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     )
     resumed = train_translation(load_recipe(RECIPE, tuning), tmp_path / "tuned", progress=False, resume=True)
     assert resumed["model"].config == tuned["model"].config
+    # A recipe that names no model field (the task's defaults are d_model 256, ...): all the
+    # pretrained model's; and it resumes so.
+    bare = [o for o in tuning if not o.startswith("model.")]
+    plain = train_translation(load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False)
+    assert plain["model"].config == pretrained.config
+    again = train_translation(
+        load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False, resume=True
+    )
+    assert again["model"].config == pretrained.config
     with pytest.raises(UserError, match=r"has model norm_first=False; the recipe says norm_first=True"):
         train_translation(
             load_recipe(RECIPE, [*tuning, "model.norm_first=true"]), tmp_path / "conflict", progress=False

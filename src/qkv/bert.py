@@ -11,7 +11,6 @@ What is not here: recipe loading and the shared runner pieces (``recipes.py``), 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,7 +40,7 @@ from qkv.generation import pad_rows
 from qkv.models.encoder_only import EncoderOnly, masked_mean
 from qkv.recipes import (
     ENCODER_HEAD_FIELDS,
-    check_fine_tuning,
+    fine_tuning_fields,
     fit_recipe,
     fit_summary,
     save_model_dir,
@@ -311,9 +310,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) ->
     pretrained = None
     if start_from is not None:
         pretrained, _ = load_model(start_from, kind="encoder_only")
-        check_fine_tuning(pretrained, recipe, start_from, may_differ=ENCODER_HEAD_FIELDS)
-        head = {k: v for k, v in recipe["model"].items() if k in ENCODER_HEAD_FIELDS}
-        fields = {**dataclasses.asdict(pretrained.config), **head}
+        fields = fine_tuning_fields(pretrained, recipe, start_from, may_differ=ENCODER_HEAD_FIELDS)
     model = build_model("encoder_only", {**fields, "n_classes": len(names), "mlm_head": False})
     if pretrained is not None:
         _load_encoder(model, pretrained, start_from)

@@ -609,8 +609,10 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
 
     model, meta = load_model(path, kind="encoder_only")
     labels = meta.get("labels")
-    if meta.get("task") != "classify" or not isinstance(labels, list):
-        raise UserError(f"{path} is not a classify-task model (task {meta.get('task')}); --tsv scores a classifier")
+    # A classifier is what has a class head and its label names: trained here (task classify)
+    # or imported (a BertForSequenceClassification keeps its id2label, but has no task).
+    if meta.get("task") not in (None, "classify") or not model.config.n_classes or not isinstance(labels, list):
+        raise UserError(f"{path} is not a classifier (task {meta.get('task')}, no class head); --tsv scores one")
     tokenizer = _matching_tokenizer(path, model, files=meta["files"], use="--tsv")
     file = resolve(tsv)
     examples = read_labelled(file)  # every line is an example, so its index is its line number
@@ -674,10 +676,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if args.examples > len(held_out_numbers()):
             raise UserError(f"--examples {args.examples}: only {len(held_out_numbers())} held-out numbers exist")
         meta = read_meta(model_dir(args.model))
-        if meta.get("task") == "classify":
-            raise UserError(
-                f"{args.model} is a classify-task model; give --tsv FILE (text<TAB>label lines) to score it"
-            )
+        if meta.get("task") == "classify" or meta.get("labels"):
+            raise UserError(f"{args.model} is a classifier; give --tsv FILE (text<TAB>label lines) to score it")
         if meta["kind"] != "encoder_decoder":
             raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']})")
         # Loaded first, so a model that lacks its tokenizer is told so; then only the numbers

@@ -6,7 +6,7 @@ pieces the task runners share: :func:`fit_recipe` (the training loop with a reci
 section), :func:`save_model_dir`, :func:`fit_summary`, :func:`seq2seq_model`,
 :func:`tokenizer_for` (a checkpoint's, a given or a newly trained vocabulary, with the SHA-256
 check), :func:`vocabularies_for` (the same for a translation model's source and target: joint or
-separate) and :func:`check_fine_tuning`.
+separate) and :func:`fine_tuning_fields`.
 
 What is not here: the runners themselves (``seq2seq.py``: numbers and translation; ``lm.py``:
 language modelling; ``bert.py``: masked-LM pretraining, classification, embeddings) and
@@ -16,6 +16,7 @@ argument parsing and printing (``cli.py``).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import tempfile
 from collections.abc import Callable, Iterable
@@ -168,7 +169,8 @@ TRANSLATION_DEFAULTS: dict = {
         "patience": None,  # stop after this many epochs without a better validation BLEU
         "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
         # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
-        # used; the model section must agree with it but for ENCODER_DECODER_TUNING_FIELDS
+        # used; the fields the model section names must agree with it, but for
+        # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
         "init": None,
         "tensorboard": True,
         "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
@@ -337,7 +339,9 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     """The task's defaults, then the YAML file (if any), then ``key=value`` overrides.
 
     Override values are read as YAML (``train.steps=7`` is an int). The task comes from
-    ``task=`` among the overrides, else the file, else "numbers".
+    ``task=`` among the overrides, else the file, else "numbers". With ``train.init`` (fine-tuning)
+    the model section holds only the fields the file or the overrides name: the rest are the
+    pretrained model's (:func:`fine_tuning_fields`).
     """
     data: dict = {}
     if path is not None:
@@ -360,6 +364,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     if task not in TASKS:
         raise UserError(f"{where}: unknown task {task!r}; known: {', '.join(TASKS)}")
     recipe = copy.deepcopy(DEFAULTS[task])
+    named: set[str] = set()  # the section.key pairs the file or the overrides set
     if path is not None:
         for section, value in data.items():
             if section not in recipe:
@@ -369,6 +374,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
                     raise UserError(f"{path}: section {section!r} must be a mapping")
                 for key, v in value.items():
                     _set(recipe, f"{section}.{key}", v, where=str(path))
+                    named.add(f"{section}.{key}")
             else:
                 recipe[section] = value
     for item in overrides:
@@ -380,7 +386,13 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         except yaml.YAMLError as e:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
+        named.add(key.strip())
     _check_values(recipe, where)
+    if recipe["train"].get("init") is not None:
+        # Fine-tuning takes the pretrained model's architecture: the model section keeps only the
+        # fields the recipe names (checked against the checkpoint's), not the task's defaults,
+        # which an imported model (post-norm, GELU, ...) rarely has.
+        recipe["model"] = {k: v for k, v in recipe["model"].items() if f"model.{k}" in named}
     if task == "lm":
         if recipe["data"]["tokenizer"] not in ("char", "subword"):
             raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
@@ -401,7 +413,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64}
     else:
         vocab = {"vocab_size": 64}
-    make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
+    make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **recipe["model"], **vocab})
     return recipe
 
 
@@ -660,10 +672,13 @@ def _same_tokenizer(given: Path, stored: Path, *, digest: str) -> bool:
     return same_settings and a.backend.to_str() == b.backend.to_str()
 
 
-def check_fine_tuning(
-    model: nn.Module, recipe: dict, init: Path, *, may_differ: tuple[str, ...] = ("dropout",)
-) -> None:
-    """A model to fine-tune must have the architecture the recipe names (``may_differ`` fields aside)."""
+def fine_tuning_fields(
+    model: nn.Module, recipe: dict, source: Path, *, may_differ: tuple[str, ...], use: str = "train.init"
+) -> dict:
+    """The config fields of a model that continues ``model`` (read from ``source``): its own,
+    but for the ``may_differ`` fields the recipe's model section names. Any other field the
+    section names must agree with ``model``'s: weights loaded into another architecture would
+    compute something else. ``use`` (``train.init`` or ``--resume``) begins the error."""
     differ = [
         key
         for key, value in recipe["model"].items()
@@ -672,7 +687,9 @@ def check_fine_tuning(
     if differ:
         has = ", ".join(f"{k}={getattr(model.config, k)}" for k in differ)
         wants = ", ".join(f"{k}={recipe['model'][k]}" for k in differ)
-        raise UserError(f"train.init: {init} has model {has}; the recipe says {wants}")
+        raise UserError(f"{use}: {source} has model {has}; the recipe says {wants}")
+    tuned = {k: v for k, v in recipe["model"].items() if k in may_differ}
+    return {**dataclasses.asdict(model.config), **tuned}
 
 
 def _check_encoder_data(recipe: dict, where: str) -> None:

@@ -16,7 +16,6 @@ algorithms (``generation.py``), run directories (``runs.py``).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 import sys
@@ -52,7 +51,7 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
     DEFAULTS,
     ENCODER_DECODER_TUNING_FIELDS,
-    check_fine_tuning,
+    fine_tuning_fields,
     fit_recipe,
     fit_summary,
     save_model_dir,
@@ -274,7 +273,12 @@ def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
     # (data.vocab: joint), so an older run resumes.
     saved = {
         **saved,
-        **{k: {**v, **saved.get(k, {})} for k, v in DEFAULTS["translation"].items() if isinstance(v, dict)},
+        **{
+            k: {**v, **saved.get(k, {})}
+            for k, v in DEFAULTS["translation"].items()
+            # a fine-tuned run's model section holds only what its recipe named (load_recipe)
+            if isinstance(v, dict) and not (k == "model" and saved.get("train", {}).get("init"))
+        },
     }
     differ = []
     for section, value in recipe.items():
@@ -348,21 +352,19 @@ def over_long_note(over_long: list[int], *, files: list[str], total: int, window
     )
 
 
-def _checkpoint_model(checkpoint: Path, recipe: dict) -> EncoderDecoder:
+def _checkpoint_model(checkpoint: Path, recipe: dict, *, use: str) -> EncoderDecoder:
     """A model with ``checkpoint``'s architecture and weights, but for the recipe's
-    ENCODER_DECODER_TUNING_FIELDS. The recipe's model section (defaults included) must agree
-    with the checkpoint: an imported model's norm_first, activation, positions ... are rarely the
-    recipe defaults, and weights loaded into another architecture would compute something else."""
+    ENCODER_DECODER_TUNING_FIELDS (:func:`~qkv.recipes.fine_tuning_fields`); ``use``
+    (train.init or --resume) begins its errors."""
     pretrained, _ = load_model(checkpoint, kind="encoder_decoder")
-    check_fine_tuning(pretrained, recipe, checkpoint, may_differ=ENCODER_DECODER_TUNING_FIELDS)
-    tuned = {k: v for k, v in recipe["model"].items() if k in ENCODER_DECODER_TUNING_FIELDS}
-    model = build_model("encoder_decoder", {**dataclasses.asdict(pretrained.config), **tuned})
+    fields = fine_tuning_fields(pretrained, recipe, checkpoint, may_differ=ENCODER_DECODER_TUNING_FIELDS, use=use)
+    model = build_model("encoder_decoder", fields)
     try:
         missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
     except RuntimeError as e:  # a shape mismatch
-        raise UserError(f"train.init: {checkpoint} does not fit its own config: {str(e).splitlines()[0]}") from None
+        raise UserError(f"{use}: {checkpoint} does not fit its own config: {str(e).splitlines()[0]}") from None
     if missing or unexpected:
-        raise UserError(f"train.init: {checkpoint} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise UserError(f"{use}: {checkpoint} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model
 
 
@@ -383,7 +385,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped; a run that had
     stopped (by a cap or patience the resumed recipe keeps) goes straight to choosing the final
     model. ``train.init`` fine-tunes a model directory: its tokenizers, its architecture (the
-    recipe's model section must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``) and weights.
+    fields the recipe's model section names must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``)
+    and weights.
     """
     run = Path(out)
     check_run_output(run, resume=resume)
@@ -408,7 +411,10 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     target = vocab.target  # its special ids are the model's (and the source tokenizer's)
     # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
     # the recipe's model section over the config defaults.
-    model = seq2seq_model(recipe, vocab) if start_from is None else _checkpoint_model(start_from, recipe)
+    if start_from is None:
+        model = seq2seq_model(recipe, vocab)
+    else:
+        model = _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
     window = model.config.max_len
     examples, over_long = _encode_pairs(vocab, pairs, window=window, long=data["long"])
     if not examples:
