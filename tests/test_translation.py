@@ -598,9 +598,10 @@ def test_over_long_pairs_are_named_by_line_before_training(tmp_path, capsys) -> 
     summary = train_translation(load_recipe(RECIPE, overrides), run, progress=False)
     err = capsys.readouterr().err
     train_note = next(line for line in err.splitlines() if "1.de + " in line)
-    assert f"{summary['over_long_pairs']} of 300 pairs are longer than the model's window (5 tokens)" in train_note
+    over_long = summary["over_long_pairs"]
+    assert f"{over_long['train']} of 300 pairs are longer than the model's window (5 tokens)" in train_note
     assert "dropped (data.long: drop)" in train_note
-    assert 0 < summary["over_long_pairs"] < 300 and summary["over_long_valid_pairs"] > 0
+    assert 0 < over_long["train"] < 300 and over_long["valid"] > 0
     # the first lines named are over-long, and no line before the first one named is
     named = [int(n) for n in train_note.split("lines ")[1].rstrip(", .").split(", ") if n.isdigit()]
     sources = Path(tmp_path / "1.de").read_text().splitlines()
@@ -613,7 +614,7 @@ def test_over_long_pairs_are_named_by_line_before_training(tmp_path, capsys) -> 
     assert named and all(over(i) for i in named)
     assert not any(over(i) for i in range(1, named[0]))
     meta = json.loads((run / "run.json").read_text())
-    assert meta["over_long_pairs"] == {"train": summary["over_long_pairs"], "valid": summary["over_long_valid_pairs"]}
+    assert meta["over_long_pairs"] == over_long
 
 
 def test_resume_refuses_changed_data_files(tmp_path) -> None:

@@ -245,13 +245,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     elif recipe["task"] == "translation":
         summary = train_translation(recipe, out, progress=not args.quiet, resume=args.resume)
         keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by")
-        keys += ("over_long_pairs", "over_long_valid_pairs")
+        keys += ("over_long_pairs",)
         score = {k: summary[k] for k in keys}
         said = (
             f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}) "
             f"of the {summary['final']} checkpoint after {summary['epochs']} epochs (stopped by "
-            f"{summary['stopped_by']}); over-long training pairs ({recipe['data']['long']}): "
-            f"{summary['over_long_pairs']}"
+            f"{summary['stopped_by']}); over-long pairs: {summary['over_long_pairs']['train']} in training "
+            f"(data.long: {recipe['data']['long']}), {summary['over_long_pairs']['valid']} in validation (truncated)"
         )
     elif recipe["task"] == "mlm":
         summary = train_mlm(recipe, out, progress=not args.quiet)

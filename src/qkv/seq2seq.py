@@ -657,8 +657,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         "stopped_by": stop,
         "history": state["history"],
         "vocabulary": vocabulary,
-        "over_long_pairs": len(over_long),
-        "over_long_valid_pairs": len(valid_over_long),
+        "over_long_pairs": {"train": len(over_long), "valid": len(valid_over_long)},  # as in run.json
         "eval_seconds": scores["seconds"],
         **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
         "hypotheses": scores["hypotheses"],
