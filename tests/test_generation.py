@@ -19,6 +19,7 @@ from qkv.generation import (
     beam_search,
     continuation,
     filter_logits,
+    for_decoding,
     greedy,
     int8_linears,
     most_likely,
@@ -606,3 +607,28 @@ def test_decoding_without_masks_equals_all_true_masks(positions: str, attention:
         position = torch.full((1,), prompt.shape[1] + step)  # (1,)
         plain = lm.decode(tokens, positions=position, cache=plain.cache)
         masked = lm.decode(tokens, key_mask=valid, positions=position, cache=masked.cache)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int | None) -> None:
+    """for_decoding stacks Wq, Wk, Wv into one product: every step's logits equal the separate
+    projections' (cached, with left padding), for both families and grouped-query attention; the
+    original model keeps its three projections; a fused attention refuses a context."""
+    overrides = {"n_kv_heads": n_kv_heads}
+    prompts = _random_rows([3, 5, 1], V, seed=7)
+    for model in (make_ed(positions, seed=3, **overrides), make_do(positions, seed=4, **overrides)):
+        fast = for_decoding(model)
+        assert hasattr(model.decoder.blocks[0].self_attn, "w_q") and model.decoder.blocks[0].self_attn.w_qkv is None
+        assert all(not hasattr(b.self_attn, "w_q") for b in fast.decoder.blocks)
+        (a, state_a), (b, state_b) = _start(model, prompts), _start(fast, prompts)  # (N, V) each
+        for _ in range(6):
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+            tokens = a.argmax(-1)  # (N,)
+            (a, state_a), (b, state_b) = _advance(model, state_a, tokens), _advance(fast, state_b, tokens)
+        assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
+        beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
+        assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
+    attention = fast.decoder.blocks[0].self_attn
+    with pytest.raises(ValueError, match="fused for self-attention"):
+        attention(torch.zeros(1, 2, attention.w_o.out_features), context=torch.zeros(1, 3, attention.w_o.out_features))

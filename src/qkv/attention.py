@@ -279,6 +279,23 @@ class MultiHeadAttention(nn.Module):
         self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.w_qkv: nn.Linear | None = None  # [Wq; Wk; Wv] stacked, after fuse_qkv (decoding)
+
+    def fuse_qkv(self) -> None:
+        """Stack Wq, Wk and Wv into one projection ``w_qkv`` (they are removed): self-attention
+        then takes one matrix product per call instead of three. Decoding a token at a time is
+        bound by per-call overhead, not arithmetic, so this is a decoding fast path; outputs are
+        the same up to float rounding. Self-attention only: a fused module refuses a context.
+        """
+        parts = (self.w_q, self.w_k, self.w_v)
+        fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
+        fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))  # ((H + 2G)·K, D)
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias for p in parts]))  # ((H + 2G)·K,)
+        del self.w_q, self.w_k, self.w_v
+        self.w_qkv = fused
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
@@ -311,13 +328,22 @@ class MultiHeadAttention(nn.Module):
             returns: output (B, T, D), new cache (two (B, G, S, K)), and the weights
             (B, H, T, S) when ``need_weights`` (else None).
         """
-        q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
+        if self.w_qkv is not None:
+            if context is not None:
+                raise ValueError("this attention's projections are fused for self-attention; it takes no context")
+            width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+            q, k, v = self.w_qkv(x).split([width, kv_width, kv_width], dim=-1)  # (B, T, H*K), 2 x (B, T, G*K)
+            q = self._split(q, self.n_heads)  # (B, H, T, K)
+        else:
+            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
         if context is not None and cache is not None:
             k, v = cache  # (B, G, S, K) each: cross-attention keys computed earlier
         else:
-            source = x if context is None else context
-            k = self._split(self.w_k(source), self.n_kv_heads)  # (B, G, S_new, K)
-            v = self._split(self.w_v(source), self.n_kv_heads)  # (B, G, S_new, K)
+            if self.w_qkv is None:
+                source = x if context is None else context
+                k, v = self.w_k(source), self.w_v(source)  # (B, S_new, G*K) each
+            k = self._split(k, self.n_kv_heads)  # (B, G, S_new, K)
+            v = self._split(v, self.n_kv_heads)  # (B, G, S_new, K)
             if self.rope and context is None:
                 assert positions is not None, "RoPE needs the positions of x"
                 k = rope_rotate(k, positions)

@@ -13,7 +13,8 @@ in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never
 Inputs and outputs are lists of token-id lists; outputs hold the new tokens only, without
 BEGIN and END.
 
-:func:`int8_linears` prepares a model for faster CPU decoding (int8 weights).
+:func:`for_decoding` prepares a model for faster decoding (stacked self-attention
+projections), :func:`int8_linears` for faster CPU decoding (int8 weights).
 
 What is not here: tokenization, batching by tokens (callers), models.
 """
@@ -424,6 +425,23 @@ def beam_search(
         scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
         logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+
+
+def for_decoding(model: DecodingModel) -> DecodingModel:
+    """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
+    with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
+    saves two calls per layer per token. Same outputs up to float rounding (tested equal);
+    the copy cannot be trained or saved in qkv's layout. ``model`` is not changed.
+    """
+    import copy
+
+    from qkv.blocks import DecoderBlock, EncoderBlock
+
+    fast = copy.deepcopy(model).eval()
+    for module in fast.modules():
+        if isinstance(module, DecoderBlock | EncoderBlock):
+            module.self_attn.fuse_qkv()
+    return fast
 
 
 def int8_linears(model: DecodingModel) -> DecodingModel:
