@@ -135,7 +135,8 @@ def main() -> int:
     goal = anchor if target is None else f"target >= {target}; published {anchor}"
     print(
         f"{args.direction}: qkv {headline} BLEU ({goal}){verdict} | "
-        f"sacreBLEU {detok['bleu']} chrF {detok['chrf']} | training {result['train_seconds'] / 60:.1f} min, "
+        f"{'sacreBLEU' if bleu_tok != 'none' else 'BLEU on the tokenized text'} {detok['bleu']} "
+        f"chrF {detok['chrf']} | training {result['train_seconds'] / 60:.1f} min, "
         f"{result['tokens_per_second']} target tokens/s | whole command {result['wall_seconds'] / 60:.1f} min"
     )
     return 0

@@ -86,6 +86,17 @@ def test_round_trip_is_bit_identical(case: str, tmp_path: Path) -> None:
         assert name == name2 and torch.equal(p, p2)
 
 
+def test_a_decoding_copy_is_not_saved(tmp_path: Path) -> None:
+    """generation.for_decoding stacks the self-attention projections: that layout is refused,
+    and nothing is written."""
+    from qkv.generation import for_decoding
+
+    model = make("decoder_only")
+    with pytest.raises(ValueError, match="prepared for decoding"):
+        save_model(for_decoding(model), tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
 def test_ties_survive_loading(tmp_path: Path) -> None:
     """A shared/tied model is stored with its shared tensor once and loads with the ties intact."""
     model = make("encoder_decoder", **CASES["encoder_decoder_shared_tied"])

@@ -629,6 +629,9 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
         assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
         beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
         assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
+    assert for_decoding(fast).state_dict().keys() == fast.state_dict().keys()  # fusing twice: as once
+    with pytest.raises(ValueError, match="fuse before quantizing"):
+        for_decoding(int8_linears(model))
     attention = fast.decoder.blocks[0].self_attn
     with pytest.raises(ValueError, match="fused for self-attention"):
         attention(torch.zeros(1, 2, attention.w_o.out_features), context=torch.zeros(1, 3, attention.w_o.out_features))

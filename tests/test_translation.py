@@ -22,7 +22,7 @@ from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
 from qkv.cli import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
-from qkv.recipes import load_recipe
+from qkv.recipes import DEFAULTS, load_recipe
 from qkv.seq2seq import _encode_pairs, beam_translate, source_ids, train_translation, translate
 from qkv.tokenization import Tokenizer, Vocabularies
 
@@ -218,15 +218,24 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     )
     resumed = train_translation(load_recipe(RECIPE, tuning), tmp_path / "tuned", progress=False, resume=True)
     assert resumed["model"].config == tuned["model"].config
-    # A recipe that names no model field (the task's defaults are d_model 256, ...): all the
-    # pretrained model's; and it resumes so.
+    # A recipe that names no model field (the task's defaults are d_model 256, ...): the
+    # pretrained model's architecture, the task's dropout; and it resumes so.
     bare = [o for o in tuning if not o.startswith("model.")]
     plain = train_translation(load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False)
-    assert plain["model"].config == pretrained.config
+    expected = dataclasses.replace(pretrained.config, dropout=DEFAULTS["translation"]["model"]["dropout"])
+    assert plain["model"].config == expected
     again = train_translation(
         load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False, resume=True
     )
-    assert again["model"].config == pretrained.config
+    assert again["model"].config == expected
+    # A field named alone is not checked against the defaults' other fields (d_model 256 with
+    # n_heads 5), only against the checkpoint's; an unknown field is refused at once.
+    with pytest.raises(UserError, match=r"has model n_heads=3; the recipe says n_heads=5"):
+        train_translation(
+            load_recipe(None, ["task=translation", *bare, "model.n_heads=5"]), tmp_path / "five", progress=False
+        )
+    with pytest.raises(UserError, match=r"unknown model field\(s\) heads"):
+        load_recipe(None, ["task=translation", *bare, "model.heads=5"])
     with pytest.raises(UserError, match=r"has model norm_first=False; the recipe says norm_first=True"):
         train_translation(
             load_recipe(RECIPE, [*tuning, "model.norm_first=true"]), tmp_path / "conflict", progress=False

@@ -287,13 +287,17 @@ class MultiHeadAttention(nn.Module):
         bound by per-call overhead, not arithmetic, so this is a decoding fast path; outputs are
         the same up to float rounding. Self-attention only: a fused module refuses a context.
         """
+        if self.w_qkv is not None:
+            return  # fused already
         parts = (self.w_q, self.w_k, self.w_v)
+        if not all(type(p) is nn.Linear for p in parts):
+            raise ValueError("fuse_qkv needs float nn.Linear projections: fuse before quantizing (int8_linears)")
         fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
         fused = fused.to(device=parts[0].weight.device, dtype=parts[0].weight.dtype)
         with torch.no_grad():
-            fused.weight.copy_(torch.cat([p.weight for p in parts]))  # ((H + 2G)·K, D)
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))  # ((H + 2G) * K, D)
             if fused.bias is not None:
-                fused.bias.copy_(torch.cat([p.bias for p in parts]))  # ((H + 2G)·K,)
+                fused.bias.copy_(torch.cat([p.bias for p in parts]))  # ((H + 2G) * K,)
         del self.w_q, self.w_k, self.w_v
         self.w_qkv = fused
 

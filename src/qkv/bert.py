@@ -291,8 +291,8 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) ->
     (optionally read together with the previous utterance, ``data.context``), or the lines of
     a ``text<TAB>label`` file. From scratch (a vocabulary trained on the training texts, or
     ``data.tokenizer``), or from a pretrained model (``train.init``: its encoder weights and
-    its tokenizer; a different ``data.tokenizer`` is refused; the recipe must name its
-    architecture, but for ``ENCODER_HEAD_FIELDS``). Every step takes ``batch_size`` random
+    its tokenizer and architecture; a different ``data.tokenizer`` is refused; a model field
+    the recipe names must agree, but for ``ENCODER_HEAD_FIELDS``). Every step takes ``batch_size`` random
     examples (the reported tokens are examples). At the end: accuracy and macro-F1 on the
     validation split, beside the majority class of the training labels. The label names are
     saved in config.json ("labels"), in class-id order.

@@ -309,12 +309,13 @@ def _load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
     import torch
 
     from qkv.checkpoint import load_model, model_dir
-    from qkv.generation import int8_linears
+    from qkv.generation import for_decoding, int8_linears
 
     path = str(model_dir(path))  # a training run: its final checkpoint
     model, meta = load_model(path)
     if meta["kind"] == "encoder_only":
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")
+    model = for_decoding(model)  # one stacked Q/K/V product per self-attention (tested equal)
     if bf16:
         # Half the bytes per weight: batched decoding reads every weight once per step, and
         # the CPU's bf16 matmul units (AVX512-BF16, AMX) do the rest (bench/mt_speed.py).
@@ -606,9 +607,10 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
     from qkv.checkpoint import load_model
     from qkv.data import read_labelled, resolve
     from qkv.evaluation import accuracy, macro_f1
+    from qkv.hf import classifier_labels
 
     model, meta = load_model(path, kind="encoder_only")
-    labels = meta.get("labels")
+    labels = classifier_labels(Path(path), meta, model.config.n_classes)  # an older import's hf.id2label too
     # A classifier is what has a class head and its label names: trained here (task classify)
     # or imported (a BertForSequenceClassification keeps its id2label, but has no task).
     if meta.get("task") not in (None, "classify") or not model.config.n_classes or not isinstance(labels, list):

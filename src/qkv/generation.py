@@ -431,7 +431,8 @@ def for_decoding(model: DecodingModel) -> DecodingModel:
     """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
     with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
     saves two calls per layer per token. Same outputs up to float rounding (tested equal);
-    the copy cannot be trained or saved in qkv's layout. ``model`` is not changed.
+    the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
+    it before :func:`int8_linears`, which quantizes the stacked projection like any other.
     """
     import copy
 

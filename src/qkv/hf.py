@@ -1286,7 +1286,7 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
     config = model.config
     state = model.state_dict()
     if isinstance(config, EncoderOnlyConfig):
-        hf_config = bert_config(config, _meta_labels(src, meta, config.n_classes))
+        hf_config = bert_config(config, classifier_labels(src, meta, config.n_classes))
         tensors = qkv_to_bert(state, config)
     elif isinstance(config, DecoderOnlyConfig):
         hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
@@ -1325,7 +1325,7 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
     }
 
 
-def _meta_labels(src: Path, meta: dict, n_classes: int) -> list[str] | None:
+def classifier_labels(src: Path, meta: dict, n_classes: int) -> list[str] | None:
     """A classifier's class names from its config.json: ``labels`` (qkv's classifiers and
     imports), else an older import's ``hf.id2label``; None when it has neither."""
     if not n_classes:

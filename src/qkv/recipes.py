@@ -205,8 +205,8 @@ TRANSLATION_DEFAULTS: dict = {
 # Encoder-only models (BERT) on sentences: masked-LM pretraining (mlm) and sequence
 # classification (classify), on DailyDialog by default (its utterances; its dialog acts).
 # Sized to train in about 10-20 minutes each on 2 CPU cores. A classifier fine-tuned from a
-# pretrained model (train.init) must name the same architecture; the fields of
-# ENCODER_HEAD_FIELDS may differ.
+# pretrained model (train.init) takes its architecture (a field the recipe names must agree);
+# the fields of ENCODER_HEAD_FIELDS may differ.
 ENCODER_MODEL: dict = {
     "d_model": 256,
     "n_heads": 4,
@@ -340,8 +340,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
 
     Override values are read as YAML (``train.steps=7`` is an int). The task comes from
     ``task=`` among the overrides, else the file, else "numbers". With ``train.init`` (fine-tuning)
-    the model section holds only the fields the file or the overrides name: the rest are the
-    pretrained model's (:func:`fine_tuning_fields`).
+    the model section holds only the fields the file or the overrides name and the task's tuning
+    fields: the rest are the pretrained model's (:func:`fine_tuning_fields`).
     """
     data: dict = {}
     if path is not None:
@@ -388,11 +388,14 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         _set(recipe, key.strip(), value, where=f"--set {item}")
         named.add(key.strip())
     _check_values(recipe, where)
-    if recipe["train"].get("init") is not None:
-        # Fine-tuning takes the pretrained model's architecture: the model section keeps only the
-        # fields the recipe names (checked against the checkpoint's), not the task's defaults,
-        # which an imported model (post-norm, GELU, ...) rarely has.
-        recipe["model"] = {k: v for k, v in recipe["model"].items() if f"model.{k}" in named}
+    fine_tuning = recipe["train"].get("init") is not None
+    if fine_tuning:
+        # Fine-tuning takes the pretrained model's architecture: the model section keeps the
+        # fields the recipe names (checked against the checkpoint's) and the task's tuning
+        # fields (dropout, a classifier's head: the recipe's to choose), not the architecture
+        # defaults, which an imported model (post-norm, GELU, ...) rarely has.
+        tuning = ENCODER_HEAD_FIELDS if task == "classify" else ENCODER_DECODER_TUNING_FIELDS
+        recipe["model"] = {k: v for k, v in recipe["model"].items() if f"model.{k}" in named or k in tuning}
     if task == "lm":
         if recipe["data"]["tokenizer"] not in ("char", "subword"):
             raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
@@ -413,7 +416,16 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64}
     else:
         vocab = {"vocab_size": 64}
-    make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **recipe["model"], **vocab})
+    if not fine_tuning:
+        make_config(MODEL_KINDS[task], {**recipe["model"], **vocab})
+    else:
+        # Only the names now: how the fields go together (d_model and n_heads ...) is checked
+        # with the pretrained model's own at the start of training (fine_tuning_fields).
+        defaults = make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **vocab})
+        known = {f.name for f in dataclasses.fields(defaults)}
+        unknown = sorted(set(recipe["model"]) - known)
+        if unknown:
+            raise UserError(f"{where}: unknown model field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return recipe
 
 
