@@ -30,7 +30,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.generation import greedy, int8_linears  # noqa: E402
+from qkv.generation import for_decoding, greedy, int8_linears  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
 from qkv.training import Trainer  # noqa: E402
@@ -196,7 +196,8 @@ def main() -> int:
             b = train_rate("hf", hf_gpt(0.2), bf16=bf16, steps=args.steps)
             show(f"GPT train {'bf16' if bf16 else 'fp32'} (B64 x T256)", a, b, "tokens/s", "HF GPT2LMHeadModel")
     if args.only in (None, "generate"):
-        ours, theirs = qkv_gpt(0.0).eval(), hf_gpt(0.0).eval()
+        # As qkv generate decodes: a decoding copy with one stacked Q/K/V product per self-attention.
+        ours, theirs = for_decoding(qkv_gpt(0.0).eval()), hf_gpt(0.0).eval()
         # And both with bfloat16 weights (qkv generate --bf16; HF: .to(torch.bfloat16)).
         ours_bf16, theirs_bf16 = copy.deepcopy(ours).to(torch.bfloat16), copy.deepcopy(theirs).to(torch.bfloat16)
         # qkv with int8 linear layers (qkv generate --int8). Not applied to HF: GPT-2's projections

@@ -35,7 +35,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.generation import beam_search, greedy, int8_linears  # noqa: E402
+from qkv.generation import beam_search, for_decoding, greedy, int8_linears  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
 from qkv.training import Trainer, seq2seq_loss  # noqa: E402
 
@@ -246,6 +246,8 @@ def main() -> int:
             ours = qkv_model(size, dropout=0.0).eval()
             # Forced length: with no END id the search never stops early (generation.py treats None as "no END").
             object.__setattr__(ours.config, "eos_id", None)
+            # As qkv translate decodes: a decoding copy with one stacked Q/K/V product per self-attention.
+            ours = for_decoding(ours)
             theirs = marian_model(size, dropout=0.0).eval()
             # The same models with bfloat16 weights (qkv translate --bf16; HF: .to(torch.bfloat16)).
             ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
