@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from qkv.attention import (
+    KVBuffer,
     MultiHeadAttention,
     alibi_bias,
     alibi_slopes,
@@ -331,6 +332,31 @@ def test_mha_self_attention_cache_equals_full() -> None:
         steps.append(out)
     assert cache[0].shape == (B, 3, T, 6)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_kv_buffer_equals_concatenated_cache(n_kv_heads: int | None) -> None:
+    """A preallocated KVBuffer, written in place, gives the outputs and keys/values of the
+    concatenating cache at every step (RoPE, grouped-query); appending twice to one buffer
+    state, or past its capacity, is refused."""
+    torch.manual_seed(13)
+    mha = MultiHeadAttention(18, 3, n_kv_heads=n_kv_heads, rope=True).eval()
+    x = torch.randn(B, T, 18)
+    _, tuple_cache, _ = mha(x[:, :2], mask=causal_mask(2, 2), positions=torch.arange(2))
+    buffer = KVBuffer.holding(tuple_cache, capacity=T)
+    for i in range(2, T):
+        step = {"mask": causal_mask(1, i + 1), "positions": torch.tensor([i])}
+        a, tuple_cache, _ = mha(x[:, i : i + 1], cache=tuple_cache, **step)
+        previous = buffer
+        b, buffer, _ = mha(x[:, i : i + 1], cache=buffer, **step)
+        assert torch.equal(a, b)
+        assert buffer.length == i + 1
+        assert torch.equal(buffer.k[:, :, : i + 1], tuple_cache[0])
+        assert torch.equal(buffer.v[:, :, : i + 1], tuple_cache[1])
+    with pytest.raises(RuntimeError, match="appended to already"):
+        mha(x[:, :1], cache=previous, mask=causal_mask(1, T), positions=torch.tensor([T - 1]))
+    with pytest.raises(ValueError, match="KV buffer full"):
+        mha(x[:, :1], cache=buffer, mask=causal_mask(1, T + 1), positions=torch.tensor([T]))
 
 
 def test_mha_rejects_bad_shapes() -> None:

@@ -13,8 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from qkv.attention import KVBuffer
+from qkv.blocks import cache_length
 from qkv.generation import (
     _advance,
+    _growable,
     _start,
     beam_search,
     continuation,
@@ -607,6 +610,27 @@ def test_decoding_without_masks_equals_all_true_masks(positions: str, attention:
         position = torch.full((1,), prompt.shape[1] + step)  # (1,)
         plain = lm.decode(tokens, positions=position, cache=plain.cache)
         masked = lm.decode(tokens, key_mask=valid, positions=position, cache=masked.cache)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])
+def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
+    """stream's preallocated self-attention caches (KVBuffer, written in place) give every
+    step's logits of the concatenating caches, for both families with left-padded prompts,
+    and hold exactly the positions seen."""
+    prompts = _random_rows([3, 5, 1], V, seed=8)
+    for model in (make_ed(positions, seed=5), make_do(positions, seed=6)):
+        with torch.no_grad():
+            a, state_a = _start(model, prompts)  # (N, V)
+            state_b = _growable(state_a, room=6)
+            b = a
+            for _ in range(6):
+                torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+                tokens = a.argmax(-1)  # (N,)
+                (a, state_a), (b, state_b) = _advance(model, state_a, tokens), _advance(model, state_b, tokens)
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+        self_kv = state_b.cache[0][0]
+        assert isinstance(self_kv, KVBuffer) and self_kv.length == state_a.cache[0][0][0].shape[2]
+        assert cache_length(state_b.cache) == cache_length(state_a.cache)
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])

@@ -28,6 +28,7 @@ The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,57 @@ NORMALIZATIONS = ("softmax", "sigmoid")
 
 # A cache of one attention layer: keys and values of the positions seen so far,
 # each (B, G, S, K). Passed in and returned explicitly; never stored on the module.
+# A self-attention cache may instead be a KVBuffer (below), which grows in place.
 KVCache = tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True)
+class KVBuffer:
+    """A self-attention KV cache with room to grow: new keys and values are written in place.
+
+    Appending to a ``(k, v)`` tuple concatenates, which copies the whole cache every step;
+    decoding a token at a time is bound by such per-step work, so a decoding loop that never
+    branches (``generation.stream``) preallocates its caches once with :meth:`holding`. An
+    append writes positions ``length..`` of the buffers and returns a new ``KVBuffer`` over the
+    same buffers. The old one still reads its own positions, but appending to it again would
+    overwrite the new one's: that is refused (``filled`` is shared by every KVBuffer of one
+    buffer). Beam search reorders rows every step and keeps tuples.
+
+    Shapes:
+        k, v: (B, G, C, K) with capacity C; the first ``length`` positions are filled.
+    """
+
+    k: Tensor
+    v: Tensor
+    length: int
+    filled: list[int]  # one shared cell: how many positions of the buffers are written
+
+    @staticmethod
+    def holding(cache: KVCache, *, capacity: int) -> KVBuffer:
+        """A buffer of ``capacity`` positions holding ``cache``'s keys and values."""
+        k, v = cache  # (B, G, S, K) each
+        b, g, s, d = k.shape
+        if capacity < s:
+            raise ValueError(f"capacity {capacity} is below the cache's {s} positions")
+        buf_k = k.new_empty(b, g, capacity, d)  # (B, G, C, K)
+        buf_v = v.new_empty(b, g, capacity, v.shape[-1])  # (B, G, C, K)
+        buf_k[:, :, :s] = k
+        buf_v[:, :, :s] = v
+        return KVBuffer(buf_k, buf_v, s, [s])
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVBuffer]:
+        """Write ``k``, ``v`` (B, G, T, K) after the filled positions; return all keys and
+        values so far (views, (B, G, length + T, K)) and the grown buffer."""
+        if self.filled[0] != self.length:
+            raise RuntimeError("this KV buffer was appended to already: continue from the KVBuffer that returned")
+        end = self.length + k.shape[2]
+        if end > self.k.shape[2]:
+            raise ValueError(f"KV buffer full: {end} positions needed, capacity {self.k.shape[2]}")
+        self.k[:, :, self.length : end] = k  # (B, G, T, K) written in place
+        self.v[:, :, self.length : end] = v  # (B, G, T, K) written in place
+        self.filled[0] = end
+        grown = KVBuffer(self.k, self.v, end, self.filled)
+        return self.k[:, :, :end], self.v[:, :, :end], grown  # (B, G, S, K) views
 
 
 # --------------------------------------------------------------------------- masks
@@ -313,9 +364,9 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         bias: Tensor | None = None,
         positions: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | KVBuffer | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, KVCache, Tensor | None]:
+    ) -> tuple[Tensor, KVCache | KVBuffer, Tensor | None]:
         """Attend from ``x`` to itself (plus the cache) or to ``context``.
 
         For self-attention, ``cache`` holds the keys/values of earlier positions and the
@@ -328,7 +379,7 @@ class MultiHeadAttention(nn.Module):
             mask: bool, broadcastable to (B, H, T, S) where S counts cached keys too.
             bias: float, broadcastable to (B, H, T, S) (ALiBi).
             positions: (B, T) or (T,) positions of x, used by RoPE.
-            cache: two (B, G, S_past, K) tensors.
+            cache: two (B, G, S_past, K) tensors, or a :class:`KVBuffer` (self-attention).
             returns: output (B, T, D), new cache (two (B, G, S, K)), and the weights
             (B, H, T, S) when ``need_weights`` (else None).
         """
@@ -340,6 +391,7 @@ class MultiHeadAttention(nn.Module):
             q = self._split(q, self.n_heads)  # (B, H, T, K)
         else:
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
+        new_cache: KVCache | KVBuffer | None = None
         if context is not None and cache is not None:
             k, v = cache  # (B, G, S, K) each: cross-attention keys computed earlier
         else:
@@ -351,12 +403,15 @@ class MultiHeadAttention(nn.Module):
             if self.rope and context is None:
                 assert positions is not None, "RoPE needs the positions of x"
                 k = rope_rotate(k, positions)
-            if context is None and cache is not None:
+            if isinstance(cache, KVBuffer):
+                k, v, new_cache = cache.append(k, v)  # (B, G, S, K) each, written in place
+            elif context is None and cache is not None:
                 k = torch.cat([cache[0], k], dim=2)  # (B, G, S, K)
                 v = torch.cat([cache[1], v], dim=2)  # (B, G, S, K)
         if self.rope and context is None:
             q = rope_rotate(q, positions)
-        new_cache = (k, v)
+        if new_cache is None:
+            new_cache = (k, v)
         if self.n_kv_heads != self.n_heads:
             repeat = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(repeat, dim=1)  # (B, H, S, K)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from qkv.attention import (
     NORMALIZATIONS,
+    KVBuffer,
     KVCache,
     MultiHeadAttention,
     alibi_bias,
@@ -33,7 +34,7 @@ from qkv.layers import ACTIVATIONS, NORMS, POSITIONS, FeedForward, make_norm
 # The cache of one decoder block: self-attention keys/values (grow each step) and
 # cross-attention keys/values (computed once from the encoder output; None without
 # cross-attention).
-BlockCache = tuple[KVCache, KVCache | None]
+BlockCache = tuple[KVCache | KVBuffer, KVCache | None]
 
 
 class DecoderOutput(NamedTuple):
@@ -238,7 +239,10 @@ class DecoderBlock(nn.Module):
 
 def cache_length(cache: list[BlockCache] | None) -> int:
     """Number of positions already held in a decoder stack's self-attention cache."""
-    return 0 if not cache else cache[0][0][0].shape[2]
+    if not cache:
+        return 0
+    self_kv = cache[0][0]
+    return self_kv.length if isinstance(self_kv, KVBuffer) else self_kv[0].shape[2]
 
 
 class EncoderStack(nn.Module):

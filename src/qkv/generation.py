@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from qkv.attention import KVBuffer
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 
@@ -138,6 +139,16 @@ def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tenso
     return out.logits[:, -1], replace(state, cache=out.cache, key_mask=key_mask, next_position=state.next_position + 1)
 
 
+def _growable(state: _State, *, room: int) -> _State:
+    """The same state with every self-attention cache preallocated (:class:`KVBuffer`) with
+    ``room`` more positions, so steps write keys and values in place instead of concatenating.
+    Only for loops that never branch or reorder rows (:func:`stream`)."""
+    cache = [
+        (KVBuffer.holding(self_kv, capacity=self_kv[0].shape[2] + room), cross_kv) for self_kv, cross_kv in state.cache
+    ]
+    return replace(state, cache=cache)
+
+
 def _map(obj, fn: Callable[[Tensor], Tensor]):
     """Apply ``fn`` to every tensor in nested lists/tuples (the cache)."""
     if isinstance(obj, Tensor):
@@ -191,6 +202,7 @@ def stream(
     eos = _eos(model)
     caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
     logits, state = _start(model, inputs)  # (B, V)
+    state = _growable(state, room=max(caps))
     cap = torch.tensor(caps, device=logits.device)  # (B,)
     finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
     for step in range(max(caps)):
