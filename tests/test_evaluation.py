@@ -65,3 +65,16 @@ def test_chinese_tokenizer():
 def test_corpus_scores_mismatched_lengths():
     with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
         corpus_scores(REFS[:1], REFS)
+
+
+def test_tokenized_text_scored_as_tokenized_gets_no_detokenize_warning(caplog):
+    # tokenize="none" says the text is tokenized already (bench/mt.py en-de-lc, validation of
+    # a model trained on tok/ files): sacreBLEU's "forgot to detokenize" warning would be noise
+    # on every epoch. The 13a path still warns, as sacreBLEU intends.
+    lines = [f"a dog runs number {i} ." for i in range(120)]
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        assert corpus_scores(lines, lines, tokenize="none")["bleu"] == 100.0
+    assert "detokenize" not in caplog.text
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        corpus_scores(lines, lines, tokenize="13a")
+    assert "detokenize" in caplog.text

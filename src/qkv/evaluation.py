@@ -72,7 +72,8 @@ def corpus_scores(
         for key in ("bleu_signature", "chrf_signature"):
             scores[key] += f"|hyp:moses-lc-{lang}"
         return scores
-    bleu = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase)
+    # "none" says the text is tokenized already: sacreBLEU's warning about tokenized periods is moot.
+    bleu = sacrebleu.metrics.BLEU(tokenize=tokenize, lowercase=lowercase, force=tokenize == "none")
     chrf = sacrebleu.metrics.CHRF(lowercase=lowercase)
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
