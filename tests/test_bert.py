@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,15 @@ def test_evaluate_scores_a_classifier_as_training_did(tmp_path, capsys) -> None:
     assert err == f"qkv evaluate: error: {unknown}:2: label 'vegetable' is not one of the model's: fruit, tool\n"
     assert main(["evaluate", "--model", str(tmp_path / "cls")]) == 2
     assert "give --tsv FILE" in capsys.readouterr().err
+
+    # A class head without label names is refused for that reason, not as "no class head".
+    nameless = tmp_path / "nameless"
+    shutil.copytree(tmp_path / "cls", nameless)
+    config = json.loads((nameless / "config.json").read_text())
+    del config["labels"]
+    (nameless / "config.json").write_text(json.dumps(config))
+    assert main(["evaluate", "--model", str(nameless), "--tsv", str(valid)]) == 2
+    assert "its 2 classes have no label names" in capsys.readouterr().err
 
 
 def test_classifier_fine_tuned_from_the_mlm_model(mlm, tmp_path) -> None:

@@ -18,6 +18,7 @@ from qkv.blocks import cache_length
 from qkv.generation import (
     _advance,
     _growable,
+    _select,
     _start,
     beam_search,
     continuation,
@@ -97,7 +98,9 @@ def copy_model() -> tuple[EncoderDecoder, list[list[int]]]:
 def lm_model() -> tuple[DecoderOnly, list[list[int]], list[list[int]]]:
     """A 2-layer decoder-only model trained on 6 fixed sequences + END; returns (model, prompts, continuations)."""
     model = make_do("rope", seed=1)
-    rows = _random_rows([4, 5, 6, 3, 5, 6], V, seed=1)
+    # seed 2: no prompt occurs anywhere else in the rows, so every continuation is learnable
+    # (with seed 1, prompt [6, 6] also ends another row and was not learned on one thread)
+    rows = _random_rows([4, 5, 6, 3, 5, 6], V, seed=2)
     prompts = [r[:2] if i % 2 else r[:3] for i, r in enumerate(rows)]
     continuations = [r[len(p) :] for r, p in zip(rows, prompts, strict=True)]
     width = max(map(len, rows)) + 1
@@ -631,6 +634,9 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
         self_kv = state_b.cache[0][0]
         assert isinstance(self_kv, KVBuffer) and self_kv.length == state_a.cache[0][0][0].shape[2]
         assert cache_length(state_b.cache) == cache_length(state_a.cache)
+        # Reordering rows (beam search) would read the shared buffers' old rows: refused.
+        with pytest.raises(TypeError, match="cannot be reordered"):
+            _select(state_b, torch.tensor([1, 0, 2]))
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])

@@ -236,6 +236,9 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
         )
     with pytest.raises(UserError, match=r"unknown model field\(s\) heads"):
         load_recipe(None, ["task=translation", *bare, "model.heads=5"])
+    # A tuning field's value is checked at once too, before any data is read, naming the recipe.
+    with pytest.raises(UserError, match=r"^recipe: bad encoder_decoder config: dropout"):
+        load_recipe(None, ["task=translation", *bare, "model.dropout=1.5"])
     with pytest.raises(UserError, match=r"has model norm_first=False; the recipe says norm_first=True"):
         train_translation(
             load_recipe(RECIPE, [*tuning, "model.norm_first=true"]), tmp_path / "conflict", progress=False

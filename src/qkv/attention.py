@@ -9,7 +9,9 @@ What is here:
     tested equal to each other;
   * rotary (RoPE) and ALiBi position maths, since they act inside attention;
   * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo, serves self- and
-    cross-attention, grouped-query attention, and an explicit KV cache.
+    cross-attention, grouped-query attention, and an explicit KV cache (a ``(k, v)`` tuple,
+    or a preallocated :class:`KVBuffer` written in place); ``fuse_qkv`` stacks Wq, Wk, Wv
+    into one product for decoding.
 
 What is not here: feed-forward layers, embeddings and norms (``layers.py``), blocks
 (``blocks.py``), anything about a particular model family.
@@ -52,7 +54,9 @@ class KVBuffer:
     append writes positions ``length..`` of the buffers and returns a new ``KVBuffer`` over the
     same buffers. The old one still reads its own positions, but appending to it again would
     overwrite the new one's: that is refused (``filled`` is shared by every KVBuffer of one
-    buffer). Beam search reorders rows every step and keeps tuples.
+    buffer). Beam search reorders rows every step and keeps tuples. Inference only (under
+    ``torch.no_grad``): the in-place writes would change tensors that autograd saved, so a
+    buffer holding tensors that require gradients is refused.
 
     Shapes:
         k, v: (B, G, C, K) with capacity C; the first ``length`` positions are filled.
@@ -67,6 +71,8 @@ class KVBuffer:
     def holding(cache: KVCache, *, capacity: int) -> KVBuffer:
         """A buffer of ``capacity`` positions holding ``cache``'s keys and values."""
         k, v = cache  # (B, G, S, K) each
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            raise RuntimeError("a KVBuffer is for inference (torch.no_grad): its in-place writes break autograd")
         b, g, s, d = k.shape
         if capacity < s:
             raise ValueError(f"capacity {capacity} is below the cache's {s} positions")
@@ -79,6 +85,8 @@ class KVBuffer:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVBuffer]:
         """Write ``k``, ``v`` (B, G, T, K) after the filled positions; return all keys and
         values so far (views, (B, G, length + T, K)) and the grown buffer."""
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            raise RuntimeError("a KVBuffer is for inference (torch.no_grad): its in-place writes break autograd")
         if self.filled[0] != self.length:
             raise RuntimeError("this KV buffer was appended to already: continue from the KVBuffer that returned")
         end = self.length + k.shape[2]
@@ -380,7 +388,8 @@ class MultiHeadAttention(nn.Module):
             bias: float, broadcastable to (B, H, T, S) (ALiBi).
             positions: (B, T) or (T,) positions of x, used by RoPE.
             cache: two (B, G, S_past, K) tensors, or a :class:`KVBuffer` (self-attention).
-            returns: output (B, T, D), new cache (two (B, G, S, K)), and the weights
+            returns: output (B, T, D), new cache (two (B, G, S, K), or the grown
+            :class:`KVBuffer` when one was given), and the weights
             (B, H, T, S) when ``need_weights`` (else None).
         """
         if self.w_qkv is not None:
@@ -393,6 +402,8 @@ class MultiHeadAttention(nn.Module):
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
         new_cache: KVCache | KVBuffer | None = None
         if context is not None and cache is not None:
+            if isinstance(cache, KVBuffer):
+                raise ValueError("a KVBuffer is a self-attention cache; cross-attention takes a (k, v) tuple")
             k, v = cache  # (B, G, S, K) each: cross-attention keys computed earlier
         else:
             if self.w_qkv is None:

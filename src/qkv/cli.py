@@ -613,8 +613,16 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
     labels = classifier_labels(Path(path), meta, model.config.n_classes)  # an older import's hf.id2label too
     # A classifier is what has a class head and its label names: trained here (task classify)
     # or imported (a BertForSequenceClassification keeps its id2label, but has no task).
-    if meta.get("task") not in (None, "classify") or not model.config.n_classes or not isinstance(labels, list):
-        raise UserError(f"{path} is not a classifier (task {meta.get('task')}, no class head); --tsv scores one")
+    if meta.get("task") not in (None, "classify"):
+        why = f"its task is {meta.get('task')}"
+    elif not model.config.n_classes:
+        why = "it has no class head"
+    elif not isinstance(labels, list):
+        why = f"its {model.config.n_classes} classes have no label names (labels in config.json)"
+    else:
+        why = None
+    if why is not None:
+        raise UserError(f"{path} is not a classifier that --tsv can score: {why}")
     tokenizer = _matching_tokenizer(path, model, files=meta["files"], use="--tsv")
     file = resolve(tsv)
     examples = read_labelled(file)  # every line is an example, so its index is its line number

@@ -151,6 +151,10 @@ def _growable(state: _State, *, room: int) -> _State:
 
 def _map(obj, fn: Callable[[Tensor], Tensor]):
     """Apply ``fn`` to every tensor in nested lists/tuples (the cache)."""
+    if isinstance(obj, KVBuffer):
+        # Its buffers are shared and written in place: picking rows of them would either copy
+        # nothing (wrong rows afterwards) or break the one-writer rule. Only stream() grows them.
+        raise TypeError("a KVBuffer cache cannot be reordered: beam search keeps (k, v) tuples")
     if isinstance(obj, Tensor):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
