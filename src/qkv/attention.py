@@ -264,10 +264,13 @@ def attention_fused(
     """Softmax attention through PyTorch's fused kernel; equal to :func:`attention_explicit`.
 
     Fully masked query rows are given one harmless key inside the kernel (so it cannot
-    produce NaN) and their output is zeroed afterwards, as the explicit path does.
+    produce NaN) and their output is zeroed afterwards, as the explicit path does. With fewer
+    key/value heads than query heads (grouped-query attention) the kernel shares each among
+    its H / G query heads itself, so a decoding step does not copy the whole cache H / G times.
 
     Shapes:
-        q: (B, H, T, K); k, v: (B, H, S, K); mask, bias as in :func:`attention_explicit`.
+        q: (B, H, T, K); k, v: (B, G, S, K), G dividing H (G = H: plain multi-head);
+        mask, bias as in :func:`attention_explicit`.
         returns: (B, H, T, K).
     """
     attn_mask: Tensor | None = None
@@ -279,7 +282,9 @@ def attention_fused(
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)  # (B, H, T, K)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout, enable_gqa=k.shape[1] != q.shape[1]
+    )  # (B, H, T, K)
     if row_valid is not None and not bool(row_valid.all()):
         out = out * row_valid  # (B, H, T, K)
     return out
@@ -423,13 +428,13 @@ class MultiHeadAttention(nn.Module):
             q = rope_rotate(q, positions)
         if new_cache is None:
             new_cache = (k, v)
-        if self.n_kv_heads != self.n_heads:
-            repeat = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
-            v = v.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
         dropout = self.dropout if self.training else 0.0
         weights = None
         if need_weights or self.normalization != "softmax":
+            if self.n_kv_heads != self.n_heads:
+                repeat = self.n_heads // self.n_kv_heads
+                k = k.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
+                v = v.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
             out, weights = attention_explicit(
                 q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout
             )  # (B, H, T, K), (B, H, T, S)
