@@ -79,6 +79,22 @@ def test_explicit_equals_fused_forward_and_backward(case: str) -> None:
         assert (ge - gf).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("case", ["causal", "alibi_cross_padded"])
+def test_fused_shares_kv_heads_like_repeating_them(case: str) -> None:
+    """Grouped-query attention: the fused kernel given G = 1 key/value head for H query heads
+    equals explicit attention on the head repeated H times, outputs and gradients."""
+    torch.manual_seed(2)
+    t, s, mask, bias = _cases()[case]
+    q = torch.randn(B, H, t, K, requires_grad=True)
+    k, v = (torch.randn(B, 1, s, K, requires_grad=True) for _ in range(2))  # (B, G=1, S, K)
+    out_f = attention_fused(q, k, v, mask=mask, bias=bias)
+    out_e, _ = attention_explicit(q, k.expand(B, H, s, K), v.expand(B, H, s, K), mask=mask, bias=bias)
+    assert (out_e - out_f).abs().max() <= TOL
+    weight = torch.randn_like(out_e)
+    for ge, gf in zip(_grads(out_e, weight, q, k, v), _grads(out_f, weight, q, k, v), strict=True):
+        assert (ge - gf).abs().max() <= TOL
+
+
 def test_explicit_matches_hand_computation() -> None:
     """The explicit path is softmax(QKᵀ/√K + bias, masked)·V, computed here by hand."""
     torch.manual_seed(1)
