@@ -14,6 +14,7 @@ import torch
 from qkv.attention import (
     KVBuffer,
     MultiHeadAttention,
+    _explicit_is_faster,
     alibi_bias,
     alibi_slopes,
     attention_explicit,
@@ -93,6 +94,33 @@ def test_fused_shares_kv_heads_like_repeating_them(case: str) -> None:
     weight = torch.randn_like(out_e)
     for ge, gf in zip(_grads(out_e, weight, q, k, v), _grads(out_f, weight, q, k, v), strict=True):
         assert (ge - gf).abs().max() <= TOL
+
+
+def test_bf16_training_of_short_sequences_takes_the_explicit_path() -> None:
+    """The path choice (_explicit_is_faster): explicit only for bf16 with gradients and at most
+    128 keys; there MultiHeadAttention's output and gradients equal the fused kernel's (within
+    bf16 rounding), so the choice changes speed, not results."""
+    torch.manual_seed(3)
+    q, k = torch.randn(B, H, T, K, requires_grad=True), torch.randn(B, H, 129, K)
+    assert not _explicit_is_faster(q, k[:, :, :S])  # fp32
+    qb = q.detach().bfloat16().requires_grad_()
+    assert _explicit_is_faster(qb, k[:, :, :S].bfloat16())
+    assert not _explicit_is_faster(qb, k.bfloat16())  # 129 keys: the fused kernel is as fast
+    with torch.no_grad():
+        assert not _explicit_is_faster(qb, k[:, :, :S].bfloat16())  # inference
+    mha = _mha(n_kv_heads=1).bfloat16().train()
+    x = torch.randn(B, T, H * K, dtype=torch.bfloat16, requires_grad=True)
+    mask = causal_mask(T, T)
+    out, _, _ = mha(x, mask=mask)  # explicit (chosen)
+    (grad_explicit,) = torch.autograd.grad(out.float().sum(), x)
+    # The fused kernel on the same projections, by hand.
+    qf = mha._split(mha.w_q(x), H)
+    kf, vf = mha._split(mha.w_k(x), 1), mha._split(mha.w_v(x), 1)
+    fused = attention_fused(qf, kf, vf, mask=mask)  # (B, H, T, K)
+    ref = mha.w_o(fused.transpose(1, 2).reshape(B, T, H * K))
+    (grad_fused,) = torch.autograd.grad(ref.float().sum(), x)
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(grad_explicit.float(), grad_fused.float(), atol=5e-2, rtol=5e-2)
 
 
 def test_explicit_matches_hand_computation() -> None:
