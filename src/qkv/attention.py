@@ -71,8 +71,7 @@ class KVBuffer:
     def holding(cache: KVCache, *, capacity: int) -> KVBuffer:
         """A buffer of ``capacity`` positions holding ``cache``'s keys and values."""
         k, v = cache  # (B, G, S, K) each
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-            raise RuntimeError("a KVBuffer is for inference (torch.no_grad): its in-place writes break autograd")
+        _refuse_tracked(k, v)
         b, g, s, d = k.shape
         if capacity < s:
             raise ValueError(f"capacity {capacity} is below the cache's {s} positions")
@@ -85,8 +84,7 @@ class KVBuffer:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVBuffer]:
         """Write ``k``, ``v`` (B, G, T, K) after the filled positions; return all keys and
         values so far (views, (B, G, length + T, K)) and the grown buffer."""
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-            raise RuntimeError("a KVBuffer is for inference (torch.no_grad): its in-place writes break autograd")
+        _refuse_tracked(k, v)
         if self.filled[0] != self.length:
             raise RuntimeError("this KV buffer was appended to already: continue from the KVBuffer that returned")
         end = self.length + k.shape[2]
@@ -97,6 +95,12 @@ class KVBuffer:
         self.filled[0] = end
         grown = KVBuffer(self.k, self.v, end, self.filled)
         return self.k[:, :, :end], self.v[:, :, :end], grown  # (B, G, S, K) views
+
+
+def _refuse_tracked(k: Tensor, v: Tensor) -> None:
+    """A KVBuffer's in-place writes would change tensors autograd saved: inference only."""
+    if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+        raise RuntimeError("a KVBuffer is for inference (torch.no_grad): its in-place writes break autograd")
 
 
 # --------------------------------------------------------------------------- masks

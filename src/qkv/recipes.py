@@ -423,13 +423,12 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
             # The names now, and the tuning fields' values (with the defaults' other fields);
             # how the named architecture fields go together (d_model and n_heads ...) is checked
             # with the pretrained model's own at the start of training (fine_tuning_fields).
-            defaults = make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **vocab})
-            known = {f.name for f in dataclasses.fields(defaults)}
+            tuned = {k: v for k, v in recipe["model"].items() if k in tuning}
+            config = make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **vocab, **tuned})
+            known = {f.name for f in dataclasses.fields(config)}
             unknown = sorted(set(recipe["model"]) - known)
             if unknown:
                 raise UserError(f"unknown model field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-            tuned = {k: v for k, v in recipe["model"].items() if k in tuning}
-            make_config(MODEL_KINDS[task], {**DEFAULTS[task]["model"], **vocab, **tuned})
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
     return recipe
