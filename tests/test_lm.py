@@ -1,4 +1,4 @@
-"""Character-level language modelling: tokenizer, data paths, loss, the lm recipe and its CLI."""
+"""Language modelling (character-level and subword): tokenizer, data paths, loss, the lm recipe and its CLI."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from qkv.checkpoint import load_model
 from qkv.cli import main
 from qkv.data import read_text, resolve
 from qkv.errors import UserError
 from qkv.evaluation import lm_loss
+from qkv.generation import continuation, most_likely
 from qkv.lm import train_lm
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.recipes import load_recipe
@@ -173,8 +175,35 @@ def test_dialogue_lm_with_subword_lines_and_a_validation_file(tmp_path, capsys) 
     tokenizer = summary["tokenizer"]
     assert summary["val_tokens"] == len(tokenizer.encode(valid.read_text().strip())) + 1  # + END
     assert summary["val_loss"] < math.log(tokenizer.vocab_size)
-    with pytest.raises(UserError, match="documents=lines"):
-        load_recipe(RECIPE, ["data.tokenizer=subword"])
+
+
+def test_subword_lm_on_running_text_keeps_line_breaks(tmp_path, capsys) -> None:
+    """data.tokenizer=subword on one text stream: the vocabulary keeps newlines as pieces, the
+    stream is the whole text's pieces, and qkv generate prints a continuation that, joined to
+    the prompt, is the decoding of prompt + new ids (its first "▁word" keeps its space)."""
+    text = tmp_path / "verse.txt"
+    text.write_text("ROMEO:\nthe cat sat on the mat.\n\nJULIET:\nthe dog sat on the cat.\n" * 30)
+    overrides = [
+        f"data.text={text}",
+        "data.tokenizer=subword",
+        "data.vocab_size=30",
+        "train.steps=40",
+        "train.lr=0.01",
+        "train.batch_size=8",
+        *(f"model.{k}={v}" for k, v in {**TINY, "max_len": 17}.items()),
+    ]
+    summary = train_lm(load_recipe(RECIPE, overrides), tmp_path / "m", progress=False)
+    tokenizer = summary["tokenizer"]
+    valid = text.read_text()[int(len(text.read_text()) * 0.9) :]
+    assert summary["val_tokens"] == len(tokenizer.encode(valid))
+    assert tokenizer.decode(tokenizer.encode(valid)) == valid
+    prompt = "ROMEO:\nthe"
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", prompt, "--max-new-tokens", "9"]) == 0
+    printed = capsys.readouterr().out
+    model, _ = load_model(tmp_path / "m")
+    ids = list(continuation(model, tokenizer.encode(prompt), max_new_tokens=9, choose=most_likely, slide=True))
+    assert tokenizer.id_to_token(ids[0]).startswith("▁")  # the case decoding the new ids alone got wrong
+    assert prompt + printed == tokenizer.decode([*tokenizer.encode(prompt), *ids]) + "\n"
 
 
 def test_evaluate_text_reads_documents_as_training_did(tmp_path, capsys) -> None:

@@ -99,3 +99,24 @@ def test_segmented_and_unsegmented_chinese_give_the_same_pieces() -> None:
     assert tokenizer.encode("Tom 是 我 的 朋友 ！") == tokenizer.encode("Tom是我的朋友！")
     assert tokenizer.decode(tokenizer.encode("我 有 3 个 苹果 。")) == "我有3个苹果。"
     assert tokenizer.decode(tokenizer.encode("I love you .")) == "I love you ."
+
+
+def test_subword_newlines_are_pieces_and_text_round_trips(tmp_path) -> None:
+    """newlines=True (a language model's running text): "\\n" is one piece that no other piece
+    contains, the first word of a line gets the same "▁word" piece as mid-line, and decoding
+    gives the text back (blank lines, indentation and double spaces included), from the saved
+    file too; every prefix of the ids decodes to a prefix of the text (streamed output)."""
+    text = "the cat sat\non the mat.\n\nthe dog  sat\n  on the cat\nthe end\n" * 15
+    tokenizer = Tokenizer.train_subword([text], vocab_size=40, newlines=True)
+    newline = tokenizer.backend.token_to_id("\n")
+    assert tokenizer.encode("the end\nthe cat").count(newline) == 1
+    assert all("\n" not in tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size) if i != newline)
+    assert tokenizer.tokens("the cat\nthe cat") == [*tokenizer.tokens("the cat"), "\n", *tokenizer.tokens("the cat")]
+    sample = "the dog\n\n  on the  mat.\nthe end"
+    ids = tokenizer.encode(sample)
+    assert tokenizer.decode(ids) == sample and tokenizer.decode(tokenizer.encode(text)) == text
+    assert all(sample.startswith(tokenizer.decode(ids[:n])) for n in range(len(ids) + 1))
+    tokenizer.save(tmp_path / "tokenizer.json")
+    assert Tokenizer.load(tmp_path / "tokenizer.json").encode(sample) == ids
+    plain = Tokenizer.train_subword(text.splitlines(), vocab_size=40)
+    assert plain.decode(plain.encode("the cat\nthe dog")) != "the cat\nthe dog"  # what the option is for

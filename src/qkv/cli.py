@@ -426,14 +426,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = encoded[0] or [source.bos_id]
         if len(prompt) > window:
             print(f"qkv generate: note: the prompt keeps its newest {window} tokens (the window)", file=sys.stderr)
+        # The continuation is decoded after the prompt and printed from where the prompt's text
+        # ends: decoded alone, its first piece would lose its leading space (a SentencePiece
+        # "▁word" at the start of a text decodes as "word").
+        head = target.decode(prompt)
+
+        def continued(ids: list[int]) -> str:
+            text = target.decode([*prompt, *ids])
+            return text[len(head) :] if text.startswith(head) else target.decode(ids)
+
         for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose, slide=True):
             ids.append(token)
-            text = target.decode(ids)
+            text = continued(ids)
             if text.endswith("\ufffd"):
                 continue  # a character whose bytes span several tokens (byte-level BPE): wait for the rest
             print(text[len(shown) :], end="", flush=True)
             shown = text
-        print(target.decode(ids)[len(shown) :], flush=True)
+        print(continued(ids)[len(shown) :], flush=True)
         return 0
     for chunk in _chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.

@@ -75,10 +75,10 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
     splits Tiny Shakespeare. ``data.documents="lines"`` makes every non-empty line a document
     that ends with END (a DailyDialog dialogue, say), so the model learns where one ends.
-    Tokens are characters or unigram subwords. Batches are ``batch_size`` random contiguous
-    blocks of ``max_len`` + 1 tokens of the training stream. The validation loss is measured
-    on the whole validation stream in non-overlapping windows of the context length
-    (:func:`~qkv.evaluation.lm_loss`).
+    Tokens are characters or unigram subwords (a text stream's newlines are pieces too).
+    Batches are ``batch_size`` random contiguous blocks of ``max_len`` + 1 tokens of the
+    training stream. The validation loss is measured on the whole validation stream in
+    non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
     """
     check_output(out)
     train, data = recipe["train"], recipe["data"]
@@ -112,7 +112,10 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
     if data["tokenizer"] == "subword":
-        tokenizer = Tokenizer.train_subword(train_docs, vocab_size=int(data["vocab_size"]))
+        # A text stream keeps its line breaks as pieces; documents (lines) have none.
+        tokenizer = Tokenizer.train_subword(
+            train_docs, vocab_size=int(data["vocab_size"]), newlines=data["documents"] == "text"
+        )
     else:
         tokenizer = Tokenizer.train_char_level(train_docs)
     train_ids = token_stream(tokenizer, train_docs, documents=data["documents"])

@@ -125,7 +125,7 @@ LM_DEFAULTS: dict = {
         # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
         # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
         "documents": "text",
-        "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; needs lines)
+        "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; newlines are pieces)
         "vocab_size": 4000,
         "eval_batch_size": 64,
     },
@@ -399,8 +399,6 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     if task == "lm":
         if recipe["data"]["tokenizer"] not in ("char", "subword"):
             raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
-        if recipe["data"]["tokenizer"] == "subword" and recipe["data"]["documents"] == "text":
-            raise UserError(f"{where}: data.tokenizer=subword needs data.documents=lines (pieces never span lines)")
         if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
             raise UserError(f"{where}: data.valid_text must be a file path or null")
     if task != "translation" and recipe["train"]["steps"] is None:

@@ -93,7 +93,7 @@ class Tokenizer:
         return cls(backend)
 
     @classmethod
-    def train_subword(cls, texts: Iterable[str], *, vocab_size: int) -> Tokenizer:
+    def train_subword(cls, texts: Iterable[str], *, vocab_size: int, newlines: bool = False) -> Tokenizer:
         """A unigram subword vocabulary (Kudo, 2018) of at most ``vocab_size`` pieces, trained by SentencePiece.
 
         SentencePiece trains (deterministically: fixed thread count, no sampling of the
@@ -105,12 +105,24 @@ class Tokenizer:
         training and for every text encoded later: word-segmented Chinese (Tatoeba's "我 爱 你 。")
         and ordinary unsegmented Chinese ("我爱你。") then give the same pieces, and output
         decodes as ordinary Chinese. Text without such characters is unchanged.
+
+        ``newlines=True`` is for running text (a language model's stream, whose line breaks
+        matter): "\\n" is a piece of its own that no other piece contains (a SentencePiece
+        user-defined symbol), and every newline also starts a word, as a space does, so the
+        first word of a line gets the same "▁word" piece as anywhere else (without that it
+        would be spelt out from word-internal pieces). The normalizer writes "\\n" as "\\n "
+        and the decoder removes exactly that space again, so decoding gives back the text,
+        spaces and blank lines included. SentencePiece trains on the lines, each with its
+        newline, so its statistics match what encoding sees. The rule lives in the saved
+        ``tokenizer.json`` (normalizer and decoder), so any ``tokenizers`` user reads it alike.
         """
         import io
 
         import sentencepiece
 
         normalizer = cjk_spaces()
+        if newlines:
+            texts = (line for text in texts for line in text.splitlines(keepends=True))
         proto = io.BytesIO()
         try:
             sentencepiece.SentencePieceTrainer.train(
@@ -125,6 +137,7 @@ class Tokenizer:
                 hard_vocab_limit=False,  # at most vocab_size: a small text may not fill it
                 num_threads=2,
                 minloglevel=2,
+                **({"user_defined_symbols": ["\n"], "remove_extra_whitespaces": False} if newlines else {}),
             )
         except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
             raise UserError(f"cannot train a {vocab_size}-piece vocabulary: {str(e).splitlines()[-1]}") from None
@@ -132,9 +145,14 @@ class Tokenizer:
         vocab = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(processor.get_piece_size())]
         backend = HFTokenizer(models.Unigram(vocab, unk_id=SPECIALS.index(UNK), byte_fallback=False))
         backend.add_special_tokens(list(SPECIALS))
-        backend.normalizer = normalizer
         backend.pre_tokenizer = pre_tokenizers.Metaspace()
-        backend.decoder = decoders.Metaspace()
+        if newlines:
+            backend.normalizer = normalizers.Sequence([normalizer, normalizers.Replace("\n", "\n ")])
+            # Fuse first: the space to remove follows "\n" in the next piece ("▁word").
+            backend.decoder = decoders.Sequence([decoders.Metaspace(), decoders.Fuse(), decoders.Replace("\n ", "\n")])
+        else:
+            backend.normalizer = normalizer
+            backend.decoder = decoders.Metaspace()
         return cls(backend)
 
     @classmethod
