@@ -22,13 +22,14 @@ def test_read_parallel_two_files_and_tsv(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("files", "message"),
     [
-        ({"s": b"a\nb\nc\n", "t": b"x\ny\n"}, "3 lines"),
+        ({"s": b"a\nb\nc\n", "t": b"x\ny\n"}, r"s:3: no matching line in .*t \(.*s has 3 lines, .*t has 2\)"),
+        ({"s": b"a\n", "t": b"x\ny\n"}, r"t:2: no matching line in .*s\b"),
         ({"s": b"a\n\nc\n", "t": b"x\ny\nz\n"}, "s:2: empty line"),
         ({"s": b"a\nb\n", "t": b"x\n\xff\n"}, "t:2: not valid UTF-8"),
         ({"tsv": b"a\tx\nb x\n"}, "tsv:2: expected source<TAB>target"),
         ({"tsv": b"a\tx\n\ty\n"}, "tsv:2: the source is empty"),
     ],
-    ids=["unequal", "empty", "utf8", "tab", "empty-side"],
+    ids=["unequal", "unequal-target-longer", "empty", "utf8", "tab", "empty-side"],
 )
 def test_read_parallel_names_file_and_line(tmp_path, files, message) -> None:
     for name, data in files.items():

@@ -787,6 +787,37 @@ def test_export_takes_a_run_and_refuses_bad_destinations(tmp_path: Path, monkeyp
     assert not any(work.iterdir()) and blocker.read_text(encoding="utf-8") == "not a directory"
 
 
+def test_gpt2_export_of_a_model_without_biases(tmp_path: Path) -> None:
+    """A decoder-only model trained without linear biases (the Shakespeare and chat recipes'
+    bias=false, exact GELU) exports as GPT-2 with zero biases: the same logits, the same greedy
+    continuation."""
+    torch.manual_seed(5)
+    config = DecoderOnlyConfig(
+        d_model=15,
+        n_heads=3,
+        d_ff=11,
+        vocab_size=13,
+        n_layers=2,
+        max_len=16,
+        positions="learned",
+        scale_embeddings=False,
+        activation="gelu",
+        bias=False,
+        dropout=0.0,
+    )
+    model = DecoderOnly(config).eval()
+    save_model(model, tmp_path / "native")
+    export_hf(tmp_path / "native", tmp_path / "hf")
+    hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(0, 13, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, model(tokens), atol=1e-4, rtol=0)
+        continued = hf.generate(
+            tokens[:1], attention_mask=torch.ones_like(tokens[:1]), max_new_tokens=5, do_sample=False, pad_token_id=0
+        )
+    assert continued[0, 9:].tolist() == greedy(model, [tokens[0].tolist()], max_new_tokens=5)[0]
+
+
 def test_gpt2_default_begin_and_end() -> None:
     """GPT2Config's default BEGIN/END 50256 applies only to a vocabulary that has that id."""
     fields = {"n_embd": 15, "n_head": 3, "n_layer": 1}

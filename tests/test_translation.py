@@ -376,6 +376,7 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     )
     nbest = (tmp_path / "nbest.txt").read_text().splitlines()
     assert len(nbest) == 10 and nbest[0].split("\t")[0] == out[0]
+    assert nbest[2:4] == nbest[6:8] == ["", ""]  # an empty input: --nbest empty lines
     scores = [float(line.split("\t")[1]) for line in nbest[:2]]
     assert scores[0] >= scores[1]
     align = (tmp_path / "align.txt").read_text().split("\n")[:-1]

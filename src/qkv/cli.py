@@ -523,10 +523,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
         bar.update(len(chunk))
     bar.close()
     seconds = time.perf_counter() - start
-    for hyps in found:
+    for line, hyps in zip(lines, found, strict=True):
         for h in hyps:
             text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
-            out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 else text)
+            # An empty input gives --nbest empty lines (no score: nothing was translated).
+            out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 and line.strip() else text)
     if aligned is not None:
         sources = source_ids(vocab.source, lines, window=window)
         for src, hyps in zip(sources, found, strict=True):
@@ -858,8 +859,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read one sentence per line (stdin or --input) and write its translation per line, in "
         "order (an empty line gives an empty line), detokenized. Beam search with a length penalty; an output "
         "has at most a*S + b tokens (S: its source's length). --nbest N writes N lines per input, each "
-        "text<TAB>score. --alignments FILE writes, per output line, source-output token index pairs (i-j) "
-        "from the last decoder layer's cross-attention. --model may be a run directory (its final checkpoint).",
+        "text<TAB>score (an empty input: N empty lines). --alignments FILE writes, per output line, "
+        "source-output token index pairs (i-j) from the last decoder layer's cross-attention. --model may be a "
+        "run directory (its final checkpoint).",
         epilog=EPILOG_TRANSLATE,
         formatter_class=raw,
     )

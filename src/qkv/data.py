@@ -100,7 +100,11 @@ def read_parallel(source: str | Path, target: str | Path | None = None) -> list[
     src_path, tgt_path = resolve(source), resolve(target)
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise UserError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; they must be aligned")
+        longer, shorter = (src_path, tgt_path) if len(src) > len(tgt) else (tgt_path, src_path)
+        raise UserError(
+            f"{longer}:{min(len(src), len(tgt)) + 1}: no matching line in {shorter} "
+            f"({src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}); they must be aligned"
+        )
     for path, lines in ((src_path, src), (tgt_path, tgt)):
         for number, text in enumerate(lines, start=1):
             if not text.strip():

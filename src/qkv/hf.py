@@ -641,7 +641,17 @@ def gpt2_to_qkv(tensors: Mapping[str, Tensor], config: DecoderOnlyConfig) -> Sta
 
 
 def qkv_to_gpt2(state: Mapping[str, Tensor], config: DecoderOnlyConfig) -> State:
-    """GPT-2 tensors from qkv ``decoder_only`` weights."""
+    """GPT-2 tensors from qkv ``decoder_only`` weights.
+
+    A model without linear biases (``bias=False``, as the Shakespeare and chat recipes train)
+    gets zero biases, which GPT-2's Conv1D layers always have: x·W + 0 is the same function.
+    """
+    if not config.bias:
+        state = dict(state)
+        for i in range(config.n_layers):
+            for name in ("self_attn.w_q", "self_attn.w_k", "self_attn.w_v", "self_attn.w_o", "ffn.w_1", "ffn.w_2"):
+                weight = state[f"decoder.blocks.{i}.{name}.weight"]  # (out, in)
+                state[f"decoder.blocks.{i}.{name}.bias"] = weight.new_zeros(weight.shape[0])  # (out,)
     plain, transposed = _gpt2_names(config)
     tensors = {theirs: state[mine] for mine, theirs in plain}
     tensors.update({theirs: state[mine].t() for mine, theirs in transposed})  # (out, in) -> (in, out)
@@ -664,7 +674,6 @@ def gpt2_config(config: DecoderOnlyConfig) -> dict:
             "norm": "layernorm",
             "positions": "learned",
             "scale_embeddings": False,
-            "bias": True,
             "attention": "softmax",
         },
     )
