@@ -14,9 +14,9 @@ from qkv.checkpoint import load_model
 from qkv.cli import main
 from qkv.data import read_text, resolve
 from qkv.errors import UserError
-from qkv.evaluation import lm_loss
+from qkv.evaluation import lm_loss, span_loss
 from qkv.generation import continuation, most_likely
-from qkv.lm import train_lm
+from qkv.lm import reply_spans, token_stream, train_lm
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.recipes import load_recipe
 from qkv.tokenization import Tokenizer
@@ -253,4 +253,41 @@ def test_dailydialog_documents_report_misaligned_labels(tmp_path, capsys) -> Non
     captured = capsys.readouterr()
     assert "dialogues_train.txt:7: 3 utterances but 2 act labels" in captured.err
     assert "its text is still used" in captured.err
-    assert json.loads(captured.out.splitlines()[-1])["val_loss"] > 0
+    result = json.loads(captured.out.splitlines()[-1])
+    assert result["val_loss"] > 0 and result["reply_loss"] > 0
+    plain = [str(tmp_path / "m2") if a == str(tmp_path / "m") else a for a in argv if a != "--json"]
+    assert main(plain) == 0  # without --json: the summary line names the replies scored
+    assert "reply_loss=" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_span_loss_equals_a_window_by_window_reference() -> None:
+    """Each span's tokens are predicted from the context tokens before its end, at most the
+    window: the same as running each window alone (spans at the stream's start included)."""
+    torch.manual_seed(7)
+    model = DecoderOnly(DecoderOnlyConfig(vocab_size=13, dropout=0.0, positions="learned", **TINY)).eval()
+    ids = torch.randint(0, 13, (31,))
+    spans, context = [(1, 4), (5, 9), (12, 17), (20, 31), (29, 30)], 11
+    total, count = 0.0, 0
+    for start, end in spans:
+        first = max(0, end - 1 - context)
+        logits = model(ids[first : end - 1][None])[0]  # (T, V)
+        total += F.cross_entropy(logits[start - 1 - first :], ids[start:end], reduction="sum").item()
+        count += end - start
+    loss, scored = span_loss(model, ids, spans, context=context, batch_size=2)
+    assert scored == count and loss == pytest.approx(total / count, rel=1e-5)
+    with pytest.raises(ValueError, match="does not fit"):
+        span_loss(model, ids, [(3, 20)], context=context)
+
+
+def test_reply_spans_are_the_replies_with_their_end_marker() -> None:
+    """Every utterance but a dialogue's first, with its " __eou__", located in the dialogue
+    token stream; the stream's length comes back to check against."""
+    dialogues = [["hello , how are you ?", "fine , thanks .", "bye !"], ["good morning .", "morning !"]]
+    tokenizer = Tokenizer.train_subword([" __eou__ ".join(d) + " __eou__" for d in dialogues] * 5, vocab_size=40)
+    docs = [" __eou__ ".join(d) + " __eou__" for d in dialogues]
+    ids = token_stream(tokenizer, docs, documents="dailydialog")
+    spans, length = reply_spans(tokenizer, dialogues, context=40)
+    assert length == len(ids)
+    texts = [tokenizer.decode(ids[a:b].tolist()) for a, b in spans]
+    assert texts == ["fine , thanks . __eou__", "bye ! __eou__", "morning ! __eou__"]
+    assert reply_spans(tokenizer, dialogues, context=9)[0] == [s for s in spans if s[1] - s[0] <= 9] != spans

@@ -242,6 +242,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"qkv train: note: {problem}", file=sys.stderr)
         score = {"val_loss": round(summary["val_loss"], 4)}
         said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
+        if "reply_loss" in summary:  # dialogues: each reply given the dialogue before it
+            score["reply_loss"] = round(summary["reply_loss"], 4)
+            said += (
+                f"; reply_loss={summary['reply_loss']:.4f} (perplexity {math.exp(summary['reply_loss']):.1f}) "
+                f"on {summary['replies']} validation replies, each given the dialogue before it"
+            )
     elif recipe["task"] == "translation":
         summary = train_translation(recipe, out, progress=not args.quiet, resume=args.resume)
         keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by")

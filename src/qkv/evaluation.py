@@ -113,6 +113,40 @@ def lm_loss(model: DecoderOnly, ids: Tensor, *, context: int, batch_size: int = 
 
 
 @torch.no_grad()
+def span_loss(
+    model: DecoderOnly, ids: Tensor, spans: Sequence[tuple[int, int]], *, context: int, batch_size: int = 64
+) -> tuple[float, int]:
+    """Mean next-token cross-entropy (nats per token) of the tokens ``ids[start:end]`` of each
+    span, each predicted from everything before it that fits in the window: the input is the
+    ``context`` tokens ending just before ``end`` (fewer at the stream's start). A dialogue's
+    reply given the turns before it is such a span. Returns the loss and the tokens scored.
+
+    Shapes: ids (N,) -> a float and a count; each span needs 1 <= start < end <= N and
+    end - start <= context (the window must hold the span and one token before it).
+    """
+    model.eval()
+    for start, end in spans:
+        if not (1 <= start < end <= len(ids) and end - start <= context):
+            raise ValueError(f"span ({start}, {end}) does not fit a stream of {len(ids)} and a window of {context}")
+    total, count = 0.0, 0
+    for i in range(0, len(spans), batch_size):
+        chunk = spans[i : i + batch_size]
+        firsts = [max(0, end - 1 - context) for _, end in chunk]  # each window: ids[first : end - 1]
+        width = max(end - 1 - first for (_, end), first in zip(chunk, firsts, strict=True))
+        x = torch.zeros((len(chunk), width), dtype=torch.long)  # (B, T), right-padded
+        y = torch.full((len(chunk), width), -100, dtype=torch.long)  # (B, T): -100 is not scored
+        for row, ((start, end), first) in enumerate(zip(chunk, firsts, strict=True)):
+            n = end - 1 - first
+            x[row, :n] = ids[first : end - 1]
+            y[row, start - 1 - first : n] = ids[start:end]  # position t predicts token t + 1
+        # Right padding is never attended by real positions (causal), so no mask is needed.
+        logits = model(x).float()  # (B, T, V)
+        total += F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum").item()
+        count += int((y != -100).sum())
+    return total / max(count, 1), count
+
+
+@torch.no_grad()
 def masked_lm_scores(model: EncoderOnly, batches: Iterable[tuple[Tensor, Tensor, Tensor]]) -> tuple[float, float, int]:
     """Mean cross-entropy (nats) and accuracy of a masked-LM's predictions, and their number.
 

@@ -10,6 +10,7 @@ the KV cache (``generation.py``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from qkv.data import (
 from qkv.errors import UserError
 from qkv.evaluation import (
     lm_loss,
+    span_loss,
 )
 from qkv.models.decoder_only import DecoderOnly
 from qkv.recipes import (
@@ -69,6 +71,23 @@ def token_stream(tokenizer: Tokenizer, docs: list[str], *, documents: str) -> to
     return torch.tensor([i for ids in tokenizer.encode_batch(docs) for i in [*ids, *end]], dtype=torch.long)
 
 
+def reply_spans(tokenizer: Tokenizer, dialogues: list[list[str]], *, context: int) -> tuple[list[tuple[int, int]], int]:
+    """Where each reply lies in the token stream of ``dialogues`` (as :func:`token_stream` builds
+    it for ``documents="dailydialog"``: utterances joined by " __eou__ ", each dialogue ending
+    with " __eou__" and END): (start, end) of every utterance but a dialogue's first, with its
+    " __eou__" (a reply ends there, as ``qkv chat`` stops there). What a chatbot is scored on:
+    the next utterance given the dialogue so far. A reply longer than the window
+    (``context`` tokens) is left out. Also returns the stream's length, to check it against.
+    """
+    spans, offset = [], 0
+    for turns in dialogues:
+        ends = [len(tokenizer.encode(f" {EOU} ".join(turns[: i + 1]) + f" {EOU}")) for i in range(len(turns))]
+        # Pieces never span a space, so each prefix's ids begin the whole dialogue's ids.
+        spans += [(offset + a, offset + b) for a, b in itertools.pairwise(ends) if b - a <= context]
+        offset += ends[-1] + 1  # + END
+    return spans, offset
+
+
 def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     """Train a decoder-only language model as ``recipe`` says; save it to ``out``.
 
@@ -84,6 +103,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
+    valid_turns: list[list[str]] | None = None  # DailyDialog: the validation dialogues' utterances
     if data["documents"] == "dailydialog":
         path = Path(data["text"])
         split_docs = {}
@@ -95,6 +115,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
             _, misaligned = read_dailydialog(path, split, labels="act")
             problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
         train_text, valid_text = "\n".join(split_docs["train"]), "\n".join(split_docs["validation"])
+        valid_turns = [[u for u, _ in d] for d in read_dailydialog(path, "validation")[0] if d]
     elif data["valid_text"] is not None:
         path = resolve(data["text"])
         text = read_text(path)
@@ -137,11 +158,21 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv lm")
     start = time.perf_counter()
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
+    reply: dict = {}
+    if valid_turns is not None:
+        spans, length = reply_spans(tokenizer, valid_turns, context=context)
+        if length == len(val_ids):
+            batch = int(data["eval_batch_size"])
+            reply_loss, reply_tokens = span_loss(model, val_ids, spans, context=context, batch_size=batch)
+            reply = {"reply_loss": reply_loss, "reply_tokens": reply_tokens, "replies": len(spans)}
+        else:  # an utterance with a line separator of its own (str.splitlines) would shift the documents
+            problems.append("the validation replies could not be located in the token stream; no reply_loss")
     eval_seconds = time.perf_counter() - start
-    save_model_dir(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss})
+    save_model_dir(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss, **reply})
     return {
         "val_loss": val_loss,
         "val_tokens": len(val_ids),
+        **reply,
         "problems": problems,
         "eval_seconds": eval_seconds,
         **fit_summary(result, model, tokenizer),
