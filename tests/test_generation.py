@@ -417,6 +417,8 @@ def test_filter_top_k_keeps_exactly_k() -> None:
         top = logits.topk(min(k, 11), dim=-1).indices
         assert finite.gather(-1, top).all()
         assert torch.equal(out[finite], logits[finite])
+    tied = torch.tensor([[0.0, 2.0, 1.0, 1.0, 1.0, -1.0]])  # the 2nd largest value is shared by three
+    assert int(torch.isfinite(filter_logits(tied, top_k=2)).sum()) == 2
 
 
 @pytest.mark.parametrize("top_p, kept", [(0.3, 1), (0.5, 1), (0.7, 2), (0.8, 2), (0.81, 3), (0.95, 3), (0.99, 4)])

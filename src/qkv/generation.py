@@ -290,15 +290,17 @@ def filter_logits(
 ) -> Tensor:
     """Temperature, then top-k, then nucleus (top-p; Holtzman et al., 2020) filtering.
 
-    Removed tokens get -inf. Top-p keeps the smallest set of most likely tokens whose
+    Removed tokens get -inf. Top-k keeps exactly k tokens (among equal logits, the ones
+    ``torch.topk`` picks). Top-p keeps the smallest set of most likely tokens whose
     probability reaches ``top_p`` (always at least one). Shapes: (N, V) -> (N, V).
     """
     if temperature <= 0:
         raise ValueError("temperature must be > 0 (use greedy for temperature 0)")
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (N, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # Exactly k kept, by index: a threshold at the k-th value would keep every token tied with it.
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.topk(top_k, dim=-1).indices, True)
+        logits = logits.masked_fill(~keep, float("-inf"))  # (N, V)
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
         probs = sorted_logits.softmax(-1)
