@@ -106,16 +106,17 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     valid_turns: list[list[str]] | None = None  # DailyDialog: the validation dialogues' utterances
     if data["documents"] == "dailydialog":
         path = Path(data["text"])
-        split_docs = {}
+        split_docs, split_turns = {}, {}
         for split in ("train", "validation"):
             dialogues, _ = read_dailydialog(path, split)
-            split_docs[split] = [f" {EOU} ".join(u for u, _ in d) + f" {EOU}" for d in dialogues if d]
+            split_turns[split] = [[u for u, _ in d] for d in dialogues if d]
+            split_docs[split] = [f" {EOU} ".join(turns) + f" {EOU}" for turns in split_turns[split]]
             # The text needs no labels, but a dialogue whose act labels do not line up is
             # reported (the known DailyDialog quirk); its text is still used.
             _, misaligned = read_dailydialog(path, split, labels="act")
             problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
         train_text, valid_text = "\n".join(split_docs["train"]), "\n".join(split_docs["validation"])
-        valid_turns = [[u for u, _ in d] for d in read_dailydialog(path, "validation")[0] if d]
+        valid_turns = split_turns["validation"]
     elif data["valid_text"] is not None:
         path = resolve(data["text"])
         text = read_text(path)
