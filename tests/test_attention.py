@@ -329,6 +329,31 @@ def test_mha_weights_path_equals_fused_path(n_kv_heads: int | None, cross: bool)
     assert (out_w - out_f).abs().max() <= TOL
 
 
+@pytest.mark.parametrize(("n_kv_heads", "bias", "rope"), [(None, True, False), (1, False, True), (3, True, True)])
+def test_stacked_projections_equal_three_products(monkeypatch, n_kv_heads: int | None, bias: bool, rope: bool) -> None:
+    """Self-attention over many rows computes Q, K, V as one product of [Wq; Wk; Wv]: outputs,
+    cache and every gradient (input and the three weights) equal the three separate products."""
+    import qkv.attention as attention
+
+    torch.manual_seed(10)
+    mha = MultiHeadAttention(H * 6, H, n_kv_heads=n_kv_heads, bias=bias, rope=rope)  # RoPE: even head width
+    x = torch.randn(B, T, H * 6)
+    positions = torch.arange(T)
+    mask = causal_mask(T, T)[None, None]
+    results = []
+    for rows in (B * T + 1, B * T):  # above B*T: three products; at B*T: one stacked product
+        monkeypatch.setattr(attention, "STACK_MIN_ROWS", rows)
+        assert mha._stack_projections(x) == (rows == B * T)
+        mha.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        out, cache, _ = mha(xi, mask=mask, positions=positions)
+        (out * torch.arange(out.numel()).view_as(out).sin()).sum().backward()
+        grads = [xi.grad] + [getattr(mha, n).weight.grad.clone() for n in ("w_q", "w_k", "w_v")]
+        results.append((out, *cache, *grads))
+    for separate, stacked in zip(*results, strict=True):
+        assert (separate - stacked).abs().max() <= TOL
+
+
 def test_gqa_equals_mha_with_repeated_kv_heads() -> None:
     """GQA with G=1 kv head equals full MHA whose k/v projections repeat that head for every query head."""
     torch.manual_seed(9)

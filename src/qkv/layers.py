@@ -127,7 +127,9 @@ class InputEmbedding(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        x = self.token(tokens) * self.scale  # (B, T, D)
+        x = self.token(tokens)  # (B, T, D)
+        if self.scale != 1.0:  # GPT-2 and BERT do not scale: spare the copy (forward and backward)
+            x = x * self.scale  # (B, T, D)
         if self.kind in ("sinusoidal", "sinusoidal_halves"):
             halves = self.kind == "sinusoidal_halves"
             x = x + sinusoidal_encoding(positions, x.shape[-1], halves=halves).to(x.dtype)
