@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.generation import for_decoding, greedy, int8_linears  # noqa: E402
+from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
 from qkv.training import Trainer  # noqa: E402
@@ -184,7 +185,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     results = []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    # As the qkv commands do (memory.py); in this one process it applies to every model alike.
+    malloc = choose_allocator()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator {malloc} for all models")
 
     def show(what: str, ours: float, theirs: float, unit: str, peer: str) -> None:
         results.append({"what": what, "qkv": round(ours, 1), "hf": round(theirs, 1), "ratio": round(ours / theirs, 2)})

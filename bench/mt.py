@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from qkv.checkpoint import load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
+from qkv.memory import choose_allocator  # noqa: E402
 from qkv.recipes import load_recipe  # noqa: E402
 from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
 from qkv.tokenization import Vocabularies  # noqa: E402
@@ -77,6 +78,7 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
     parser.add_argument("--skip-training", action="store_true", help="score the finished run in --out")
     args = parser.parse_args()
+    print(f"allocator: {choose_allocator()}", flush=True)  # as qkv train does (memory.py)
     recipe_file, (test_src, test_tgt), tok_ref, lang, bleu_tok, (target, anchor) = BENCHES[args.direction]
     out = Path(args.out or ROOT / "runs" / f"bench-{args.direction}")
     recipe = load_recipe(ROOT / "recipes" / recipe_file, args.set)

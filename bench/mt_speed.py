@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.generation import beam_search, for_decoding, greedy, int8_linears  # noqa: E402
+from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
 from qkv.training import Trainer, seq2seq_loss  # noqa: E402
 
@@ -221,7 +222,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     results = []
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    # As the qkv commands do (memory.py); in this one process it applies to every model alike.
+    malloc = choose_allocator()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator {malloc} for all models")
     for size_name in args.sizes:
         size = SIZES[size_name]
         if args.only != "decode":

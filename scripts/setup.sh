@@ -28,6 +28,18 @@ if [ ! -x .venv/bin/python ]; then
   fi
 fi
 
+# TCMalloc: qkv commands restart on it when it is installed (src/qkv/memory.py: CPU training
+# runs up to 1.76x faster than on glibc's malloc). Optional: without it qkv tunes glibc instead.
+if [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ] && [ ! -e /lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }; } \
+      || echo "qkv setup: could not install libtcmalloc-minimal4; qkv runs on glibc's malloc (slower)" >&2
+  else
+    echo "qkv setup: for up to 1.76x faster CPU training, install TCMalloc (apt-get install libtcmalloc-minimal4)" >&2
+  fi
+fi
+
 stamp=.venv/.qkv-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then

@@ -22,6 +22,7 @@ from pathlib import Path
 from qkv import __version__
 from qkv.errors import UserError
 from qkv.files import write_atomic
+from qkv.memory import choose_allocator
 
 EPILOG_DEMO = """example:
   qkv demo --out qkv-demo          # about 2 minutes on 2 CPU cores
@@ -1059,6 +1060,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if argv is None:  # a process of its own: TCMalloc makes CPU training up to 1.76x faster (memory.py)
+        choose_allocator()
     try:
         return args.run(args)
     except UserError as e:
