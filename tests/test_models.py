@@ -514,3 +514,61 @@ def test_sigmoid_attention_trains() -> None:
 
     first, last = _overfit(model, loss_fn, 120)
     assert last <= 0.1 * first
+
+
+# ------------------------------------------------------------ dropout (layers.dropout)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.3, 0.5])
+def test_dropout_keeps_one_minus_p_and_is_unbiased(p):
+    from qkv.layers import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(211, 307)  # odd size: the last 64-bit draw is partly used
+    y = dropout(x, p)
+    kept = (y != 0).double().mean().item()
+    # 64,777 elements: the binomial standard deviation of the kept fraction is below 0.002
+    assert abs(kept - (1 - p)) < 0.01
+    assert abs(y.double().mean().item() - 1.0) < 0.02  # inverted scaling: E[y] = x
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - p)), rtol=1e-4)
+
+
+def test_dropout_gradient_is_the_same_mask_and_eval_is_identity():
+    from qkv.layers import Dropout
+
+    torch.manual_seed(1)
+    layer = Dropout(0.3)
+    x = torch.randn(5, 7, 11, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    # d(sum y)/dx is scale where kept and 0 where dropped: the forward's own mask
+    assert torch.equal(x.grad != 0, y != 0)
+    assert torch.allclose(y[y != 0], (x * x.grad)[y != 0], atol=1e-6)
+    layer.eval()
+    assert layer(x) is x
+
+
+def test_dropout_is_seeded_by_torch_and_bf16_keeps_dtype():
+    from qkv.layers import dropout
+
+    x = torch.randn(13, 17)
+    torch.manual_seed(7)
+    a = dropout(x, 0.2)
+    torch.manual_seed(7)
+    b = dropout(x, 0.2)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, dropout(x, 0.2))  # the generator moved on
+    assert dropout(x.bfloat16(), 0.2).dtype == torch.bfloat16
+    assert torch.equal(dropout(x, 0.0), x) and torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+
+
+def test_dropout_rejects_p_outside_0_1_and_p_near_1_drops_everything():
+    from qkv.layers import Dropout, dropout
+
+    x = torch.randn(4, 5)
+    for p in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="dropout"):
+            dropout(x, p)
+        with pytest.raises(ValueError, match="dropout"):
+            Dropout(p)
+    assert torch.equal(dropout(x, 0.999995), torch.zeros_like(x))  # p' rounds to 1

@@ -1,7 +1,7 @@
 """qkv: the Transformer, whole — attention, the three model families, generation, training.
 
 Layers, bottom up (a module imports from its own layer or the ones below, never above):
-    errors.py, files.py                      user errors; atomic writes, JSON reading
+    errors.py, files.py, memory.py           user errors; atomic writes, JSON reading; malloc choice
     attention.py, layers.py, blocks.py       shared primitives
     models/                                  one file per family
     checkpoint.py, generation.py, training.py, evaluation.py, tokenization.py, tasks.py,

@@ -29,7 +29,7 @@ from qkv.attention import (
     causal_mask,
     padding_mask,
 )
-from qkv.layers import ACTIVATIONS, NORMS, POSITIONS, FeedForward, make_norm
+from qkv.layers import ACTIVATIONS, NORMS, POSITIONS, Dropout, FeedForward, make_norm
 
 # The cache of one decoder block: self-attention keys/values (grow each step) and
 # cross-attention keys/values (computed once from the encoder output; None without
@@ -155,7 +155,7 @@ class EncoderBlock(nn.Module):
         self.ffn = FeedForward(config.d_model, config.d_ff, activation=config.activation, bias=config.bias)
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor, *, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
         h = self.norm_1(x) if self.norm_first else x
@@ -192,7 +192,7 @@ class DecoderBlock(nn.Module):
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps) if cross_attention else None
         self.norm_3 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
         self,

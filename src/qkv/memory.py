@@ -8,7 +8,7 @@ page faults and the kernel zeroing each 4 KiB page. TCMalloc (gperftools) keeps 
 per-size free lists and per-thread caches instead. Measured here (2 cores, torch 2.13,
 2026-12-02), training target tokens/s of the same steps:
 
-    recipes/multi30k_en_de_lc.yaml (bf16), first 75 s    glibc 6,335   tcmalloc 11,146  (1.76x)
+    qkv train recipes/multi30k_en_de_lc.yaml, first 75 s  glibc 6,335   tcmalloc 10,784  (1.70x)
     bench/mt_speed.py, small size, bf16, qkv             glibc 3,668   tcmalloc  5,259  (1.43x)
 
 ``prefer_tcmalloc`` restarts the process (``exec``, same pid, same arguments, stdin untouched)
@@ -19,8 +19,8 @@ not loaded yet. Where it is missing, ``tune_malloc`` sets glibc to keep freed bl
 batches), but something. Either changes nothing but speed and resident size: freed memory
 stays with the process until it ends.
 
-The thin adapters (``qkv`` commands that compute, ``bench/`` scripts) call these once at start;
-library code never does (no import-time side effects). ``QKV_MALLOC=default`` keeps the C
+The entry points (the ``qkv`` command, ``python -m qkv``, ``bench/`` scripts) call these once
+at start; library code never does (no import-time side effects). ``QKV_MALLOC=default`` keeps the C
 library's allocator as it is (for A/B measurements).
 
 What is not here: anything about tensors or devices.
@@ -29,7 +29,6 @@ What is not here: anything about tensors or devices.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -67,11 +66,14 @@ def tcmalloc_path() -> str | None:
 def prefer_tcmalloc() -> None:
     """Restart this Python process on TCMalloc when it is installed and not loaded; else return.
 
-    Returns (doing nothing) when ``QKV_MALLOC=default`` is set, when TCMalloc is already
-    preloaded, when this process is already the restarted one, or when the library is not
-    installed. Call it before any input is read: the restarted process reads stdin afresh.
+    Returns (doing nothing) when ``QKV_MALLOC=default`` is set, when anything is preloaded
+    already, when this process is already the restarted one, when the library is not
+    installed, or when the restart fails. Call it only from a program's entry point (it
+    restarts the whole interpreter with its original arguments) and before any input is read.
     """
     if allocator() != "glibc" or os.environ.get(_GUARD) or sys.platform != "linux":
+        return
+    if os.environ.get("LD_PRELOAD"):  # the user preloads something (jemalloc, mimalloc...): theirs
         return
     path = tcmalloc_path()
     if path is None:
@@ -83,7 +85,10 @@ def prefer_tcmalloc() -> None:
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(2**40))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    except OSError:  # cannot start Python again here (no executable path, noexec mount): stay
+        return
 
 
 def tune_malloc() -> bool:
@@ -95,8 +100,8 @@ def tune_malloc() -> bool:
     if allocator() != "glibc":
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; setting either also turns off glibc's dynamic thresholds.

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from qkv.blocks import BlockConfig, EncoderStack, check_fields
-from qkv.layers import InputEmbedding, make_norm
+from qkv.layers import Dropout, InputEmbedding, make_norm
 
 POOLINGS = ("first", "mean")
 
@@ -121,7 +121,7 @@ class EncoderOnly(nn.Module):
                 self.mlm_output.weight = self.embed.token.weight
         self.classifier = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def encode(self, tokens: Tensor, *, mask: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         """Last hidden states. Shapes: tokens (B, S) -> (B, S, D)."""
