@@ -206,12 +206,13 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     base = tmp_path / "base"
     train_translation(load_recipe(RECIPE, [*overrides, *(f"model.{o}" for o in odd)]), base, progress=False)
     pretrained, _ = load_model(model_dir(base))
-    # A learning rate too small to change a weight: the fine-tuned model is where training started.
+    # A learning rate too small to move a weight visibly: the fine-tuned model is where training
+    # started (Adam's step is ~lr, so weights near zero may still move by ~1e-13).
     tuning = [*overrides, f"train.init={base}", "train.steps=1", "train.lr=1e-12", "model.dropout=0.3"]
     tuned = train_translation(load_recipe(RECIPE, tuning), tmp_path / "tuned", progress=False)
     assert tuned["model"].config == dataclasses.replace(pretrained.config, dropout=0.3)
     a, b = pretrained.state_dict(), tuned["model"].state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-9) for k in a)
     valid = [x for x, _ in read_parallel(*load_recipe(RECIPE, overrides)["data"]["valid"])]
     assert beam_translate(tuned["model"], tuned["tokenizer"], valid, beam_size=2) == beam_translate(
         pretrained, tuned["tokenizer"], valid, beam_size=2
