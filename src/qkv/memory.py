@@ -20,8 +20,8 @@ batches), but something. Either changes nothing but speed and resident size: fre
 stays with the process until it ends.
 
 The entry points (the ``qkv`` command, ``python -m qkv``, ``bench/`` scripts) call these once
-at start; library code never does (no import-time side effects). ``QKV_MALLOC=default`` keeps the C
-library's allocator as it is (for A/B measurements).
+at start; library code never does (no import-time side effects). ``QKV_MALLOC=default`` keeps
+the C library's allocator as it is (for A/B measurements).
 
 What is not here: anything about tensors or devices.
 """
@@ -71,16 +71,13 @@ def prefer_tcmalloc() -> None:
     installed, or when the restart fails. Call it only from a program's entry point (it
     restarts the whole interpreter with its original arguments) and before any input is read.
     """
-    if allocator() != "glibc" or os.environ.get(_GUARD) or sys.platform != "linux":
-        return
-    if os.environ.get("LD_PRELOAD"):  # the user preloads something (jemalloc, mimalloc...): theirs
+    # Anything already preloaded (TCMalloc, or the user's jemalloc, mimalloc...) is left alone.
+    if allocator() != "glibc" or os.environ.get("LD_PRELOAD") or os.environ.get(_GUARD) or sys.platform != "linux":
         return
     path = tcmalloc_path()
     if path is None:
         return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (path, env.get("LD_PRELOAD", "")) if p)
-    env[_GUARD] = "1"
+    env = {**os.environ, "LD_PRELOAD": path, _GUARD: "1"}
     # TCMalloc reports every allocation over 1 GiB on stderr; big logit tensors are routine here.
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(2**40))
     sys.stdout.flush()
