@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.training import fit, inverse_sqrt, seq2seq_batch, seq2seq_loss, sequence_loss
+from qkv.training import fit, inverse_sqrt, seq2seq_batch, seq2seq_loss, sequence_loss, symmetric_kl
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -73,7 +73,7 @@ def test_seq2seq_batch_shapes_padding_bos_eos():
     assert torch.equal(tgt_in[1, 1:], tgt_out[1, :-1])
 
 
-def _model(seed: int = 0) -> EncoderDecoder:
+def _model(seed: int = 0, *, dropout: float = 0.0) -> EncoderDecoder:
     torch.manual_seed(seed)
     config = EncoderDecoderConfig(
         src_vocab_size=V,
@@ -83,7 +83,7 @@ def _model(seed: int = 0) -> EncoderDecoder:
         d_ff=32,
         n_encoder_layers=1,
         n_decoder_layers=1,
-        dropout=0.0,
+        dropout=dropout,
         max_len=16,
     )
     return EncoderDecoder(config)
@@ -107,6 +107,66 @@ def test_seq2seq_loss_equals_the_loss_over_all_positions(smoothing: float) -> No
     assert fast.item() == pytest.approx(explicit.item(), rel=1e-6)
     for a, b in zip(fast_grads, (p.grad for p in model.parameters()), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_symmetric_kl_is_both_directions_of_kl_div() -> None:
+    g = torch.Generator().manual_seed(5)
+    logp = torch.log_softmax(torch.randn(7, V, generator=g, dtype=torch.float64), -1)
+    logq = torch.log_softmax(torch.randn(7, V, generator=g, dtype=torch.float64), -1)
+    # F.kl_div(input, target) is KL(target ‖ input), summed over the vocabulary per row.
+    reference = F.kl_div(logq, logp, log_target=True, reduction="batchmean") + F.kl_div(
+        logp, logq, log_target=True, reduction="batchmean"
+    )
+    torch.testing.assert_close(symmetric_kl(logp, logq), reference)
+    torch.testing.assert_close(symmetric_kl(logq, logp), reference)
+    assert symmetric_kl(logp, logp).item() == 0.0
+
+
+def _rdrop_batch():
+    g = torch.Generator().manual_seed(4)
+    rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (5, 2, 7)]
+    return seq2seq_batch([(r, r[::-1]) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+
+
+def test_rdrop_without_dropout_is_the_plain_loss() -> None:
+    """With no dropout the two copies agree: the KL term vanishes and loss and gradients are
+    those of the plain loss."""
+    src, tgt_in, tgt_out = _rdrop_batch()
+    model = _model()
+    rdrop, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1, rdrop=5.0)
+    rdrop.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    plain, m = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1)
+    plain.backward()
+    assert n == m == int((tgt_out != PAD).sum())
+    assert rdrop.item() == pytest.approx(plain.item(), rel=1e-6)
+    for a, b in zip(grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_rdrop_with_dropout_is_the_papers_loss() -> None:
+    """In training mode each copy draws its own masks; the loss is the mean cross-entropy of
+    both copies plus alpha/4 of the symmetric KL between them (Liang et al., 2021, eq. 3 over
+    the copies' tokens), recomputed here from the same masks (same seed) the explicit way."""
+    src, tgt_in, tgt_out = _rdrop_batch()
+    model = _model(dropout=0.3).train()
+    alpha = 3.0
+    torch.manual_seed(11)
+    loss, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1, rdrop=alpha)
+    torch.manual_seed(11)
+    logits = model(torch.cat([src, src]), torch.cat([tgt_in, tgt_in]))  # (2B, T, V)
+    keep = tgt_out != PAD
+    p1, p2 = logits[: len(src)][keep], logits[len(src) :][keep]  # (N, V) each
+    ce = (
+        sequence_loss(p1[None], tgt_out[keep][None], ignore_id=None, label_smoothing=0.1)
+        + sequence_loss(p2[None], tgt_out[keep][None], ignore_id=None, label_smoothing=0.1)
+    ) / 2
+    l1, l2 = torch.log_softmax(p1, -1), torch.log_softmax(p2, -1)
+    kl = F.kl_div(l2, l1, log_target=True, reduction="sum") + F.kl_div(l1, l2, log_target=True, reduction="sum")
+    assert n == int(keep.sum())
+    assert kl.item() > 0  # dropout made the copies differ
+    assert loss.item() == pytest.approx((ce + alpha / 4 * kl / n).item(), rel=1e-5)
 
 
 def _copy_task():

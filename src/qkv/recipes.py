@@ -164,6 +164,7 @@ TRANSLATION_DEFAULTS: dict = {
         "clip": 1.0,
         "bf16": False,
         "label_smoothing": 0.1,
+        "rdrop": 0.0,  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
         "seed": 0,
         "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
         "patience": None,  # stop after this many epochs without a better validation BLEU
@@ -465,6 +466,7 @@ _RULES = {
     ("train", "schedule"): (str, lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
     ("train", "lr"): ((int, float), lambda v: v > 0, "a positive number"),
     ("train", "label_smoothing"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("train", "rdrop"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no R-Drop)"),
     ("train", "seconds"): ((int, float, type(None)), lambda v: v is None or v > 0, "a positive number or null"),
     ("train", "min_lr"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("train", "weight_decay"): ((int, float), lambda v: v >= 0, "a number >= 0"),

@@ -4,7 +4,7 @@ What is here: :func:`sequence_loss` (token cross-entropy with label smoothing, p
 ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3),
 :func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
 END), :func:`seq2seq_loss` (an encoder-decoder's loss with logits at real target tokens
-only), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
+only, with R-Drop as an option), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
 mask/random/kept) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
 state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it with a
 step and/or time budget and a progress bar with loss, learning rate and tokens/s.
@@ -41,8 +41,26 @@ def sequence_loss(logits: Tensor, targets: Tensor, *, ignore_id: int | None, lab
     )
 
 
+def symmetric_kl(logp: Tensor, logq: Tensor) -> Tensor:
+    """Mean over rows of KL(P‖Q) + KL(Q‖P), from log-probabilities.
+
+    KL(P‖Q) + KL(Q‖P) = Σᵥ (pᵥ − qᵥ)(log pᵥ − log qᵥ): one sum, never negative, zero
+    only when the rows agree.
+
+    Shapes: logp, logq (N, V) -> scalar.
+    """
+    return ((logp.exp() - logq.exp()) * (logp - logq)).sum(-1).mean()
+
+
 def seq2seq_loss(
-    model: nn.Module, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, *, pad_id: int, label_smoothing: float = 0.0
+    model: nn.Module,
+    src: Tensor,
+    tgt_in: Tensor,
+    tgt_out: Tensor,
+    *,
+    pad_id: int,
+    label_smoothing: float = 0.0,
+    rdrop: float = 0.0,
 ) -> tuple[Tensor, int]:
     """Mean cross-entropy per real target token of an encoder-decoder, and their count.
 
@@ -50,12 +68,29 @@ def seq2seq_loss(
     but logits are computed at the real target tokens only (the model's ``only``), so
     padding costs no output-layer work.
 
+    ``rdrop`` > 0 adds R-Drop (Liang et al., NeurIPS 2021, eq. 3): the batch goes through
+    the model twice in one forward pass (stacked, so each copy draws its own dropout
+    masks), and the loss is the mean cross-entropy of both copies plus
+    ``rdrop``/4 · (KL(P₁‖P₂) + KL(P₂‖P₁)) per token -- the paper's
+    NLL₁ + NLL₂ + α/2 · (KL₁₂ + KL₂₁) divided by the two copies' tokens, as its fairseq
+    criterion normalises it, so α means what the paper's α does. Without dropout (eval
+    mode) the copies agree and the loss equals the plain one. The count is the batch's
+    own tokens (each seen twice).
+
     Shapes: src (B, S), tgt_in and tgt_out (B, T) as :func:`seq2seq_batch` returns them.
     """
     keep = tgt_out != pad_id  # (B, T)
-    logits = model(src, tgt_in, only=keep)  # (N, V)
-    loss = sequence_loss(logits[None], tgt_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
-    return loss, int(keep.sum())
+    n = int(keep.sum())
+    if rdrop <= 0.0:
+        logits = model(src, tgt_in, only=keep)  # (N, V)
+        loss = sequence_loss(logits[None], tgt_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
+        return loss, n
+    keep2 = torch.cat([keep, keep])  # (2B, T): rows of copy 1, then of copy 2
+    logits = model(torch.cat([src, src]), torch.cat([tgt_in, tgt_in]), only=keep2)  # (2N, V)
+    targets = tgt_out[keep].repeat(2)  # (2N,)
+    loss = sequence_loss(logits[None], targets[None], ignore_id=None, label_smoothing=label_smoothing)
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (2N, V)
+    return loss + rdrop / 4 * symmetric_kl(logp[:n], logp[n:]), n
 
 
 def inverse_sqrt(step: int, *, warmup: int) -> float:
