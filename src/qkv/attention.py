@@ -13,7 +13,8 @@ What is here:
     or a preallocated :class:`KVBuffer` written in place); ``fuse_qkv`` stacks Wq, Wk, Wv
     into one product for decoding.
 
-What is not here: feed-forward layers, embeddings and norms (``layers.py``), blocks
+What is not here: feed-forward layers, embeddings, norms and dropout (``layers.py``, whose
+:func:`~qkv.layers.dropout` the explicit path uses on A'), blocks
 (``blocks.py``), anything about a particular model family.
 
 Shape legend (every ``# (...)`` comment in qkv uses these letters):
@@ -35,6 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv import layers
 
 NORMALIZATIONS = ("softmax", "sigmoid")
 
@@ -252,7 +255,8 @@ def attention_explicit(
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     # Dropout regularizes what flows to O; the returned A' stays the normalized weights.
-    dropped = F.dropout(weights, p=dropout) if dropout > 0.0 else weights
+    # (The caller passes 0 at evaluation: MultiHeadAttention does so outside training mode.)
+    dropped = layers.dropout(weights, dropout)
     return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)
 
 

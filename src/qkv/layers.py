@@ -53,17 +53,22 @@ def keep_mask(
     return lanes >= dropped - _LEVELS // 2, _LEVELS / (_LEVELS - dropped)
 
 
+def _check_p(p: float) -> float:
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout must be in [0, 1], got {p}")
+    return p
+
+
 def dropout(x: Tensor, p: float, *, training: bool = True) -> Tensor:
     """Inverted dropout (Srivastava et al., 2014; the scaling of Vaswani et al., section 5.4):
     each element is zeroed with probability p' (p to 16 bits, see :func:`keep_mask`) and the
     rest scaled by 1/(1 - p'), so nothing changes at evaluation. The gradient flows through
-    the same mask. (Attention weights inside the fused kernel use its own dropout.)
+    the same mask. (The explicit attention path uses it on A'; the fused kernel draws its own.)
 
     Shapes:
         x: any; returns x's shape and dtype.
     """
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout must be in [0, 1], got {p}")
+    _check_p(p)
     if not training or p == 0.0:
         return x
     if round(p * _LEVELS) >= _LEVELS:  # p' = 1: every element dropped
@@ -78,9 +83,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout must be in [0, 1], got {p}")
-        self.p = p
+        self.p = _check_p(p)
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, training=self.training)
