@@ -32,7 +32,7 @@ fi
 # TCMalloc: qkv commands restart on it when it is installed (src/qkv/memory.py: CPU training
 # runs up to 1.7x faster than on glibc's malloc). Optional: without it qkv tunes glibc instead.
 # Found where qkv itself looks (memory.tcmalloc_path, standard library only: no venv needed).
-has_tcmalloc() { PYTHONPATH=src "$PY" -c 'import sys; from qkv.memory import tcmalloc_path; sys.exit(tcmalloc_path() is None)'; }
+has_tcmalloc() { PYTHONPATH=src "$PY" -B -c 'import sys; from qkv.memory import tcmalloc_path; sys.exit(tcmalloc_path() is None)'; }
 if ! has_tcmalloc; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     { apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 \

@@ -446,3 +446,26 @@ def test_mha_rejects_bad_shapes() -> None:
         MultiHeadAttention(16, 3)
     with pytest.raises(ValueError):
         MultiHeadAttention(15, 3, n_kv_heads=2)
+
+
+def test_explicit_attention_dropout_drops_the_weights_not_the_returned_weights():
+    """Dropout on A' is layers.dropout's mask (same seed, same draws), applied before A'·V;
+    p = 0 is the plain output, p = 1 a zero output; the returned A' is undropped."""
+    from qkv.layers import keep_mask
+
+    q, k, v = _qkv()
+    plain, weights = attention_explicit(q, k, v)
+    torch.manual_seed(3)
+    out, returned = attention_explicit(q, k, v, dropout=0.3)
+    torch.manual_seed(3)
+    keep, scale = keep_mask(weights.shape, 0.3)
+    torch.testing.assert_close(out, (weights * keep * scale) @ v, rtol=TOL, atol=TOL)
+    torch.testing.assert_close(returned, weights)
+    assert not torch.allclose(out, plain)
+    torch.testing.assert_close(attention_explicit(q, k, v, dropout=0.0)[0], plain)
+    assert torch.equal(attention_explicit(q, k, v, dropout=1.0)[0], torch.zeros_like(plain))
+
+
+def test_a_bad_attention_dropout_fails_when_the_module_is_built():
+    with pytest.raises(ValueError, match="dropout must be in"):
+        MultiHeadAttention(6, 2, dropout=1.5)

@@ -141,3 +141,14 @@ def test_task_selects_its_defaults(tmp_path):
     assert load_recipe(None, ["task=lm"])["data"] == LM_DEFAULTS["data"]
     with pytest.raises(UserError, match="beam_size"):
         load_recipe(path, ["data.beam_size=2"])  # a key of the numbers task
+
+
+def test_rdrop_is_a_translation_option_and_must_not_be_negative():
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "multi30k_en_de_lc.yaml"
+    assert load_recipe(recipe)["train"]["rdrop"] == 0.0  # off unless asked for
+    assert load_recipe(recipe, ["train.rdrop=5"])["train"]["rdrop"] == 5.0
+    for bad in ("-1", "true", "x"):
+        with pytest.raises(UserError, match=r"train\.rdrop must be a number >= 0"):
+            load_recipe(recipe, [f"train.rdrop={bad}"])
+    with pytest.raises(UserError, match="rdrop"):
+        load_recipe(RECIPE, ["train.rdrop=1"])  # the numbers task has no R-Drop

@@ -228,6 +228,10 @@ def attention_explicit(
     A query row with no key to attend to (a fully padded row) gets all-zero weights and a
     zero output, never NaN, forward or backward.
 
+    ``dropout`` zeroes each weight of A' with that probability before O = A'·V (Vaswani et
+    al., section 5.4, applied to the weights) through :func:`qkv.layers.dropout`; the
+    returned A' is undropped. Pass 0 at evaluation.
+
     Shapes:
         q: (B, H, T, K); k, v: (B, H, S, K).
         mask: bool, broadcastable to (B, H, T, S); True = may attend.
@@ -367,7 +371,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"attention must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.normalization, self.dropout, self.rope = normalization, dropout, rope
+        self.normalization, self.dropout, self.rope = normalization, layers.check_p(dropout), rope
         self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
         self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)

@@ -53,7 +53,9 @@ def keep_mask(
     return lanes >= dropped - _LEVELS // 2, _LEVELS / (_LEVELS - dropped)
 
 
-def _check_p(p: float) -> float:
+def check_p(p: float) -> float:
+    """``p`` itself if it is a dropout probability (0 <= p <= 1), else ValueError: checked
+    where a module is built, so a bad value fails then, not at the first training step."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout must be in [0, 1], got {p}")
     return p
@@ -68,7 +70,7 @@ def dropout(x: Tensor, p: float, *, training: bool = True) -> Tensor:
     Shapes:
         x: any; returns x's shape and dtype.
     """
-    _check_p(p)
+    check_p(p)
     if not training or p == 0.0:
         return x
     if round(p * _LEVELS) >= _LEVELS:  # p' = 1: every element dropped
@@ -83,7 +85,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        self.p = _check_p(p)
+        self.p = check_p(p)
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, training=self.training)

@@ -75,7 +75,8 @@ def seq2seq_loss(
     NLL₁ + NLL₂ + α/2 · (KL₁₂ + KL₂₁) divided by the two copies' tokens, as its fairseq
     criterion normalises it, so α means what the paper's α does. Without dropout (eval
     mode) the copies agree and the loss equals the plain one. The count is the batch's
-    own tokens (each seen twice).
+    own tokens (each seen twice). The training loss logged then includes the KL term, so
+    its curve is not comparable with a run without R-Drop (validation loss is the plain one).
 
     Shapes: src (B, S), tgt_in and tgt_out (B, T) as :func:`seq2seq_batch` returns them.
     """
