@@ -259,7 +259,6 @@ def attention_explicit(
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
     # Dropout regularizes what flows to O; the returned A' stays the normalized weights.
-    # (The caller passes 0 at evaluation: MultiHeadAttention does so outside training mode.)
     dropped = layers.dropout(weights, dropout)
     return dropped @ v, weights  # (B, H, T, K), (B, H, T, S)
 

@@ -518,7 +518,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             s, t_in, t_out = seq2seq_batch(
                 [examples[i] for i in rows], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
             )
-            smoothing, rdrop = train["label_smoothing"], float(train["rdrop"])
+            smoothing, rdrop = train["label_smoothing"], train["rdrop"]
             return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
 
         bar = tqdm(

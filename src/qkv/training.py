@@ -82,16 +82,15 @@ def seq2seq_loss(
     """
     keep = tgt_out != pad_id  # (B, T)
     n = int(keep.sum())
-    if rdrop <= 0.0:
-        logits = model(src, tgt_in, only=keep)  # (N, V)
-        loss = sequence_loss(logits[None], tgt_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
-        return loss, n
-    keep2 = torch.cat([keep, keep])  # (2B, T): rows of copy 1, then of copy 2
-    logits = model(torch.cat([src, src]), torch.cat([tgt_in, tgt_in]), only=keep2)  # (2N, V)
-    targets = tgt_out[keep].repeat(2)  # (2N,)
+    copies = 2 if rdrop > 0.0 else 1  # R-Drop: copy 1's rows, then copy 2's
+    only = keep.repeat(copies, 1)  # (copies·B, T)
+    logits = model(src.repeat(copies, 1), tgt_in.repeat(copies, 1), only=only)  # (copies·N, V)
+    targets = tgt_out[keep].repeat(copies)  # (copies·N,)
     loss = sequence_loss(logits[None], targets[None], ignore_id=None, label_smoothing=label_smoothing)
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (2N, V)
-    return loss + rdrop / 4 * symmetric_kl(logp[:n], logp[n:]), n
+    if copies == 2:
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (2N, V)
+        loss = loss + rdrop / 4 * symmetric_kl(logp[:n], logp[n:])
+    return loss, n
 
 
 def inverse_sqrt(step: int, *, warmup: int) -> float:
