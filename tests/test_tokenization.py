@@ -1,12 +1,17 @@
-"""Tests of qkv.tokenization: the word-level tokenizer, its special ids, files and errors."""
+"""Tests of qkv.tokenization: word-level and subword tokenizers, special ids, files, errors, subword sampling."""
 
 from __future__ import annotations
 
+import json
+import random
+
+import numpy as np
 import pytest
+import torch
 
 from qkv.errors import UserError
 from qkv.tasks import numbers_pairs
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import SegmentationSampler, Tokenizer
 
 SENTENCE = "four thousand three hundred seventeen"
 
@@ -120,3 +125,70 @@ def test_subword_newlines_are_pieces_and_text_round_trips(tmp_path) -> None:
     assert Tokenizer.load(tmp_path / "tokenizer.json").encode(sample) == ids
     plain = Tokenizer.train_subword(text.splitlines(), vocab_size=40)
     assert plain.decode(plain.encode("the cat\nthe dog")) != "the cat\nthe dog"  # what the option is for
+
+
+SAMPLED = [
+    "a man in a blue shirt is riding a bicycle .",
+    "zwei hunde spielen im schnee miteinander .",
+    "Tom 是 我 的 朋友 ！",
+    "我爱你。",
+    "the children are playing football outside",
+    " a man riding",  # a leading space: SentencePiece would read an extra "▁"
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def unigram() -> Tokenizer:
+    words = "a man woman in blue red shirt is riding bicycle bicycles ride zwei hunde hund spielen im schnee".split()
+    rng = random.Random(3)
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(400)]
+    return Tokenizer.train_subword([*texts, *SAMPLED[2:4]], vocab_size=80)
+
+
+def test_sampler_best_segmentation_is_encode(unigram) -> None:
+    """The first of the l-best (from SentencePiece, rebuilt from the tokenizer's pieces) is
+    what the ``tokenizers`` unigram model gives: same pieces, same ids, Chinese included."""
+    sampler = SegmentationSampler(unigram, SAMPLED, nbest=8, alpha=0.5)
+    assert len(sampler) == len(SAMPLED)
+    assert sampler.best() == unigram.encode_batch(SAMPLED)
+
+
+def test_sampler_draws_other_segmentations_of_the_same_text_reproducibly(unigram) -> None:
+    sampler = SegmentationSampler(unigram, SAMPLED * 10, nbest=16, alpha=0.2)
+    first, again, other = sampler.sample([0, 1]), sampler.sample([0, 1]), sampler.sample([0, 2])
+    assert first == again and first != other  # a function of the seed
+    assert first != sampler.best()  # other segmentations are drawn...
+    assert [unigram.decode(ids) for ids in first] == [
+        unigram.decode(ids) for ids in sampler.best()
+    ]  # ...of the same text
+    # A large alpha makes the best segmentation (far more probable than the next) almost certain.
+    assert SegmentationSampler(unigram, SAMPLED, nbest=16, alpha=1000.0).sample([0]) == sampler.best()[: len(SAMPLED)]
+
+
+def test_sampler_frequencies_follow_p_to_the_alpha(unigram) -> None:
+    """Each segmentation is scored by the sum of its pieces' log probabilities (the scores in
+    tokenizer.json), best first, and draws follow P^alpha over the l-best (Kudo, 2018, eq. 10)."""
+    text = "bicycles riding"
+    sampler = SegmentationSampler(unigram, [text] * 4000, nbest=4, alpha=0.5)
+    pieces = dict(json.loads(unigram.backend.to_str())["model"]["vocab"])
+    segmentations = [sampler._segmentation(0, k) for k in range(4) if np.isfinite(sampler._scores[0, k])]
+    assert len(segmentations) > 1 and len({tuple(x) for x in segmentations}) == len(segmentations)
+    scores = [sum(pieces[unigram.id_to_token(i)] for i in ids) for ids in segmentations]
+    assert np.allclose(sampler._scores[0, : len(scores)], scores) and scores == sorted(scores, reverse=True)
+    assert all(unigram.decode(ids) == text for ids in segmentations)
+    expected = torch.softmax(torch.tensor(0.5 * np.asarray(scores)), 0).float()
+    drawn = sampler.sample([7])
+    observed = torch.tensor([sum(d == s for d in drawn) / len(drawn) for s in segmentations])
+    assert torch.allclose(observed, expected, atol=0.03)
+
+
+def test_sampler_refuses_what_it_cannot_read_alike(unigram, tmp_path) -> None:
+    """Not a unigram model, or one read otherwise than by Metaspace: a clear error each."""
+    with pytest.raises(UserError, match="subword sampling needs a unigram vocabulary; this tokenizer's is WordLevel"):
+        SegmentationSampler(Tokenizer.train_word_level(["a b"]), ["a b"], nbest=4, alpha=0.1)
+    spec = json.loads(unigram.backend.to_str())
+    spec["pre_tokenizer"]["split"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(UserError, match=r"needs Metaspace that splits words \(split: true\)"):
+        SegmentationSampler(Tokenizer.load(tmp_path / "tokenizer.json"), ["a b"], nbest=4, alpha=0.1)

@@ -23,7 +23,7 @@ from qkv.cli import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
 from qkv.recipes import DEFAULTS, load_recipe
-from qkv.seq2seq import _encode_pairs, beam_translate, source_ids, train_translation, translate
+from qkv.seq2seq import _encode_pairs, _epoch_examples, beam_translate, source_ids, train_translation, translate
 from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
@@ -173,6 +173,44 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path) -> None:
         load_file(whole / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
         load_file(parts / "last" / "trainer.safetensors")["optimizer.0.exp_avg"],
     )
+
+
+def test_subword_sampling_draws_per_epoch_and_resumes_exactly(tmp_path) -> None:
+    """data.subword_nbest: every epoch its own segmentations of the same pairs in the same
+    places (over-long ones dropped or truncated as without it), a function of seed and epoch,
+    so a run stopped mid-epoch and resumed still ends with the uninterrupted weights; and
+    training does see other pieces than without it."""
+    sampling = ["data.subword_nbest=8", "data.subword_alpha=0.3"]
+    overrides = [*_overrides(tmp_path, epochs=2), "train.deterministic=true", *sampling]
+    recipe = load_recipe(RECIPE, overrides)
+    pairs = read_parallel(*recipe["data"]["train"])
+    vocab = Vocabularies.of(Tokenizer.train_subword([x for pair in pairs for x in pair], vocab_size=40))
+    for long, window in (("drop", 13), ("drop", 4), ("truncate", 4)):
+        examples, over_long = _encode_pairs(vocab, pairs, window=window, long=long)
+        assert (len(over_long) > 0) == (window == 4)
+        data = {**recipe["data"], "long": long}
+        draw = _epoch_examples(vocab, pairs, examples, over_long, data=data, window=window, seed=-3)
+        first = draw(0)
+        assert first == draw(0) and first != draw(1) and first != examples and len(first) == len(examples)
+        assert all(len(s) <= window and len(t) <= window - 1 for s, t in first)
+        decode = vocab.target.decode  # the same pairs, spelt in other pieces
+        assert [(decode(s), decode(t)) for s, t in first] == [(decode(s), decode(t)) for s, t in examples]
+    with pytest.raises(UserError, match=r"data\.subword_nbest: the source tokenizer: subword sampling needs a unigram"):
+        word_level = Tokenizer.train_word_level([x for pair in pairs for x in pair])
+        _epoch_examples(word_level, pairs, examples, [], data=recipe["data"], window=13, seed=0)
+    with pytest.raises(UserError, match=r"data.subword_nbest must be an integer in 0..512"):
+        load_recipe(RECIPE, ["data.subword_nbest=513"])
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train_translation(recipe, whole, progress=False)
+    stopped = train_translation(load_recipe(RECIPE, [*overrides, "train.steps=4"]), parts, progress=False)
+    assert stopped["stopped_by"] == "steps"
+    train_translation(load_recipe(RECIPE, overrides), parts, progress=False, resume=True)
+    a, b = _weights(whole / "last"), _weights(parts / "last")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    plain = tmp_path / "plain"
+    train_translation(load_recipe(RECIPE, [o for o in overrides if o not in sampling]), plain, progress=False)
+    c = _weights(plain / "last")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
 @pytest.mark.parametrize("stop", ["steps", "patience"])

@@ -192,6 +192,11 @@ TRANSLATION_DEFAULTS: dict = {
         "src_vocab_size": None,  # separate only: the source vocabulary's size (null: vocab_size)
         "tgt_vocab_size": None,  # separate only: the target vocabulary's size (null: vocab_size)
         "long": "drop",
+        # subword regularization (Kudo, 2018): each epoch, every training sentence in one of its
+        # subword_nbest most probable segmentations, drawn with probability ∝ P^subword_alpha;
+        # a unigram vocabulary only
+        "subword_nbest": 0,  # 0: off (always the best segmentation)
+        "subword_alpha": 0.1,
         "valid_beam": 1,  # decoding for the per-epoch validation BLEU (1: greedy)
         "beam_size": 4,  # decoding for the final validation BLEU
         "length_penalty": 1.0,
@@ -457,6 +462,8 @@ _RULES = {
     ("data", "src_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
     ("data", "tgt_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
     ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
+    ("data", "subword_nbest"): (int, lambda v: 0 <= v <= 512, "an integer in 0..512 (0: no subword sampling)"),
+    ("data", "subword_alpha"): ((int, float), lambda v: v > 0, "a number > 0"),
     ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("data", "max_len_b"): (int, lambda v: v >= 0, "an integer >= 0"),

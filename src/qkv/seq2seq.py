@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -68,7 +69,7 @@ from qkv.runs import (
     write_json,
 )
 from qkv.tasks import numbers_pairs
-from qkv.tokenization import Tokenizer, Vocabularies
+from qkv.tokenization import SegmentationSampler, Tokenizer, Vocabularies
 from qkv.training import (
     FitResult,
     Trainer,
@@ -342,6 +343,50 @@ def _encode_pairs(
     return examples, over_long
 
 
+def _epoch_examples(
+    tokenizers: Tokenizer | Vocabularies,
+    pairs: list[tuple[str, str]],
+    examples: list[tuple[list[int], list[int]]],
+    over_long: list[int],
+    *,
+    data: dict,
+    window: int,
+    seed: int,
+) -> Callable[[int], list[tuple[list[int], list[int]]]]:
+    """The training examples of each epoch: ``examples`` (the best segmentation of every
+    pair, from :func:`_encode_pairs`) every time, or, with ``data.subword_nbest`` > 0, a new
+    segmentation of both sides each epoch drawn by
+    :class:`~qkv.tokenization.SegmentationSampler` (seeded with seed and epoch: a resumed run
+    sees the same pieces). The same pairs in the same places either way; a draw longer than
+    the window falls back to that pair's best segmentation."""
+    if not data["subword_nbest"]:
+        return lambda epoch: examples
+    vocab = Vocabularies.of(tokenizers)
+    dropped = set(over_long) if data["long"] == "drop" else set()
+    kept = [pair for i, pair in enumerate(pairs) if i not in dropped]  # examples[j] is kept[j]
+    nbest, alpha = int(data["subword_nbest"]), float(data["subword_alpha"])
+    samplers = []
+    for side, tokenizer, texts in (
+        ("source", vocab.source, [a for a, _ in kept]),
+        ("target", vocab.target, [b for _, b in kept]),
+    ):
+        try:
+            samplers.append(SegmentationSampler(tokenizer, texts, nbest=nbest, alpha=alpha))
+        except UserError as e:
+            raise UserError(f"data.subword_nbest: the {side} tokenizer: {e}") from None
+    sources, targets = samplers
+    key = seed % 2**64  # numpy seeds are non-negative; train.seed may be any integer
+
+    def drawn(epoch: int) -> list[tuple[list[int], list[int]]]:
+        src, tgt = sources.sample([key, epoch, 0]), targets.sample([key, epoch, 1])
+        return [
+            (s, t) if len(s) <= window and len(t) <= window - 1 else best
+            for s, t, best in zip(src, tgt, examples, strict=True)
+        ]
+
+    return drawn
+
+
 def over_long_note(over_long: list[int], *, files: list[str], total: int, window: int, action: str) -> str:
     """One line naming the over-long pairs by line number (pair i is line i + 1 of its files:
     :func:`~qkv.data.read_parallel` keeps every line), the first ten of them."""
@@ -377,7 +422,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     :func:`~qkv.recipes.vocabularies_for`). Pairs longer than the model's window are dropped
     or truncated (``data.long``) and counted. Batches hold at most ``train.max_tokens``
     padded tokens, length-bucketed and reshuffled every epoch (seed + epoch), so the data
-    order is a function of the seed and a position (epoch, batch) is enough to resume.
+    order is a function of the seed and a position (epoch, batch) is enough to resume. With
+    ``data.subword_nbest`` each epoch trains on its own draw of segmentations
+    (:func:`_epoch_examples`), also a function of the seed and epoch.
     After every epoch: validation loss and BLEU (``data.valid_beam``), TensorBoard scalars,
     ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
     end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
@@ -430,12 +477,17 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         if ids:
             note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
             print(f"qkv train: note: {note}", file=sys.stderr)
-    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+    epoch_examples = _epoch_examples(vocab, pairs, examples, over_long, data=data, window=window, seed=seed)
     max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
+    # Optimizer steps per epoch: fixed with one segmentation per pair; with subword sampling the
+    # first epoch's count stands for all (for the progress bar and a schedule's length: an
+    # epoch of sampled pieces holds a few batches more or fewer). Epochs, not this, end a run.
+    lengths = [max(len(s), len(t) + 1) for s, t in epoch_examples(0)]
     steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
+    step_cap = int(train["steps"]) if train["steps"] is not None else None
     total_steps = int(train["epochs"]) * steps_per_epoch
-    if train["steps"] is not None:
-        total_steps = min(total_steps, int(train["steps"]))
+    if step_cap is not None:
+        total_steps = min(total_steps, step_cap)
     trainer = Trainer(
         model,
         lr=float(train["lr"]),
@@ -514,9 +566,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             save("last", resumable=True)
             record("last")
 
-        def batch_loss(rows: list[int]) -> tuple[torch.Tensor, int]:
+        def batch_loss(rows: list[int], epoch_data: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, int]:
             s, t_in, t_out = seq2seq_batch(
-                [examples[i] for i in rows], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
+                [epoch_data[i] for i in rows], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
             )
             smoothing, rdrop = train["label_smoothing"], train["rdrop"]
             return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
@@ -540,7 +592,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                 return "patience"
             if state["epoch"] >= int(train["epochs"]):
                 return "epochs"
-            if trainer.steps >= total_steps:
+            if step_cap is not None and trainer.steps >= step_cap:
                 return "steps"
             if seconds_cap is not None and state["seconds"] >= seconds_cap:
                 return "seconds"
@@ -552,14 +604,18 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             stop = stopped()
             if stop is not None:
                 break
+            tick = time.perf_counter()  # an epoch's draw of segmentations is training time
+            epoch_data = epoch_examples(state["epoch"])
+            lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
             order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
-            tick = time.perf_counter()
             while state["batch"] < len(order):
                 stop = stopped()
                 if stop is not None:
                     break
                 group = order[state["batch"] : state["batch"] + accumulate]
-                loss, n_tokens = trainer.step([lambda rows=rows: batch_loss(rows) for rows in group])
+                loss, n_tokens = trainer.step(
+                    [lambda rows=rows, epoch_data=epoch_data: batch_loss(rows, epoch_data) for rows in group]
+                )
                 now = time.perf_counter()
                 state["seconds"] += now - tick
                 tick = now

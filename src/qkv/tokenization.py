@@ -26,6 +26,7 @@ import json
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -311,6 +312,133 @@ class Vocabularies:
             return cls(source, target)
         except UserError as e:
             raise UserError(f"{directory / TARGET_FILE}: {e}") from None
+
+
+class SegmentationSampler:
+    """Subword regularization (Kudo, 2018): a new segmentation of every text each epoch.
+
+    A unigram vocabulary can split a text in many ways; ``encode`` always takes the most
+    probable one (Viterbi). Training on sampled segmentations instead shows the model many
+    spellings of each word in pieces, which regularises it (Kudo, section 5: the gains are
+    largest on the smallest corpora). This is the paper's l-best sampling (section 3.2):
+    SentencePiece finds the ``nbest`` most probable segmentations of each text once, when the
+    sampler is built (deterministic: no random state); :meth:`sample` then draws one per text
+    with probability ∝ P(segmentation)^alpha (equation 10), by a generator seeded with the
+    caller's seed, so an epoch's draw is a function of (seed, epoch) and a resumed run
+    draws the same. alpha → 0 is uniform over the l-best; large alpha is almost always the
+    best one. (SentencePiece's own sampling, ``enable_sampling``, draws from a process-wide
+    generator whose state the caller cannot restore, so a resumed run would draw differently.)
+
+    Needs a unigram tokenizer with Metaspace pre-tokenization (the ones ``train_subword``
+    makes) whose ``encode`` adds no special tokens. The first of each text's segmentations is
+    the one ``tokenizer.encode`` gives: checked text by text when the sampler is built; a text
+    SentencePiece reads otherwise (one that starts with a space, a special token written out)
+    keeps that one segmentation only.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, texts: list[str], *, nbest: int, alpha: float) -> None:
+        import numpy as np
+
+        if not 1 <= nbest <= MAX_NBEST or alpha <= 0:
+            raise ValueError(f"nbest must be in 1..{MAX_NBEST} and alpha > 0, got {nbest} and {alpha}")
+        processor, scores = _sentencepiece_of(tokenizer)
+        normalizer = tokenizer.backend.normalizer
+        best = tokenizer.encode_batch(list(texts))
+        texts = [normalizer.normalize_str(t) for t in texts] if normalizer is not None else list(texts)
+        self.alpha = alpha
+        # Per text i: its segmentations' ids end to end, and where segmentation k starts and
+        # ends, _flat[i][_offsets[i, k] : _offsets[i, k + 1]] (missing ones, beyond a short
+        # text's count, are empty and scored -inf): arrays per text, not per segmentation.
+        self._flat: list[np.ndarray] = []  # N arrays of ids, int32
+        self._offsets = np.zeros((len(texts), nbest + 1), dtype=np.int64)  # (N, l + 1)
+        self._scores = np.full((len(texts), nbest), -np.inf)  # (N, l) log P of each segmentation
+        chunk = 2048  # the n-best lists of a chunk at a time as Python lists, then as arrays
+        for start in range(0, len(texts), chunk):
+            found = processor.nbest_encode(texts[start : start + chunk], nbest_size=nbest)
+            for i, segmentations in enumerate(found, start):
+                if not segmentations or segmentations[0] != best[i]:
+                    segmentations = [best[i]]  # SentencePiece reads this text otherwise: no sampling
+                lengths = [len(ids) for ids in segmentations]
+                flat = np.fromiter((t for ids in segmentations for t in ids), dtype=np.int32, count=sum(lengths))
+                ends = np.cumsum(lengths)
+                self._flat.append(flat)
+                self._offsets[i, 1 : len(lengths) + 1] = ends
+                self._offsets[i, len(lengths) + 1 :] = ends[-1]
+                if len(flat):  # every segmentation of a non-empty text has pieces
+                    self._scores[i, : len(lengths)] = np.add.reduceat(scores[flat], ends - np.asarray(lengths))
+                else:
+                    self._scores[i, 0] = 0.0
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    def _segmentation(self, i: int, k: int) -> list[int]:
+        """The ids of text i's k-th most probable segmentation."""
+        return self._flat[i][self._offsets[i, k] : self._offsets[i, k + 1]].tolist()
+
+    def best(self) -> list[list[int]]:
+        """The most probable segmentation of every text (what ``Tokenizer.encode`` gives)."""
+        return [self._segmentation(i, 0) for i in range(len(self))]
+
+    def sample(self, seed: list[int]) -> list[list[int]]:
+        """One segmentation per text, drawn ∝ P^alpha among its l-best (Gumbel-max: the
+        argmax of alpha·log P + Gumbel noise is such a draw); ``seed`` (non-negative
+        integers) seeds the draw."""
+        import numpy as np
+
+        noise = np.random.default_rng(seed).gumbel(size=self._scores.shape)  # (N, l)
+        chosen = np.argmax(self.alpha * self._scores + noise, axis=1)  # (N,): -inf never wins
+        return [self._segmentation(i, k) for i, k in enumerate(chosen.tolist())]
+
+
+MAX_NBEST = 512  # SentencePiece's limit on n-best segmentations
+
+
+def _sentencepiece_of(tokenizer: Tokenizer) -> tuple[Any, Any]:
+    """A SentencePiece processor that segments as ``tokenizer``'s unigram model does (same
+    pieces, scores and ids; "▁" before every word, as Metaspace writes spaces), and the
+    piece scores (log probabilities) by id as a float64 array, the unknown piece's as
+    SentencePiece scores it (the lowest piece score less 10)."""
+    import numpy as np
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    spec = json.loads(tokenizer.backend.to_str())
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    problems = [
+        (model.get("type") != "Unigram", f"a unigram vocabulary; this tokenizer's is {model.get('type')}"),
+        (model.get("unk_id") is None, "a unigram vocabulary with an unknown-token piece"),
+        (pre.get("type") != "Metaspace", f"Metaspace pre-tokenization; this tokenizer's is {pre.get('type')}"),
+        (pre.get("replacement", "▁") != "▁", "Metaspace with the replacement '▁'"),
+        (pre.get("prepend_scheme", "always") != "always", "Metaspace with prepend_scheme 'always'"),
+        (not pre.get("split", True), "Metaspace that splits words (split: true)"),
+        (tokenizer.add_special_tokens, "a tokenizer that adds no special tokens when encoding"),
+    ]
+    for failed, needs in problems:
+        if failed:
+            raise UserError(f"subword sampling needs {needs}")
+    proto = pb.ModelProto()
+    specials = {t for t in tokenizer.specials.values() if t is not None}
+    for i, (piece, score) in enumerate(model["vocab"]):
+        entry = proto.pieces.add()
+        entry.piece, entry.score = piece, score
+        if i == model["unk_id"]:
+            entry.type = pb.ModelProto.SentencePiece.UNKNOWN
+        elif piece in specials:
+            entry.type = pb.ModelProto.SentencePiece.CONTROL  # padding, BEGIN, END: never matched in text
+    proto.trainer_spec.model_type = pb.TrainerSpec.UNIGRAM
+    proto.trainer_spec.unk_id = model["unk_id"]
+    proto.trainer_spec.bos_id = proto.trainer_spec.eos_id = proto.trainer_spec.pad_id = -1
+    proto.normalizer_spec.name = "identity"  # the tokenizer's own normalizer runs first
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.remove_extra_whitespaces = False
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto.SerializeToString())
+    scores = np.asarray([score for _, score in model["vocab"]], dtype=np.float64)
+    normal = [
+        score for i, (piece, score) in enumerate(model["vocab"]) if i != model["unk_id"] and piece not in specials
+    ]
+    scores[model["unk_id"]] = min(normal, default=0.0) - 10.0  # SentencePiece's kUnkPenalty
+    return processor, scores
 
 
 # Han characters, CJK symbols and punctuation (U+3000-303F: "。", "、"), full-width forms
