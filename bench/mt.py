@@ -10,6 +10,12 @@ against the official ``tok/`` references; Tatoeba: sacreBLEU as the recipe says)
 detokenized sacreBLEU with its signature, chrF, the training wall time, target tokens/s and
 the whole command's wall time. The figures to beat are from the papers and repositories
 named in issue 3 (not re-measured here).
+
+``--ensemble N`` trains the recipe N times, with seeds seed, seed + 1, ... (run directories
+OUT/seed-0, OUT/seed-1, ...), one after the other, and translates with the N final models as
+one ensemble (``qkv translate --ensemble``: each step's distribution is the mean of theirs);
+each run's training-time cap is 1/N of the recipe's, the training time printed is the sum of
+the N runs', and each member's own BLEU is printed too.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from qkv.checkpoint import load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
+from qkv.generation import Ensemble  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.recipes import load_recipe  # noqa: E402
 from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
@@ -77,36 +84,65 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
     parser.add_argument("--skip-training", action="store_true", help="score the finished run in --out")
+    parser.add_argument("--ensemble", type=int, default=1, metavar="N", help="train N seeds, decode as one ensemble")
     args = parser.parse_args()
+    if args.ensemble < 1:
+        parser.error("--ensemble must be at least 1")
     print(f"allocator: {choose_allocator()}", flush=True)  # as qkv train does (memory.py)
     recipe_file, (test_src, test_tgt), tok_ref, lang, bleu_tok, (target, anchor) = BENCHES[args.direction]
     out = Path(args.out or ROOT / "runs" / f"bench-{args.direction}")
     recipe = load_recipe(ROOT / "recipes" / recipe_file, args.set)
     start = time.perf_counter()
-    if args.skip_training:
-        model, meta = load_model(out)
-        tokenizer = Vocabularies.load(model_dir(out), files=meta["files"])  # source and target
-        run = json.loads((out / "run.json").read_text())
-        summary = {"model": model, "tokenizer": tokenizer, "train_seconds": run["seconds"], "steps": None}
-        summary["tokens_per_second"] = run["tokens"] / max(run["seconds"], 1e-9)
-        summary["final"], summary["epochs"] = run["final"], run["epoch"]
+    if args.ensemble == 1:
+        summary = _trained(recipe, out, args)
+        members = [summary]
     else:
-        summary = train_translation(recipe, out, resume=args.resume)
+        seed = int(recipe["train"]["seed"])
+        # The recipe's training-time cap is for the whole ensemble: each run gets its share
+        # (unless --set names one), so N runs take no longer than one run may.
+        share = []
+        if recipe["train"]["seconds"] is not None and not any(o.startswith("train.seconds=") for o in args.set):
+            share = [f"train.seconds={recipe['train']['seconds'] / args.ensemble}"]
+        members = []
+        for k in range(args.ensemble):
+            seeded = load_recipe(ROOT / "recipes" / recipe_file, [*args.set, *share, f"train.seed={seed + k}"])
+            members.append(_trained(seeded, out / f"seed-{k}", args))
+        vocab = [(m["tokenizer"].source.backend.to_str(), m["tokenizer"].target.backend.to_str()) for m in members]
+        if len(set(vocab)) != 1:
+            raise SystemExit("mt.py: the ensemble's runs trained different vocabularies")
+        seconds = sum(m["train_seconds"] for m in members)
+        summary = {
+            "model": Ensemble(tuple(m["model"] for m in members)),
+            "tokenizer": members[0]["tokenizer"],
+            "train_seconds": seconds,
+            "tokens_per_second": sum(m["tokens_per_second"] * m["train_seconds"] for m in members) / seconds,
+            "final": [m["final"] for m in members],
+            "epochs": [m["epochs"] for m in members],
+        }
     pairs = read_parallel(test_src, test_tgt) if test_tgt else read_parallel(test_src)
     if args.direction == "en-zh":
         pairs = [(b, a) for a, b in pairs]  # the TSV is zh<TAB>en
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
     data = recipe["data"]
+
+    def translated(model) -> list[str]:
+        return beam_translate(
+            model,
+            summary["tokenizer"],
+            sources,
+            beam_size=int(data["beam_size"]),
+            length_penalty=float(data["length_penalty"]),
+            max_len_a=float(data["max_len_a"]),
+            max_len_b=int(data["max_len_b"]),
+        )
+
+    def headline_bleu(hypotheses: list[str]) -> float:
+        if tok_ref is None:
+            return corpus_scores(hypotheses, references, tokenize=bleu_tok)["bleu"]
+        return _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)["bleu"]
+
     t = time.perf_counter()
-    hypotheses = beam_translate(
-        summary["model"],
-        summary["tokenizer"],
-        sources,
-        beam_size=int(data["beam_size"]),
-        length_penalty=float(data["length_penalty"]),
-        max_len_a=float(data["max_len_a"]),
-        max_len_b=int(data["max_len_b"]),
-    )
+    hypotheses = translated(summary["model"])
     translate_seconds = time.perf_counter() - t
     (out / f"test.{lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     detok = corpus_scores(hypotheses, references, tokenize=bleu_tok)
@@ -122,15 +158,13 @@ def main() -> int:
         "translate_seconds": round(translate_seconds, 1),
     }
     if tok_ref is not None:
-        # cased detokenized output gets the references' preprocessing; lowercased tokenized
-        # output (en-de-lc) already has it, and tokenizing it again would not be a no-op
-        if bleu_tok == "none":
-            table = corpus_scores(hypotheses, _lines(tok_ref), tokenize="none", lowercase=True)
-        else:
-            table = corpus_scores(hypotheses, _lines(tok_ref), tokenize="moses", lang=lang)
+        table = _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)
         result["published_metric_bleu"] = table["bleu"]
         result["published_metric_signature"] = table["bleu_signature"]
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
+    if len(members) > 1:  # after the wall clock: each member alone, for comparison
+        result["member_bleu"] = [headline_bleu(translated(m["model"])) for m in members]
+        result["member_train_seconds"] = [round(m["train_seconds"], 1) for m in members]
     headline = result.get("published_metric_bleu", result["sacrebleu"])
     print(json.dumps(result))
     verdict = "" if target is None else ("  target met" if headline >= target else "  TARGET MISSED")
@@ -141,7 +175,37 @@ def main() -> int:
         f"chrF {detok['chrf']} | training {result['train_seconds'] / 60:.1f} min, "
         f"{result['tokens_per_second']} target tokens/s | whole command {result['wall_seconds'] / 60:.1f} min"
     )
+    if len(members) > 1:
+        print(
+            f"ensemble of {len(members)} (seeds {recipe['train']['seed']}..): members alone "
+            + ", ".join(
+                f"{b} BLEU ({t / 60:.1f} min)"
+                for b, t in zip(result["member_bleu"], result["member_train_seconds"], strict=True)
+            )
+        )
     return 0
+
+
+def _trained(recipe: dict, out: Path, args: argparse.Namespace) -> dict:
+    """Train (or resume) the recipe in ``out``, or with --skip-training load its final model."""
+    if not args.skip_training:
+        return train_translation(recipe, out, resume=args.resume)
+    model, meta = load_model(out)
+    tokenizer = Vocabularies.load(model_dir(out), files=meta["files"])  # source and target
+    run = json.loads((out / "run.json").read_text())
+    summary = {"model": model, "tokenizer": tokenizer, "train_seconds": run["seconds"], "steps": None}
+    summary["tokens_per_second"] = run["tokens"] / max(run["seconds"], 1e-9)
+    summary["final"], summary["epochs"] = run["final"], run["epoch"]
+    return summary
+
+
+def _table(hypotheses: list[str], tok_ref: str, *, bleu_tok: str, lang: str) -> dict:
+    """The published-table metric against the official tokenized lowercased references:
+    cased detokenized output gets the references' preprocessing; lowercased tokenized output
+    (en-de-lc) already has it, and tokenizing it again would not be a no-op."""
+    if bleu_tok == "none":
+        return corpus_scores(hypotheses, _lines(tok_ref), tokenize="none", lowercase=True)
+    return corpus_scores(hypotheses, _lines(tok_ref), tokenize="moses", lang=lang)
 
 
 def _lines(path: str) -> list[str]:

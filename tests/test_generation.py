@@ -7,6 +7,7 @@ really occurs and search decisions have clear margins.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from qkv.attention import KVBuffer
 from qkv.blocks import cache_length
 from qkv.generation import (
+    Ensemble,
     _advance,
     _growable,
     _select,
@@ -667,3 +669,72 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
     attention = fast.decoder.blocks[0].self_attn
     with pytest.raises(ValueError, match="fused for self-attention"):
         attention(torch.zeros(1, 2, attention.w_o.out_features), context=torch.zeros(1, 3, attention.w_o.out_features))
+
+
+# ----------------------------------------------------------------- ensembles
+
+
+def _ref_ensemble_greedy(models, inputs: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy decoding of the mean distribution by full, uncached forward passes of every model."""
+    outputs = []
+    with torch.no_grad():
+        for row in inputs:
+            out: list[int] = []
+            for _ in range(max_new_tokens):
+                if isinstance(models[0], EncoderDecoder):
+                    probs = [m(torch.tensor([row]), torch.tensor([[BOS, *out]]))[0, -1].softmax(-1) for m in models]
+                else:
+                    probs = [m(torch.tensor([row + out]))[0, -1].softmax(-1) for m in models]
+                token = int(torch.stack(probs).mean(0).argmax())
+                if token == EOS:
+                    break
+                out.append(token)
+            outputs.append(out)
+    return outputs
+
+
+def _perturbed(model, seed: int, scale: float):
+    """A copy of ``model`` with Gaussian noise on every weight: a different model of the same shape."""
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale * p.std().nan_to_num(0.1))
+    return other
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder_only"])
+def test_ensemble_decodes_the_mean_distribution(family: str, copy_model, lm_model) -> None:
+    """An ensemble of one model is that model (greedy, beam, sampling); of the same model
+    twice, the same outputs; of different models, greedy equals argmax of the mean of their
+    distributions computed without any cache, and the first step's distribution is their mean."""
+    a, inputs = (copy_model[0], copy_model[1]) if family == "encoder_decoder" else (lm_model[0], lm_model[1])
+    b, c = _perturbed(a, 1, 0.6), _perturbed(a, 2, 0.6)
+    alone, one = greedy(a, inputs, max_new_tokens=7), Ensemble((a,))
+    assert greedy(one, inputs, max_new_tokens=7) == alone
+    assert beam_search(one, inputs, beam_size=3, max_new_tokens=7) == beam_search(
+        a, inputs, beam_size=3, max_new_tokens=7
+    )
+    assert sample(one, inputs, max_new_tokens=7, seed=5) == sample(a, inputs, max_new_tokens=7, seed=5)
+    twice = beam_search(Ensemble((a, a)), inputs, beam_size=3, max_new_tokens=7, nbest=2)
+    reference = beam_search(a, inputs, beam_size=3, max_new_tokens=7, nbest=2)
+    assert [[h.tokens for h in hs] for hs in twice] == [[h.tokens for h in hs] for hs in reference]
+    pairs = [(x, y) for hs, rs in zip(twice, reference, strict=True) for x, y in zip(hs, rs, strict=True)]
+    assert all(math.isclose(x.score, y.score, abs_tol=1e-5) for x, y in pairs)
+    singles = [greedy(m, inputs, max_new_tokens=7) for m in (a, b, c)]
+    assert len({str(x) for x in singles}) > 1  # the models disagree: the mean decides
+    three = Ensemble((a, b, c))
+    assert greedy(three, inputs, max_new_tokens=7) == _ref_ensemble_greedy([a, b, c], inputs, 7)
+    logits, _ = _start(three, inputs)
+    first = [_start(m, inputs)[0].log_softmax(-1) for m in (a, b, c)]
+    assert torch.allclose(logits.exp(), torch.stack(first).exp().mean(0), atol=1e-6)
+
+
+def test_ensemble_refuses_models_that_do_not_fit_together() -> None:
+    with pytest.raises(ValueError, match="at least one model"):
+        Ensemble(())
+    with pytest.raises(ValueError, match="ensemble model 1 is a DecoderOnly, model 0 a EncoderDecoder"):
+        Ensemble((make_ed(), make_do()))
+    with pytest.raises(ValueError, match="ensemble model 1 has tgt_vocab_size=11, model 0 tgt_vocab_size=13"):
+        Ensemble((make_ed(), make_ed(tgt_vocab_size=11)))
+    assert Ensemble((make_ed(max_len=40), make_ed(max_len=9))).config.max_len == 9

@@ -22,6 +22,7 @@ from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
 from qkv.cli import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
+from qkv.generation import Ensemble
 from qkv.recipes import DEFAULTS, load_recipe
 from qkv.seq2seq import _encode_pairs, _epoch_examples, beam_translate, source_ids, train_translation, translate
 from qkv.tokenization import Tokenizer, Vocabularies
@@ -423,6 +424,36 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     n_src = len(Tokenizer.load(run / "best" / "tokenizer.json").encode(lines[0]))
     assert all(0 <= int(pair.split("-")[0]) < n_src for pair in align[0].split())
     assert main(["translate", "--model", str(run), "--beam", "2", "--nbest", "3"]) == 2
+
+
+def test_translate_cli_ensemble(tmp_path, capsys) -> None:
+    """--ensemble: two runs of one recipe (two seeds, one vocabulary) translate as one, the
+    output that of the mean distribution (generation's Ensemble, tested there); the same run
+    twice translates as it does alone; a run with another vocabulary is refused by name."""
+    overrides = _overrides(tmp_path, epochs=2)
+    a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "other"
+    train_translation(load_recipe(RECIPE, overrides), a, progress=False)
+    train_translation(load_recipe(RECIPE, [*overrides, "train.seed=1"]), b, progress=False)
+    train_translation(load_recipe(RECIPE, [*overrides, "data.vocab_size=35", "train.steps=1"]), other, progress=False)
+    lines = ["ein hund läuft", "", "katze schläft", "ein großer roter hund"]
+    (tmp_path / "in.de").write_text("\n".join(lines) + "\n")
+    base = ["translate", "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet"]
+
+    def run(*models: Path) -> list[str]:
+        argv = [*base, "--model", str(models[0])]
+        for m in models[1:]:
+            argv += ["--ensemble", str(m)]
+        assert main(argv) == 0
+        return capsys.readouterr().out.split("\n")[:-1]
+
+    alone, together = run(a), run(a, b)
+    assert run(a, a) == alone and len(together) == 4 and together[1] == ""
+    first, second = (load_model(model_dir(x))[0] for x in (a, b))
+    vocab = Vocabularies.load(model_dir(a), files=read_meta(model_dir(a))["files"])
+    expected = beam_translate(Ensemble((first, second)), vocab, lines, beam_size=3)
+    assert together == expected
+    assert main([*base, "--model", str(a), "--ensemble", str(other)]) == 2
+    assert "tokenizer files differ" in capsys.readouterr().err
 
 
 SEPARATE = ["data.vocab=separate", "model.share_embeddings=false", "data.src_vocab_size=40", "data.tgt_vocab_size=30"]

@@ -45,6 +45,7 @@ EPILOG_TRANSLATE = """examples:
   qkv translate --model runs/multi30k_de_en --beam 5 < test.de > test.en
   echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --nbest 3 --beam 5
   qkv translate --model runs/multi30k_de_en --input test.de --output test.en --alignments test.align
+  qkv translate --model runs/en_de_seed0 --ensemble runs/en_de_seed1 --beam 5 < test.en > test.de
 """
 EPILOG_CHAT = """examples:
   qkv chat --model runs/chatbot
@@ -489,6 +490,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ensemble(args: argparse.Namespace, model):
+    """--model's model and the --ensemble ones as one :class:`~qkv.generation.Ensemble`; each
+    must be an encoder-decoder with the same tokenizer files (SHA-256, as in config.json)."""
+    from qkv.checkpoint import model_dir, read_meta
+    from qkv.generation import Ensemble
+    from qkv.models.encoder_decoder import EncoderDecoder
+
+    files = read_meta(model_dir(args.model)).get("files", {})
+    models = [model]
+    for path in args.ensemble:
+        other, _ = _load_for_generation(path, bf16=args.bf16, int8=args.int8)
+        if not isinstance(other, EncoderDecoder):
+            raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
+        if read_meta(model_dir(path)).get("files", {}) != files:
+            raise UserError(
+                f"--ensemble {path}: its tokenizer files differ from {args.model}'s (SHA-256 in config.json); "
+                "ensembled models must share their vocabularies"
+            )
+        models.append(other)
+    try:
+        return Ensemble(tuple(models))
+    except ValueError as e:
+        raise UserError(f"--ensemble: {e}") from None
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -500,6 +526,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     model, vocab = _load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
     if not isinstance(model, EncoderDecoder):
         raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
+    aligner = model  # alignments come from --model's cross-attention, ensemble or not
+    if args.ensemble:
+        model = _ensemble(args, model)
     out = _Output(args.output)
     aligned = _Output(args.alignments) if args.alignments else None
     lines = _read_lines(args.input)
@@ -539,7 +568,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         sources = source_ids(vocab.source, lines, window=window)
         for src, hyps in zip(sources, found, strict=True):
             for h in hyps:
-                pairs = alignments(model, src=[src], out=[h.tokens])[0]
+                pairs = alignments(aligner, src=[src], out=[h.tokens])[0]
                 aligned.write(" ".join(f"{j}-{t}" for j, t in pairs))
         aligned.close()
     out.close()
@@ -873,6 +902,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     p.add_argument("--model", required=True, help="model directory or training run directory")
+    p.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another model (or run) with the same tokenizer, decoded together with --model: each step's "
+        "distribution is the mean of the models' (repeat for more)",
+    )
     p.add_argument("--input", help="input file (default: stdin)")
     p.add_argument("--output", help="output file, written atomically (default: stdout)")
     p.add_argument("--beam", type=_number(int, lambda v: v >= 1, "an integer >= 1"), default=5, help="beam width")

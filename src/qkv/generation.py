@@ -21,6 +21,7 @@ What is not here: tokenization, batching by tokens (callers), models.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -32,7 +33,56 @@ from qkv.attention import KVBuffer
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 
-DecodingModel = EncoderDecoder | DecoderOnly  # the families that generate text
+
+@dataclass(frozen=True)
+class Ensemble:
+    """Models of one vocabulary and family that decode as one: at every step the next-token
+    distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
+    keeps its own encoder output and KV cache). Every function here that takes a model
+    takes an ensemble, and an ensemble of one model decodes exactly as that model (tested).
+    Its ``config`` is the first model's, with the smallest window (``max_len``) of all.
+    """
+
+    models: tuple[EncoderDecoder | DecoderOnly, ...]
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("an ensemble needs at least one model")
+        first = self.models[0]
+        vocab = "tgt_vocab_size" if isinstance(first, EncoderDecoder) else "vocab_size"
+        for i, m in enumerate(self.models[1:], 1):
+            if type(m) is not type(first):
+                raise ValueError(f"ensemble model {i} is a {type(m).__name__}, model 0 a {type(first).__name__}")
+            for field in ("pad_id", "bos_id", "eos_id", vocab):
+                theirs, ours = getattr(m.config, field), getattr(first.config, field)
+                if theirs != ours:
+                    raise ValueError(f"ensemble model {i} has {field}={theirs}, model 0 {field}={ours}")
+
+    @property
+    def config(self):
+        return replace(self.models[0].config, max_len=min(m.config.max_len for m in self.models))
+
+
+DecodingModel = EncoderDecoder | DecoderOnly | Ensemble  # what generates text
+
+
+@dataclass(frozen=True)
+class _Ensembled:
+    """The decoding states of an ensemble's models, in its order."""
+
+    states: tuple
+
+
+def _mean_of_distributions(logits: list[Tensor]) -> Tensor:
+    """log((1/M) Σₘ softmax(logitsₘ)): log-probabilities of the mean distribution, which every
+    caller may treat as logits (softmax of log-probabilities gives them back).
+
+    Shapes: M tensors (N, V) -> (N, V).
+    """
+    if len(logits) == 1:
+        return logits[0]
+    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (M, N, V)
+    return torch.logsumexp(logp, dim=0) - math.log(len(logits))  # (N, V)
 
 
 class Hypothesis(NamedTuple):
@@ -93,13 +143,16 @@ def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_token
     for i, row in enumerate(inputs):
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
-    if isinstance(model, EncoderDecoder):
+    if isinstance(model.models[0] if isinstance(model, Ensemble) else model, EncoderDecoder):
         return [min(n, window) for n in wanted]
     return [max(1, min(n, window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
 
 
 def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _State]:
     """Read the inputs; return the logits of the first new token (B, V) and the state."""
+    if isinstance(model, Ensemble):
+        started = [_start(m, inputs) for m in model.models]
+        return _mean_of_distributions([x for x, _ in started]), _Ensembled(tuple(st for _, st in started))
     device = next(model.parameters()).device
     c = model.config
     if isinstance(model, EncoderDecoder):
@@ -125,6 +178,9 @@ def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _Stat
 
 def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
     """Feed one new token per row (N,); return the next logits (N, V) and the new state."""
+    if isinstance(model, Ensemble):
+        stepped = [_advance(m, st, tokens) for m, st in zip(model.models, state.states, strict=True)]
+        return _mean_of_distributions([x for x, _ in stepped]), _Ensembled(tuple(st for _, st in stepped))
     if isinstance(model, EncoderDecoder):
         out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)  # (N, 1, V)
         return out.logits[:, -1], replace(state, cache=out.cache)
@@ -143,6 +199,8 @@ def _growable(state: _State, *, room: int) -> _State:
     """The same state with every self-attention cache preallocated (:class:`KVBuffer`) with
     ``room`` more positions, so steps write keys and values in place instead of concatenating.
     Only for loops that never branch or reorder rows (:func:`stream`)."""
+    if isinstance(state, _Ensembled):
+        return _Ensembled(tuple(_growable(st, room=room) for st in state.states))
     cache = [
         (KVBuffer.holding(self_kv, capacity=self_kv[0].shape[2] + room), cross_kv) for self_kv, cross_kv in state.cache
     ]
@@ -169,6 +227,8 @@ def _select(state: _State, rows: Tensor, *, within_inputs: bool = False) -> _Sta
     does between steps): then the encoder output, its mask and the cross-attention keys and
     values, identical across an input's rows, are kept as they are instead of copied.
     """
+    if isinstance(state, _Ensembled):
+        return _Ensembled(tuple(_select(st, rows, within_inputs=within_inputs) for st in state.states))
 
     def pick(t: Tensor) -> Tensor:
         return t.index_select(0, rows)  # (N, ...) rows picked
@@ -348,7 +408,8 @@ def sample(
     a sequence of calls reproducible, e.g. batch after batch of a file.
     """
     if generator is None:
-        generator = torch.Generator(device=next(model.parameters()).device)
+        first = model.models[0] if isinstance(model, Ensemble) else model
+        generator = torch.Generator(device=next(first.parameters()).device)
         if seed is not None:
             generator.manual_seed(seed)
         else:

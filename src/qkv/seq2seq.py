@@ -47,7 +47,7 @@ from qkv.evaluation import (
     corpus_scores,
     exact_match,
 )
-from qkv.generation import beam_search
+from qkv.generation import Ensemble, beam_search
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
     DEFAULTS,
@@ -111,7 +111,7 @@ class Translation(NamedTuple):
 
 
 def translate(
-    model: EncoderDecoder,
+    model: EncoderDecoder | Ensemble,
     tokenizers: Tokenizer | Vocabularies,
     texts: list[str],
     *,
@@ -172,7 +172,7 @@ def cut_source(tokenizer: Tokenizer, ids: list[int], *, window: int) -> list[int
 
 
 def beam_translate(
-    model: EncoderDecoder,
+    model: EncoderDecoder | Ensemble,
     tokenizers: Tokenizer | Vocabularies,
     texts: list[str],
     *,
