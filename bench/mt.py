@@ -99,14 +99,17 @@ def main() -> int:
     else:
         seed = int(recipe["train"]["seed"])
         # The recipe's training-time cap is for the whole ensemble: each run gets its share
-        # (unless --set names one), so N runs take no longer than one run may.
+        # (unless --set names one), so N runs train no longer than one run may (validation and
+        # decoding come on top, N times).
         share = []
         if recipe["train"]["seconds"] is not None and not any(o.startswith("train.seconds=") for o in args.set):
             share = [f"train.seconds={recipe['train']['seconds'] / args.ensemble}"]
         members = []
         for k in range(args.ensemble):
             seeded = load_recipe(ROOT / "recipes" / recipe_file, [*args.set, *share, f"train.seed={seed + k}"])
-            members.append(_trained(seeded, out / f"seed-{k}", args))
+            # --resume continues the members begun before and starts the others
+            begun = (out / f"seed-{k}" / "run.json").is_file()
+            members.append(_trained(seeded, out / f"seed-{k}", args, resume=args.resume and begun))
         vocab = [(m["tokenizer"].source.backend.to_str(), m["tokenizer"].target.backend.to_str()) for m in members]
         if len(set(vocab)) != 1:
             raise SystemExit("mt.py: the ensemble's runs trained different vocabularies")
@@ -161,10 +164,10 @@ def main() -> int:
         table = _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)
         result["published_metric_bleu"] = table["bleu"]
         result["published_metric_signature"] = table["bleu_signature"]
-    result["wall_seconds"] = round(time.perf_counter() - start, 1)
-    if len(members) > 1:  # after the wall clock: each member alone, for comparison
+    if len(members) > 1:  # each member alone, for comparison (in the command's wall time)
         result["member_bleu"] = [headline_bleu(translated(m["model"])) for m in members]
         result["member_train_seconds"] = [round(m["train_seconds"], 1) for m in members]
+    result["wall_seconds"] = round(time.perf_counter() - start, 1)
     headline = result.get("published_metric_bleu", result["sacrebleu"])
     print(json.dumps(result))
     verdict = "" if target is None else ("  target met" if headline >= target else "  TARGET MISSED")
@@ -186,10 +189,10 @@ def main() -> int:
     return 0
 
 
-def _trained(recipe: dict, out: Path, args: argparse.Namespace) -> dict:
+def _trained(recipe: dict, out: Path, args: argparse.Namespace, *, resume: bool | None = None) -> dict:
     """Train (or resume) the recipe in ``out``, or with --skip-training load its final model."""
     if not args.skip_training:
-        return train_translation(recipe, out, resume=args.resume)
+        return train_translation(recipe, out, resume=args.resume if resume is None else resume)
     model, meta = load_model(out)
     tokenizer = Vocabularies.load(model_dir(out), files=meta["files"])  # source and target
     run = json.loads((out / "run.json").read_text())

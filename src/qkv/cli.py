@@ -490,29 +490,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ensemble(args: argparse.Namespace, model):
+def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ensemble
     """--model's model and the --ensemble ones as one :class:`~qkv.generation.Ensemble`; each
-    must be an encoder-decoder with the same tokenizer files (SHA-256, as in config.json)."""
-    from qkv.checkpoint import model_dir, read_meta
+    must be an encoder-decoder with the same vocabularies as --model's (the same tokenizers,
+    special tokens and settings)."""
     from qkv.generation import Ensemble
     from qkv.models.encoder_decoder import EncoderDecoder
 
-    files = read_meta(model_dir(args.model)).get("files", {})
-    models = [model]
+    def same(a, b) -> bool:
+        return (a.specials, a.add_special_tokens, a.backend.to_str()) == (
+            b.specials,
+            b.add_special_tokens,
+            b.backend.to_str(),
+        )
+
+    models, paths = [model], [args.model]
     for path in args.ensemble:
-        other, _ = _load_for_generation(path, bf16=args.bf16, int8=args.int8)
+        other, theirs = _load_for_generation(path, bf16=args.bf16, int8=args.int8)
         if not isinstance(other, EncoderDecoder):
             raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
-        if read_meta(model_dir(path)).get("files", {}) != files:
+        if theirs.separate != vocab.separate or not (
+            same(theirs.source, vocab.source) and same(theirs.target, vocab.target)
+        ):
             raise UserError(
-                f"--ensemble {path}: its tokenizer files differ from {args.model}'s (SHA-256 in config.json); "
+                f"--ensemble {path}: its tokenizer differs from {args.model}'s; "
                 "ensembled models must share their vocabularies"
             )
         models.append(other)
+        paths.append(path)
     try:
         return Ensemble(tuple(models))
-    except ValueError as e:
-        raise UserError(f"--ensemble: {e}") from None
+    except ValueError as e:  # e.g. "ensemble model 1 has ...": name the path
+        message = str(e)
+        for i, path in enumerate(paths):
+            message = message.replace(f"model {i} ", f"model {i} ({path}) ")
+        raise UserError(f"--ensemble: {message}") from None
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -528,7 +540,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
     aligner = model  # alignments come from --model's cross-attention, ensemble or not
     if args.ensemble:
-        model = _ensemble(args, model)
+        model = _ensemble(args, model, vocab)
     out = _Output(args.output)
     aligned = _Output(args.alignments) if args.alignments else None
     lines = _read_lines(args.input)

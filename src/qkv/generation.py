@@ -3,7 +3,8 @@
 What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and
 :func:`filter_logits`), :func:`stream` (one token per step for every row; :func:`continuation`
 for a single input) and
-:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best).
+:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best), and
+:class:`Ensemble` (several models decoding as one).
 Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
 sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
 once from the encoder output) and a :class:`~qkv.models.decoder_only.DecoderOnly` (inputs
@@ -30,17 +31,20 @@ import torch
 from torch import Tensor
 
 from qkv.attention import KVBuffer
-from qkv.models.decoder_only import DecoderOnly
-from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
 
 @dataclass(frozen=True)
 class Ensemble:
     """Models of one vocabulary and family that decode as one: at every step the next-token
     distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
-    keeps its own encoder output and KV cache). Every function here that takes a model
-    takes an ensemble, and an ensemble of one model decodes exactly as that model (tested).
-    Its ``config`` is the first model's, with the smallest window (``max_len``) of all.
+    keeps its own encoder output and KV cache). :func:`greedy`, :func:`sample`,
+    :func:`stream` and :func:`beam_search` take one wherever they take a model, and an
+    ensemble of one model decodes exactly as that model (tested); :func:`for_decoding` and
+    :func:`int8_linears` apply to each member before it joins, and :func:`continuation`'s
+    sliding window is for single decoder-only models. Its ``config`` is the first model's,
+    with the smallest window (``max_len``) of all.
     """
 
     models: tuple[EncoderDecoder | DecoderOnly, ...]
@@ -49,17 +53,19 @@ class Ensemble:
         if not self.models:
             raise ValueError("an ensemble needs at least one model")
         first = self.models[0]
-        vocab = "tgt_vocab_size" if isinstance(first, EncoderDecoder) else "vocab_size"
+        if not isinstance(first, EncoderDecoder | DecoderOnly):
+            raise ValueError(f"ensemble members are encoder-decoder or decoder-only models, not {type(first).__name__}")
+        vocab = ("src_vocab_size", "tgt_vocab_size") if isinstance(first, EncoderDecoder) else ("vocab_size",)
         for i, m in enumerate(self.models[1:], 1):
             if type(m) is not type(first):
                 raise ValueError(f"ensemble model {i} is a {type(m).__name__}, model 0 a {type(first).__name__}")
-            for field in ("pad_id", "bos_id", "eos_id", vocab):
+            for field in ("pad_id", "bos_id", "eos_id", *vocab):
                 theirs, ours = getattr(m.config, field), getattr(first.config, field)
                 if theirs != ours:
                     raise ValueError(f"ensemble model {i} has {field}={theirs}, model 0 {field}={ours}")
 
     @property
-    def config(self):
+    def config(self) -> EncoderDecoderConfig | DecoderOnlyConfig:
         return replace(self.models[0].config, max_len=min(m.config.max_len for m in self.models))
 
 
@@ -70,7 +76,7 @@ DecodingModel = EncoderDecoder | DecoderOnly | Ensemble  # what generates text
 class _Ensembled:
     """The decoding states of an ensemble's models, in its order."""
 
-    states: tuple
+    states: tuple[_State | _Ensembled, ...]
 
 
 def _mean_of_distributions(logits: list[Tensor]) -> Tensor:
