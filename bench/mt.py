@@ -110,8 +110,7 @@ def main() -> int:
             # --resume continues the members begun before and starts the others
             begun = (out / f"seed-{k}" / "run.json").is_file()
             members.append(_trained(seeded, out / f"seed-{k}", args, resume=args.resume and begun))
-        vocab = [(m["tokenizer"].source.backend.to_str(), m["tokenizer"].target.backend.to_str()) for m in members]
-        if len(set(vocab)) != 1:
+        if not all(m["tokenizer"].same_as(members[0]["tokenizer"]) for m in members):
             raise SystemExit("mt.py: the ensemble's runs trained different vocabularies")
         seconds = sum(m["train_seconds"] for m in members)
         summary = {

@@ -11,7 +11,7 @@ import torch
 
 from qkv.errors import UserError
 from qkv.tasks import numbers_pairs
-from qkv.tokenization import SegmentationSampler, Tokenizer
+from qkv.tokenization import SegmentationSampler, Tokenizer, Vocabularies
 
 SENTENCE = "four thousand three hundred seventeen"
 
@@ -60,6 +60,19 @@ def test_save_load_round_trip(tokenizer, tmp_path):
     texts = ["4,317", SENTENCE, "zebra 99"]
     assert loaded.encode_batch(texts) == tokenizer.encode_batch(texts)
     assert (loaded.pad_id, loaded.bos_id, loaded.eos_id, loaded.unk_id) == (0, 1, 2, 3)
+    assert loaded.same_as(tokenizer) and tokenizer.same_as(loaded)
+
+
+def test_same_as_tells_vocabularies_and_settings_apart(tokenizer, tmp_path):
+    other = Tokenizer.train_word_level(["a wholly different vocabulary"])
+    assert not tokenizer.same_as(other)
+    tokenizer.save(tmp_path / "tokenizer.json")
+    adding = Tokenizer.load(tmp_path / "tokenizer.json")
+    adding.add_special_tokens = not tokenizer.add_special_tokens
+    assert not tokenizer.same_as(adding)
+    joint = Vocabularies.of(tokenizer)
+    assert joint.same_as(Vocabularies.of(Tokenizer.load(tmp_path / "tokenizer.json")))
+    assert not joint.same_as(Vocabularies(tokenizer, Tokenizer.load(tmp_path / "tokenizer.json")))  # joint vs separate
 
 
 def test_load_garbage_file_is_user_error(tmp_path):

@@ -497,21 +497,12 @@ def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ense
     from qkv.generation import Ensemble
     from qkv.models.encoder_decoder import EncoderDecoder
 
-    def same(a, b) -> bool:
-        return (a.specials, a.add_special_tokens, a.backend.to_str()) == (
-            b.specials,
-            b.add_special_tokens,
-            b.backend.to_str(),
-        )
-
     models, paths = [model], [args.model]
     for path in args.ensemble:
         other, theirs = _load_for_generation(path, bf16=args.bf16, int8=args.int8)
         if not isinstance(other, EncoderDecoder):
             raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
-        if theirs.separate != vocab.separate or not (
-            same(theirs.source, vocab.source) and same(theirs.target, vocab.target)
-        ):
+        if not theirs.same_as(vocab):
             raise UserError(
                 f"--ensemble {path}: its tokenizer differs from {args.model}'s; "
                 "ensembled models must share their vocabularies"

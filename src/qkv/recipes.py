@@ -691,9 +691,7 @@ def _same_tokenizer(given: Path, stored: Path, *, digest: str) -> bool:
     numbers to within a rounding), so a file named with data.tokenizer may not be byte-equal."""
     if sha256_file(given) == digest:
         return True
-    a, b = Tokenizer.load(given), Tokenizer.load(stored)
-    same_settings = a.specials == b.specials and a.add_special_tokens == b.add_special_tokens
-    return same_settings and a.backend.to_str() == b.backend.to_str()
+    return Tokenizer.load(given).same_as(Tokenizer.load(stored))
 
 
 def fine_tuning_fields(

@@ -243,6 +243,16 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(ids, skip_special_tokens=True)
 
+    def same_as(self, other: Tokenizer) -> bool:
+        """Whether ``other`` tokenizes and numbers text as this one does: the same serialized
+        pipeline and vocabulary, special tokens and settings (compared as loaded, not as file
+        bytes: ``tokenizers`` may write a score it read back with other digits)."""
+        return (self.specials, self.add_special_tokens, self.backend.to_str()) == (
+            other.specials,
+            other.add_special_tokens,
+            other.backend.to_str(),
+        )
+
 
 @dataclass(frozen=True)
 class Vocabularies:
@@ -285,6 +295,12 @@ class Vocabularies:
     @property
     def separate(self) -> bool:
         return self.target is not self.source
+
+    def same_as(self, other: Vocabularies) -> bool:
+        """Whether ``other`` is these vocabularies: joint or separate alike, each side the same."""
+        return (
+            self.separate == other.separate and self.source.same_as(other.source) and self.target.same_as(other.target)
+        )
 
     def save(self, directory: str | Path) -> dict[str, Path]:
         """Write ``tokenizer.json`` (the source's, or the joint one), ``target_tokenizer.json``
