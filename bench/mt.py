@@ -14,8 +14,9 @@ named in issue 3 (not re-measured here).
 ``--ensemble N`` trains the recipe N times, with seeds seed, seed + 1, ... (run directories
 OUT/seed-0, OUT/seed-1, ...), one after the other, and translates with the N final models as
 one ensemble (``qkv translate --ensemble``: each step's distribution is the mean of theirs);
-each run's training-time cap is 1/N of the recipe's, the training time printed is the sum of
-the N runs', and each member's own BLEU is printed too.
+the recipe's training-time cap is for all N runs (each may use an equal share of what the runs
+before it left: time a run did not need goes to the next), the training time printed is the
+sum of the N runs', and each member's own BLEU is printed too.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.checkpoint import load_model, model_dir  # noqa: E402
+from qkv.checkpoint import RUN_FILE, load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
 from qkv.generation import Ensemble  # noqa: E402
@@ -94,24 +95,28 @@ def main() -> int:
     recipe = load_recipe(ROOT / "recipes" / recipe_file, args.set)
     start = time.perf_counter()
     if args.ensemble == 1:
-        summary = _trained(recipe, out, args)
+        summary = _trained(recipe, out, skip=args.skip_training, resume=args.resume)
         members = [summary]
     else:
         seed = int(recipe["train"]["seed"])
-        # The recipe's training-time cap is for the whole ensemble: each run gets its share
-        # (unless --set names one), so N runs train no longer than one run may (validation and
-        # decoding come on top, N times).
-        share = []
-        if recipe["train"]["seconds"] is not None and not any(o.startswith("train.seconds=") for o in args.set):
-            share = [f"train.seconds={recipe['train']['seconds'] / args.ensemble}"]
+        # The recipe's training-time cap is for the whole ensemble (a --set train.seconds caps
+        # each run instead): each run may use an equal share of what the runs before it left,
+        # so N runs train no longer than one run may (validation and decoding come on top, N
+        # times), and time a run did not need (it ended by its epochs) goes to the next.
+        named = any(o.partition("=")[0].strip() == "train.seconds" for o in args.set)  # as load_recipe reads it
+        total = None if named else recipe["train"]["seconds"]
         members = []
         for k in range(args.ensemble):
+            share = []
+            if total is not None:
+                left = total - sum(m["train_seconds"] for m in members)
+                share = [f"train.seconds={left / (args.ensemble - k)}"]
             seeded = load_recipe(ROOT / "recipes" / recipe_file, [*args.set, *share, f"train.seed={seed + k}"])
             # --resume continues the members begun before and starts the others
-            begun = (out / f"seed-{k}" / "run.json").is_file()
-            members.append(_trained(seeded, out / f"seed-{k}", args, resume=args.resume and begun))
-        if not all(m["tokenizer"].same_as(members[0]["tokenizer"]) for m in members):
-            raise SystemExit("mt.py: the ensemble's runs trained different vocabularies")
+            begun = (out / f"seed-{k}" / RUN_FILE).is_file()
+            members.append(_trained(seeded, out / f"seed-{k}", skip=args.skip_training, resume=args.resume and begun))
+            if not members[-1]["tokenizer"].same_as(members[0]["tokenizer"]):  # before training the next
+                raise SystemExit(f"mt.py: {out / f'seed-{k}'} trained another vocabulary than {out / 'seed-0'}")
         seconds = sum(m["train_seconds"] for m in members)
         summary = {
             "model": Ensemble(tuple(m["model"] for m in members)),
@@ -138,16 +143,18 @@ def main() -> int:
             max_len_b=int(data["max_len_b"]),
         )
 
-    def headline_bleu(hypotheses: list[str]) -> float:
-        if tok_ref is None:
-            return corpus_scores(hypotheses, references, tokenize=bleu_tok)["bleu"]
-        return _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)["bleu"]
+    def scored(hypotheses: list[str]) -> tuple[dict, dict | None, float]:
+        """Detokenized sacreBLEU, the published-table metric (None without a tokenized
+        reference) and the headline BLEU: the table's where there is one."""
+        detok = corpus_scores(hypotheses, references, tokenize=bleu_tok)
+        table = None if tok_ref is None else _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)
+        return detok, table, (detok if table is None else table)["bleu"]
 
     t = time.perf_counter()
     hypotheses = translated(summary["model"])
     translate_seconds = time.perf_counter() - t
     (out / f"test.{lang}").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    detok = corpus_scores(hypotheses, references, tokenize=bleu_tok)
+    detok, table, headline = scored(hypotheses)
     result = {
         "direction": args.direction,
         "final_checkpoint": summary["final"],
@@ -159,15 +166,13 @@ def main() -> int:
         "tokens_per_second": round(summary["tokens_per_second"]),
         "translate_seconds": round(translate_seconds, 1),
     }
-    if tok_ref is not None:
-        table = _table(hypotheses, tok_ref, bleu_tok=bleu_tok, lang=lang)
+    if table is not None:
         result["published_metric_bleu"] = table["bleu"]
         result["published_metric_signature"] = table["bleu_signature"]
     if len(members) > 1:  # each member alone, for comparison (in the command's wall time)
-        result["member_bleu"] = [headline_bleu(translated(m["model"])) for m in members]
+        result["member_bleu"] = [scored(translated(m["model"]))[2] for m in members]
         result["member_train_seconds"] = [round(m["train_seconds"], 1) for m in members]
     result["wall_seconds"] = round(time.perf_counter() - start, 1)
-    headline = result.get("published_metric_bleu", result["sacrebleu"])
     print(json.dumps(result))
     verdict = "" if target is None else ("  target met" if headline >= target else "  TARGET MISSED")
     goal = anchor if target is None else f"target >= {target}; published {anchor}"
@@ -188,13 +193,13 @@ def main() -> int:
     return 0
 
 
-def _trained(recipe: dict, out: Path, args: argparse.Namespace, *, resume: bool | None = None) -> dict:
-    """Train (or resume) the recipe in ``out``, or with --skip-training load its final model."""
-    if not args.skip_training:
-        return train_translation(recipe, out, resume=args.resume if resume is None else resume)
+def _trained(recipe: dict, out: Path, *, skip: bool, resume: bool) -> dict:
+    """Train (or resume) the recipe in ``out``, or with ``skip`` (--skip-training) load its final model."""
+    if not skip:
+        return train_translation(recipe, out, resume=resume)
     model, meta = load_model(out)
     tokenizer = Vocabularies.load(model_dir(out), files=meta["files"])  # source and target
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / RUN_FILE).read_text())
     summary = {"model": model, "tokenizer": tokenizer, "train_seconds": run["seconds"], "steps": None}
     summary["tokens_per_second"] = run["tokens"] / max(run["seconds"], 1e-9)
     summary["final"], summary["epochs"] = run["final"], run["epoch"]

@@ -11,11 +11,13 @@ import pytest
 
 import qkv.chat
 from qkv.chat import dialogue_context, reply
+from qkv.checkpoint import load_model
 from qkv.cli import main
+from qkv.generation import Ensemble
 from qkv.lm import train_lm
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.recipes import load_recipe
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")
 
@@ -81,6 +83,15 @@ def test_chat_from_a_pipe_answers_each_turn(chat_model, capsys, monkeypatch) -> 
     replies = capsys.readouterr().out.splitlines()
     assert len(replies) == 4
     assert all(len(r) <= 12 for r in replies)
+
+
+def test_an_ensemble_of_one_chats_as_its_model(chat_model) -> None:
+    """reply() takes an ensemble as it takes a model: decoder-only members continue the dialogue."""
+    model, meta = load_model(chat_model)
+    tokenizer = Vocabularies.load(chat_model, files=meta["files"])
+    turns = ["hello there", "how are you"]
+    alone = reply(model, tokenizer, turns, separator="\n", max_new_tokens=12)
+    assert alone and reply(Ensemble((model,)), tokenizer, turns, separator="\n", max_new_tokens=12) == alone
 
 
 def test_chat_with_an_encoder_decoder(tmp_path, capsys, monkeypatch) -> None:

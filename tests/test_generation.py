@@ -730,6 +730,27 @@ def test_ensemble_decodes_the_mean_distribution(family: str, copy_model, lm_mode
     assert torch.allclose(logits.exp(), torch.stack(first).exp().mean(0), atol=1e-6)
 
 
+def test_ensemble_decoding_copies_and_sliding_window(copy_model) -> None:
+    """for_decoding and int8_linears of an ensemble are ensembles of copies of its members,
+    decoding as the members' copies ensembled do; continuation slides past the window for an
+    ensemble of decoder-only models exactly as for the model it holds."""
+    a, inputs = copy_model[0], copy_model[1]
+    pair = Ensemble((a, _perturbed(a, 1, 0.6)))
+    for convert in (for_decoding, int8_linears):
+        converted = convert(pair)
+        assert isinstance(converted, Ensemble)
+        assert all(x is not y for x, y in zip(converted.models, pair.models, strict=True))
+        expected = greedy(Ensemble(tuple(convert(m) for m in pair.models)), inputs, max_new_tokens=7)
+        assert greedy(converted, inputs, max_new_tokens=7) == expected
+    torch.manual_seed(5)
+    config = DecoderOnlyConfig(vocab_size=13, d_model=15, n_heads=3, d_ff=7, n_layers=1, max_len=11, dropout=0.0)
+    model = DecoderOnly(config).eval()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # longer than the window
+    alone = list(continuation(model, prompt, max_new_tokens=30, choose=most_likely, slide=True))
+    assert len(alone) == 30
+    assert list(continuation(Ensemble((model,)), prompt, max_new_tokens=30, choose=most_likely, slide=True)) == alone
+
+
 def test_ensemble_refuses_models_that_do_not_fit_together() -> None:
     with pytest.raises(ValueError, match="at least one model"):
         Ensemble(())

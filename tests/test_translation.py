@@ -135,7 +135,7 @@ def test_a_tokenizer_that_ends_sources_keeps_its_settings_in_every_checkpoint(tm
         loaded = Tokenizer.load(run / checkpoint / "tokenizer.json")
         assert loaded.add_special_tokens and (run / checkpoint / "special_tokens.json").is_file()
     tokenizer = summary["tokenizer"].source  # a joint vocabulary: source and target alike
-    examples, _ = _encode_pairs(tokenizer, [("ein hund", "a dog")], window=13, long="drop")
+    examples, _, _ = _encode_pairs(tokenizer, [("ein hund", "a dog")], window=13, long="drop")
     ((src, tgt),) = examples
     assert src[-1] == tokenizer.eos_id and tokenizer.eos_id not in tgt
     long = " ".join(["hund"] * 30)
@@ -187,10 +187,11 @@ def test_subword_sampling_draws_per_epoch_and_resumes_exactly(tmp_path) -> None:
     pairs = read_parallel(*recipe["data"]["train"])
     vocab = Vocabularies.of(Tokenizer.train_subword([x for pair in pairs for x in pair], vocab_size=40))
     for long, window in (("drop", 13), ("drop", 4), ("truncate", 4)):
-        examples, over_long = _encode_pairs(vocab, pairs, window=window, long=long)
+        examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=long)
         assert (len(over_long) > 0) == (window == 4)
-        data = {**recipe["data"], "long": long}
-        draw = _epoch_examples(vocab, pairs, examples, over_long, data=data, window=window, seed=-3)
+        assert rows == [i for i in range(len(pairs)) if long == "truncate" or i not in over_long]
+        kept = [pairs[i] for i in rows]
+        draw = _epoch_examples(vocab, kept, examples, nbest=8, alpha=0.3, window=window, seed=-3)
         first = draw(0)
         assert first == draw(0) and first != draw(1) and first != examples and len(first) == len(examples)
         assert all(len(s) <= window and len(t) <= window - 1 for s, t in first)
@@ -198,7 +199,7 @@ def test_subword_sampling_draws_per_epoch_and_resumes_exactly(tmp_path) -> None:
         assert [(decode(s), decode(t)) for s, t in first] == [(decode(s), decode(t)) for s, t in examples]
     with pytest.raises(UserError, match=r"data\.subword_nbest: the source tokenizer: subword sampling needs a unigram"):
         word_level = Tokenizer.train_word_level([x for pair in pairs for x in pair])
-        _epoch_examples(word_level, pairs, examples, [], data=recipe["data"], window=13, seed=0)
+        _epoch_examples(word_level, pairs, examples, nbest=8, alpha=0.3, window=13, seed=0)
     with pytest.raises(UserError, match=r"data.subword_nbest must be an integer in 0..512"):
         load_recipe(RECIPE, ["data.subword_nbest=513"])
     whole, parts = tmp_path / "whole", tmp_path / "parts"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from qkv.generation import DecodingModel, beam_search, continuation, most_likely
+from qkv.generation import DecodingModel, beam_search, continuation, member, most_likely
 from qkv.models.decoder_only import DecoderOnly
 from qkv.tokenization import Tokenizer, Vocabularies
 
@@ -64,7 +64,7 @@ def reply(
     vocab = Vocabularies.of(tokenizers)
     source, target = vocab.source, vocab.target  # one tokenizer but for separate vocabularies
     window = model.config.max_len
-    if isinstance(model, DecoderOnly):
+    if isinstance(member(model), DecoderOnly):  # a decoder-only model or an ensemble of them
         max_new_tokens = min(max_new_tokens, window - 1)
         context = dialogue_context(turns, source, room=window - max_new_tokens + 1, separator=separator)
         marker = separator.strip() or separator  # " __eou__ " ends a turn at "__eou__"; "\n" at "\n"

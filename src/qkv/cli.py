@@ -497,7 +497,7 @@ def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ense
     from qkv.generation import Ensemble
     from qkv.models.encoder_decoder import EncoderDecoder
 
-    models, paths = [model], [args.model]
+    models = [model]
     for path in args.ensemble:
         other, theirs = _load_for_generation(path, bf16=args.bf16, int8=args.int8)
         if not isinstance(other, EncoderDecoder):
@@ -507,15 +507,12 @@ def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ense
                 f"--ensemble {path}: its tokenizer differs from {args.model}'s; "
                 "ensembled models must share their vocabularies"
             )
+        try:  # Ensemble's own checks (special ids, vocabulary sizes), this model against --model's
+            Ensemble((model, other))
+        except ValueError as e:
+            raise UserError(f"--ensemble {path} does not fit {args.model} ({e})") from None
         models.append(other)
-        paths.append(path)
-    try:
-        return Ensemble(tuple(models))
-    except ValueError as e:  # e.g. "ensemble model 1 has ...": name the path
-        message = str(e)
-        for i, path in enumerate(paths):
-            message = message.replace(f"model {i} ", f"model {i} ({path}) ")
-        raise UserError(f"--ensemble: {message}") from None
+    return Ensemble(tuple(models))
 
 
 def cmd_translate(args: argparse.Namespace) -> int:

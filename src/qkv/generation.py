@@ -40,11 +40,10 @@ class Ensemble:
     """Models of one vocabulary and family that decode as one: at every step the next-token
     distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
     keeps its own encoder output and KV cache). :func:`greedy`, :func:`sample`,
-    :func:`stream` and :func:`beam_search` take one wherever they take a model, and an
-    ensemble of one model decodes exactly as that model (tested); :func:`for_decoding` and
-    :func:`int8_linears` apply to each member before it joins, and :func:`continuation`'s
-    sliding window is for single decoder-only models. Its ``config`` is the first model's,
-    with the smallest window (``max_len``) of all.
+    :func:`stream`, :func:`continuation` and :func:`beam_search` take one wherever they take
+    a model, and an ensemble of one model decodes exactly as that model (tested);
+    :func:`for_decoding` and :func:`int8_linears` apply to each member. Its ``config`` is the
+    first model's, with the smallest window (``max_len``) of all.
     """
 
     models: tuple[EncoderDecoder | DecoderOnly, ...]
@@ -72,11 +71,16 @@ class Ensemble:
 DecodingModel = EncoderDecoder | DecoderOnly | Ensemble  # what generates text
 
 
+def member(model: DecodingModel) -> EncoderDecoder | DecoderOnly:
+    """``model`` itself, or an ensemble's first member (every member is of its family)."""
+    return model.models[0] if isinstance(model, Ensemble) else model
+
+
 @dataclass(frozen=True)
 class _Ensembled:
     """The decoding states of an ensemble's models, in its order."""
 
-    states: tuple[_State | _Ensembled, ...]
+    states: tuple[_State, ...]  # members are never ensembles (Ensemble checks)
 
 
 def _mean_of_distributions(logits: list[Tensor]) -> Tensor:
@@ -149,7 +153,7 @@ def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_token
     for i, row in enumerate(inputs):
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
-    if isinstance(model.models[0] if isinstance(model, Ensemble) else model, EncoderDecoder):
+    if isinstance(member(model), EncoderDecoder):
         return [min(n, window) for n in wanted]
     return [max(1, min(n, window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
 
@@ -315,14 +319,14 @@ def continuation(
     """The new tokens of one input, one at a time, ending before END (or at the cap).
 
     Without ``slide`` the output stops where the window is full. With ``slide`` (decoder-only
-    models) it goes on: a prompt longer than the window keeps its newest ``max_len`` tokens,
+    models and their ensembles) it goes on: a prompt longer than the window keeps its newest ``max_len`` tokens,
     and whenever the window is full the newest ``max_len // 2`` tokens are read again from
     position 0 and generation continues from them. nanoGPT crops to the window before every
     token (a full forward pass each time); re-reading half a window once per ``max_len // 2``
     tokens keeps the KV cache useful in between.
     """
     eos = _eos(model)
-    if not slide or not isinstance(model, DecoderOnly):
+    if not slide or not isinstance(member(model), DecoderOnly):
         for tokens in stream(model, [prompt], max_new_tokens=max_new_tokens, choose=choose):
             token = int(tokens[0])
             if token in (eos, DONE):
@@ -414,8 +418,7 @@ def sample(
     a sequence of calls reproducible, e.g. batch after batch of a file.
     """
     if generator is None:
-        first = model.models[0] if isinstance(model, Ensemble) else model
-        generator = torch.Generator(device=next(first.parameters()).device)
+        generator = torch.Generator(device=next(member(model).parameters()).device)
         if seed is not None:
             generator.manual_seed(seed)
         else:
@@ -518,8 +521,12 @@ def for_decoding(model: DecodingModel) -> DecodingModel:
     saves two calls per layer per token. Same outputs up to float rounding (tested equal);
     the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
     it before :func:`int8_linears`, which quantizes the stacked projection like any other.
+    An ensemble gives an ensemble of its members' copies.
     """
     import copy
+
+    if isinstance(model, Ensemble):
+        return Ensemble(tuple(for_decoding(m) for m in model.models))
 
     from qkv.blocks import DecoderBlock, EncoderBlock
 
@@ -537,10 +544,14 @@ def int8_linears(model: DecodingModel) -> DecodingModel:
 
     Decoding reads every weight once per step, so a quarter of the bytes is most of the gain at
     small batches (bench/mt_speed.py). Outputs may differ slightly from float32: check with
-    ``qkv evaluate``. Inference only (the copy has no gradients).
+    ``qkv evaluate``. Inference only (the copy has no gradients). An ensemble gives an
+    ensemble of its members' copies.
     """
     import copy
     import warnings
+
+    if isinstance(model, Ensemble):
+        return Ensemble(tuple(int8_linears(m) for m in model.models))
 
     from torch import nn
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic

@@ -647,11 +647,11 @@ def qkv_to_gpt2(state: Mapping[str, Tensor], config: DecoderOnlyConfig) -> State
     gets zero biases, which GPT-2's Conv1D layers always have: x·W + 0 is the same function.
     """
     if not config.bias:
+        # Inside the blocks the 2-D weights are exactly the linear layers' (norms' are 1-D).
         state = dict(state)
-        for i in range(config.n_layers):
-            for name in ("self_attn.w_q", "self_attn.w_k", "self_attn.w_v", "self_attn.w_o", "ffn.w_1", "ffn.w_2"):
-                weight = state[f"decoder.blocks.{i}.{name}.weight"]  # (out, in)
-                state[f"decoder.blocks.{i}.{name}.bias"] = weight.new_zeros(weight.shape[0])  # (out,)
+        for name, weight in list(state.items()):
+            if name.startswith("decoder.blocks.") and name.endswith(".weight") and weight.ndim == 2:  # (out, in)
+                state[name.removesuffix("weight") + "bias"] = weight.new_zeros(weight.shape[0])  # (out,)
     plain, transposed = _gpt2_names(config)
     tensors = {theirs: state[mine] for mine, theirs in plain}
     tensors.update({theirs: state[mine].t() for mine, theirs in transposed})  # (out, in) -> (in, out)

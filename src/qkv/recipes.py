@@ -42,7 +42,7 @@ from qkv.evaluation import (
 )
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import TARGET_FILE, Tokenizer, Vocabularies
+from qkv.tokenization import MAX_NBEST, TARGET_FILE, Tokenizer, Vocabularies
 from qkv.training import (
     SCHEDULES,
     FitResult,
@@ -462,7 +462,11 @@ _RULES = {
     ("data", "src_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
     ("data", "tgt_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
     ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
-    ("data", "subword_nbest"): (int, lambda v: 0 <= v <= 512, "an integer in 0..512 (0: no subword sampling)"),
+    ("data", "subword_nbest"): (
+        int,
+        lambda v: 0 <= v <= MAX_NBEST,
+        f"an integer in 0..{MAX_NBEST} (0: no subword sampling)",
+    ),
     ("data", "subword_alpha"): ((int, float), lambda v: v > 0, "a number > 0"),
     ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
     ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),

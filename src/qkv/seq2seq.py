@@ -16,6 +16,7 @@ algorithms (``generation.py``), run directories (``runs.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import sys
@@ -325,14 +326,15 @@ def teacher_forced_loss(
 
 def _encode_pairs(
     tokenizers: Tokenizer | Vocabularies, pairs: list[tuple[str, str]], *, window: int, long: str
-) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+) -> tuple[list[tuple[list[int], list[int]]], list[int], list[int]]:
     """Token ids of the pairs (sources by the source tokenizer, targets by the target one),
     over-long ones (a source over the window, a target over the window less BEGIN) dropped or
-    truncated (``long``); and the indices of the over-long pairs."""
+    truncated (``long``); the indices of the over-long pairs; and the index of the pair each
+    example is (all of them unless some were dropped)."""
     vocab = Vocabularies.of(tokenizers)
     sources = vocab.source.encode_batch([a for a, _ in pairs])
     targets = vocab.target.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
-    examples, over_long = [], []
+    examples, over_long, rows = [], [], []
     for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
         if len(s) > window or len(t) > window - 1:
             over_long.append(i)
@@ -340,31 +342,30 @@ def _encode_pairs(
                 continue
             s, t = s[:window], t[: window - 1]
         examples.append((s, t))
-    return examples, over_long
+        rows.append(i)
+    return examples, over_long, rows
 
 
 def _epoch_examples(
     tokenizers: Tokenizer | Vocabularies,
-    pairs: list[tuple[str, str]],
+    kept: list[tuple[str, str]],
     examples: list[tuple[list[int], list[int]]],
-    over_long: list[int],
     *,
-    data: dict,
+    nbest: int,
+    alpha: float,
     window: int,
     seed: int,
 ) -> Callable[[int], list[tuple[list[int], list[int]]]]:
-    """The training examples of each epoch: ``examples`` (the best segmentation of every
-    pair, from :func:`_encode_pairs`) every time, or, with ``data.subword_nbest`` > 0, a new
-    segmentation of both sides each epoch drawn by
+    """The training examples of each epoch: ``examples`` (the best segmentation of each pair
+    of ``kept``, from :func:`_encode_pairs`) every time, or, with ``nbest`` > 0
+    (``data.subword_nbest``), a new segmentation of both sides each epoch drawn by
     :class:`~qkv.tokenization.SegmentationSampler` (seeded with seed and epoch: a resumed run
     sees the same pieces). The same pairs in the same places either way; a draw longer than
-    the window falls back to that pair's best segmentation."""
-    if not data["subword_nbest"]:
+    the window falls back to that pair's best segmentation. The last epoch's draw is kept
+    (the schedule's length is counted on epoch 0's, which the first epoch then reuses)."""
+    if not nbest:
         return lambda epoch: examples
     vocab = Vocabularies.of(tokenizers)
-    dropped = set(over_long) if data["long"] == "drop" else set()
-    kept = [pair for i, pair in enumerate(pairs) if i not in dropped]  # examples[j] is kept[j]
-    nbest, alpha = int(data["subword_nbest"]), float(data["subword_alpha"])
     samplers = []
     for side, tokenizer, texts in (
         ("source", vocab.source, [a for a, _ in kept]),
@@ -377,6 +378,7 @@ def _epoch_examples(
     sources, targets = samplers
     key = seed % 2**64  # numpy seeds are non-negative; train.seed may be any integer
 
+    @functools.lru_cache(maxsize=1)
     def drawn(epoch: int) -> list[tuple[list[int], list[int]]]:
         src, tgt = sources.sample([key, epoch, 0]), targets.sample([key, epoch, 1])
         return [
@@ -463,10 +465,10 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     else:
         model = _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
     window = model.config.max_len
-    examples, over_long = _encode_pairs(vocab, pairs, window=window, long=data["long"])
+    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data["long"])
     if not examples:
         raise UserError("no training pair fits the model's window (model.max_len)")
-    valid_examples, valid_over_long = _encode_pairs(vocab, valid, window=window, long="truncate")
+    valid_examples, valid_over_long, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
     # Said on stderr before training, as well as counted in the summary and run.json: a user
     # who did not expect over-long lines learns which ones at once.
     actions = {"drop": "dropped (data.long: drop)", "truncate": "truncated (data.long: truncate)"}
@@ -477,7 +479,15 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         if ids:
             note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
             print(f"qkv train: note: {note}", file=sys.stderr)
-    epoch_examples = _epoch_examples(vocab, pairs, examples, over_long, data=data, window=window, seed=seed)
+    epoch_examples = _epoch_examples(
+        vocab,
+        [pairs[i] for i in rows],
+        examples,
+        nbest=int(data["subword_nbest"]),
+        alpha=float(data["subword_alpha"]),
+        window=window,
+        seed=seed,
+    )
     max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
     # Optimizer steps per epoch: fixed with one segmentation per pair; with subword sampling the
     # first epoch's count stands for all (for the progress bar and a schedule's length: an
@@ -566,9 +576,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             save("last", resumable=True)
             record("last")
 
-        def batch_loss(rows: list[int], epoch_data: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, int]:
+        def batch_loss(batch: list[int]) -> tuple[torch.Tensor, int]:  # this epoch's examples
             s, t_in, t_out = seq2seq_batch(
-                [epoch_data[i] for i in rows], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
+                [epoch_data[i] for i in batch], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
             )
             smoothing, rdrop = train["label_smoothing"], train["rdrop"]
             return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
@@ -613,9 +623,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                 if stop is not None:
                     break
                 group = order[state["batch"] : state["batch"] + accumulate]
-                loss, n_tokens = trainer.step(
-                    [lambda rows=rows, epoch_data=epoch_data: batch_loss(rows, epoch_data) for rows in group]
-                )
+                loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
                 now = time.perf_counter()
                 state["seconds"] += now - tick
                 tick = now
