@@ -35,7 +35,7 @@ from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
 from qkv.generation import Ensemble  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
-from qkv.recipes import load_recipe  # noqa: E402
+from qkv.recipes import load_recipe, override  # noqa: E402
 from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
 from qkv.tokenization import Vocabularies  # noqa: E402
 
@@ -103,8 +103,7 @@ def main() -> int:
         # each run instead): each run may use an equal share of what the runs before it left,
         # so N runs train no longer than one run may (validation and decoding come on top, N
         # times), and time a run did not need (it ended by its epochs) goes to the next.
-        named = any(o.partition("=")[0].strip() == "train.seconds" for o in args.set)  # as load_recipe reads it
-        total = None if named else recipe["train"]["seconds"]
+        total = recipe["train"]["seconds"] if override(args.set, "train.seconds") is None else None
         members = []
         for k in range(args.ensemble):
             share = []

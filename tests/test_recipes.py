@@ -9,7 +9,7 @@ import torch
 
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, load_recipe
+from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, load_recipe, override
 from qkv.seq2seq import cross_attention
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
@@ -152,3 +152,12 @@ def test_rdrop_is_a_translation_option_and_must_not_be_negative():
             load_recipe(recipe, [f"train.rdrop={bad}"])
     with pytest.raises(UserError, match="rdrop"):
         load_recipe(RECIPE, ["train.rdrop=1"])  # the numbers task has no R-Drop
+
+
+def test_override_reads_a_key_as_load_recipe_does() -> None:
+    """override() finds a --set key with spaces around it, the last one winning, and agrees
+    with load_recipe on which task an override names."""
+    items = ["train.steps=3", " train.seconds = 60 ", "train.seconds=90"]
+    assert override(items, "train.seconds") == "90" and override(items, "train.steps") == "3"
+    assert override(items, "train.lr") is None and override([], "task") is None
+    assert override(["task = lm"], "task") == "lm" and load_recipe(None, ["task = lm"])["task"] == "lm"

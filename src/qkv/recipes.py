@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import re
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -341,6 +341,17 @@ def _set(recipe: dict, key: str, value, *, where: str) -> None:
     node[parts[-1]] = value
 
 
+def override(overrides: Sequence[str], key: str) -> str | None:
+    """The text of the value that the last ``key=value`` of ``overrides`` (``--set``) gives
+    ``key`` (spaces around either side ignored, as :func:`load_recipe` reads them), or None."""
+    value = None
+    for item in overrides:
+        name, _, raw = item.partition("=")
+        if name.strip() == key:
+            value = raw.strip()
+    return value
+
+
 def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     """The task's defaults, then the YAML file (if any), then ``key=value`` overrides.
 
@@ -363,10 +374,8 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of sections (task, model, train, data)")
     where = str(path) if path is not None else "recipe"
-    task = data.get("task", "numbers")
-    for item in overrides:
-        if item.partition("=")[0].strip() == "task":
-            task = item.partition("=")[2].strip()
+    given = override(overrides, "task")
+    task = given if given is not None else data.get("task", "numbers")
     if task not in TASKS:
         raise UserError(f"{where}: unknown task {task!r}; known: {', '.join(TASKS)}")
     recipe = copy.deepcopy(DEFAULTS[task])
