@@ -42,7 +42,7 @@ from qkv.hf import HFConfig, _load_state, export_hf, gpt2_fields, import_hf  # n
 from qkv.layers import sinusoidal_encoding  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
-from qkv.tokenization import Tokenizer  # noqa: E402
+from qkv.tokenization import Tokenizer, Vocabularies  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -383,9 +383,11 @@ def test_gpt2_round_trip(tied: bool, gpt2_vocab: Path, tmp_path: Path, capsys) -
 # ---------------------------------------------------------------------------- Marian
 
 
-def marian_tokenizer(directory: Path, extra: tuple[str, ...] = ()):
+def marian_tokenizer(directory: Path, extra: tuple[str, ...] = (), *, separate: bool = False):
     """A MarianTokenizer over two tiny SentencePiece models, saved (and returned) in ``directory``;
-    ``extra`` tokens go into vocab.json after the pieces of both sides, before <pad>."""
+    ``extra`` tokens go into vocab.json after the pieces of both sides, before <pad>. With
+    ``separate``: vocab.json has the source pieces (and ``extra``), target_vocab.json the target's,
+    each after </s>, <unk> and <pad> (ids 0, 1, 2 on both sides; the tables differ in size)."""
     sentencepiece = pytest.importorskip("sentencepiece")
     from transformers import MarianTokenizer
 
@@ -402,9 +404,21 @@ def marian_tokenizer(directory: Path, extra: tuple[str, ...] = ()):
     pieces = []
     for side in ("source", "target"):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / f"{side}.spm"))
-        pieces += [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+        pieces.append([processor.id_to_piece(i) for i in range(processor.get_piece_size())])
+    if separate:
+        for name, side in (("vocab.json", [*pieces[0], *extra]), ("target_vocab.json", pieces[1])):
+            vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
+            for piece in side:
+                vocab.setdefault(piece, len(vocab))
+            (directory / name).write_text(json.dumps(vocab))
+        files = (str(directory / n) for n in ("source.spm", "target.spm", "vocab.json"))
+        tokenizer = MarianTokenizer(
+            *files, target_vocab_file=str(directory / "target_vocab.json"), separate_vocabs=True
+        )
+        tokenizer.save_pretrained(directory)
+        return tokenizer
     vocab = {"</s>": 0, "<unk>": 1}
-    for piece in [*pieces, *extra]:
+    for piece in [*pieces[0], *pieces[1], *extra]:
         vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)
     (directory / "vocab.json").write_text(json.dumps(vocab))
@@ -573,7 +587,7 @@ def import_marian(files: Path, tmp_path: Path) -> tuple[MarianMTModel, Path]:
     hf.save_pretrained(tmp_path / "hf")
     hf_tokenizer.save_pretrained(tmp_path / "hf")
     summary = import_hf(tmp_path / "hf", tmp_path / "qkv")
-    assert summary["tokenizer"].startswith("tokenizer.json from source.spm and vocab.json"), summary
+    assert summary["tokenizer"].startswith("tokenizer.json from source.spm + vocab.json ("), summary
     return hf, tmp_path / "qkv"
 
 
@@ -633,22 +647,118 @@ def test_marian_translate_end_to_end(marian_files: Path, tmp_path: Path) -> None
     assert MarianTokenizer.from_pretrained(exported)(MARIAN_TEXTS).input_ids == hf_tokenizer(MARIAN_TEXTS).input_ids
 
 
-def test_marian_tokenizer_not_converted(marian_files: Path, tmp_path: Path) -> None:
-    """Separate source and target vocabularies are kept for export but not converted; a BPE
-    source.spm is refused, naming the file and the field."""
+@pytest.fixture(scope="module")
+def marian_separate_files(tmp_path_factory) -> Path:
+    """A separate-vocabulary MarianTokenizer's files (source.spm + vocab.json, target.spm +
+    target_vocab.json), the language code and the unknown run (東京) on the source side."""
+    directory = tmp_path_factory.mktemp("marian-separate") / "tokenizer"
+    marian_tokenizer(directory, extra=(">>fra<<", "東京"), separate=True)
+    return directory
+
+
+def import_separate_marian(files: Path, tmp_path: Path) -> tuple[MarianMTModel, Path]:
+    """A random Marian with separate embeddings saved with the separate vocabularies ``files``,
+    imported; the model and qkv directory."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(files)
+    sizes = [len(json.loads((files / name).read_text())) for name in ("vocab.json", "target_vocab.json")]
+    assert sizes[0] != sizes[1]  # two tables of their own sizes
+    hf = marian_model(*sizes, hf_tokenizer.pad_token_id, share_encoder_decoder_embeddings=False)
+    hf.save_pretrained(tmp_path / "hf")
+    hf_tokenizer.save_pretrained(tmp_path / "hf")
+    summary = import_hf(tmp_path / "hf", tmp_path / "qkv")
+    assert summary["tokenizer"].startswith(
+        "tokenizer.json and target_tokenizer.json from source.spm + vocab.json and target.spm + target_vocab.json"
+    ), summary
+    return hf, tmp_path / "qkv"
+
+
+def test_marian_separate_vocabularies_are_marians(marian_separate_files: Path, tmp_path: Path) -> None:
+    """Separate vocabularies become qkv's: tokenizer.json encodes sources as MarianTokenizer does,
+    target_tokenizer.json encodes targets as its target mode does and decodes ids as its decode
+    does (through target_vocab.json)."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(marian_separate_files)
+    _, qkv = import_separate_marian(marian_separate_files, tmp_path)
+    model, meta = load_model(qkv)
+    assert {"tokenizer.json", "target_tokenizer.json", "target.spm", "target_vocab.json"} <= set(meta["files"])
+    vocab = Vocabularies.load(qkv, files=meta["files"])
+    assert vocab.separate
+    c = model.config
+    assert (vocab.target.vocab_size, vocab.source.vocab_size) == (c.tgt_vocab_size, c.src_vocab_size)
+    assert (vocab.target.pad_id, vocab.target.bos_id, vocab.target.eos_id) == (c.pad_id, c.bos_id, c.eos_id)
+    assert vocab.source.encode_batch(MARIAN_TEXTS) == hf_tokenizer(MARIAN_TEXTS).input_ids
+    # A language code the target vocabulary lacks is <unk> to MarianTokenizer (documented difference).
+    targets = [t for t in MARIAN_TEXTS if not t.startswith(">>")]
+    expected = hf_tokenizer(text_target=targets).input_ids
+    assert vocab.target.encode_batch(targets) == expected
+    assert expected != hf_tokenizer(targets).input_ids  # the two sides really differ
+    g = torch.Generator().manual_seed(8)
+    samples = [torch.randint(0, c.tgt_vocab_size, (n,), generator=g).tolist() for n in (0, 1, 2, 5, 9, 14) * 8]
+    for ids in samples:
+        assert vocab.target.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True), ids
+
+
+def test_marian_separate_translate_and_export(marian_separate_files: Path, tmp_path: Path) -> None:
+    """qkv translate on an imported separate-vocabulary Marian writes what HF's greedy generate +
+    decode gives; export-hf writes the original files back, byte for byte."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(marian_separate_files)
+    hf, qkv = import_separate_marian(marian_separate_files, tmp_path)
+    sources = [*TEXTS[:4], "Café 123", "a b c"]
+    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
+    new = 16
+    argv = ["translate", "--model", str(qkv), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
+    argv += ["--max-len-a", "0", "--max-len-b", str(new), "--output", str(tmp_path / "out.txt"), "--quiet"]
+    assert main(argv) == 0
+    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=new)
+    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
+    assert len(set(expected)) > 1 and all(expected)
+
+    exported = tmp_path / "exported"
+    export_hf(qkv, exported)
+    for name in ("source.spm", "target.spm", "vocab.json", "target_vocab.json", "tokenizer_config.json"):
+        assert (exported / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+    back = MarianTokenizer.from_pretrained(exported)
+    assert back(text_target=TEXTS).input_ids == hf_tokenizer(text_target=TEXTS).input_ids
+    back_model, info = MarianMTModel.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():  # (generate would differ: export writes forced_eos_token_id, the original has none)
+        assert_close(
+            back_model.eval()(**batch, decoder_input_ids=out).logits, hf(**batch, decoder_input_ids=out).logits
+        )
+
+
+def test_marian_tokenizer_not_converted(marian_separate_files: Path, tmp_path: Path) -> None:
+    """Separate vocabularies without target_vocab.json are kept for export, not converted; ones
+    whose special tokens differ in id are refused, as is a BPE source.spm, naming the file."""
     sentencepiece = pytest.importorskip("sentencepiece")
-    vocab = json.loads((marian_files / "vocab.json").read_text())
+    vocab = json.loads((marian_separate_files / "vocab.json").read_text())
+    target = json.loads((marian_separate_files / "target_vocab.json").read_text())
     src = tmp_path / "hf"
-    marian_model(len(vocab), len(vocab), vocab["<pad>"]).save_pretrained(src)
-    for name in ("source.spm", "target.spm", "vocab.json"):
-        shutil.copy(marian_files / name, src / name)
-    shutil.copy(marian_files / "vocab.json", src / "target_vocab.json")
-    (src / "tokenizer_config.json").write_text(json.dumps({"separate_vocabs": True}))
-    summary = import_hf(src, tmp_path / "separate")
-    assert "not converted" in summary["tokenizer"] and "target_vocab.json" in summary["tokenizer"]
-    assert "tokenizer.json" not in load_model(tmp_path / "separate")[1]["files"]
+    marian_model(len(vocab), len(target), vocab["<pad>"], share_encoder_decoder_embeddings=False).save_pretrained(src)
+    for name in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+        shutil.copy(marian_separate_files / name, src / name)
+    summary = import_hf(src, tmp_path / "missing")
+    assert summary["tokenizer"].endswith("not converted: target_vocab.json missing"), summary
+    assert "tokenizer.json" not in load_model(tmp_path / "missing")[1]["files"]
+
+    # <unk> at another id on the target side: the model has one id for each special token.
+    third = next(token for token, i in target.items() if i == 3)
+    target["<unk>"], target[third] = target[third], target["<unk>"]
+    (src / "target_vocab.json").write_text(json.dumps(target))
+    with pytest.raises(UserError, match=r"target_vocab\.json: .*same special tokens at the same ids"):
+        import_hf(src, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
     (src / "tokenizer_config.json").unlink()
+    (src / "target_vocab.json").unlink()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS),
         model_prefix=str(tmp_path / "bpe"),

@@ -43,12 +43,17 @@ Supported:
     config.json gives the padding, BEGIN or END id too, the two must agree. Export writes
     ``tokenizer.json`` and a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast`` (with the
     mask token: qkv's ``<mask>`` or BERT's ``[MASK]``).
-  * Marian's tokenizer (shared vocabulary): ``source.spm`` + ``vocab.json`` become a
-    ``tokenizer.json`` that gives the ids ``MarianTokenizer`` gives a source text (``</s>``
-    appended) and the text its ``decode(ids, skip_special_tokens=True)`` gives
-    (:func:`_marian_tokenizer`), so ``qkv translate`` and ``qkv generate`` run an imported
-    Marian. ``source.spm``, ``target.spm``, the ``vocab.json`` files and ``tokenizer_config.json``
-    are kept in the qkv directory (with their SHA-256) and are what export writes back.
+  * Marian's tokenizer: ``source.spm`` + ``vocab.json`` become a ``tokenizer.json`` that gives
+    the ids ``MarianTokenizer`` gives a source text (``</s>`` appended) and, with a shared
+    vocabulary, the text its ``decode(ids, skip_special_tokens=True)`` gives
+    (:func:`_marian_tokenizer`). With separate vocabularies (``separate_vocabs`` in
+    ``tokenizer_config.json``) ``target.spm`` + ``target_vocab.json`` become qkv's
+    ``target_tokenizer.json`` the same way: it encodes targets as MarianTokenizer's target mode
+    does and decodes as its ``decode`` does; the two sides must give the special tokens the
+    same ids (qkv's model has one padding, BEGIN and END id). So ``qkv translate`` and ``qkv
+    generate`` run an imported Marian. ``source.spm``, ``target.spm``, the ``vocab.json`` files
+    and ``tokenizer_config.json`` are kept in the qkv directory (with their SHA-256) and are
+    what export writes back.
   * Export reads a model directory or a training run (its final checkpoint) and writes a new or
     empty directory (not the working directory), whole or not at all, flushed to disk
     (``files.atomic_directory``, as ``checkpoint.save_model`` writes).
@@ -59,10 +64,10 @@ other architectures; sharded checkpoints (``*.index.json``); quantized checkpoin
 positions or as a decoder; GPT-2 without attention scaling or with
 ``scale_attn_by_inverse_layer_idx``; Marian with different encoder and decoder widths or head
 counts; a ``source.spm`` other than a unigram model of normal and control pieces (BPE, byte
-fallback, user-defined pieces). Marian with separate source and target vocabularies
-(``separate_vocabs``, ``target_vocab.json``) imports with its files kept and exported but not
-converted into qkv's separate vocabularies: it runs from token ids (Python) and
-``qkv translate`` refuses it. A qkv translation model trained with separate vocabularies
+fallback, user-defined pieces); a Marian tokenizer whose files are missing (say,
+``separate_vocabs`` without ``target_vocab.json``) is not converted (its files are kept and
+exported; the model runs from token ids in Python and ``qkv translate`` refuses it). A qkv
+translation model trained with separate vocabularies
 (``target_tokenizer.json``) is not exported: Marian's separate vocabularies are SentencePiece
 files qkv does not write. Generation settings (``generation_config.json``: beams,
 ``bad_words_ids``, forced END) are not carried over; Marian's ``activation_dropout`` is dropped
@@ -73,9 +78,11 @@ code (``>>fra<<``) is read wherever it stands (``MarianTokenizer``: at the start
 unknown code as ``<unk>``); a ``source.spm`` piece that ``vocab.json`` lacks, which
 ``MarianTokenizer`` reads as ``<unk>``, is segmented around instead; a text that only its
 normalization (NFKC) turns into a special token's text (fullwidth ``＜pad＞``, where ``<`` and
-``>`` have pieces) reads as that token. Targets: qkv encodes every text alike, so a target
-(fine-tuning, teacher-forced loss) is segmented with ``source.spm`` (``MarianTokenizer``:
-``target.spm``) and ends with ``</s>`` before qkv adds END to it (two ``</s>``).
+``>`` have pieces) reads as that token. Targets with a shared vocabulary (fine-tuning,
+teacher-forced loss) are segmented with ``source.spm`` (``MarianTokenizer``: ``target.spm``),
+as qkv has one tokenizer for both sides there; with separate vocabularies with
+``target.spm``, as MarianTokenizer does. (Either way without the tokenizer's ``</s>``: the
+batch appends END, the same id.)
 
 ``transformers`` is never imported: configs are read and written as JSON and tensors with
 safetensors. The models do not import this module.
@@ -105,7 +112,7 @@ from qkv.layers import sinusoidal_encoding
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnlyConfig
-from qkv.tokenization import FILE, TARGET_FILE, Tokenizer
+from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
 
 if TYPE_CHECKING:  # protobuf-generated; imported where used, so that qkv.hf loads without protobuf
     from sentencepiece.sentencepiece_model_pb2 import ModelProto
@@ -1068,8 +1075,13 @@ def _check_spm(path: Path, proto: ModelProto) -> None:
             raise UserError(f"{path}: piece {piece.piece!r} is {kind}; qkv converts normal and control pieces only")
 
 
-def _marian_tokenizer(directory: Path, config: EncoderDecoderConfig) -> Tokenizer:
-    """MarianTokenizer (shared vocabulary) as a ``tokenizers`` Unigram model over vocab.json's ids.
+def _marian_tokenizer(directory: Path, config: EncoderDecoderConfig, *, spm_file: str, vocab_file: str) -> Tokenizer:
+    """One side of MarianTokenizer as a ``tokenizers`` Unigram model over the ids of ``vocab_file``.
+
+    The sides: the source's ``source.spm`` + ``vocab.json``, which with a shared vocabulary is
+    the target's too; with separate vocabularies the target's ``target.spm`` +
+    ``target_vocab.json`` (MarianTokenizer's target mode, and its decoding). Below, source.spm
+    and vocab.json stand for either pair.
 
     MarianTokenizer segments a source text with source.spm, looks each piece up in vocab.json
     (a piece it lacks is <unk>) and appends </s>; it decodes ids through vocab.json and, with a
@@ -1090,7 +1102,7 @@ def _marian_tokenizer(directory: Path, config: EncoderDecoderConfig) -> Tokenize
     The unmatched tokens get source.spm's lowest score: the Unigram model scores <unk> from the
     lowest score of its vocabulary, which must stay SentencePiece's.
     """
-    spm_path, vocab_path = directory / "source.spm", directory / "vocab.json"
+    spm_path, vocab_path = directory / spm_file, directory / vocab_file
     proto = _read_spm(spm_path)
     _check_spm(spm_path, proto)
     vocab = read_json_object(vocab_path)
@@ -1235,37 +1247,52 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         extra["labels"] = labels  # as qkv's own classifiers store them (bert.py)
     with tempfile.TemporaryDirectory() as tmp:
         files: dict[str, Path] = {}
-        tokenizer: Tokenizer | None = None
-        source: Path | None = None
+        c = model.config
+        # Each tokenizer, the file its vocabulary came from and the size of the model's table for
+        # it: one (joint), or a Marian's source and target (separate vocabularies).
+        sides: list[tuple[Tokenizer, Path, int]] = []
         said = "none"
         if architecture in MARIAN:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
             files = {name: src / name for name in MARIAN_TOKENIZER_FILES if (src / name).is_file()}
             kept = f"kept {', '.join(files)} for export"
-            if not {"source.spm", "vocab.json"} <= set(files):
-                said = f"{kept}; not converted: source.spm or vocab.json is missing" if files else said
-            elif TokenizerSettings(src).get("separate_vocabs"):
-                said = f"{kept}; not converted: qkv has one vocabulary for source and target, this model two"
+            pairs = [("source.spm", "vocab.json")]
+            if TokenizerSettings(src).get("separate_vocabs"):  # MarianTokenizer's target mode reads these
+                pairs.append(("target.spm", "target_vocab.json"))
+            missing = [name for pair in pairs for name in pair if name not in files]
+            if missing:
+                said = f"{kept}; not converted: {' and '.join(missing)} missing" if files else said
             else:
-                tokenizer, source = _marian_tokenizer(src, model.config), src / "vocab.json"
-                said = f"{FILE} from source.spm and vocab.json ({kept})"
+                sizes = (
+                    [min(c.src_vocab_size, c.tgt_vocab_size)]
+                    if len(pairs) == 1
+                    else [c.src_vocab_size, c.tgt_vocab_size]
+                )
+                for (spm_file, vocab_file), size in zip(pairs, sizes, strict=True):
+                    side = _marian_tokenizer(src, c, spm_file=spm_file, vocab_file=vocab_file)
+                    sides.append((side, src / vocab_file, size))
+                converted = " and ".join(f"{a} + {b}" for a, b in pairs)
+                said = f"{FILE}{f' and {TARGET_FILE}' if len(pairs) == 2 else ''} from {converted} ({kept})"
         else:
             found = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
             if found is not None:
-                (tokenizer, source), said = found, FILE
-        if tokenizer is not None and source is not None:
-            c = model.config
-            vocab = min(c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else c.vocab_size
-            if tokenizer.vocab_size > vocab:
-                raise UserError(f"{src}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}")
-            if architecture in BERT:
-                ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
-            elif architecture in GPT2:
-                ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
-            else:
-                ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
+                sides, said = [(*found, c.vocab_size)], FILE
+        if architecture in BERT:
+            ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
+        elif architecture in GPT2:
+            ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
+        else:
+            ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
+        for tokenizer, source, size in sides:
+            if tokenizer.vocab_size > size:
+                raise UserError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}")
             _check_token_ids(config, tokenizer, ids, source)
-            files.update(tokenizer.save(Path(tmp) / FILE))
+        if sides:
+            try:  # the model has one padding, BEGIN and END id for both sides
+                vocabularies = Vocabularies(sides[0][0], sides[-1][0])  # one tokenizer: joint
+            except UserError as e:
+                raise UserError(f"{sides[-1][1]}: {e}") from None
+            files.update(vocabularies.save(tmp))
         save_model(model, dst, files=files, extra=extra)
     return {
         "architecture": architecture,
@@ -1287,7 +1314,8 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
     src, dst = model_dir(Path(src)), Path(dst)
     check_output(dst, models=False)
     model, meta = load_model(src)
-    if TARGET_FILE in meta["files"]:
+    if TARGET_FILE in meta["files"] and "source.spm" not in meta["files"]:
+        # (An imported Marian's separate vocabularies are written back as its own files, below.)
         raise UserError(
             f"{src} has separate source and target vocabularies ({FILE}, {TARGET_FILE}); export-hf writes "
             f"one tokenizer for both, so it cannot export this model"
