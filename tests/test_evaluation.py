@@ -78,3 +78,38 @@ def test_tokenized_text_scored_as_tokenized_gets_no_detokenize_warning(caplog):
     with caplog.at_level("WARNING", logger="sacrebleu"):
         corpus_scores(lines, lines, tokenize="13a")
     assert "detokenize" in caplog.text
+
+
+# Cased, detokenized hypotheses and the same text as the official Multi30k tok/ files write it
+# (Moses punctuation normalization and tokenization, lowercased, apostrophes escaped).
+RAW = ["Two dogs play in the snow.", "A woman's hat, a man's coat.", "It costs $5.50!"]
+TOKENIZED = ["two dogs play in the snow .", "a woman &apos;s hat , a man &apos;s coat .", "it costs $ 5.50 !"]
+
+
+def test_moses_mode_is_the_official_tok_files_preprocessing():
+    """tokenize="moses" (the published Multi30k metric): detokenized, cased hypotheses are
+    Moses-normalized, tokenized and lowercased before sacreBLEU scores them, untokenized,
+    against the tok/ references; the signature says so. sacreBLEU's own 13a does not match."""
+    from qkv.evaluation import moses_lowercased
+
+    assert moses_lowercased(RAW, lang="en") == TOKENIZED
+    scores = corpus_scores(RAW, TOKENIZED, tokenize="moses")
+    assert scores["bleu"] == 100.0
+    assert "tok:none" in scores["bleu_signature"] and "case:lc" in scores["bleu_signature"]
+    assert scores["bleu_signature"].endswith("|hyp:moses-lc-en")
+    assert corpus_scores(RAW, TOKENIZED)["bleu"] < 100  # 13a, cased: what the tok/ files are not
+    assert corpus_scores(RAW, TOKENIZED, lowercase=True)["bleu"] < 100  # 13a splits "&apos;s" apart
+
+
+def test_evaluate_cli_moses_mode(tmp_path, capsys):
+    """qkv evaluate --tokenize moses --json on files: BLEU 100 for the same text, with the signature."""
+    import json
+
+    from qkv.cli import main
+
+    (tmp_path / "hyp.en").write_text("".join(f"{t}\n" for t in RAW), encoding="utf-8")
+    (tmp_path / "ref.en").write_text("".join(f"{t}\n" for t in TOKENIZED), encoding="utf-8")
+    argv = ["evaluate", "--hyp", str(tmp_path / "hyp.en"), "--ref", str(tmp_path / "ref.en"), "--tokenize", "moses"]
+    assert main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bleu"] == 100.0 and "hyp:moses-lc-en" in result["bleu_signature"]
