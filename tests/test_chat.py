@@ -118,7 +118,7 @@ def test_chat_with_an_encoder_decoder(tmp_path, capsys, monkeypatch) -> None:
 
 
 def test_chat_sampling_is_reproducible_with_a_seed(chat_model, capsys, monkeypatch) -> None:
-    """--sample --seed gives the same replies twice; sampling options without --sample are refused."""
+    """--sample --seed gives the same replies twice; the sampling options alone imply --sample."""
     argv = ["chat", "--model", str(chat_model), "--separator", "\\n", "--max-new-tokens", "8"]
     outputs = []
     for _ in range(2):
@@ -126,8 +126,9 @@ def test_chat_sampling_is_reproducible_with_a_seed(chat_model, capsys, monkeypat
         assert main([*argv, "--sample", "--top-k", "3", "--temperature", "1.5", "--seed", "7"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
-    assert main([*argv, "--top-p", "0.9"]) == 2
-    assert "only apply with --sample" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello there\nhow are you\n"), encoding="utf-8"))
+    assert main([*argv, "--top-k", "3", "--temperature", "1.5", "--seed", "7"]) == 0
+    assert capsys.readouterr().out == outputs[0]
 
 
 def test_chat_separator_escapes_and_non_ascii_text(chat_model, capsys, monkeypatch) -> None:
@@ -158,3 +159,90 @@ def test_chat_names_the_stdin_line_with_invalid_utf8(chat_model, capsys, monkeyp
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 1
     assert captured.err.startswith("qkv chat: error: <stdin>:2: not valid UTF-8") and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("max_new_tokens", [8, 30])
+def test_decoder_only_chat_keeps_the_dialogue_within_the_window(chat_model, monkeypatch, max_new_tokens) -> None:
+    """However long the dialogue grows, the context a decoder-only model is given plus the reply
+    it may write fit its window (max_len 17), and the context is the newest turns, whole (but for
+    a single turn longer than the room, which keeps its end)."""
+    model, meta = load_model(chat_model)
+    vocab = Vocabularies.load(chat_model, files=meta["files"])
+    window = model.config.max_len
+    real = qkv.chat.continuation
+    seen: list[tuple[list[int], int]] = []
+
+    def recording(model, prompt, *, max_new_tokens, choose):
+        seen.append((list(prompt), max_new_tokens))
+        return real(model, prompt, max_new_tokens=max_new_tokens, choose=choose)
+
+    monkeypatch.setattr(qkv.chat, "continuation", recording)
+    turns: list[str] = []
+    for turn in ["hello there", "how are you", "fine thanks"] * 3:
+        turns.append(turn)
+        turns.append(reply(model, vocab, turns, separator="\n", max_new_tokens=max_new_tokens))
+        prompt, new = seen[-1]
+        assert prompt and len(prompt) + new - 1 <= window, (len(prompt), new)
+        text = vocab.source.decode(prompt)
+        before = turns[:-1]  # the dialogue the reply answered
+        whole = {"".join(f"{t}\n" for t in before[i:]) for i in range(len(before))}
+        assert text in whole or (len(text) == len(prompt) and f"{before[-1]}\n".endswith(text)), text
+    assert len(vocab.source.encode("".join(f"{t}\n" for t in turns))) > window  # it did outgrow the window
+
+
+def _terminal_chat(model: Path, history: Path, keys: list[bytes]) -> tuple[int, str]:
+    """Run ``qkv chat`` in a pseudo-terminal, typing each of ``keys`` at its next "you> " prompt;
+    its exit status and everything it wrote."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    env = {**os.environ, "QKV_CHAT_HISTORY": str(history), "QKV_MALLOC": "default", "TERM": "xterm"}
+    main_fd, child_fd = pty.openpty()
+    argv = [sys.executable, "-m", "qkv", "chat", "--model", str(model), "--separator", "\\n", "--max-new-tokens", "5"]
+    process = subprocess.Popen(argv, stdin=child_fd, stdout=child_fd, stderr=child_fd, env=env, close_fds=True)
+    os.close(child_fd)
+    out = b""
+    sent = 0
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            # The next keys go in once every line typed so far is answered and a new prompt is shown.
+            tail = out[out.rfind(b"bot> ") + 1 :] if sent else out
+            if keys and out.count(b"bot> ") == sent and b"you> " in tail:
+                os.write(main_fd, keys.pop(0))
+                sent += 1
+            ready, _, _ = select.select([main_fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(main_fd, 4096)
+                except OSError:  # the terminal closed: the chat ended
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif process.poll() is not None:
+                break
+        return process.wait(timeout=30), out.decode("utf-8", "replace")
+    finally:
+        os.close(main_fd)
+        if process.poll() is None:
+            process.kill()
+
+
+def test_interactive_chat_edits_lines_and_keeps_history(chat_model, tmp_path) -> None:
+    """In a terminal, qkv chat reads turns with readline: Ctrl-A moves to the start of the line,
+    Ctrl-P recalls the previous line, also one typed in an earlier chat (the history file,
+    $QKV_CHAT_HISTORY); an empty line ends the chat."""
+    history = tmp_path / "history"
+    # "there", Ctrl-A, "hello ": the line "hello there"; then Ctrl-P (recall it); then an empty line.
+    status, out = _terminal_chat(chat_model, history, [b"there\x01hello \r", b"\x10\r", b"\r"])
+    assert status == 0, out
+    assert out.count("bot> ") == 2, out  # the recalled line was a turn (an empty one ends the chat)
+    assert history.read_text().splitlines() == ["hello there"]  # (readline keeps one of two equal lines in a row)
+    # A new chat: Ctrl-P at once recalls the line of the chat before.
+    status, out = _terminal_chat(chat_model, history, [b"\x10\r", b"fine thanks\r", b"\r"])
+    assert status == 0 and out.count("bot> ") == 2, out
+    assert history.read_text().splitlines() == ["hello there", "fine thanks"]

@@ -361,6 +361,21 @@ def _matching_vocabularies(path: str, model, *, files, use: str):
     return vocab
 
 
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
+
+
+def _sampling(args: argparse.Namespace) -> bool:
+    """Whether to sample: ``--sample``, or any of ``--temperature``, ``--top-k``, ``--top-p``
+    and ``--seed`` (which mean nothing to a search: whoever sets one means to sample)."""
+    return args.sample or any(getattr(args, name) is not None for name in SAMPLING_OPTIONS)
+
+
+def _sampling_flags(args: argparse.Namespace) -> str:
+    """The flags that asked for sampling, as typed (for an error message)."""
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
+    return ", ".join((["--sample"] if args.sample else []) + given)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
@@ -370,15 +385,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
-    if args.sample and args.beam > 1:
-        raise UserError("--sample and --beam are exclusive: sampling draws one output per input")
-    given = [
-        f"--{name.replace('_', '-')}"
-        for name in ("temperature", "top_k", "top_p", "seed")
-        if getattr(args, name) is not None
-    ]
-    if given and not args.sample:
-        raise UserError(f"{', '.join(given)} only apply with --sample")
+    sampling = _sampling(args)
+    if sampling and args.beam > 1:
+        raise UserError(f"{_sampling_flags(args)} and --beam are exclusive: sampling draws one output per input")
     out = _Output(args.output)
     model, vocab = _load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
     # Inputs in the source vocabulary, outputs in the target's (the same one but for an
@@ -423,7 +432,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if streaming:
         # One prompt continued by a language model: print each piece of text as it is made,
         # sliding the window past max_len (generation.continuation).
-        if args.sample:
+        if sampling:
             choose = sampler(
                 temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=generator
             )
@@ -459,7 +468,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # An empty input still gets --nbest lines, so outputs can be matched to inputs by counting.
         results: dict[int, list[str]] = {i: [""] * args.nbest for i in range(len(chunk))}
         if inputs:
-            if args.sample:
+            if sampling:
                 outs = sample(
                     model,
                     inputs,
@@ -592,12 +601,9 @@ def _unescape(text: str) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from qkv.chat import reply
-    from qkv.data import decode_lines
-
     model, vocab = _load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
     choose = None
-    if args.sample:
+    if _sampling(args):
         import torch
 
         from qkv.generation import sampler
@@ -607,15 +613,59 @@ def cmd_chat(args: argparse.Namespace) -> int:
             generator.manual_seed(args.seed)
         else:
             generator.seed()
-        choose = sampler(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
-    elif any(getattr(args, n) is not None for n in ("top_k", "top_p", "seed")) or args.temperature != 1.0:
-        raise UserError("--temperature, --top-k, --top-p and --seed only apply with --sample")
+        temperature = args.temperature or 1.0
+        choose = sampler(temperature=temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
     separator = _unescape(args.separator)
     interactive = sys.stdin.isatty()
+    save_history = _chat_history() if interactive else None
     if interactive:
-        import readline  # noqa: F401  (line editing and history for input())
-
         print(f"qkv chat with {args.model}; an empty line or Ctrl-D ends the chat", file=sys.stderr)
+    try:
+        _chat_loop(args, model, vocab, separator=separator, choose=choose, interactive=interactive)
+    finally:
+        if save_history is not None:
+            save_history()
+    return 0
+
+
+CHAT_HISTORY = "QKV_CHAT_HISTORY"  # the environment variable naming the chat's history file
+
+
+def _chat_history() -> Callable[[], None]:
+    """Line editing and history for ``input()`` (GNU readline), the lines typed in earlier chats
+    included: read from ``~/.qkv_chat_history`` (``$QKV_CHAT_HISTORY`` names another file; set
+    empty, none is kept). Returns what saves the history (the newest 1,000 lines), atomically; a
+    history that cannot be read or written is a note on stderr, never the end of a chat."""
+    import readline
+
+    path = os.environ.get(CHAT_HISTORY, str(Path.home() / ".qkv_chat_history"))
+    if not path:
+        return lambda: None
+    try:
+        readline.read_history_file(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        print(f"qkv chat: note: cannot read the history {path}: {e.strerror or e}", file=sys.stderr)
+    readline.set_history_length(1000)
+
+    def save() -> None:
+        temporary = f"{path}.tmp-{os.getpid()}"
+        try:
+            readline.write_history_file(temporary)
+            os.replace(temporary, path)
+        except OSError as e:
+            print(f"qkv chat: note: cannot save the history to {path}: {e.strerror or e}", file=sys.stderr)
+            Path(temporary).unlink(missing_ok=True)
+
+    return save
+
+
+def _chat_loop(args: argparse.Namespace, model, vocab, *, separator: str, choose, interactive: bool) -> None:
+    """Read a turn, print the reply, until an empty line (a terminal), Ctrl-D or the end of stdin."""
+    from qkv.chat import reply
+    from qkv.data import decode_lines
+
     turns: list[str] = []
     number = 0
     while True:
@@ -643,7 +693,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         answer = reply(model, vocab, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
         turns.append(answer)
         print(f"bot> {answer}" if interactive else answer, flush=True)
-    return 0
 
 
 def _evaluate_classifier(path: str, tsv: str) -> dict:
@@ -964,7 +1013,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=_positive_int, default=1, help="beam width (1: greedy)")
     p.add_argument("--nbest", type=_positive_int, default=1, help="outputs per input, with scores (needs --beam)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=64, help="longest output (default: 64)")
-    p.add_argument("--sample", action="store_true", help="sample instead of searching")
+    p.add_argument(
+        "--sample", action="store_true", help="sample instead of searching (implied by the four options below)"
+    )
     p.add_argument("--temperature", type=_temperature, default=None, help="sampling temperature (default: 1)")
     p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument(
@@ -993,18 +1044,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: DailyDialog's ' __eou__ ')",
     )
     p.add_argument("--max-new-tokens", type=_positive_int, default=60, help="longest reply (default: 60)")
-    p.add_argument("--sample", action="store_true", help="sample replies (default: greedy, or beam search)")
     p.add_argument(
-        "--temperature", type=_number(float, lambda v: v > 0, "a number > 0"), default=1.0, help="with --sample"
+        "--sample",
+        action="store_true",
+        help="sample replies (default: greedy, or beam search; implied by the four options below)",
     )
-    p.add_argument("--top-k", type=_positive_int, default=None, help="with --sample: the k most likely tokens")
+    p.add_argument("--temperature", type=_temperature, default=None, help="sampling temperature (default: 1)")
+    p.add_argument("--top-k", type=_positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument(
-        "--top-p",
-        type=_number(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        default=None,
-        help="with --sample: the smallest set of tokens with this probability",
+        "--top-p", type=_probability, default=None, help="sample from the smallest set of tokens with this probability"
     )
-    p.add_argument("--seed", type=int, default=None, help="with --sample: reproducible replies")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible replies)")
     _add_precision(p)
     p.set_defaults(run=cmd_chat)
 
