@@ -236,6 +236,7 @@ def test_interactive_chat_edits_lines_and_keeps_history(chat_model, tmp_path) ->
     """In a terminal, qkv chat reads turns with readline: Ctrl-A moves to the start of the line,
     Ctrl-P recalls the previous line, also one typed in an earlier chat (the history file,
     $QKV_CHAT_HISTORY); an empty line ends the chat."""
+    pytest.importorskip("readline")
     history = tmp_path / "history"
     # "there", Ctrl-A, "hello ": the line "hello there"; then Ctrl-P (recall it); then an empty line.
     status, out = _terminal_chat(chat_model, history, [b"there\x01hello \r", b"\x10\r", b"\r"])

@@ -636,8 +636,10 @@ def _chat_history() -> Callable[[], None]:
     included: read from ``~/.qkv_chat_history`` (``$QKV_CHAT_HISTORY`` names another file; set
     empty, none is kept). Returns what saves the history (the newest 1,000 lines), atomically; a
     history that cannot be read or written is a note on stderr, never the end of a chat."""
-    import readline
-
+    try:
+        import readline
+    except ImportError:  # a Python built without GNU readline (or libedit): plain input()
+        return lambda: None
     path = os.environ.get(CHAT_HISTORY, str(Path.home() / ".qkv_chat_history"))
     if not path:
         return lambda: None
