@@ -422,20 +422,23 @@ def test_train_bad_model_field_is_a_user_error(capsys, tmp_path, setting):
     assert_user_error(run(capsys, "train", RECIPE, "--out", str(tmp_path / "x"), "--quiet", "--set", setting), field)
 
 
-def test_sampling_options_imply_sample(capsys, trained):
+def test_sampling_options_imply_sample(capsys, trained, stdin):
     """--top-k (as --temperature, --top-p, --seed) samples without --sample: with k = 1 the
-    sample is the greedy output, with k = 3 and a seed it is reproducible and the same as with
-    --sample; with --beam it is a user error naming both."""
+    sample is the greedy output, with k = 3 and a seed it is the same as with --sample; with
+    --beam it is a user error naming both."""
     model, _, _ = trained
-    argv = ["generate", "--model", str(model), "--prompt", "12345", *SHORT]
-    rc, greedy_out, _ = run(capsys, *argv)
-    assert rc == 0 and greedy_out.strip()
-    assert run(capsys, *argv, "--top-k", "1", "--seed", "4")[:2] == (0, greedy_out)
-    implied = run(capsys, *argv, "--top-k", "3", "--temperature", "2", "--seed", "4")
-    assert (
-        implied[0] == 0
-        and implied[:2] == run(capsys, *argv, "--sample", "--top-k", "3", "--temperature", "2", "--seed", "4")[:2]
-    )
+    argv = ["generate", "--model", str(model), *SHORT]
+    lines = "12\n4,317\n905\n77\n"
+
+    def generate(*options: str) -> str:
+        stdin(lines)
+        rc, out, err = run(capsys, *argv, *options)
+        assert rc == 0 and len(out.splitlines()) == 4, (rc, out, err)
+        return out
+
+    assert generate("--top-k", "1", "--seed", "4") == generate()  # greedy
+    implied = generate("--top-k", "3", "--temperature", "2", "--seed", "4")
+    assert implied.strip() and implied == generate("--sample", "--top-k", "3", "--temperature", "2", "--seed", "4")
     assert_user_error(run(capsys, *argv, "--top-p", "0.5", "--beam", "2"), "--top-p", "--beam")
 
 
