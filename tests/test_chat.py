@@ -247,3 +247,18 @@ def test_interactive_chat_edits_lines_and_keeps_history(chat_model, tmp_path) ->
     status, out = _terminal_chat(chat_model, history, [b"\x10\r", b"fine thanks\r", b"\r"])
     assert status == 0 and out.count("bot> ") == 2, out
     assert history.read_text().splitlines() == ["hello there", "fine thanks"]
+
+
+def test_a_history_that_cannot_be_read_is_left_as_it_is(tmp_path, monkeypatch, capsys) -> None:
+    """An unreadable history file (here a directory) is a note on stderr, and the chat does not
+    write over it at the end (that would lose the lines it holds)."""
+    pytest.importorskip("readline")
+    from qkv.cli import CHAT_HISTORY, _chat_history
+
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "kept").write_text("x")
+    monkeypatch.setenv(CHAT_HISTORY, str(history))
+    _chat_history()()
+    assert "cannot read the history" in capsys.readouterr().err
+    assert (history / "kept").read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["history"]

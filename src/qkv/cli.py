@@ -635,7 +635,8 @@ def _chat_history() -> Callable[[], None]:
     """Line editing and history for ``input()`` (GNU readline), the lines typed in earlier chats
     included: read from ``~/.qkv_chat_history`` (``$QKV_CHAT_HISTORY`` names another file; set
     empty, none is kept). Returns what saves the history (the newest 1,000 lines), atomically; a
-    history that cannot be read or written is a note on stderr, never the end of a chat."""
+    history that cannot be read (then it is left as it is) or written is a note on stderr, never
+    the end of a chat."""
     try:
         import readline
     except ImportError:  # a Python built without GNU readline (or libedit): plain input()
@@ -647,8 +648,9 @@ def _chat_history() -> Callable[[], None]:
         readline.read_history_file(path)
     except FileNotFoundError:
         pass
-    except OSError as e:
-        print(f"qkv chat: note: cannot read the history {path}: {e.strerror or e}", file=sys.stderr)
+    except OSError as e:  # not overwritten either: saving would lose the lines it holds
+        print(f"qkv chat: note: cannot read the history {path} ({e.strerror or e}); not saving it", file=sys.stderr)
+        return lambda: None
     readline.set_history_length(1000)
 
     def save() -> None:
