@@ -405,24 +405,22 @@ def marian_tokenizer(directory: Path, extra: tuple[str, ...] = (), *, separate: 
     for side in ("source", "target"):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(directory / f"{side}.spm"))
         pieces.append([processor.id_to_piece(i) for i in range(processor.get_piece_size())])
+
+    def write(name: str, first: dict[str, int], tokens: list[str]) -> None:  # ids in order, each token once
+        vocab = dict(first)
+        for token in tokens:
+            vocab.setdefault(token, len(vocab))
+        (directory / name).write_text(json.dumps(vocab))
+
+    spm_files = [str(directory / n) for n in ("source.spm", "target.spm", "vocab.json")]
     if separate:
-        for name, side in (("vocab.json", [*pieces[0], *extra]), ("target_vocab.json", pieces[1])):
-            vocab = {"</s>": 0, "<unk>": 1, "<pad>": 2}
-            for piece in side:
-                vocab.setdefault(piece, len(vocab))
-            (directory / name).write_text(json.dumps(vocab))
-        files = (str(directory / n) for n in ("source.spm", "target.spm", "vocab.json"))
-        tokenizer = MarianTokenizer(
-            *files, target_vocab_file=str(directory / "target_vocab.json"), separate_vocabs=True
-        )
-        tokenizer.save_pretrained(directory)
-        return tokenizer
-    vocab = {"</s>": 0, "<unk>": 1}
-    for piece in [*pieces[0], *pieces[1], *extra]:
-        vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    tokenizer = MarianTokenizer(*(str(directory / n) for n in ("source.spm", "target.spm", "vocab.json")))
+        write("vocab.json", {"</s>": 0, "<unk>": 1, "<pad>": 2}, [*pieces[0], *extra])
+        write("target_vocab.json", {"</s>": 0, "<unk>": 1, "<pad>": 2}, pieces[1])
+        target = str(directory / "target_vocab.json")
+        tokenizer = MarianTokenizer(*spm_files, target_vocab_file=target, separate_vocabs=True)
+    else:  # (no piece is "<pad>": it comes last)
+        write("vocab.json", {"</s>": 0, "<unk>": 1}, [*pieces[0], *pieces[1], *extra, "<pad>"])
+        tokenizer = MarianTokenizer(*spm_files)
     tokenizer.save_pretrained(directory)
     return tokenizer
 

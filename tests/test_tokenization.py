@@ -75,6 +75,20 @@ def test_same_as_tells_vocabularies_and_settings_apart(tokenizer, tmp_path):
     assert not joint.same_as(Vocabularies(tokenizer, Tokenizer.load(tmp_path / "tokenizer.json")))  # joint vs separate
 
 
+def test_tables_pair_each_tokenizer_with_the_table_it_must_fit(tokenizer, tmp_path):
+    """Joint: one tokenizer.json, whose ids index both tables (the smaller counts); separate:
+    tokenizer.json the source table, target_tokenizer.json the target's."""
+    assert Vocabularies.of(tokenizer).tables(src_vocab_size=41, tgt_vocab_size=37) == [
+        (tokenizer, "tokenizer.json", 37)
+    ]
+    tokenizer.save(tmp_path / "tokenizer.json")
+    target = Tokenizer.load(tmp_path / "tokenizer.json")
+    assert Vocabularies(tokenizer, target).tables(src_vocab_size=41, tgt_vocab_size=37) == [
+        (tokenizer, "tokenizer.json", 41),
+        (target, "target_tokenizer.json", 37),
+    ]
+
+
 def test_load_garbage_file_is_user_error(tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_bytes(b"this is not a tokenizer \xff\x00")

@@ -343,19 +343,14 @@ def _matching_vocabularies(path: str, model, *, files, use: str):
     target_tokenizer.json); refused, naming ``use`` (what needs it), when it has no
     tokenizer.json, and when a tokenizer has ids the model has no embedding for."""
     from qkv.checkpoint import model_dir
-    from qkv.tokenization import FILE, TARGET_FILE, Vocabularies
+    from qkv.tokenization import FILE, Vocabularies
 
     if FILE not in files:
         raise UserError(f"{path} has no {FILE}; {use} needs a model saved with its tokenizer")
     vocab = Vocabularies.load(model_dir(path), files=files)
     c = model.config
-    if hasattr(c, "src_vocab_size"):
-        sides = [(vocab.source, c.src_vocab_size, FILE), (vocab.target, c.tgt_vocab_size, TARGET_FILE)]
-        if not vocab.separate:  # one file for both sides: it must fit the smaller table
-            sides = [(vocab.source, min(c.src_vocab_size, c.tgt_vocab_size), FILE)]
-    else:
-        sides = [(vocab.source, c.vocab_size, FILE)]
-    for tokenizer, size, name in sides:
+    sizes = (c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else (c.vocab_size, c.vocab_size)
+    for tokenizer, name, size in vocab.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1]):
         if tokenizer.vocab_size > size:
             raise UserError(f"{path}: {name} has {tokenizer.vocab_size} tokens but the model only {size}")
     return vocab

@@ -1248,9 +1248,9 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         files: dict[str, Path] = {}
         c = model.config
-        # Each tokenizer, the file its vocabulary came from and the size of the model's table for
-        # it: one (joint), or a Marian's source and target (separate vocabularies).
-        sides: list[tuple[Tokenizer, Path, int]] = []
+        # Each tokenizer and the file its vocabulary came from: one (joint), or a Marian's
+        # source and target (separate vocabularies).
+        tokenizers: list[tuple[Tokenizer, Path]] = []
         said = "none"
         if architecture in MARIAN:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
@@ -1263,35 +1263,34 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             if missing:
                 said = f"{kept}; not converted: {' and '.join(missing)} missing" if files else said
             else:
-                sizes = (
-                    [min(c.src_vocab_size, c.tgt_vocab_size)]
-                    if len(pairs) == 1
-                    else [c.src_vocab_size, c.tgt_vocab_size]
-                )
-                for (spm_file, vocab_file), size in zip(pairs, sizes, strict=True):
+                for spm_file, vocab_file in pairs:
                     side = _marian_tokenizer(src, c, spm_file=spm_file, vocab_file=vocab_file)
-                    sides.append((side, src / vocab_file, size))
+                    tokenizers.append((side, src / vocab_file))
                 converted = " and ".join(f"{a} + {b}" for a, b in pairs)
                 said = f"{FILE}{f' and {TARGET_FILE}' if len(pairs) == 2 else ''} from {converted} ({kept})"
         else:
             found = _bert_tokenizer(src) if architecture in BERT else _gpt2_tokenizer(src)
             if found is not None:
-                sides, said = [(*found, c.vocab_size)], FILE
-        if architecture in BERT:
-            ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
-        elif architecture in GPT2:
-            ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
-        else:
-            ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
-        for tokenizer, source, size in sides:
-            if tokenizer.vocab_size > size:
-                raise UserError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}")
-            _check_token_ids(config, tokenizer, ids, source)
-        if sides:
+                tokenizers, said = [found], FILE
+        if tokenizers:
             try:  # the model has one padding, BEGIN and END id for both sides
-                vocabularies = Vocabularies(sides[0][0], sides[-1][0])  # one tokenizer: joint
+                vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
             except UserError as e:
-                raise UserError(f"{sides[-1][1]}: {e}") from None
+                raise UserError(f"{tokenizers[-1][1]}: {e}") from None
+            if architecture in BERT:
+                ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
+            elif architecture in GPT2:
+                ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
+            else:
+                ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
+            sizes = (c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else (c.vocab_size, c.vocab_size)
+            tables = vocabularies.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1])
+            for (tokenizer, _, size), (_, source) in zip(tables, tokenizers, strict=True):
+                if tokenizer.vocab_size > size:
+                    raise UserError(
+                        f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}"
+                    )
+                _check_token_ids(config, tokenizer, ids, source)
             files.update(vocabularies.save(tmp))
         save_model(model, dst, files=files, extra=extra)
     return {

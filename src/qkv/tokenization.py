@@ -302,6 +302,14 @@ class Vocabularies:
             self.separate == other.separate and self.source.same_as(other.source) and self.target.same_as(other.target)
         )
 
+    def tables(self, *, src_vocab_size: int, tgt_vocab_size: int) -> list[tuple[Tokenizer, str, int]]:
+        """Each tokenizer, its file name in a model directory and the size of the model's
+        embedding table its ids must fit: separate, the source's and the target's; joint, the
+        one tokenizer and the smaller table (its ids index both)."""
+        if not self.separate:
+            return [(self.source, FILE, min(src_vocab_size, tgt_vocab_size))]
+        return [(self.source, FILE, src_vocab_size), (self.target, TARGET_FILE, tgt_vocab_size)]
+
     def save(self, directory: str | Path) -> dict[str, Path]:
         """Write ``tokenizer.json`` (the source's, or the joint one), ``target_tokenizer.json``
         when separate, and ``special_tokens.json`` when needed into ``directory``; returns the
