@@ -38,7 +38,9 @@ from qkv.checkpoint import load_model, save_model  # noqa: E402
 from qkv.cli import main  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
 from qkv.generation import greedy  # noqa: E402
-from qkv.hf import HFConfig, _load_state, export_hf, gpt2_fields, import_hf  # noqa: E402
+from qkv.hf.common import HFConfig, load_state  # noqa: E402
+from qkv.hf.convert import export_hf, import_hf  # noqa: E402
+from qkv.hf.gpt2 import gpt2_fields  # noqa: E402
 from qkv.layers import sinusoidal_encoding  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402
@@ -959,7 +961,7 @@ def test_quantized_and_mis_shaped_weights_are_refused(tiny_gpt2: Path, tmp_path:
     state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     state["decoder.norm.bias"] = torch.zeros(1)  # (1,) broadcasts into (15,)
     with pytest.raises(RuntimeError, match=r"decoder\.norm\.bias shape \(1,\)"):
-        _load_state(model, state)
+        load_state(model, state)
 
 
 @pytest.fixture

@@ -617,7 +617,7 @@ def test_separate_vocabularies_recipe_errors(tmp_path) -> None:
 
 
 def test_export_hf_refuses_separate_vocabularies(tmp_path) -> None:
-    from qkv.hf import export_hf
+    from qkv.hf.convert import export_hf
 
     run, _ = _separate_run(tmp_path, "train.steps=2", epochs=1)
     with pytest.raises(UserError, match=r"separate source and target vocabularies"):

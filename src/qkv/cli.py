@@ -701,7 +701,7 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
     from qkv.checkpoint import load_model
     from qkv.data import read_labelled, resolve
     from qkv.evaluation import accuracy, macro_f1
-    from qkv.hf import classifier_labels
+    from qkv.hf.convert import classifier_labels
 
     model, meta = load_model(path, kind="encoder_only")
     labels = classifier_labels(Path(path), meta, model.config.n_classes)  # an older import's hf.id2label too
@@ -817,7 +817,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
-    from qkv.hf import import_hf
+    from qkv.hf.convert import import_hf
 
     result = import_hf(args.src, args.dst)
     if result["ignored"]:  # tensors the model does not use (BERT's next-sentence head, an unused pooler)
@@ -875,7 +875,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    from qkv.hf import export_hf
+    from qkv.hf.convert import export_hf
 
     result = export_hf(args.src, args.dst)
     if args.json:

@@ -1,0 +1,21 @@
+"""Hugging Face checkpoints in and out of qkv (``qkv import-hf``, ``qkv export-hf``), one module per family.
+
+    common.py    what the families share: config.json and weight files read, tensor names
+                 matched and checked, tokenizer settings read
+    bert.py      BERT (BertModel, BertForMaskedLM, BertForSequenceClassification) <-> encoder_only
+    gpt2.py      GPT-2 (GPT2LMHeadModel) <-> decoder_only
+    marian.py    Marian (MarianMTModel) <-> encoder_decoder, and MarianTokenizer's files
+    convert.py   import_hf, export_hf, classifier_labels: the choice of family and the steps all share
+
+A family module imports common.py only (never convert.py) and holds: the tuple of HF classes
+it reads (``BERT``), ``<family>_fields`` (config.json -> qkv config fields), ``<family>_to_qkv``
+/ ``qkv_to_<family>`` (weight names), ``<family>_config`` (qkv config -> config.json) and its
+tokenizer conversion. To add a family (say ``whisper.py``): write such a module, add its tuple
+to ``convert.SUPPORTED``, and give it a branch wherever ``convert.import_hf`` and
+``convert.export_hf`` choose by architecture or by config class (``else`` there means Marian);
+and see :func:`~qkv.hf.common.read_from` and :func:`~qkv.hf.common.untied_copies`, which know
+each family's second names of tied weights.
+
+This file imports nothing: ``from qkv.hf.convert import import_hf``. ``transformers`` is never
+imported.
+"""

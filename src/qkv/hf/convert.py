@@ -1,0 +1,270 @@
+"""Hugging Face checkpoints in and out: :func:`import_hf`, :func:`export_hf`, :func:`classifier_labels`.
+
+What is here: the steps every family goes through, and the one choice of family, by the
+checkpoint's ``architectures`` (import) or the qkv model's config class (export); this is the
+only module that knows all the families. What is not: each family's config fields, weight names
+and tokenizer (``bert.py``, ``gpt2.py``, ``marian.py``), and what they share (``common.py``).
+
+Import: a local HF checkpoint directory -> a qkv model directory, tokenizer included. Tensors
+the model does not use are left out and named in the summary (``ignored``; the CLI prints them
+on stderr). Where config.json gives the padding, BEGIN or END id too, it must agree with the
+tokenizer's.
+
+Export: a qkv model directory or a training run (its final checkpoint) -> a new or empty
+directory (not the working directory) that transformers loads with ``from_pretrained``,
+written whole or not at all, flushed to disk (``files.atomic_directory``, as
+``checkpoint.save_model`` writes): ``config.json``, ``model.safetensors`` (fp32), and
+``tokenizer.json`` with a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast`` (with the
+mask token: qkv's ``<mask>`` or BERT's ``[MASK]``), or an imported Marian's own tokenizer files.
+
+Not supported (a :class:`~qkv.errors.UserError` names the file and the field or tensor): other
+architectures; a qkv translation model trained with separate vocabularies
+(``target_tokenizer.json``) is not exported, as Marian's separate vocabularies are
+SentencePiece files qkv does not write. Generation settings (``generation_config.json``: beams,
+``bad_words_ids``, forced END) are not carried over. The models do not import this package.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from qkv.checkpoint import build_model, check_output, load_model, model_dir, save_model
+from qkv.errors import UserError
+from qkv.files import atomic_directory
+from qkv.hf.bert import BERT, bert_config, bert_fields, bert_labels, bert_to_qkv, bert_tokenizer, qkv_to_bert
+from qkv.hf.common import (
+    HF_CONFIG,
+    TOKENIZER_CONFIG,
+    WEIGHTS,
+    HFConfig,
+    canonical_names,
+    check_tensors,
+    ignored_tensors,
+    load_state,
+    read_config,
+    read_from,
+    read_tensors,
+    untied_copies,
+)
+from qkv.hf.gpt2 import GPT2, gpt2_config, gpt2_fields, gpt2_to_qkv, gpt2_tokenizer, qkv_to_gpt2
+from qkv.hf.marian import (
+    MARIAN,
+    MARIAN_TOKENIZER_FILES,
+    marian_config,
+    marian_fields,
+    marian_positions,
+    marian_to_qkv,
+    marian_tokenizers,
+    qkv_to_marian,
+)
+from qkv.models.decoder_only import DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoderConfig
+from qkv.models.encoder_only import EncoderOnlyConfig
+from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
+
+# The architectures import_hf reads, family by family (a new family adds its tuple here).
+SUPPORTED = BERT + GPT2 + MARIAN
+
+
+def import_hf(src: str | Path, dst: str | Path) -> dict:
+    """Convert the HF checkpoint directory ``src`` into the qkv model directory ``dst``.
+
+    Returns a summary: architecture, kind, model directory, parameter count, what became of
+    the tokenizer, and ``ignored``: the checkpoint's tensors that the model does not use (say,
+    BERT's next-sentence head, or the pooler of a BertForMaskedLM checkpoint), by stored name.
+    """
+    src, dst = Path(src), Path(dst)
+    check_output(dst)
+    config, architecture = read_config(src, SUPPORTED)
+    file, stored = read_tensors(src)
+    labels = None
+    if architecture in BERT:
+        kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
+        to_qkv, from_qkv, prefix = bert_to_qkv, qkv_to_bert, "bert."
+        if architecture == "BertForSequenceClassification":
+            # HF's names where config.json has none (older files leave out two classes' defaults).
+            labels = bert_labels(config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
+    elif architecture in GPT2:
+        kind, fields = "decoder_only", gpt2_fields(config)
+        to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
+    else:
+        kind, fields = "encoder_decoder", marian_fields(config)
+        to_qkv, from_qkv, prefix = marian_to_qkv, qkv_to_marian, ""
+    try:
+        model = build_model(kind, fields)
+    except UserError as e:
+        raise UserError(f"{config.path}: {e}") from None
+    # What a checkpoint of this config holds, named and shaped: the export of a model built from it.
+    expected = from_qkv(model.state_dict(), model.config)
+    if architecture in BERT and model.config.type_vocab_size == 0:
+        expected = {k: v for k, v in expected.items() if not k.endswith("token_type_embeddings.weight")}
+    names = canonical_names(list(stored), expected, prefix)  # canonical name -> stored name
+    tensors = {name: stored[original] for name, original in names.items()}
+    read = read_from(tensors, model.config, file)  # expected name -> canonical name
+    inputs = {name: tensors[read.get(name, name)] for name in expected if read.get(name, name) in tensors}
+    used = {read.get(name, name) for name in expected}
+    if isinstance(model.config, EncoderDecoderConfig):
+        inputs.setdefault("final_logits_bias", torch.zeros(1, model.config.tgt_vocab_size))  # absent: zero
+        used |= marian_positions(tensors, model.config, file)
+    origin = {name: names.get(read.get(name, name), name) for name in expected}  # the name in the file
+    check_tensors(file, architecture, inputs, expected, origin)
+    load_state(model, to_qkv(inputs, model.config))
+    model.eval()
+    ignored = ignored_tensors(tensors, used, names)
+
+    extra: dict = {"hf": {"architecture": architecture}}
+    if labels is not None:
+        extra["labels"] = labels  # as qkv's own classifiers store them (tasks/bert.py)
+    with tempfile.TemporaryDirectory() as tmp:
+        files: dict[str, Path] = {}
+        c = model.config
+        # Each tokenizer and the file its vocabulary came from: one (joint), or a Marian's
+        # source and target (separate vocabularies).
+        tokenizers: list[tuple[Tokenizer, Path]] = []
+        said = "none"
+        if architecture in MARIAN:
+            # The SentencePiece files are kept whatever happens, for export_hf to write back.
+            files, tokenizers, said = marian_tokenizers(src, c)
+        else:
+            found = bert_tokenizer(src) if architecture in BERT else gpt2_tokenizer(src)
+            if found is not None:
+                tokenizers, said = [found], FILE
+        if tokenizers:
+            try:  # the model has one padding, BEGIN and END id for both sides
+                vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
+            except UserError as e:
+                raise UserError(f"{tokenizers[-1][1]}: {e}") from None
+            if architecture in BERT:
+                ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
+            elif architecture in GPT2:
+                ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
+            else:
+                ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
+            sizes = (c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else (c.vocab_size, c.vocab_size)
+            tables = vocabularies.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1])
+            for (tokenizer, _, size), (_, source) in zip(tables, tokenizers, strict=True):
+                if tokenizer.vocab_size > size:
+                    raise UserError(
+                        f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}"
+                    )
+                _check_token_ids(config, tokenizer, ids, source)
+            files.update(vocabularies.save(tmp))
+        save_model(model, dst, files=files, extra=extra)
+    return {
+        "architecture": architecture,
+        "kind": kind,
+        "model": str(dst),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "tokenizer": said,
+        "ignored": ignored,
+    }
+
+
+def export_hf(src: str | Path, dst: str | Path) -> dict:
+    """Write the qkv model directory (or training run) ``src`` as the HF checkpoint directory ``dst``.
+
+    ``dst`` must not exist or be an empty directory (not the working directory or one above
+    it); it is written whole or not at all, flushed to disk. Returns a summary: architecture,
+    model_type, directory and the files written.
+    """
+    src, dst = model_dir(Path(src)), Path(dst)
+    check_output(dst, models=False)
+    model, meta = load_model(src)
+    if TARGET_FILE in meta["files"] and "source.spm" not in meta["files"]:
+        # (An imported Marian's separate vocabularies are written back as its own files, below.)
+        raise UserError(
+            f"{src} has separate source and target vocabularies ({FILE}, {TARGET_FILE}); export-hf writes "
+            f"one tokenizer for both, so it cannot export this model"
+        )
+    config = model.config
+    state = model.state_dict()
+    if isinstance(config, EncoderOnlyConfig):
+        hf_config = bert_config(config, classifier_labels(src, meta, config.n_classes))
+        tensors = qkv_to_bert(state, config)
+    elif isinstance(config, DecoderOnlyConfig):
+        hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
+    else:
+        hf_config, tensors = marian_config(config), qkv_to_marian(state, config)
+    tensors = untied_copies(config, tensors)
+    hf_config["dtype"] = "float32"
+    files = meta["files"]
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_directory(dst) as tmp:
+            save_file(
+                {k: v.detach().float().contiguous().clone() for k, v in tensors.items()},
+                tmp / WEIGHTS,
+                {"format": "pt"},
+            )
+            (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+            if FILE in files and "source.spm" not in files:
+                tokenizer = Tokenizer.load(src / FILE)
+                shutil.copyfile(src / FILE, tmp / FILE)
+                settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
+                (tmp / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+            else:
+                # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
+                # converted from them stays behind (transformers has no fast Marian tokenizer to read it).
+                for name in MARIAN_TOKENIZER_FILES:
+                    if name in files:
+                        shutil.copyfile(src / name, tmp / name)
+    except OSError as e:
+        raise UserError(f"cannot write {dst}: {e.strerror or e}") from None
+    return {
+        "architecture": hf_config["architectures"][0],
+        "model_type": hf_config["model_type"],
+        "out": str(dst),
+        "files": sorted(p.name for p in dst.iterdir()),
+    }
+
+
+def classifier_labels(src: Path, meta: dict, n_classes: int) -> list[str] | None:
+    """A classifier's class names from its config.json: ``labels`` (qkv's classifiers and
+    imports), else an older import's ``hf.id2label``; None when it has neither."""
+    if not n_classes:
+        return None
+    labels = meta.get("labels")
+    if labels is not None:
+        if not isinstance(labels, list) or len(labels) != n_classes or not all(isinstance(x, str) for x in labels):
+            raise UserError(f"{src / HF_CONFIG}: field 'labels' must list the {n_classes} class names (strings)")
+        return labels
+    hf = meta.get("hf")
+    old = hf.get("id2label") if isinstance(hf, dict) else None
+    if isinstance(old, dict) and set(old) == {str(i) for i in range(n_classes)}:
+        return [str(old[str(i)]) for i in range(n_classes)]
+    return None
+
+
+def _check_token_ids(config: HFConfig, tokenizer: Tokenizer, fields: Mapping[str, str], source: Path) -> None:
+    """Where config.json gives a special token's id (``fields``: field -> role) and the tokenizer
+    has that role, the two must agree."""
+    for field, role in fields.items():
+        value = config.fields.get(field)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        have = getattr(tokenizer, f"{role}_id")
+        if value is not None and have is not None and value != have:
+            raise UserError(
+                f"{config.path}: field {field!r} is {value!r}, but the tokenizer ({source}) gives its {role} token "
+                f"{tokenizer.specials[role]!r} the id {have}"
+            )
+
+
+def _hf_tokenizer_config(tokenizer: Tokenizer, kind: str, max_len: int) -> dict:
+    """A tokenizer_config.json that loads tokenizer.json as it is, with its special tokens."""
+    s = tokenizer.specials
+    settings: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len}
+    if kind == "encoder_only":  # BERT's names for BEGIN and END
+        settings.update(cls_token=s["bos"], sep_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
+    else:
+        settings.update(bos_token=s["bos"], eos_token=s["eos"], pad_token=s["pad"], unk_token=s["unk"])
+    if tokenizer.mask_id is not None:  # qkv's <mask>, or an imported BERT's [MASK]
+        settings["mask_token"] = tokenizer.backend.id_to_token(tokenizer.mask_id)
+    return {k: v for k, v in settings.items() if v is not None}
