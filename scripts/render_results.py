@@ -1,0 +1,303 @@
+"""Render docs/results.md from the benchmark records in bench/results/*.json.
+
+    python scripts/render_results.py            # write docs/results.md
+    python scripts/render_results.py --check    # exit 1 if docs/results.md is not what it would render
+
+Each bench/results/NAME.json is a JSON list of records, oldest first (bench/record.py writes
+them). The page has one section per benchmark: a table with the latest run of each metric
+(figure, peer's figure, ratio, target, date, commit, run), the runs behind that table
+(command, date, commit, machine), the notes of those runs, and the earlier runs in a
+collapsible list. The output depends on the records only (no clock, no git), so it is the same
+on every machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+PAGE = ROOT / "docs" / "results.md"
+REQUIRED = ("metric", "figure", "unit", "command", "commit", "date", "machine")
+
+# Known benchmarks in reading order: (title, what produces the records). Others follow by name.
+BENCHMARKS = {
+    "demo": ("The built-in demo", "`qkv demo` (numbers written with digits → English words)"),
+    "tests": ("The test suite", "`bash .ci/run` from a fresh clone"),
+    "lm_shakespeare": ("Language models on Tiny Shakespeare", "`python bench/lm_shakespeare.py`"),
+    "dailydialog_chat": ("DailyDialog chatbot (decoder-only)", "`qkv train recipes/dailydialog_chat.yaml`"),
+    "dailydialog_bert": ("DailyDialog dialog acts, BERT-style", "`qkv train recipes/dailydialog_{mlm,acts}.yaml`"),
+    "mt": ("Translation quality", "`python bench/mt.py DIRECTION`: train from scratch, score the test set"),
+    "mt_speed": (
+        "Translation speed, side by side",
+        "`python bench/mt_speed.py`: qkv against HF Marian and nn.Transformer on the same batches",
+    ),
+    "lm_speed": (
+        "GPT and BERT speed, side by side",
+        "`python bench/lm_speed.py`: qkv against HF GPT-2 and BERT on the same batches",
+    ),
+    "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
+    "probes": ("Probes", "short measurements behind a design choice (A/B runs, quick trials)"),
+}
+
+
+def load(results: Path = RESULTS) -> dict[str, list[dict]]:
+    """Every bench/results/*.json, by benchmark name (the file's stem), records in file order.
+
+    Also read, for records written before bench/record.py: a file holding one record (an object,
+    not a list), a record without ``metric`` whose ``name`` is "BENCH: metric", and a bare number
+    as ``target`` (a figure to reach: ``{"min": number}``).
+    """
+    benches = {}
+    for path in sorted(results.glob("*.json")):
+        runs = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(runs, dict):
+            runs = [runs]
+        if not isinstance(runs, list):
+            raise SystemExit(f"{path}: expected a JSON list of records")
+        for i, record in enumerate(runs):
+            if not isinstance(record, dict):
+                raise SystemExit(f"{path}: record {i} is not an object")
+            if "metric" not in record and ": " in str(record.get("name", "")):
+                record["metric"] = record["name"].split(": ", 1)[1]
+            if _numeric(record.get("target")):
+                record["target"] = {"min": record["target"]}
+            missing = [f for f in REQUIRED if f not in record]
+            if missing:
+                raise SystemExit(f"{path}: record {i} lacks {', '.join(missing)}")
+        benches[path.stem] = runs
+    return benches
+
+
+def render(benches: dict[str, list[dict]]) -> str:
+    order = [n for n in BENCHMARKS if n in benches] + sorted(n for n in benches if n not in BENCHMARKS)
+    total = sum(len(r) for r in benches.values())
+    out = [
+        "# Measured results",
+        "",
+        "<!-- Rendered by scripts/render_results.py from bench/results/*.json. Do not edit by hand:",
+        "     run the benchmark (it appends its records), then `python scripts/render_results.py`. -->",
+        "",
+        "Every figure on this page comes from a record in [`bench/results/`](../bench/results/): one JSON file per",
+        "benchmark, one record per figure and run, oldest first. The benchmarks append their records themselves",
+        "(`bench/record.py`), this page is rendered from them (`python scripts/render_results.py`), and",
+        "`tests/test_docs.py` checks that it is current. Each table shows the latest run of each metric;",
+        "superseded runs stay in the records and are listed under the table.",
+        "",
+        "Ratio: qkv's figure over the peer's (for times and losses, lower is better). A commit marked † is the",
+        "commit that reported the run (records transcribed from the README's measurement log of 2026-11-29 to",
+        "2026-12-02); a commit marked + had changes in the working tree.",
+        "",
+        f"{total} records from {len(order)} benchmarks:",
+        "",
+    ]
+    for name in order:
+        title = BENCHMARKS.get(name, (name, ""))[0]
+        out.append(f"- [{title}](#{_anchor(name, title)}) (`{name}`, {len(benches[name])} records)")
+    for name in order:
+        out += ["", *_section(name, benches[name])]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _section(name: str, runs: list[dict]) -> list[str]:
+    title, source = BENCHMARKS.get(name, (name, ""))
+    latest: dict[str, int] = {}  # metric -> index of its latest record, in order of first appearance
+    for i, record in enumerate(runs):
+        latest[record["metric"]] = i
+    firsts: list[str] = []
+    for record in runs:
+        if record["metric"] not in firsts:
+            firsts.append(record["metric"])
+    shown = [latest[m] for m in firsts]
+    earlier = [i for i in range(len(runs)) if i not in set(shown)]  # the superseded runs
+    counts = {m: sum(1 for r in runs if r["metric"] == m) - 1 for m in firsts}
+    keys: list[tuple] = []  # the runs behind the table, numbered in order of appearance
+    for i in shown:
+        key = _run_key(runs[i])
+        if key not in keys:
+            keys.append(key)
+    out = [f"## {title} (`{name}`)", ""]
+    if source:
+        out += [f"From {source}.", ""]
+    out += [
+        "| metric | qkv | peer | ratio | target | date | commit | run | earlier runs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for metric, i in zip(firsts, shown, strict=True):
+        r = runs[i]
+        out.append(
+            "| "
+            + " | ".join(
+                _cell(c)
+                for c in (
+                    metric,
+                    _figure(r["figure"], r["unit"]),
+                    _peer(r),
+                    _ratio(r),
+                    _target(r),
+                    str(r["date"])[:10],
+                    _commit(r),
+                    f"R{keys.index(_run_key(r)) + 1}",
+                    str(counts[metric]) if counts[metric] else "",
+                )
+            )
+            + " |"
+        )
+    out += ["", "Runs:", ""]
+    for k, key in enumerate(keys, 1):
+        r = next(runs[i] for i in shown if _run_key(runs[i]) == key)
+        out.append(f"- R{k}: {_run_line(r)}")
+    notes = []
+    for metric, i in zip(firsts, shown, strict=True):
+        text = _notes(runs[i])
+        if text:
+            notes.append(f"- **{_escape(metric)}**: {text}")
+    if notes:
+        out += ["", "Notes on these runs:", "", *notes]
+    if earlier:
+        out += ["", "<details>", f"<summary>{len(earlier)} earlier runs</summary>", ""]
+        for i in reversed(earlier):  # newest first
+            r = runs[i]
+            head = f"**{_escape(r['metric'])}**: {_figure(r['figure'], r['unit'])}"
+            extra = [x for x in (_peer(r), _ratio(r) and f"ratio {_ratio(r)}", _target(r)) if x]
+            if extra:
+                head += f" ({'; '.join(extra)})"
+            line = f"- {head}. {_run_line(r)}."
+            text = _notes(r)
+            if text:
+                line += f" {text}"
+            out.append(line)
+        out += ["", "</details>"]
+    return out
+
+
+def _run_key(r: dict) -> tuple:
+    return (r["command"], r.get("command_note"), r["commit"], str(r["date"]), _machine(r["machine"]))
+
+
+def _run_line(r: dict) -> str:
+    command = f"`{r['command']}`"
+    if r.get("command_note"):
+        command += f" ({r['command_note']})"
+    return f"{command}, {r['date']}, commit {_commit(r)}, {_machine(r['machine'])}"
+
+
+def _notes(r: dict) -> str:
+    parts = []
+    details = r.get("details") or {}
+    if details:
+        parts.append("; ".join(f"{k} {_number(v)}" for k, v in details.items()) + ".")
+    if r.get("notes"):
+        parts.append(str(r["notes"]).strip())
+    return _escape(" ".join(parts))
+
+
+def _figure(value, unit: str) -> str:
+    return f"{_number(value)}{unit}" if unit == "%" else f"{_number(value)} {unit}".strip()
+
+
+def _peer(r: dict) -> str:
+    if r.get("peer") is None and r.get("peer_figure") is None:
+        return ""
+    if r.get("peer_figure") is None:
+        return str(r["peer"])
+    return f"{_number(r['peer_figure'])} ({r['peer']})" if r.get("peer") else _number(r["peer_figure"])
+
+
+def _ratio(r: dict) -> str:
+    a, b = r.get("figure"), r.get("peer_figure")
+    if not _numeric(a) or not _numeric(b) or b == 0:
+        return ""
+    return f"{a / b:.2f}×"
+
+
+def _target(r: dict) -> str:
+    target = r.get("target")
+    if not target:
+        return ""
+    figure = r.get("figure")
+    if "min_ratio" in target:
+        ratio = figure / r["peer_figure"] if _numeric(figure) and _numeric(r.get("peer_figure")) else None
+        goal, met = f"≥ {_number(target['min_ratio'])}× peer", ratio is not None and ratio >= target["min_ratio"]
+    elif "min" in target:
+        goal, met = f"≥ {_number(target['min'])}", _numeric(figure) and figure >= target["min"]
+    elif "max" in target:
+        goal, met = f"≤ {_number(target['max'])}", _numeric(figure) and figure <= target["max"]
+    else:
+        return json.dumps(target, ensure_ascii=False, sort_keys=True)
+    return f"{goal}: {'met' if met else '**not met**'}"
+
+
+def _commit(r: dict) -> str:
+    commit = str(r.get("commit") or "unknown")[:7]
+    if r.get("dirty"):
+        commit += "+"
+    if r.get("commit_note"):
+        commit += "†"
+    return commit
+
+
+def _machine(m) -> str:
+    if not isinstance(m, dict):
+        return str(m)
+    first = [m[k] if k != "cores" else f"{m[k]} cores" for k in ("cpu", "cores", "platform") if m.get(k)]
+    if m.get("torch"):
+        first.append(f"torch {m['torch']}")
+    rest = [f"{k} {m[k]}" for k in sorted(m) if k not in ("cpu", "cores", "platform", "torch") and m[k]]
+    return ", ".join(str(x) for x in first + rest)
+
+
+def _numeric(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number(x) -> str:
+    if _numeric(x):
+        return f"{x:,}"
+    return str(x)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _cell(text: str) -> str:
+    return _escape(str(text)).replace("\n", " ")
+
+
+def _anchor(name: str, title: str) -> str:
+    """GitHub's anchor for the heading ``## {title} (`{name}`)``."""
+    heading = f"{title} ({name})".lower()
+    kept = "".join(c for c in heading if c.isalnum() or c in " -_")
+    return kept.replace(" ", "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page is not current")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="records folder (default bench/results)")
+    parser.add_argument("--page", type=Path, default=PAGE, help="page to write or check (default docs/results.md)")
+    args = parser.parse_args(argv)
+    page = render(load(args.results))
+    if args.check:
+        current = args.page.read_text(encoding="utf-8") if args.page.is_file() else ""
+        if current == page:
+            return 0
+        diff = difflib.unified_diff(
+            current.splitlines(), page.splitlines(), str(args.page), "rendered", n=0, lineterm=""
+        )
+        print("\n".join(list(diff)[:40]), file=sys.stderr)
+        print(f"{args.page} is not current: run python scripts/render_results.py", file=sys.stderr)
+        return 1
+    args.page.parent.mkdir(parents=True, exist_ok=True)
+    args.page.write_text(page, encoding="utf-8")
+    print(f"wrote {args.page} ({sum(len(r) for r in load(args.results).values())} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
