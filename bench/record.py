@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 
-def append(name: str, record: dict, *, results: Path = RESULTS) -> dict:
+def append(name: str, record: dict, *, results: Path | None = None) -> dict:
     """Add ``record`` (a run's figure of metric ``record["metric"]``) to ``results/NAME.json``.
 
     Fields the caller leaves out are filled in: ``commit`` (``git rev-parse HEAD``, with
@@ -45,8 +45,11 @@ def append(name: str, record: dict, *, results: Path = RESULTS) -> dict:
     return append_run(name, [record], results=results)[0]
 
 
-def append_run(name: str, records: list[dict], *, results: Path = RESULTS) -> list[dict]:
-    """Add several figures of one run at once: the same commit, date, machine and command."""
+def append_run(name: str, records: list[dict], *, results: Path | None = None) -> list[dict]:
+    """Add several figures of one run at once: the same commit, date, machine and command.
+
+    ``results``: the folder (default :data:`RESULTS`, bench/results, read at each call).
+    """
     commit, dirty = git_commit()
     stamp = {
         "command": command_line(),
@@ -73,7 +76,7 @@ def append_run(name: str, records: list[dict], *, results: Path = RESULTS) -> li
                 "machine": {**here, **record.get("machine", {})},
             }
         )
-    path = results / f"{name}.json"
+    path = (results or RESULTS) / f"{name}.json"
     runs = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
     if not isinstance(runs, list):
         raise ValueError(f"{path}: expected a JSON list of records")
