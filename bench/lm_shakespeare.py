@@ -58,7 +58,31 @@ def main() -> int:
             f"time {wall / NANOGPT['wall_seconds']:.2f}x of nanoGPT's"
         )
     print(json.dumps({"recipe": args.recipe, "val_loss": result["val_loss"], "wall_seconds": round(wall, 1)}))
+    _record(args.recipe, result, wall, same=same)
     return 0
+
+
+def _record(recipe: str, result: dict, wall: float, *, same: bool) -> None:
+    """Append this run's loss and time to bench/results/lm_shakespeare.json (docs/results.md is rendered from it)."""
+    from record import append_run  # bench/record.py, beside this script
+
+    name = Path(recipe).stem
+    peer = "nanoGPT (measured on this machine 2026-11-29, issue 4)" if same else None
+    details = {"training steps": result["steps"], "training tokens/s": result["tokens_per_second"]}
+    loss = {
+        "metric": f"{name}: validation loss",
+        "figure": result["val_loss"],
+        "unit": "nats/char",
+        "peer": peer,
+        "peer_figure": NANOGPT["val_loss"] if same else None,
+        "target": {"max": 1.5} if name == "shakespeare_char" else None,  # issue 4's target for this recipe
+        "details": details,
+    }
+    if same:  # nanoGPT's time is the target for its own configuration
+        time = {"figure": round(wall, 1), "unit": "s", "peer_figure": NANOGPT["wall_seconds"], "target": {"max": 100}}
+    else:
+        time = {"figure": round(wall / 60, 1), "unit": "min", "peer_figure": None, "target": None}
+    append_run("lm_shakespeare", [loss, {"metric": f"{name}: whole command", "peer": peer, **time}])
 
 
 if __name__ == "__main__":

@@ -223,7 +223,40 @@ def main() -> int:
             a, b = bert_rate("qkv", ours, bf16=bf16), bert_rate("hf", theirs, bf16=bf16)
             show(f"BERT encode {'bf16' if bf16 else 'fp32'} (32 x 128)", a, b, "sentences/s", "HF BertModel")
     print(json.dumps(results))
+    _record(results)
     return 0
+
+
+def _record(results: list[dict]) -> None:
+    """Append this run's figures to bench/results/lm_speed.json (docs/results.md is rendered from it)."""
+    from record import append_run  # bench/record.py, beside this script
+
+    records, hf_bf16 = [], {}
+    for row in results:
+        words = row["what"].split()
+        if words[:2] == ["GPT", "train"]:  # "GPT train fp32 (B64 x T256)"
+            metric, unit, peer, target = f"GPT train {words[2]} (B64 × T256)", "tokens/s", "HF GPT2LMHeadModel", 1.5
+        elif words[:2] == ["BERT", "encode"]:  # "BERT encode fp32 (32 x 128)"
+            metric, unit, peer, target = f"BERT encode {words[2]} (32 × 128)", "sentences/s", "HF BertModel", None
+        elif words[2:4] == ["bf16", "weights"]:  # "GPT generate bf16 weights batch 1": both in bf16
+            hf_bf16[words[-1]] = row["hf"]
+            continue
+        else:  # "GPT generate fp32 batch 1 (255 new)", "GPT generate qkv int8 / HF fp32 batch 1"
+            precision = words[2] if words[2] != "qkv" else words[3]
+            batch = words[words.index("batch") + 1]
+            metric, unit, peer, target = f"GPT generate {precision} batch {batch}", "tokens/s", "HF generate fp32", 2
+        record = {
+            "metric": metric,
+            "figure": row["qkv"],
+            "unit": unit,
+            "peer": peer,
+            "peer_figure": row["hf"],
+            "target": None if target is None else {"min_ratio": target},  # issue 4's goals
+        }
+        if metric.startswith("GPT generate bf16"):
+            record["details"] = {"HF bf16": hf_bf16[metric.split()[-1]]}
+        records.append(record)
+    append_run("lm_speed", records)
 
 
 if __name__ == "__main__":

@@ -290,7 +290,45 @@ def main() -> int:
                     flush=True,
                 )
     print(json.dumps(results))
+    _record(results)
     return 0
+
+
+def _record(results: list[dict]) -> None:
+    """Append this run's figures to bench/results/mt_speed.json (docs/results.md is rendered from it)."""
+    from record import append_run  # bench/record.py, beside this script
+
+    records = []
+    for row in results:
+        words = row["what"].split()  # "train small bf16" | "decode base greedy batch 1"
+        if words[0] == "train":
+            peers = {"HF Marian": row["marian"], "nn.Transformer": row["nn.Transformer"]}
+            records.append(
+                {
+                    "metric": row["what"],
+                    "figure": row["qkv"],
+                    "unit": "target tokens/s",
+                    "peer": "the faster of HF Marian and nn.Transformer",
+                    "peer_figure": max(peers.values()),
+                    "target": {"min_ratio": 1.3} if words[2] == "bf16" else None,  # issue 3's goal
+                    "details": peers,
+                }
+            )
+            continue
+        size, search = words[1], " ".join(words[2:])
+        for precision, ours in (("fp32", "qkv"), ("bf16", "qkv_bf16"), ("int8", "qkv_int8")):
+            records.append(
+                {
+                    "metric": f"decode {size} {precision} {search}",
+                    "figure": row[ours],
+                    "unit": "new tokens/s",
+                    "peer": "HF generate fp32",
+                    "peer_figure": row["hf"],
+                    "target": {"min_ratio": 2},  # issue 3's goal, against HF's fp32 generate
+                    "details": {} if precision == "fp32" else {f"HF {precision}": row[f"hf_{precision}"]},
+                }
+            )
+    append_run("mt_speed", records)
 
 
 if __name__ == "__main__":
