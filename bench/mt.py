@@ -189,7 +189,53 @@ def main() -> int:
                 for b, t in zip(result["member_bleu"], result["member_train_seconds"], strict=True)
             )
         )
+    _record(args.direction, result, headline, target=target, anchor=anchor, table=table is not None)
     return 0
+
+
+# direction -> what the headline figure is (the metric names of bench/results/mt.json)
+METRICS = {
+    "de-en": "Multi30k de→en, test2016: BLEU, lowercased tokenized",
+    "en-de": "Multi30k en→de, test2016: BLEU, lowercased tokenized",
+    "en-de-lc": "Multi30k en→de (en-de-lc), test2016: BLEU, lowercased tokenized",
+    "zh-en": "Tatoeba zh→en, val: sacreBLEU",
+    "en-zh": "Tatoeba en→zh, val: sacreBLEU (zh)",
+}
+
+
+def _record(direction: str, result: dict, headline: float, *, target, anchor: str, table: bool) -> None:
+    """Append this run's headline BLEU to bench/results/mt.json (docs/results.md is rendered from it)."""
+    from record import append  # bench/record.py, beside this script
+
+    members = result.get("member_bleu")
+    metric = METRICS[direction] + (f", ensemble of {len(members)}" if members else "")
+    details = {"chrF": result["chrf"]}
+    if table:
+        details = {"sacreBLEU": result["sacrebleu"], **details}
+    details.update(
+        {
+            "training (min)": round(result["train_seconds"] / 60, 1),
+            "target tokens/s": result["tokens_per_second"],
+            "whole command (min)": round(result["wall_seconds"] / 60, 1),
+            "test translation (s)": result["translate_seconds"],
+        }
+    )
+    for k, bleu in enumerate(members or []):
+        details[f"member {k}"] = bleu
+    anchor_figure, _, who = anchor.partition(": ")  # "26.95 on val: 3-layer d=256 Transformer, ..."
+    append(
+        "mt",
+        {
+            "metric": metric,
+            "figure": headline,
+            "unit": "BLEU",
+            "peer": None if target is None else f"published anchor: {who}",
+            "peer_figure": None if target is None else float(anchor_figure.split()[0]),
+            "target": None if target is None else {"min": target},
+            "details": details,
+            "notes": f"Final checkpoint: {result['final_checkpoint']}; epochs: {result['epochs']}.",
+        },
+    )
 
 
 def _trained(recipe: dict, out: Path, *, skip: bool, resume: bool) -> dict:
