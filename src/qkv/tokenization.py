@@ -13,6 +13,13 @@ applies the tokenizer's post-processor, which a converted Marian tokenizer uses 
 text with </s>, as MarianTokenizer ends sources (BERT's, which adds [CLS] and [SEP], is not
 applied: qkv adds BEGIN and END itself where a model needs them).
 
+A ``tokenizer.json`` may carry padding and truncation settings (a published
+sentence-transformers checkpoint asks for fixed padding to 128 tokens and truncation at 128):
+they are switched off whenever a :class:`Tokenizer` is made, loaded or imported, so ``encode``
+gives a text's own ids, never [PAD]s or a cut, and the file a model directory stores holds
+neither. qkv pads and masks its batches itself, and cuts a text to the model's window (for an
+imported checkpoint, the window its authors set: ``hf/convert.py``).
+
 :class:`Vocabularies` pairs the tokenizer that reads an encoder-decoder's source with the one
 that writes (and scores) its target: one joint tokenizer for both, or two separate ones with
 the same special tokens, stored as ``tokenizer.json`` (source) and ``target_tokenizer.json``.
@@ -51,7 +58,9 @@ class Tokenizer:
     for these roles ({"pad": "[PAD]", "bos": "[CLS]", ...}); a role mapped to None has no
     token and its id is None (GPT-2 has no padding token). With ``add_special_tokens``,
     ``encode`` lets the backend's post-processor add its tokens (Marian's </s> at the end of
-    every text: the model was trained on sources that end with it).
+    every text: the model was trained on sources that end with it). The backend's padding and
+    truncation are switched off (on ``backend`` itself): how a text is batched and cut is qkv's
+    to decide, not the file's.
     """
 
     def __init__(
@@ -61,6 +70,8 @@ class Tokenizer:
         specials: dict[str, str | None] | None = None,
         add_special_tokens: bool = False,
     ) -> None:
+        backend.no_padding()  # a file's fixed padding would make every text [PAD]s qkv reads as tokens
+        backend.no_truncation()
         self.backend = backend
         self.add_special_tokens = add_special_tokens
         if specials is None:

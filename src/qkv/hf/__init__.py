@@ -5,6 +5,9 @@
     bert.py      BERT (BertModel, BertForMaskedLM, BertForSequenceClassification) <-> encoder_only
     gpt2.py      GPT-2 (GPT2LMHeadModel) <-> decoder_only
     marian.py    Marian (MarianMTModel) <-> encoder_decoder, and MarianTokenizer's files
+    sentence_transformers.py
+                 a sentence-transformers directory's pipeline (modules.json: pooling,
+                 Normalize; sentence_bert_config.json) and the window a checkpoint's users get
     convert.py   import_hf, export_hf, classifier_labels: the choice of family and the steps all share
 
 A family module imports common.py only (never convert.py) and holds: the tuple of HF classes

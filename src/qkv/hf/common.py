@@ -27,7 +27,8 @@ A tokenizer's special tokens (padding, BEGIN, END, unknown) are those that
 ``tokenizer_config.json`` or ``special_tokens_map.json`` name, else HF's defaults ([CLS],
 <|endoftext|>, ...) where the vocabulary has them, else the role has no token
 (:meth:`TokenizerSettings.roles`); their roles go to ``special_tokens.json``
-(``tokenization.py``). A ``tokenizer.json`` is read as it is (:func:`load_tokenizer`).
+(``tokenization.py``). A ``tokenizer.json`` is read as it is (:func:`load_tokenizer`), but for
+its padding and truncation, which qkv never keeps (:func:`tokenizer_file_settings` names them).
 
 ``transformers`` is never imported: configs are read as JSON and tensors with safetensors.
 """
@@ -387,9 +388,29 @@ def qkv_tokenizer(path: Path, backend: HFTokenizer, specials: dict[str, str | No
         raise UserError(f"{path}: {e}") from None
 
 
+def tokenizer_file_settings(path: Path) -> list[str]:
+    """The padding and truncation a ``tokenizer.json`` asks for, in words ("fixed padding to 128
+    tokens", "truncation at 128 tokens"); none for another file or one without them. qkv does not
+    keep them (:class:`~qkv.tokenization.Tokenizer`)."""
+    if path.name != "tokenizer.json":
+        return []
+    spec = read_json_object(path)
+    found = []
+    padding, truncation = spec.get("padding"), spec.get("truncation")
+    if isinstance(padding, dict):
+        strategy = padding.get("strategy")
+        fixed = strategy.get("Fixed") if isinstance(strategy, dict) else None
+        found.append(f"fixed padding to {fixed} tokens" if fixed is not None else "padding to the longest text")
+    if isinstance(truncation, dict):
+        found.append(f"truncation at {truncation.get('max_length')} tokens")
+    return found
+
+
 def load_tokenizer(
     path: Path, settings: TokenizerSettings, defaults: Mapping[str, tuple[str, str | None]]
 ) -> Tokenizer:
+    """The tokenizer of ``path`` (a ``tokenizer.json``) with the special-token roles ``settings``
+    name (else ``defaults``); its padding and truncation switched off (:class:`Tokenizer` does)."""
     try:
         backend = HFTokenizer.from_file(str(path))
     except Exception as e:  # the library raises a bare Exception for unreadable files

@@ -8,7 +8,16 @@ and tokenizer (``bert.py``, ``gpt2.py``, ``marian.py``), and what they share (``
 Import: a local HF checkpoint directory -> a qkv model directory, tokenizer included. Tensors
 the model does not use are left out and named in the summary (``ignored``; the CLI prints them
 on stderr). Where config.json gives the padding, BEGIN or END id too, it must agree with the
-tokenizer's.
+tokenizer's. A tokenizer file's padding and truncation settings are not kept (qkv batches and
+cuts texts itself; ``tokenization.py``); the summary's ``notes`` say when a file had them.
+
+An encoder-only (BERT) import records in the model's config.json, under ``"embedding"``
+(``qkv/embedding.py``), what ``qkv embed`` uses by default: the window (the tokens a text is cut
+to, as the checkpoint's users have it cut: ``hf/sentence_transformers.window``) and, for a
+sentence-transformers directory (``modules.json``; the HF model in it or in its Transformer
+module's folder), its pooling and normalization; ``do_lower_case`` there lowercases in the
+stored tokenizer, as sentence-transformers does. Modules qkv does not reproduce (Dense, ...)
+are named in ``notes``.
 
 Export: a qkv model directory or a training run (its final checkpoint) -> a new or empty
 directory (not the working directory) that transformers loads with ``from_pretrained``,
@@ -36,6 +45,7 @@ import torch
 from safetensors.torch import save_file
 
 from qkv.checkpoint import build_model, check_output, load_model, model_dir, save_model
+from qkv.embedding import FIELD, EmbeddingSettings
 from qkv.errors import UserError
 from qkv.files import atomic_directory
 from qkv.hf.bert import BERT, bert_config, bert_fields, bert_labels, bert_to_qkv, bert_tokenizer, qkv_to_bert
@@ -44,6 +54,7 @@ from qkv.hf.common import (
     TOKENIZER_CONFIG,
     WEIGHTS,
     HFConfig,
+    TokenizerSettings,
     canonical_names,
     check_tensors,
     ignored_tensors,
@@ -51,6 +62,7 @@ from qkv.hf.common import (
     read_config,
     read_from,
     read_tensors,
+    tokenizer_file_settings,
     untied_copies,
 )
 from qkv.hf.gpt2 import GPT2, gpt2_config, gpt2_fields, gpt2_to_qkv, gpt2_tokenizer, qkv_to_gpt2
@@ -63,6 +75,13 @@ from qkv.hf.marian import (
     marian_to_qkv,
     marian_tokenizers,
     qkv_to_marian,
+)
+from qkv.hf.sentence_transformers import (
+    ST_CONFIG,
+    SentenceTransformers,
+    lowercase_first,
+    read_sentence_transformers,
+    window,
 )
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
@@ -77,13 +96,18 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     """Convert the HF checkpoint directory ``src`` into the qkv model directory ``dst``.
 
     Returns a summary: architecture, kind, model directory, parameter count, what became of
-    the tokenizer, and ``ignored``: the checkpoint's tensors that the model does not use (say,
-    BERT's next-sentence head, or the pooler of a BertForMaskedLM checkpoint), by stored name.
+    the tokenizer, ``ignored``: the checkpoint's tensors that the model does not use (say,
+    BERT's next-sentence head, or the pooler of a BertForMaskedLM checkpoint), by stored name,
+    ``embedding``: what config.json records for ``qkv embed`` (encoder-only models; else None),
+    and ``notes``: what the user should know (settings not kept, modules not reproduced).
     """
     src, dst = Path(src), Path(dst)
     check_output(dst)
-    config, architecture = read_config(src, SUPPORTED)
-    file, stored = read_tensors(src)
+    notes: list[str] = []
+    st = read_sentence_transformers(src) if src.is_dir() else None
+    hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
+    config, architecture = read_config(hf_dir, SUPPORTED)
+    file, stored = read_tensors(hf_dir)
     labels = None
     if architecture in BERT:
         kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
@@ -133,9 +157,21 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
             files, tokenizers, said = marian_tokenizers(src, c)
         else:
-            found = bert_tokenizer(src) if architecture in BERT else gpt2_tokenizer(src)
+            found = bert_tokenizer(hf_dir) if architecture in BERT else gpt2_tokenizer(hf_dir)
             if found is not None:
                 tokenizers, said = [found], FILE
+        for _, source in tokenizers:
+            dropped = tokenizer_file_settings(source)
+            if dropped:
+                notes.append(
+                    f"{source}: its {' and '.join(dropped)} are not kept (qkv pads, masks and cuts texts itself)"
+                )
+        if architecture in BERT:
+            if st is not None and st.lowercase and tokenizers and lowercase_first(tokenizers[0][0].backend):
+                notes.append(f"{ST_CONFIG} do_lower_case: the stored tokenizer lowercases every text first")
+            extra[FIELD] = _embedding_record(config, hf_dir, st, notes)
+        elif st is not None:
+            notes.append(f"{src / 'modules.json'}: a sentence-transformers pipeline over a {architecture} is not read")
         if tokenizers:
             try:  # the model has one padding, BEGIN and END id for both sides
                 vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
@@ -164,7 +200,27 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "tokenizer": said,
         "ignored": ignored,
+        "embedding": extra.get(FIELD),
+        "notes": notes,
     }
+
+
+def _embedding_record(config: HFConfig, hf_dir: Path, st: SentenceTransformers | None, notes: list[str]) -> dict:
+    """What an encoder-only import records for ``qkv embed`` (config.json's ``"embedding"``)."""
+    length, why = window(config, TokenizerSettings(hf_dir), st)
+    if st is None:
+        return EmbeddingSettings(max_len=length, source=f"window: {why}").record()
+    if st.unsupported:
+        notes.append(
+            f"qkv embed does not give this checkpoint's sentence-transformers embeddings: it does not reproduce "
+            f"{'; '.join(st.unsupported)}"
+        )
+    source = st.source() if st.max_seq_length is not None else f"{st.source()}; window: {why}"
+    if st.unsupported:
+        source += f"; not reproduced: {'; '.join(st.unsupported)}"
+    if st.pooling is None:  # a pipeline qkv cannot compute: no pooling or normalization recorded
+        return EmbeddingSettings(max_len=length, source=source).record()
+    return EmbeddingSettings(st.pooling, st.normalize, length, source).record()
 
 
 def export_hf(src: str | Path, dst: str | Path) -> dict:
@@ -207,7 +263,8 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
             if FILE in files and "source.spm" not in files:
                 tokenizer = Tokenizer.load(src / FILE)
                 shutil.copyfile(src / FILE, tmp / FILE)
-                settings = _hf_tokenizer_config(tokenizer, meta["kind"], config.max_len)
+                window = (meta.get(FIELD) or {}).get("max_len") or config.max_len  # an import's recorded window
+                settings = _hf_tokenizer_config(tokenizer, meta["kind"], window)
                 (tmp / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
             else:
                 # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
