@@ -35,8 +35,10 @@ from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
 from qkv.generation import Ensemble  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
-from qkv.recipes import load_recipe, override  # noqa: E402
-from qkv.seq2seq import beam_translate, train_translation  # noqa: E402
+from qkv.recipes import override  # noqa: E402
+from qkv.seq2seq import beam_translate  # noqa: E402
+from qkv.tasks import load_recipe  # noqa: E402
+from qkv.tasks.translation import train_translation  # noqa: E402
 from qkv.tokenization import Vocabularies  # noqa: E402
 
 # direction -> recipe, test pairs, published-metric reference (tokenized, lowercased) or None,

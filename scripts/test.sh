@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff format --check src tests bench
 .venv/bin/ruff check src tests bench
+.venv/bin/lint-imports --no-cache   # the import layers (pyproject.toml [tool.importlinter])
 exec .venv/bin/python -m pytest -q "$@"

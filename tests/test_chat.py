@@ -12,11 +12,11 @@ import pytest
 import qkv.chat
 from qkv.chat import dialogue_context, reply
 from qkv.checkpoint import load_model
-from qkv.cli import main
+from qkv.cli.main import main
 from qkv.generation import Ensemble
-from qkv.lm import train_lm
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import load_recipe
+from qkv.tasks import load_recipe
+from qkv.tasks.lm import train_lm
 from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")
@@ -253,7 +253,7 @@ def test_a_history_that_cannot_be_read_is_left_as_it_is(tmp_path, monkeypatch, c
     """An unreadable history file (here a directory) is a note on stderr, and the chat does not
     write over it at the end (that would lose the lines it holds)."""
     pytest.importorskip("readline")
-    from qkv.cli import CHAT_HISTORY, _chat_history
+    from qkv.cli.chat import CHAT_HISTORY, _chat_history
 
     history = tmp_path / "history"
     history.mkdir()

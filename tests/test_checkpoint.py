@@ -352,7 +352,7 @@ def test_an_output_that_cannot_be_written_is_refused_up_front(read_only: Path, c
     """Model directories (new, nested, or replacing an empty one) and training runs under a
     directory without write permission: a UserError naming the path, before any work."""
     from qkv.checkpoint import check_output
-    from qkv.cli import main
+    from qkv.cli.main import main
     from qkv.runs import check_run_output
 
     for target in (read_only / "m", read_only / "a" / "b" / "m", read_only / "empty"):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from qkv.checkpoint import save_model
-from qkv.cli import main
+from qkv.cli.main import main
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.tokenization import Tokenizer
 

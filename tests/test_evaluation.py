@@ -105,7 +105,7 @@ def test_evaluate_cli_moses_mode(tmp_path, capsys):
     """qkv evaluate --tokenize moses --json on files: BLEU 100 for the same text, with the signature."""
     import json
 
-    from qkv.cli import main
+    from qkv.cli.main import main
 
     (tmp_path / "hyp.en").write_text("".join(f"{t}\n" for t in RAW), encoding="utf-8")
     (tmp_path / "ref.en").write_text("".join(f"{t}\n" for t in TOKENIZED), encoding="utf-8")

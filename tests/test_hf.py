@@ -35,7 +35,7 @@ from transformers import (  # noqa: E402
 )
 
 from qkv.checkpoint import load_model, save_model  # noqa: E402
-from qkv.cli import main  # noqa: E402
+from qkv.cli.main import main  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
 from qkv.generation import greedy  # noqa: E402
 from qkv.hf.common import HFConfig, load_state  # noqa: E402

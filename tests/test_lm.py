@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from qkv.checkpoint import load_model
-from qkv.cli import main
+from qkv.cli.main import main
 from qkv.data import read_text, resolve
 from qkv.errors import UserError
 from qkv.evaluation import lm_loss, span_loss
 from qkv.generation import continuation, most_likely
-from qkv.lm import reply_spans, token_stream, train_lm
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
-from qkv.recipes import load_recipe
+from qkv.tasks import load_recipe
+from qkv.tasks.lm import reply_spans, token_stream, train_lm
 from qkv.tokenization import Tokenizer
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "shakespeare_char_cpu.yaml")

@@ -9,8 +9,11 @@ import torch
 
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import LM_DEFAULTS, NUMBERS_DEFAULTS, load_recipe, override
+from qkv.recipes import override
 from qkv.seq2seq import cross_attention
+from qkv.tasks import load_recipe
+from qkv.tasks.lm import LM_DEFAULTS
+from qkv.tasks.numbers import NUMBERS_DEFAULTS
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from qkv.tasks import LIMIT, held_out_numbers, is_held_out, number_to_words, numbers_pairs
+from qkv.tasks.numbers import LIMIT, held_out_numbers, is_held_out, number_to_words, numbers_pairs
 
 
 @contextmanager

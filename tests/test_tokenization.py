@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qkv.errors import UserError
-from qkv.tasks import numbers_pairs
+from qkv.tasks.numbers import numbers_pairs
 from qkv.tokenization import SegmentationSampler, Tokenizer, Vocabularies
 
 SENTENCE = "four thousand three hundred seventeen"

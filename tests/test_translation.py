@@ -17,14 +17,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qkv import cli
+from qkv.cli import translate as translate_command
 from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
-from qkv.cli import main
+from qkv.cli.main import main
 from qkv.data import data_root, read_parallel
 from qkv.errors import UserError
 from qkv.generation import Ensemble
-from qkv.recipes import DEFAULTS, load_recipe
-from qkv.seq2seq import _encode_pairs, _epoch_examples, beam_translate, source_ids, train_translation, translate
+from qkv.seq2seq import beam_translate, source_ids, translate
+from qkv.tasks import load_recipe
+from qkv.tasks.translation import TRANSLATION_DEFAULTS, _encode_pairs, _epoch_examples, train_translation
 from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
@@ -263,7 +264,7 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     # pretrained model's architecture, the task's dropout; and it resumes so.
     bare = [o for o in tuning if not o.startswith("model.")]
     plain = train_translation(load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False)
-    expected = dataclasses.replace(pretrained.config, dropout=DEFAULTS["translation"]["model"]["dropout"])
+    expected = dataclasses.replace(pretrained.config, dropout=TRANSLATION_DEFAULTS["model"]["dropout"])
     assert plain["model"].config == expected
     again = train_translation(
         load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False, resume=True
@@ -376,8 +377,10 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     assert all(out[i] for i in (0, 2, 4))
     argv = ["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet", "--bf16"]
     loaded = []
-    real = cli._load_for_generation
-    monkeypatch.setattr(cli, "_load_for_generation", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
+    real = translate_command.load_for_generation
+    monkeypatch.setattr(
+        translate_command, "load_for_generation", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1]
+    )
     assert main(argv) == 0
     assert next(loaded[0][0].parameters()).dtype == torch.bfloat16
     half = capsys.readouterr().out.split("\n")[:-1]  # bfloat16 weights: same lines, order and empty lines
@@ -579,7 +582,7 @@ def test_separate_vocabularies_resume_fine_tune_and_refuse_mismatched_files(tmp_
         train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
     (run / "best" / "target_tokenizer.json").write_bytes((run / "best" / "tokenizer.json").read_bytes())
     with pytest.raises(UserError, match=r"best/target_tokenizer\.json does not match the SHA-256"):
-        cli._load_for_generation(str(run / "best"))
+        translate_command.load_for_generation(str(run / "best"))
 
 
 def test_separate_vocabularies_recipe_errors(tmp_path) -> None:

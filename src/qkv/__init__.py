@@ -1,15 +1,20 @@
 """qkv: the Transformer, whole — attention, the three model families, generation, training.
 
-Layers, bottom up (a module imports from its own layer or the ones below, never above):
-    errors.py, files.py, memory.py           user errors; atomic writes, JSON reading; malloc choice
-    attention.py, layers.py, blocks.py       shared primitives
-    models/                                  one file per family
-    checkpoint.py, generation.py, training.py, evaluation.py, tokenization.py, tasks.py,
-    data.py, runs.py, hf.py                  model-agnostic: files, decoding, training, scores
-    recipes.py                               recipe files and what every task runner shares
-    seq2seq.py, lm.py, bert.py, chat.py,     task runners, chat and pictures used by the command
-    plots.py                                 line
-    cli.py                                   the command line, the composition root
+Layers, bottom up (a module imports from its own layer or the ones below, never above; the
+contracts in pyproject.toml, checked by ``lint-imports`` in the test command, enforce it):
+
+    errors.py files.py memory.py              foundation: user errors, atomic writes, malloc choice
+    attention.py layers.py audio.py           primitives: shape legend, attention, FFN, norms; audio features
+    blocks.py                                 encoder and decoder blocks and stacks
+    models/                                   one file per family (config dataclass at the top)
+    checkpoint.py generation.py training.py   model-agnostic: model directories, decoding, training,
+    evaluation.py tokenization.py data.py     scores, tokenizers, corpora, pictures
+    plots.py
+    hf/ runs.py chat.py seq2seq.py            model-agnostic, built on those: Hugging Face checkpoints, run
+    embedding.py                              directories, chat turns, text in/out of encoder-decoders
+    recipes.py                                recipes, and what every task shares
+    tasks/                                    one module per task: its recipe defaults and runner
+    cli/                                      the command line (serve/ joins beside it)
 
 This file holds only the version; importing qkv loads nothing else.
 """

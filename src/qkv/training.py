@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
+
+from qkv.progress import progress as progress_report
 
 
 def sequence_loss(logits: Tensor, targets: Tensor, *, ignore_id: int | None, label_smoothing: float = 0.0) -> Tensor:
@@ -334,7 +335,7 @@ def fit(
     )
     result = FitResult()
     start = time.perf_counter()
-    bar = tqdm(total=steps, desc=desc, unit="step", disable=not progress, dynamic_ncols=True)
+    bar = progress_report(steps, desc=desc, unit="step", disable=not progress)
     for step in range(steps):
         loss, n_tokens = trainer.step([lambda step=step: step_loss(model, step)])
         result.steps += 1

@@ -1,5 +1,6 @@
-"""Decoder-only language modelling runner (GPT): :func:`train_lm`; the token stream it trains
-and validates on (:func:`split_documents`, :func:`token_stream`), shared with ``qkv evaluate --text``.
+"""The language-modelling task (decoder-only, GPT): :data:`TASK`, the runner :func:`train_lm`,
+and the token stream it trains and validates on (:func:`split_documents`, :func:`token_stream`),
+shared with ``qkv evaluate --text``.
 
 Character-level or subword vocabularies, one text stream or one document per line / per
 DailyDialog dialogue, contiguous-block batches, scored by validation loss in nats per token.
@@ -11,6 +12,7 @@ the KV cache (``generation.py``).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from pathlib import Path
 
@@ -33,14 +35,70 @@ from qkv.evaluation import (
 )
 from qkv.models.decoder_only import DecoderOnly
 from qkv.recipes import (
+    Task,
     fit_recipe,
     fit_summary,
+    refuse_resume,
+    require_steps,
     save_model_dir,
 )
 from qkv.tokenization import Tokenizer
 from qkv.training import (
     sequence_loss,
 )
+
+# Character-level language modelling; the defaults are nanoGPT's Shakespeare CPU
+# configuration (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps).
+LM_DEFAULTS: dict = {
+    "task": "lm",
+    "model": {
+        "d_model": 128,
+        "n_heads": 4,
+        "d_ff": 512,
+        "n_layers": 4,
+        "max_len": 64,
+        "dropout": 0.0,
+        "positions": "learned",
+        "activation": "gelu",
+        "bias": False,
+        "scale_embeddings": False,
+        "tie_output": True,
+    },
+    "train": {
+        "steps": 2000,
+        "seconds": None,
+        "batch_size": 12,
+        "lr": 1e-3,
+        "warmup": 100,
+        "schedule": "cosine",
+        "min_lr": 1e-4,
+        "weight_decay": 0.1,
+        "beta2": 0.99,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {
+        "text": "tinyshakespeare/input.txt",
+        "valid_text": None,  # a separate validation file (else the last val_fraction of the text)
+        "val_fraction": 0.1,
+        # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
+        # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
+        "documents": "text",
+        "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; newlines are pieces)
+        "vocab_size": 4000,
+        "eval_batch_size": 64,
+    },
+}
+
+
+def _check(recipe: dict, where: str) -> None:
+    require_steps(recipe, where)
+    if recipe["data"]["tokenizer"] not in ("char", "subword"):
+        raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
+    if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
+        raise UserError(f"{where}: data.valid_text must be a file path or null")
 
 
 def documents_of(meta: dict) -> str:
@@ -88,7 +146,7 @@ def reply_spans(tokenizer: Tokenizer, dialogues: list[list[str]], *, context: in
     return spans, offset
 
 
-def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train a decoder-only language model as ``recipe`` says; save it to ``out``.
 
     Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
@@ -99,6 +157,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     training stream. The validation loss is measured on the whole validation stream in
     non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
     """
+    refuse_resume("lm", resume)
     check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
@@ -178,3 +237,30 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
         "eval_seconds": eval_seconds,
         **fit_summary(result, model, tokenizer),
     }
+
+
+def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's scores for the command line: validation loss (and, for dialogues, the replies')."""
+    score = {"val_loss": round(summary["val_loss"], 4)}
+    said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
+    if "reply_loss" in summary:  # dialogues: each reply given the dialogue before it
+        score["reply_loss"] = round(summary["reply_loss"], 4)
+        said += (
+            f"; reply_loss={summary['reply_loss']:.4f} (perplexity {math.exp(summary['reply_loss']):.1f}) "
+            f"on {summary['replies']} validation replies, each given the dialogue before it"
+        )
+    return score, said
+
+
+TASK = Task(
+    name="lm",
+    defaults=LM_DEFAULTS,
+    model_kind="decoder_only",
+    train=train_lm,
+    report=report,
+    rules={
+        ("data", "text"): (str, lambda v: bool(v), "a file path"),
+        ("data", "documents"): (str, lambda v: v in ("text", "lines", "dailydialog"), "text, lines or dailydialog"),
+    },
+    check=_check,
+)

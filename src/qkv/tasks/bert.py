@@ -1,4 +1,5 @@
-"""Encoder-only (BERT) task runners: masked-LM pretraining, sequence classification, embeddings.
+"""The encoder-only (BERT) tasks: masked-LM pretraining (:data:`MLM`) and sequence
+classification (:data:`CLASSIFY`), their recipe defaults, rules and runners; embeddings.
 
 What is here: :func:`train_mlm` (15% of tokens selected: 80% [MASK], 10% random, 10% kept),
 :func:`train_classifier` (from scratch or from a pretrained encoder; accuracy and macro-F1
@@ -39,10 +40,12 @@ from qkv.evaluation import (
 from qkv.generation import pad_rows
 from qkv.models.encoder_only import EncoderOnly, masked_mean
 from qkv.recipes import (
-    ENCODER_HEAD_FIELDS,
+    Task,
     fine_tuning_fields,
     fit_recipe,
     fit_summary,
+    refuse_resume,
+    require_steps,
     save_model_dir,
     tokenizer_for,
 )
@@ -52,6 +55,114 @@ from qkv.training import (
     mask_tokens,
     sequence_loss,
 )
+
+# Encoder-only models (BERT) on sentences: masked-LM pretraining (mlm) and sequence
+# classification (classify), on DailyDialog by default (its utterances; its dialog acts).
+# Sized to train in about 10-20 minutes each on 2 CPU cores. A classifier fine-tuned from a
+# pretrained model (train.init) takes its architecture (a field the recipe names must agree);
+# the fields of ENCODER_HEAD_FIELDS may differ.
+ENCODER_MODEL: dict = {
+    "d_model": 256,
+    "n_heads": 4,
+    "d_ff": 1024,
+    "n_layers": 4,
+    "max_len": 64,
+    "dropout": 0.1,
+    "positions": "learned",
+    "activation": "gelu",
+    "norm_first": True,
+}
+
+
+ENCODER_HEAD_FIELDS = ("dropout", "attention_dropout", "pooling", "pooler", "n_classes", "mlm_head")
+
+
+MLM_DEFAULTS: dict = {
+    "task": "mlm",
+    "model": dict(ENCODER_MODEL),
+    "train": {
+        "steps": 4000,
+        "seconds": None,
+        "batch_size": 64,  # sentences per step
+        "lr": 1e-3,
+        "warmup": 400,
+        "schedule": "cosine",
+        "min_lr": 1e-5,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {
+        "dailydialog": "text",  # "text": DailyDialog's utterances (train / validation splits); null: sentences
+        "dailydialog_dir": "dailydialog",  # the DailyDialog folder (as given, or under $QKV_DATA)
+        "sentences": None,  # a text file, one sentence per line (with dailydialog: null)
+        "valid_sentences": None,  # its validation file (null: the last val_fraction of the sentences)
+        "val_fraction": 0.05,
+        "train_examples": None,  # use only the first N training sentences
+        "valid_examples": None,  # validate on the first N validation sentences
+        "tokenizer": None,  # an existing tokenizer.json (else a unigram vocabulary is trained); a mask is added
+        "vocab_size": 8000,
+        "mask_rate": 0.15,  # the share of tokens selected for prediction (80% masked, 10% random, 10% kept)
+        "eval_batch_size": 64,
+    },
+}
+
+
+CLASSIFY_DEFAULTS: dict = {
+    "task": "classify",
+    "model": {**ENCODER_MODEL, "pooling": "mean"},
+    "train": {
+        "steps": 2000,
+        "seconds": None,
+        "batch_size": 32,  # examples per step
+        "lr": 3e-4,
+        "warmup": 200,
+        "schedule": "cosine",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+        "init": None,  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
+    },
+    "data": {
+        "dailydialog": "act",  # "act" or "emotion": DailyDialog's per-utterance labels; null: train_tsv
+        "dailydialog_dir": "dailydialog",
+        "context": False,  # DailyDialog: read the previous utterance too ([BEGIN] previous [END] utterance [END])
+        "train_tsv": None,  # text<TAB>label lines (with dailydialog: null)
+        "valid_tsv": None,  # its validation file (null: the last val_fraction of the training lines)
+        "val_fraction": 0.1,
+        "train_examples": None,
+        "valid_examples": None,
+        "tokenizer": None,
+        "vocab_size": 8000,
+        "eval_batch_size": 64,
+    },
+}
+
+
+def _check(recipe: dict, where: str) -> None:
+    """The data sources of an mlm or classify recipe: DailyDialog or a file, exactly one."""
+    require_steps(recipe, where)
+    data, task = recipe["data"], recipe["task"]
+    own_file, own_valid = ("sentences", "valid_sentences") if task == "mlm" else ("train_tsv", "valid_tsv")
+    kinds = ("text",) if task == "mlm" else ("act", "emotion")
+    if data["dailydialog"] is not None:
+        if data["dailydialog"] not in kinds:
+            wanted = "text (its utterances)" if task == "mlm" else "act or emotion (its labels)"
+            raise UserError(f"{where}: data.dailydialog must be {wanted} or null for the {task} task")
+        for key in (own_file, own_valid):
+            if data[key] is not None:
+                raise UserError(f"{where}: data.{key} and data.dailydialog exclude each other; set one to null")
+    elif data[own_file] is None:
+        raise UserError(f"{where}: set data.{own_file} (a file) or data.dailydialog for the {task} task")
+    if task == "classify" and data["context"] and data["dailydialog"] is None:
+        raise UserError(f"{where}: data.context needs data.dailydialog (a TSV line has no previous utterance)")
 
 
 def _frame(
@@ -122,7 +233,7 @@ def _mlm_sentences(data: dict) -> tuple[list[str], list[str], str]:
     return train, valid, source
 
 
-def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Pretrain an encoder-only model by masked-LM (Devlin et al., 2019) as ``recipe`` says; save it to ``out``.
 
     Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
@@ -133,6 +244,7 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
     the end: the loss and accuracy at the selected positions of the validation sentences
     (masked with a fixed seed, so the number is comparable between runs).
     """
+    refuse_resume("mlm", resume)
     check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
@@ -284,7 +396,7 @@ def predict_labels(
     return [labels[c] for c in _predict(model, rows, batch_size=batch_size)]
 
 
-def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) -> dict:
+def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train an encoder-only sequence classifier as ``recipe`` says; save it to ``out``.
 
     Examples are (text, label): DailyDialog utterances with their dialog act or emotion
@@ -297,6 +409,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True) ->
     validation split, beside the majority class of the training labels. The label names are
     saved in config.json ("labels"), in class-id order.
     """
+    refuse_resume("classify", resume)
     check_output(out)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
@@ -398,3 +511,73 @@ def sentence_embeddings(
     if normalize:
         vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
     return vectors, cut
+
+
+def report_mlm(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's scores for the command line: masked-LM loss and accuracy on validation."""
+    score = {k: round(summary[k], 4) for k in ("valid_loss", "valid_accuracy")}
+    said = (
+        f"validation masked-LM loss {summary['valid_loss']:.4f} nats, accuracy {summary['valid_accuracy']:.1%} "
+        f"on {summary['valid_masked']} masked tokens; {summary['truncated']} training sentences cut to the window"
+    )
+    return score, said
+
+
+def report_classify(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's scores for the command line: accuracy and macro-F1 beside the majority class."""
+    majority = summary["majority"]
+    score = {
+        "accuracy": round(summary["accuracy"], 4),
+        "macro_f1": round(summary["macro_f1"], 4),
+        "majority": {k: round(v, 4) if isinstance(v, float) else v for k, v in majority.items()},
+        "skipped": len(summary["problems"]),
+    }
+    said = (
+        f"validation accuracy {summary['accuracy']:.1%}, macro-F1 {summary['macro_f1']:.3f} on "
+        f"{summary['valid_examples']} examples (majority class {majority['label']!r}: accuracy "
+        f"{majority['accuracy']:.1%}, macro-F1 {majority['macro_f1']:.3f})"
+    )
+    return score, said
+
+
+_RULES: dict = {
+    ("data", "dailydialog"): (
+        (str, type(None)),
+        lambda v: v is None or v in ("text", "act", "emotion"),
+        "text (utterances, for mlm), act or emotion (labels, for classify), or null",
+    ),
+    ("data", "dailydialog_dir"): (str, lambda v: bool(v), "a DailyDialog folder"),
+    ("data", "sentences"): ((str, type(None)), lambda v: v is None or bool(v), "a text file or null"),
+    ("data", "valid_sentences"): ((str, type(None)), lambda v: v is None or bool(v), "a text file or null"),
+    ("data", "train_tsv"): ((str, type(None)), lambda v: v is None or bool(v), "a text<TAB>label file or null"),
+    ("data", "valid_tsv"): ((str, type(None)), lambda v: v is None or bool(v), "a text<TAB>label file or null"),
+    ("data", "train_examples"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "valid_examples"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("data", "mask_rate"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("data", "context"): (bool, lambda v: True, "true or false"),
+}
+
+
+MLM = Task(
+    name="mlm",
+    defaults=MLM_DEFAULTS,
+    model_kind="encoder_only",
+    train=train_mlm,
+    report=report_mlm,
+    rules=_RULES,
+    check=_check,
+    rate_unit="masked_tokens",
+)
+
+
+CLASSIFY = Task(
+    name="classify",
+    defaults=CLASSIFY_DEFAULTS,
+    model_kind="encoder_only",
+    train=train_classifier,
+    report=report_classify,
+    rules=_RULES,
+    check=_check,
+    tuning_fields=ENCODER_HEAD_FIELDS,
+    rate_unit="examples",
+)

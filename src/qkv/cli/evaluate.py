@@ -1,0 +1,190 @@
+"""``qkv evaluate``: scores of hypotheses against references, or of a model on its task.
+
+What is here: the command's arguments (``add_parser``) beside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from qkv.cli.common import (
+    load_for_generation,
+    matching_tokenizer,
+    positive_int,
+    read_input_lines,
+)
+from qkv.errors import UserError
+
+EPILOG_EVALUATE = """examples:
+  qkv evaluate --hyp out.txt --ref ref.txt --json
+  qkv evaluate --hyp test.en --ref $QKV_DATA/multi30k/tok/test_2016_flickr.lc.norm.tok.en --tokenize moses
+  qkv evaluate --model qkv-demo/model --examples 500
+  qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
+  qkv evaluate --model runs/dailydialog_acts --tsv test.tsv --json     # accuracy, macro-F1
+"""
+
+
+def _evaluate_classifier(path: str, tsv: str) -> dict:
+    """Accuracy and macro-F1 of a classify-task model on a ``text<TAB>label`` file, computed as
+    training computes its final validation scores."""
+    from qkv.checkpoint import load_model
+    from qkv.data import read_labelled, resolve
+    from qkv.evaluation import accuracy, macro_f1
+    from qkv.hf.convert import classifier_labels
+    from qkv.tasks.bert import predict_labels
+
+    model, meta = load_model(path, kind="encoder_only")
+    labels = classifier_labels(Path(path), meta, model.config.n_classes)  # an older import's hf.id2label too
+    # A classifier is what has a class head and its label names: trained here (task classify)
+    # or imported (a BertForSequenceClassification keeps its id2label, but has no task).
+    if meta.get("task") not in (None, "classify"):
+        why = f"its task is {meta.get('task')}"
+    elif not model.config.n_classes:
+        why = "it has no class head"
+    elif not isinstance(labels, list):
+        why = f"its {model.config.n_classes} classes have no label names (labels in config.json)"
+    else:
+        why = None
+    if why is not None:
+        raise UserError(f"{path} is not a classifier that --tsv can score: {why}")
+    tokenizer = matching_tokenizer(path, model, files=meta["files"], use="--tsv")
+    file = resolve(tsv)
+    examples = read_labelled(file)  # every line is an example, so its index is its line number
+    if not examples:
+        raise UserError(f"{file} holds no text<TAB>label lines")
+    for number, (_, label) in enumerate(examples, start=1):
+        if label not in labels:
+            raise UserError(f"{file}:{number}: label {label!r} is not one of the model's: {', '.join(labels)}")
+    if (meta.get("recipe") or {}).get("data", {}).get("context"):
+        # The file has no previous utterances: the scores may differ from those of training.
+        print(f"qkv evaluate: note: {path} was trained with the previous utterance as context", file=sys.stderr)
+    start = time.perf_counter()
+    predicted = predict_labels(model, tokenizer, [text for text, _ in examples], labels=labels)
+    gold = [label for _, label in examples]
+    return {
+        "task": "classify",
+        "accuracy": round(accuracy(predicted, gold), 4),
+        "macro_f1": round(macro_f1(predicted, gold), 4),
+        "examples": len(examples),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.text is not None and args.tsv is not None:
+        raise UserError("give --text (a language model) or --tsv (a classifier), not both")
+    if args.text is not None:
+        from qkv.checkpoint import load_model
+        from qkv.data import read_text, resolve
+        from qkv.evaluation import lm_loss
+        from qkv.tasks.lm import documents_of, split_documents, token_stream
+
+        if args.model is None:
+            raise UserError("--text needs --model DIR (a decoder-only model)")
+        model, meta = load_model(args.model, kind="decoder_only")
+        tokenizer = matching_tokenizer(args.model, model, files=meta["files"], use="--text")
+        # The stream as training built its validation stream: a model that read one document
+        # per line (each ending with END) is scored the same way, so the loss is comparable.
+        documents = documents_of(meta)
+        text = read_text(resolve(args.text))
+        ids = token_stream(tokenizer, split_documents(text, documents=documents), documents=documents)
+        if len(ids) < 2:
+            raise UserError(f"{args.text} holds fewer than two tokens")
+        start = time.perf_counter()
+        loss = lm_loss(model, ids, context=model.config.max_len)
+        result = {
+            "loss": round(loss, 4),
+            "perplexity": round(math.exp(loss), 3),
+            "tokens": len(ids),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    elif args.tsv is not None:
+        if args.model is None:
+            raise UserError("--tsv needs --model DIR (a classify-task model)")
+        result = _evaluate_classifier(args.model, args.tsv)
+    elif args.model is not None:
+        from qkv.checkpoint import model_dir, read_meta
+        from qkv.tasks.numbers import evaluate_numbers, held_out_numbers, numbers_pairs
+
+        if args.examples > len(held_out_numbers()):
+            raise UserError(f"--examples {args.examples}: only {len(held_out_numbers())} held-out numbers exist")
+        meta = read_meta(model_dir(args.model))
+        if meta.get("task") == "classify" or meta.get("labels"):
+            raise UserError(f"{args.model} is a classifier; give --tsv FILE (text<TAB>label lines) to score it")
+        if meta["kind"] != "encoder_decoder":
+            raise UserError(f"{args.model} is not a numbers-task model (kind {meta['kind']})")
+        # Loaded first, so a model that lacks its tokenizer is told so; then only the numbers
+        # task is scored (an imported or recipe-less model has no task and is refused).
+        model, vocab = load_for_generation(args.model)
+        if meta.get("task") != "numbers":
+            raise UserError(f"{args.model} is not a numbers-task model (task {meta.get('task')})")
+        pairs = numbers_pairs(args.examples, seed=args.seed, held_out=True)
+        start = time.perf_counter()
+        score, _ = evaluate_numbers(model, vocab, pairs=pairs, beam_size=args.beam)
+        result = {
+            "task": "numbers",
+            "exact_match": round(score, 4),
+            "examples": len(pairs),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    else:
+        from qkv.evaluation import corpus_scores
+
+        if args.hyp is None or args.ref is None:
+            raise UserError("give --hyp FILE and --ref FILE (or --model DIR for the numbers task)")
+        hyps, refs = read_input_lines(args.hyp), read_input_lines(args.ref)
+        if len(hyps) != len(refs):
+            raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
+        if not hyps:
+            raise UserError(f"{args.hyp} and {args.ref} are empty: nothing to score")
+        result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase, lang=args.lang)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print("  ".join(f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``evaluate`` command's arguments."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "evaluate",
+        help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
+        description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
+        "--model: exact match of a numbers model on held-out numbers. With --model and --text: a language "
+        "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context; a "
+        "model trained with one document per line (data.documents) reads every non-empty line as a document "
+        "ending with END, as its validation loss was measured. "
+        "With --model and --tsv: a classifier's accuracy and macro-F1 on text<TAB>label lines.",
+        epilog=EPILOG_EVALUATE,
+        formatter_class=raw,
+    )
+    p.add_argument("--hyp", default=None, help="hypotheses, one per line")
+    p.add_argument("--ref", default=None, help="references, one per line")
+    p.add_argument(
+        "--tokenize",
+        default="13a",
+        choices=["13a", "zh", "intl", "char", "none", "moses"],
+        help="BLEU tokenizer; moses: the published Multi30k metric (hypotheses Moses-normalized, tokenized and "
+        "lowercased like the official tok/*.lc.norm.tok.* references, which are used as they are)",
+    )
+    p.add_argument("--lang", default="en", help="language of the hypotheses for --tokenize moses (default en)")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a model directory: a numbers-task model, with --text a LM, with --tsv a classifier",
+    )
+    p.add_argument("--text", default=None, help="text file: loss and perplexity of the --model language model")
+    p.add_argument("--tsv", default=None, help="text<TAB>label file: accuracy and macro-F1 of the --model classifier")
+    p.add_argument("--examples", type=positive_int, default=1000, help="held-out numbers to evaluate")
+    p.add_argument("--beam", type=positive_int, default=4, help="beam width for --model")
+    p.add_argument("--seed", type=int, default=1, help="which held-out numbers to draw")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.set_defaults(run=cmd_evaluate)

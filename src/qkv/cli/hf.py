@@ -1,0 +1,99 @@
+"""``qkv import-hf`` and ``qkv export-hf``: Hugging Face checkpoints in and out.
+
+What is here: the command's arguments (``add_parser``) beside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG_IMPORT_HF = """examples:
+  qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
+  qkv import-hf ~/hf/bert-base-uncased models/bert --json
+"""
+
+
+EPILOG_EXPORT_HF = """example:
+  qkv export-hf models/gpt2 hf/gpt2     # then transformers: AutoModelForCausalLM.from_pretrained("hf/gpt2")
+"""
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from qkv.hf.convert import import_hf
+
+    result = import_hf(args.src, args.dst)
+    if result["ignored"]:  # tensors the model does not use (BERT's next-sentence head, an unused pooler)
+        names = result["ignored"]
+        print(
+            f"qkv import-hf: note: {len(names)} tensor(s) of {args.src} not used: {', '.join(names)}", file=sys.stderr
+        )
+    for note in result["notes"]:  # tokenizer settings not kept, sentence-transformers modules not reproduced
+        print(f"qkv import-hf: note: {note}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"imported {result['architecture']} as a {result['kind']} model ({result['parameters']} parameters) "
+            f"into {result['model']}; tokenizer: {result['tokenizer']}"
+        )
+        embedding = result["embedding"]
+        if embedding is not None:  # what qkv embed uses by default
+            said = ", ".join(f"{k} {v}" for k, v in embedding.items() if k != "source")
+            print(f"embedding defaults for qkv embed: {said} ({embedding.get('source')})")
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from qkv.hf.convert import export_hf
+
+    result = export_hf(args.src, args.dst)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"exported as {result['architecture']} into {result['out']}: {', '.join(result['files'])}")
+    return 0
+
+
+def add_import_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``import-hf`` command's arguments."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "import-hf",
+        help="convert a local Hugging Face checkpoint (BERT, GPT-2, Marian) into a qkv model directory",
+        description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
+        "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
+        "BertForSequenceClassification, GPT2LMHeadModel or MarianMTModel and write a qkv model directory "
+        "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
+        "(shared vocabulary) and kept for export; tensors the model does not use are named on stderr. "
+        "A sentence-transformers directory (modules.json) is read too: its pooling, Normalize module and "
+        "max_seq_length are recorded for qkv embed. A tokenizer.json's padding and truncation are not kept: "
+        "qkv pads, masks and cuts to the window itself. Other families (RoBERTa, DistilBERT, MPNet, T5, "
+        "LLaMA, ...) are refused, naming the architectures qkv reads.",
+        epilog=EPILOG_IMPORT_HF,
+        formatter_class=raw,
+    )
+    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes)")
+    p.add_argument("dst", help="qkv model directory to write")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_import_hf)
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``export-hf`` command's arguments."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "export-hf",
+        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian)",
+        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only) or "
+        "Marian's (encoder_decoder) as a directory that transformers loads with from_pretrained: config.json, "
+        "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
+        "naming the config field.",
+        epilog=EPILOG_EXPORT_HF,
+        formatter_class=raw,
+    )
+    p.add_argument("src", help="qkv model directory or training run")
+    p.add_argument("dst", help="output directory (must not exist, or be an empty directory other than the current one)")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_export_hf)

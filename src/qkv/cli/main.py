@@ -1,0 +1,65 @@
+"""The ``qkv`` command line: the composition root. Assembles every command's parser; runs one.
+
+Every user mistake (missing file, bad option value, a model of the wrong kind) ends in one
+line on stderr and exit status 2; success exits 0. Progress goes to stderr, results to stdout,
+so commands compose in pipes.
+
+What is not here: the commands (one module each in this package, arguments beside handler)
+and any model, training or decoding logic (the modules they wire).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from qkv import __version__
+from qkv.cli import chat, demo, embed, evaluate, generate, hf, train, translate
+from qkv.cli.common import Parser
+from qkv.errors import UserError
+from qkv.memory import choose_allocator
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="qkv",
+        description="qkv: the Transformer, whole. Train, run and score encoder-decoder, encoder-only "
+        "and decoder-only models.",
+        epilog="run `qkv COMMAND --help` for each command's options and an example",
+    )
+    parser.add_argument("--version", action="version", version=f"qkv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    demo.add_parser(sub)
+    train.add_parser(sub)
+    translate.add_parser(sub)
+    generate.add_parser(sub)
+    chat.add_parser(sub)
+    evaluate.add_parser(sub)
+    hf.add_import_parser(sub)
+    hf.add_export_parser(sub)
+    embed.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as e:
+        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qkv {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def console_main() -> int:
+    """The ``qkv`` program and ``python -m qkv``: :func:`main` on the faster allocator.
+
+    TCMalloc makes CPU training up to 1.7x faster (``memory.py``); the restart that loads it
+    replaces the whole interpreter, so only these entry points choose, never :func:`main`.
+    """
+    choose_allocator()
+    return main()

@@ -1,0 +1,74 @@
+"""``qkv train``: train any task from a recipe (the task module does the work; this prints the result).
+
+What is here: the command's arguments (``add_parser``) beside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EPILOG_TRAIN = """examples:
+  qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=1500 --set model.d_model=96
+  qkv train recipes/shakespeare_char_cpu.yaml --out runs/shakespeare     # prints val_loss=...
+  qkv train recipes/multi30k_de_en.yaml --out runs/de_en                 # a run: last/ best/ averaged/
+  qkv train recipes/multi30k_de_en.yaml --out runs/de_en --resume        # continue after a stop or crash
+  qkv train recipes/dailydialog_mlm.yaml --out runs/dailydialog_mlm      # BERT masked-LM pretraining
+  qkv train recipes/dailydialog_acts.yaml --out runs/dailydialog_acts    # fine-tuned from it (train.init)
+"""
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from qkv.plots import loss_curve
+    from qkv.tasks import TASKS, load_recipe
+
+    recipe = load_recipe(args.recipe, args.set)
+    out = Path(args.out).resolve()
+    task = TASKS[recipe["task"]]
+    summary = task.train(recipe, out, progress=not args.quiet, resume=args.resume)
+    for problem in summary.get("problems", []):
+        print(f"qkv train: note: {problem}", file=sys.stderr)
+    score, said = task.report(summary, recipe)
+    loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}")
+    unit = task.rate_unit  # what the loss is over: examples (classify), masked tokens (mlm), tokens
+    result = {
+        "task": recipe["task"],
+        "model": str(out),
+        "steps": summary["steps"],
+        "train_seconds": round(summary["train_seconds"], 1),
+        f"{unit}_per_second": round(summary["tokens_per_second"]),
+        "final_loss": round(summary["final_loss"], 4),
+        **score,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"trained {result['steps']} steps in {result['train_seconds']}s "
+            f"({result[f'{unit}_per_second']} {unit.replace('_', ' ')}/s), "
+            f"final training loss {result['final_loss']}, {said}; "
+            f"model saved to {out}"
+        )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``train`` command's arguments."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "train",
+        help="train a model from a recipe (YAML)",
+        description="Train from a recipe: task, model config and training settings in YAML; any key can be "
+        "overridden with --set section.key=value.",
+        epilog=EPILOG_TRAIN,
+        formatter_class=raw,
+    )
+    p.add_argument("recipe", help="recipe YAML file, e.g. recipes/numbers.yaml")
+    p.add_argument("--out", required=True, help="model directory (translation: run directory) to write")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_train)

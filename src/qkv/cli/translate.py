@@ -1,0 +1,176 @@
+"""``qkv translate``: batched translation of lines (beam, n-best, alignments, ensembles).
+
+What is here: the command's arguments (``add_parser``) beside its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from qkv.cli.common import (
+    Output,
+    add_precision,
+    chunks,
+    load_for_generation,
+    number,
+    read_input_lines,
+)
+from qkv.errors import UserError
+
+EPILOG_TRANSLATE = """examples:
+  qkv translate --model runs/multi30k_de_en --beam 5 < test.de > test.en
+  echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --nbest 3 --beam 5
+  qkv translate --model runs/multi30k_de_en --input test.de --output test.en --alignments test.align
+  qkv translate --model runs/en_de_seed0 --ensemble runs/en_de_seed1 --beam 5 < test.en > test.de
+"""
+
+
+def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ensemble
+    """--model's model and the --ensemble ones as one :class:`~qkv.generation.Ensemble`; each
+    must be an encoder-decoder with the same vocabularies as --model's (the same tokenizers,
+    special tokens and settings)."""
+    from qkv.generation import Ensemble
+    from qkv.models.encoder_decoder import EncoderDecoder
+
+    models = [model]
+    for path in args.ensemble:
+        other, theirs = load_for_generation(path, bf16=args.bf16, int8=args.int8)
+        if not isinstance(other, EncoderDecoder):
+            raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
+        if not theirs.same_as(vocab):
+            raise UserError(
+                f"--ensemble {path}: its tokenizer differs from {args.model}'s; "
+                "ensembled models must share their vocabularies"
+            )
+        try:  # Ensemble's own checks (special ids, vocabulary sizes), this model against --model's
+            Ensemble((model, other))
+        except ValueError as e:
+            raise UserError(f"--ensemble {path} does not fit {args.model} ({e})") from None
+        models.append(other)
+    return Ensemble(tuple(models))
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from qkv.models.encoder_decoder import EncoderDecoder
+    from qkv.progress import progress
+    from qkv.seq2seq import alignments, source_ids, translate
+
+    if args.nbest > args.beam:
+        raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
+    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
+    if not isinstance(model, EncoderDecoder):
+        raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
+    aligner = model  # alignments come from --model's cross-attention, ensemble or not
+    if args.ensemble:
+        model = _ensemble(args, model, vocab)
+    out = Output(args.output)
+    aligned = Output(args.alignments) if args.alignments else None
+    lines = read_input_lines(args.input)
+    window = model.config.max_len
+    too_long = sum(len(ids) > window for ids in vocab.source.encode_batch(lines))
+    if too_long:
+        print(
+            f"qkv translate: note: {too_long} input line(s) cut to the model's window of {window} tokens",
+            file=sys.stderr,
+        )
+    start = time.perf_counter()
+    found: list = []
+    bar = progress(len(lines), desc="qkv translate", unit="line", disable=args.quiet or len(lines) < 100)
+    for chunk in chunks(lines, 1024):  # bounded memory; each chunk is batched by tokens inside
+        found += translate(
+            model,
+            vocab,
+            chunk,
+            beam_size=args.beam,
+            nbest=args.nbest,
+            length_penalty=args.length_penalty,
+            max_len_a=args.max_len_a,
+            max_len_b=args.max_len_b,
+            max_tokens=args.max_tokens,
+        )
+        bar.update(len(chunk))
+    bar.close()
+    seconds = time.perf_counter() - start
+    for line, hyps in zip(lines, found, strict=True):
+        for h in hyps:
+            text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
+            # An empty input gives --nbest empty lines (no score: nothing was translated).
+            out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 and line.strip() else text)
+    if aligned is not None:
+        sources = source_ids(vocab.source, lines, window=window)
+        for src, hyps in zip(sources, found, strict=True):
+            for h in hyps:
+                pairs = alignments(aligner, src=[src], out=[h.tokens])[0]
+                aligned.write(" ".join(f"{j}-{t}" for j, t in pairs))
+        aligned.close()
+    out.close()
+    words = sum(len(h.tokens) for hyps in found for h in hyps[:1])
+    if not args.quiet:
+        print(
+            f"qkv translate: {len(lines)} lines in {seconds:.1f}s ({len(lines) / max(seconds, 1e-9):.1f} lines/s, "
+            f"{words / max(seconds, 1e-9):.0f} output tokens/s), beam {args.beam}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``translate`` command's arguments."""
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "translate",
+        help="translate text with an encoder-decoder model or training run (stdin or a file)",
+        description="Read one sentence per line (stdin or --input) and write its translation per line, in "
+        "order (an empty line gives an empty line), detokenized. Beam search with a length penalty; an output "
+        "has at most a*S + b tokens (S: its source's length). --nbest N writes N lines per input, each "
+        "text<TAB>score (an empty input: N empty lines). --alignments FILE writes, per output line, "
+        "source-output token index pairs (i-j) from the last decoder layer's cross-attention. --model may be a "
+        "run directory (its final checkpoint).",
+        epilog=EPILOG_TRANSLATE,
+        formatter_class=raw,
+    )
+    p.add_argument("--model", required=True, help="model directory or training run directory")
+    p.add_argument(
+        "--ensemble",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another model (or run) with the same tokenizer, decoded together with --model: each step's "
+        "distribution is the mean of the models' (repeat for more)",
+    )
+    p.add_argument("--input", help="input file (default: stdin)")
+    p.add_argument("--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("--beam", type=number(int, lambda v: v >= 1, "an integer >= 1"), default=5, help="beam width")
+    p.add_argument(
+        "--nbest",
+        type=number(int, lambda v: v >= 1, "an integer >= 1"),
+        default=1,
+        help="outputs per input, each with its score",
+    )
+    p.add_argument(
+        "--length-penalty",
+        type=number(float, lambda v: v >= 0, "a number >= 0"),
+        default=1.0,
+        help="score = log p / length^penalty (default 1.0)",
+    )
+    p.add_argument(
+        "--max-len-a",
+        type=number(float, lambda v: v >= 0, "a number >= 0"),
+        default=1.5,
+        help="outputs have at most a*S + b tokens (default a=1.5)",
+    )
+    p.add_argument(
+        "--max-len-b", type=number(int, lambda v: v >= 0, "an integer >= 0"), default=10, help="(default b=10)"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=number(int, lambda v: v >= 1, "an integer >= 1"),
+        default=8192,
+        help="source tokens x beam per batch (default 8192)",
+    )
+    p.add_argument("--alignments", metavar="FILE", help="write cross-attention alignments to FILE")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    add_precision(p)
+    p.set_defaults(run=cmd_translate)

@@ -1,0 +1,30 @@
+"""The tasks: one module each, holding its recipe defaults and value rules (a
+:class:`~qkv.recipes.Task`) and its runner. :data:`TASKS` lists them by the name a recipe's
+``task`` gives; :func:`load_recipe` loads a recipe of any of them.
+
+    numbers.py        the built-in demo: numbers written with digits -> English words
+    translation.py    parallel text -> an encoder-decoder (resumable runs, BLEU)
+    lm.py             text -> a decoder-only language model (chat data too)
+    bert.py           masked-LM pretraining and classification -> an encoder-only model
+
+Speech recognition and speech translation (``asr.py``) and text-to-speech (``tts.py``) join
+here. A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from qkv import recipes
+from qkv.recipes import Task
+from qkv.tasks import bert, lm, numbers, translation
+
+TASKS: dict[str, Task] = {
+    task.name: task for task in (numbers.TASK, lm.TASK, translation.TASK, bert.MLM, bert.CLASSIFY)
+}
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
+    """:func:`qkv.recipes.load_recipe` over the known tasks; no task named: the numbers task."""
+    return recipes.load_recipe(path, overrides, tasks=TASKS, default="numbers")

@@ -1,0 +1,247 @@
+"""The numbers task, built in and offline: the data, recipe defaults and runner behind ``qkv demo``.
+
+What is here: the *numbers* task, numbers written with digits → the same numbers in English
+words ("4,317" → "four thousand three hundred seventeen"), for 0 ≤ n < 1,000,000. It has
+real structure — place value, irregular teens and tens, words that depend on digits
+several places away ("thousand" appears only if one of three digits is non-zero), inputs
+with or without thousands separators — yet it needs no download.
+
+The held-out split is fixed by the number itself (a multiplicative hash), not by a seed:
+about 1% of the numbers from 100 up are never generated for training, so test examples are never seen
+in training whatever the seed or the amount of training data.
+
+What is here besides the data: :data:`TASK` (the recipe defaults and rules), :func:`train_numbers`
+(data, tokenizer, model, training, held-out exact match, model directory) and
+:func:`evaluate_numbers`.
+
+What is not here: tokenization (``tokenization.py``), batching (``training.py``), decoding text
+(``seq2seq.py``), the demo's printing and pictures (``cli/``).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from qkv.checkpoint import check_output
+from qkv.errors import UserError
+from qkv.evaluation import exact_match
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.recipes import (
+    Task,
+    fit_recipe,
+    fit_summary,
+    refuse_resume,
+    require_steps,
+    save_model_dir,
+    seq2seq_model,
+)
+from qkv.seq2seq import beam_translate
+from qkv.tokenization import Tokenizer, Vocabularies
+from qkv.training import seq2seq_batch, seq2seq_loss
+
+ONES = "zero one two three four five six seven eight nine".split()
+TEENS = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+LIMIT = 1_000_000
+
+
+def _below_thousand(n: int) -> list[str]:
+    words = []
+    hundreds, rest = divmod(n, 100)
+    if hundreds:
+        words += [ONES[hundreds], "hundred"]
+    if 10 <= rest < 20:
+        words.append(TEENS[rest - 10])
+    else:
+        tens, ones = divmod(rest, 10)
+        if tens:
+            words.append(TENS[tens])
+        if ones:
+            words.append(ONES[ones])
+    return words
+
+
+def number_to_words(n: int) -> str:
+    """English words for 0 ≤ n < 1,000,000, e.g. 4317 → "four thousand three hundred seventeen"."""
+    if not 0 <= n < LIMIT:
+        raise ValueError(f"number out of range: {n}")
+    if n == 0:
+        return "zero"
+    thousands, rest = divmod(n, 1000)
+    words = []
+    if thousands:
+        words += [*_below_thousand(thousands), "thousand"]
+    return " ".join(words + _below_thousand(rest))
+
+
+def is_held_out(n: int) -> bool:
+    """True for the ~1% of numbers ≥ 100 reserved for evaluation (Knuth's multiplicative hash).
+
+    The test reads the hash's high bits: its low bits repeat with period 4, which would
+    hold out only multiples of 4.
+
+    Numbers below 100 are the task's lexicon ("zero", "seventeen", ...): a word never seen
+    in training cannot be produced, so none of them is held out.
+    """
+    return n >= 100 and (((n * 2654435761) & 0xFFFFFFFF) >> 16) % 100 == 0
+
+
+def format_digits(n: int, *, commas: bool) -> str:
+    return f"{n:,}" if commas else str(n)
+
+
+def _sample_number(rng: random.Random) -> int:
+    # Uniform over the number of digits first, so short numbers are not drowned out.
+    digits = rng.randint(1, 6)
+    return rng.randrange(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
+
+
+@functools.cache
+def held_out_numbers() -> tuple[int, ...]:
+    """All held-out numbers (10,011 of them), ascending."""
+    return tuple(n for n in range(100, LIMIT) if is_held_out(n))
+
+
+def numbers_pairs(count: int, *, seed: int, held_out: bool) -> list[tuple[str, str]]:
+    """``count`` (source, target) pairs, drawn from the training or the held-out numbers.
+
+    Both draw the number of digits uniformly first. Training pairs may repeat (they are
+    sampled); held-out pairs are distinct, so at most 10,011 of them exist.
+    """
+    rng = random.Random(seed)
+    if held_out:
+        pool = held_out_numbers()
+        if count > len(pool):
+            raise ValueError(f"only {len(pool)} held-out numbers exist; asked for {count}")
+        groups: dict[int, list[int]] = {}
+        for n in pool:
+            groups.setdefault(len(str(n)), []).append(n)
+        for group in groups.values():
+            rng.shuffle(group)
+        numbers = []
+        while len(numbers) < count:
+            digits = rng.choice(sorted(d for d, group in groups.items() if group))
+            numbers.append(groups[digits].pop())
+    else:
+        numbers = []
+        while len(numbers) < count:
+            n = _sample_number(rng)
+            if not is_held_out(n):
+                numbers.append(n)
+    return [(format_digits(n, commas=rng.random() < 0.5), number_to_words(n)) for n in numbers]
+
+
+# Every key a numbers recipe may set, with its default.
+NUMBERS_DEFAULTS: dict = {
+    "task": "numbers",
+    "model": {
+        "d_model": 64,
+        "n_heads": 4,
+        "d_ff": 256,
+        "n_encoder_layers": 2,
+        "n_decoder_layers": 2,
+        "share_embeddings": True,
+        "tie_output": True,
+        "dropout": 0.0,
+        "max_len": 64,
+    },
+    "train": {
+        "steps": 3000,  # ~100 s on 2 Zen 4 cores
+        "seconds": None,
+        "batch_size": 128,
+        "lr": 3e-3,
+        "warmup": 100,
+        "schedule": "cosine",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.0,
+        "seed": 0,
+    },
+    "data": {"eval_examples": 1000, "beam_size": 4},
+}
+
+
+# The longest numbers target is 10 words ("seven hundred seventy seven thousand ..."):
+# BEGIN + 10 words are 11 decoder positions; the longest source is 7 tokens.
+NUMBERS_MIN_LEN = 11
+
+
+def _check(recipe: dict, where: str) -> None:
+    require_steps(recipe, where)
+    if recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
+        raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
+
+
+def evaluate_numbers(
+    model: EncoderDecoder, tokenizer: Tokenizer | Vocabularies, *, pairs: list[tuple[str, str]], beam_size: int
+) -> tuple[float, list[str]]:
+    """Exact match of beam-search outputs on (digits, words) pairs; returns it and the outputs."""
+    outputs = beam_translate(model, tokenizer, [a for a, _ in pairs], beam_size=beam_size, max_len_a=2.0)
+    return exact_match(outputs, [b for _, b in pairs]), outputs
+
+
+def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
+
+    Returns a summary: exact match on held-out numbers, timings, and what is needed to
+    show examples (model, tokenizer, held-out pairs, outputs, losses).
+    """
+    refuse_resume("numbers", resume)
+    check_output(out)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
+    tokenizer = Tokenizer.train_word_level(s for pair in numbers_pairs(20_000, seed=seed, held_out=False) for s in pair)
+    model = seq2seq_model(recipe, tokenizer)
+    batch_size = int(train["batch_size"])
+
+    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
+        # Fresh examples every step (never a held-out number), fixed by (seed, step).
+        pairs = numbers_pairs(batch_size, seed=seed * 1_000_003 + step, held_out=False)
+        src = tokenizer.encode_batch([a for a, _ in pairs])
+        tgt = tokenizer.encode_batch([b for _, b in pairs])
+        s, t_in, t_out = seq2seq_batch(
+            list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        return seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+
+    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv numbers")
+    held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
+    start = time.perf_counter()
+    score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))
+    eval_seconds = time.perf_counter() - start
+    save_model_dir(model, tokenizer, out, extra={"task": "numbers", "recipe": recipe, "exact_match": score})
+    return {
+        "exact_match": score,
+        "eval_seconds": eval_seconds,
+        **fit_summary(result, model, tokenizer),
+        "held_out": held_out,
+        "outputs": outputs,
+    }
+
+
+def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's score for the command line: held-out exact match."""
+    return {"exact_match": round(summary["exact_match"], 4)}, f"held-out exact match {summary['exact_match']:.1%}"
+
+
+TASK = Task(
+    name="numbers",
+    defaults=NUMBERS_DEFAULTS,
+    model_kind="encoder_decoder",
+    train=train_numbers,
+    report=report,
+    rules={
+        ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),
+    },
+    check=_check,
+)

@@ -1,0 +1,743 @@
+"""The translation task: recipe defaults and rules, and the runner.
+
+What is here: :data:`TASK` and :func:`train_translation` (parallel text, subword
+vocabularies: joint or separate (:func:`vocabularies_for`), token-budget batches, epochs with
+validation loss and BLEU, a resumable run directory, best/last/averaged checkpoints, early
+stopping, subword regularization), :func:`teacher_forced_loss`, :func:`over_long_note`.
+
+What is not here: translating text with a trained model (``seq2seq.py``), recipe loading and
+the shared runner pieces (``recipes.py``), the decoding algorithms (``generation.py``), run
+directories (``runs.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from qkv import __version__
+from qkv.checkpoint import (
+    RUN_FILE,
+    build_model,
+    load_model,
+    model_dir,
+    read_meta,
+    sha256_file,
+)
+from qkv.data import (
+    batches_by_tokens,
+    read_parallel,
+    resolve,
+)
+from qkv.errors import UserError
+from qkv.evaluation import (
+    BLEU_TOKENIZERS,
+    corpus_scores,
+)
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.progress import progress as progress_report
+from qkv.recipes import (
+    Task,
+    find_tokenizer,
+    fine_tuning_fields,
+    fit_summary,
+    seq2seq_model,
+    tokenizer_for,
+)
+from qkv.runs import (
+    Scalars,
+    average_checkpoints,
+    check_run_output,
+    load_checkpoint,
+    read_run,
+    save_checkpoint,
+    write_json,
+)
+from qkv.seq2seq import beam_translate
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import MAX_NBEST, TARGET_FILE, SegmentationSampler, Tokenizer, Vocabularies
+from qkv.training import (
+    FitResult,
+    Trainer,
+    seq2seq_batch,
+    seq2seq_loss,
+)
+
+# Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
+# width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
+# Trains in epochs with validation after each, in a run directory (``runs.py``) that can be
+# resumed.
+TRANSLATION_DEFAULTS: dict = {
+    "task": "translation",
+    "model": {
+        "d_model": 256,
+        "n_heads": 4,
+        "d_ff": 1024,
+        "n_encoder_layers": 3,
+        "n_decoder_layers": 3,
+        "share_embeddings": True,
+        "tie_output": True,
+        "dropout": 0.1,
+        "max_len": 256,
+    },
+    "train": {
+        "epochs": 20,
+        "steps": None,  # a cap on optimizer steps (null: epochs decide)
+        "seconds": None,  # a cap on training wall time (validation excluded)
+        "max_tokens": 4096,  # padded source or target tokens per batch
+        "accumulate": 1,  # batches per optimizer step
+        "lr": 1e-3,
+        "warmup": 1000,
+        "schedule": "inverse_sqrt",
+        "min_lr": 0.0,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "clip": 1.0,
+        "bf16": False,
+        "label_smoothing": 0.1,
+        "rdrop": 0.0,  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
+        "seed": 0,
+        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
+        "patience": None,  # stop after this many epochs without a better validation BLEU
+        "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
+        # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
+        # used; the fields the model section names must agree with it, but for
+        # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
+        "init": None,
+        "tensorboard": True,
+        "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
+    },
+    "data": {
+        "train": ["multi30k/train.de", "multi30k/train.en"],
+        "valid": ["multi30k/val.de", "multi30k/val.en"],
+        "reverse": False,  # swap the sides: translate the second file/column into the first
+        "train_pairs": None,  # use only the first N training pairs
+        "valid_pairs": None,  # validate on the first N validation pairs
+        # "joint": one vocabulary trained on both sides; "separate": a source vocabulary trained on
+        # the source sentences and a target one on the target sentences (needs
+        # model.share_embeddings=false), stored as tokenizer.json and target_tokenizer.json
+        "vocab": "joint",
+        "tokenizer": None,  # an existing tokenizer.json: the joint one, or the source's (else one is trained)
+        "target_tokenizer": None,  # separate only: an existing target tokenizer file (else one is trained)
+        "vocab_size": 8000,
+        "src_vocab_size": None,  # separate only: the source vocabulary's size (null: vocab_size)
+        "tgt_vocab_size": None,  # separate only: the target vocabulary's size (null: vocab_size)
+        "long": "drop",
+        # subword regularization (Kudo, 2018): each epoch, every training sentence in one of its
+        # subword_nbest most probable segmentations, drawn with probability ∝ P^subword_alpha;
+        # a unigram vocabulary only
+        "subword_nbest": 0,  # 0: off (always the best segmentation)
+        "subword_alpha": 0.1,
+        "valid_beam": 1,  # decoding for the per-epoch validation BLEU (1: greedy)
+        "beam_size": 4,  # decoding for the final validation BLEU
+        "length_penalty": 1.0,
+        "max_len_a": 1.5,  # outputs may have at most a·S + b tokens (S: source length)
+        "max_len_b": 10,
+        "bleu_tokenize": "13a",
+        "lowercase": False,
+    },
+}
+
+
+# The model fields a translation model fine-tuned from a pretrained one (train.init) may set
+# for itself; every other field is the pretrained model's (regularisation only: none of these
+# changes the weights' shapes or what they compute in eval mode).
+ENCODER_DECODER_TUNING_FIELDS = ("dropout", "attention_dropout")
+
+
+def _paths(value: list) -> bool:
+    return 1 <= len(value) <= 2 and all(isinstance(v, str) and v for v in value)
+
+
+def _check_vocabularies(recipe: dict, where: str) -> None:
+    """The vocabulary keys of a translation recipe: the per-side ones only with separate
+    vocabularies, which cannot share one embedding table."""
+    data = recipe["data"]
+    if data["vocab"] == "joint":
+        for key in ("target_tokenizer", "src_vocab_size", "tgt_vocab_size"):
+            if data[key] is not None:
+                raise UserError(f"{where}: data.{key} needs data.vocab=separate (a joint vocabulary has one)")
+    elif recipe["model"].get("share_embeddings", False):
+        raise UserError(
+            f"{where}: model.share_embeddings=true needs data.vocab=joint (one vocabulary for source and "
+            f"target); set model.share_embeddings=false for separate vocabularies"
+        )
+
+
+def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, str]]) -> tuple[Vocabularies, str]:
+    """A translation run's vocabularies, as :func:`tokenizer_for` finds one tokenizer, per
+    ``data.vocab``: joint (``data.tokenizer``, or one trained on both sides of ``pairs``), or
+    separate (the source's from ``data.tokenizer`` or trained on the sources, of
+    ``data.src_vocab_size`` pieces; the target's from ``data.target_tokenizer`` or trained on the
+    targets, of ``data.tgt_vocab_size``). A checkpoint's must be of the same kind as the recipe's.
+    """
+    meta = read_meta(checkpoint) if checkpoint is not None else None
+    separate = data["vocab"] == "separate"
+    if meta is not None and (TARGET_FILE in meta["files"]) != separate:
+        has = "separate" if TARGET_FILE in meta["files"] else "joint"
+        raise UserError(
+            f"{checkpoint} has a {has} vocabulary but the recipe says data.vocab={data['vocab']}; set data.vocab={has}"
+        )
+    if not separate:
+        tokenizer, said = tokenizer_for(data, checkpoint=checkpoint, pairs=pairs)
+        return Vocabularies(tokenizer, tokenizer), said
+    found = [
+        find_tokenizer(
+            data,
+            key,
+            file,
+            checkpoint=checkpoint,
+            meta=meta,
+            texts=lambda side=side: (pair[side] for pair in pairs),
+            vocab_size=int(data[size] if data[size] is not None else data["vocab_size"]),
+        )
+        for side, (key, file, size) in enumerate(
+            [("tokenizer", TOKENIZER_FILE, "src_vocab_size"), ("target_tokenizer", TARGET_FILE, "tgt_vocab_size")]
+        )
+    ]
+    (source, said_source), (target, said_target) = found
+    said = f"{said_source} (source), {said_target} (target)"
+    try:
+        return Vocabularies(source, target), said
+    except UserError as e:  # two given files that do not fit together
+        raise UserError(f"data.vocab=separate: {e} (source: {said_source}; target: {said_target})") from None
+
+
+# Train settings that may change when a run is resumed; any other change would make the
+# continued run differ from an uninterrupted one, so it is refused.
+RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
+TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
+
+
+def _check_same_data(saved: dict | None, now: dict[str, str], run: Path) -> None:
+    """Refuse to resume ``run`` when a data file's SHA-256 differs from the one it began with
+    (runs from before the hashes were recorded are not checked)."""
+    changed = [path for path, digest in now.items() if saved is not None and saved.get(path, digest) != digest]
+    if changed:
+        raise UserError(
+            f"--resume: {', '.join(map(str, (resolve(p) for p in changed)))} changed since {run} began "
+            "(SHA-256 differs): the saved position in the data order would point elsewhere; start a new run"
+        )
+
+
+def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
+    """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
+    # Keys added to recipes after the run began take their defaults, which do what the run did
+    # (data.vocab: joint), so an older run resumes.
+    saved = {
+        **saved,
+        **{
+            k: {**v, **saved.get(k, {})}
+            for k, v in TRANSLATION_DEFAULTS.items()
+            # a fine-tuned run's model section holds only what its recipe named (load_recipe)
+            if isinstance(v, dict) and not (k == "model" and saved.get("train", {}).get("init"))
+        },
+    }
+    differ = []
+    for section, value in recipe.items():
+        if not isinstance(value, dict):
+            if value != saved.get(section):
+                differ.append(section)
+            continue
+        for key, v in value.items():
+            # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
+            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) in TOKENIZER_KEYS
+            if not may_change and v != saved.get(section, {}).get(key):
+                differ.append(f"{section}.{key}")
+    if differ:
+        raise UserError(
+            f"--resume: the recipe differs from the one {run} was trained with in {', '.join(differ)}; "
+            f"only train.{', train.'.join(RESUME_MAY_CHANGE)} may change"
+        )
+    return {
+        **saved,
+        "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
+        "data": {**saved["data"], **{k: recipe["data"][k] or saved["data"][k] for _, k in TOKENIZER_KEYS}},
+    }
+
+
+@torch.no_grad()
+def teacher_forced_loss(
+    model: EncoderDecoder, tokenizer: Tokenizer, examples: list[tuple[list[int], list[int]]], *, max_tokens: int
+) -> float:
+    """Mean cross-entropy per target token (END included, no label smoothing) of ``examples``
+    (token ids, targets in the vocabulary of ``tokenizer``: the target tokenizer)."""
+    model.eval()
+    lengths = [max(len(s), len(t) + 1) for s, t in examples]
+    total, count = 0.0, 0
+    for rows in batches_by_tokens(lengths, max_tokens=max_tokens, seed=0):
+        s, t_in, t_out = seq2seq_batch(
+            [examples[i] for i in rows], pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+        )
+        loss, n = seq2seq_loss(model, s, t_in, t_out, pad_id=tokenizer.pad_id)
+        total += loss.item() * n
+        count += n
+    return total / max(count, 1)
+
+
+def _encode_pairs(
+    tokenizers: Tokenizer | Vocabularies, pairs: list[tuple[str, str]], *, window: int, long: str
+) -> tuple[list[tuple[list[int], list[int]]], list[int], list[int]]:
+    """Token ids of the pairs (sources by the source tokenizer, targets by the target one),
+    over-long ones (a source over the window, a target over the window less BEGIN) dropped or
+    truncated (``long``); the indices of the over-long pairs; and the index of the pair each
+    example is (all of them unless some were dropped)."""
+    vocab = Vocabularies.of(tokenizers)
+    sources = vocab.source.encode_batch([a for a, _ in pairs])
+    targets = vocab.target.encode_batch([b for _, b in pairs], add_special_tokens=False)  # END comes from the batch
+    examples, over_long, rows = [], [], []
+    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+        if len(s) > window or len(t) > window - 1:
+            over_long.append(i)
+            if long == "drop":
+                continue
+            s, t = s[:window], t[: window - 1]
+        examples.append((s, t))
+        rows.append(i)
+    return examples, over_long, rows
+
+
+def _epoch_examples(
+    tokenizers: Tokenizer | Vocabularies,
+    kept: list[tuple[str, str]],
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    nbest: int,
+    alpha: float,
+    window: int,
+    seed: int,
+) -> Callable[[int], list[tuple[list[int], list[int]]]]:
+    """The training examples of each epoch: ``examples`` (the best segmentation of each pair
+    of ``kept``, from :func:`_encode_pairs`) every time, or, with ``nbest`` > 0
+    (``data.subword_nbest``), a new segmentation of both sides each epoch drawn by
+    :class:`~qkv.tokenization.SegmentationSampler` (seeded with seed and epoch: a resumed run
+    sees the same pieces). The same pairs in the same places either way; a draw longer than
+    the window falls back to that pair's best segmentation. The last epoch's draw is kept
+    (the schedule's length is counted on epoch 0's, which the first epoch then reuses)."""
+    if not nbest:
+        return lambda epoch: examples
+    vocab = Vocabularies.of(tokenizers)
+    samplers = []
+    for side, tokenizer, texts in (
+        ("source", vocab.source, [a for a, _ in kept]),
+        ("target", vocab.target, [b for _, b in kept]),
+    ):
+        try:
+            samplers.append(SegmentationSampler(tokenizer, texts, nbest=nbest, alpha=alpha))
+        except UserError as e:
+            raise UserError(f"data.subword_nbest: the {side} tokenizer: {e}") from None
+    sources, targets = samplers
+    key = seed % 2**64  # numpy seeds are non-negative; train.seed may be any integer
+
+    @functools.lru_cache(maxsize=1)
+    def drawn(epoch: int) -> list[tuple[list[int], list[int]]]:
+        src, tgt = sources.sample([key, epoch, 0]), targets.sample([key, epoch, 1])
+        return [
+            (s, t) if len(s) <= window and len(t) <= window - 1 else best
+            for s, t, best in zip(src, tgt, examples, strict=True)
+        ]
+
+    return drawn
+
+
+def over_long_note(over_long: list[int], *, files: list[str], total: int, window: int, action: str) -> str:
+    """One line naming the over-long pairs by line number (pair i is line i + 1 of its files:
+    :func:`~qkv.data.read_parallel` keeps every line), the first ten of them."""
+    lines = ", ".join(str(i + 1) for i in over_long[:10]) + (", ..." if len(over_long) > 10 else "")
+    return (
+        f"{' + '.join(files)}: {len(over_long)} of {total} pairs are longer than the model's window "
+        f"({window} tokens) and were {action}: line{'s' if len(over_long) > 1 else ''} {lines}"
+    )
+
+
+def _checkpoint_model(checkpoint: Path, recipe: dict, *, use: str) -> EncoderDecoder:
+    """A model with ``checkpoint``'s architecture and weights, but for the recipe's
+    ENCODER_DECODER_TUNING_FIELDS (:func:`~qkv.recipes.fine_tuning_fields`); ``use``
+    (train.init or --resume) begins its errors."""
+    pretrained, _ = load_model(checkpoint, kind="encoder_decoder")
+    fields = fine_tuning_fields(pretrained, recipe, checkpoint, may_differ=ENCODER_DECODER_TUNING_FIELDS, use=use)
+    model = build_model("encoder_decoder", fields)
+    try:
+        missing, unexpected = model.load_state_dict(pretrained.state_dict(), strict=False)
+    except RuntimeError as e:  # a shape mismatch
+        raise UserError(f"{use}: {checkpoint} does not fit its own config: {str(e).splitlines()[0]}") from None
+    if missing or unexpected:
+        raise UserError(f"{use}: {checkpoint} does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return model
+
+
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
+
+    The vocabulary (``data.vocab``) is a joint unigram model trained on both sides of the
+    training pairs, or two separate ones, the source's trained on the sources and the target's
+    on the targets (or given tokenizers, or the checkpoint's:
+    :func:`~qkv.recipes.vocabularies_for`). Pairs longer than the model's window are dropped
+    or truncated (``data.long``) and counted. Batches hold at most ``train.max_tokens``
+    padded tokens, length-bucketed and reshuffled every epoch (seed + epoch), so the data
+    order is a function of the seed and a position (epoch, batch) is enough to resume. With
+    ``data.subword_nbest`` each epoch trains on its own draw of segmentations
+    (:func:`_epoch_examples`), also a function of the seed and epoch.
+    After every epoch: validation loss and BLEU (``data.valid_beam``), TensorBoard scalars,
+    ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
+    end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
+    the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
+    ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped; a run that had
+    stopped (by a cap or patience the resumed recipe keeps) goes straight to choosing the final
+    model. ``train.init`` fine-tunes a model directory: its tokenizers, its architecture (the
+    fields the recipe's model section names must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``)
+    and weights.
+    """
+    run = Path(out)
+    check_run_output(run, resume=resume)
+    if resume:
+        recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
+    train, data = recipe["train"], recipe["data"]
+    # The position in the data order that resume restores means nothing if the files changed.
+    data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data["train"], *data["valid"]])}
+    if resume:
+        _check_same_data(read_run(run).get("data_sha256"), data_sha256, run)
+    seed = int(train["seed"])
+    torch.manual_seed(seed)
+    if train["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+    pairs = read_parallel(*data["train"])[: data["train_pairs"]]
+    valid = read_parallel(*data["valid"])[: data["valid_pairs"]]
+    if data["reverse"]:
+        pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
+    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
+    vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
+    target = vocab.target  # its special ids are the model's (and the source tokenizer's)
+    # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
+    # the recipe's model section over the config defaults.
+    if start_from is None:
+        model = seq2seq_model(recipe, vocab)
+    else:
+        model = _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
+    window = model.config.max_len
+    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data["long"])
+    if not examples:
+        raise UserError("no training pair fits the model's window (model.max_len)")
+    valid_examples, valid_over_long, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
+    # Said on stderr before training, as well as counted in the summary and run.json: a user
+    # who did not expect over-long lines learns which ones at once.
+    actions = {"drop": "dropped (data.long: drop)", "truncate": "truncated (data.long: truncate)"}
+    for ids, files, total, action in (
+        (over_long, data["train"], len(pairs), actions[data["long"]]),
+        (valid_over_long, data["valid"], len(valid), "truncated for validation loss"),
+    ):
+        if ids:
+            note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
+            print(f"qkv train: note: {note}", file=sys.stderr)
+    epoch_examples = _epoch_examples(
+        vocab,
+        [pairs[i] for i in rows],
+        examples,
+        nbest=int(data["subword_nbest"]),
+        alpha=float(data["subword_alpha"]),
+        window=window,
+        seed=seed,
+    )
+    max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
+    # Optimizer steps per epoch: fixed with one segmentation per pair; with subword sampling the
+    # first epoch's count stands for all (for the progress bar and a schedule's length: an
+    # epoch of sampled pieces holds a few batches more or fewer). Epochs, not this, end a run.
+    lengths = [max(len(s), len(t) + 1) for s, t in epoch_examples(0)]
+    steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
+    step_cap = int(train["steps"]) if train["steps"] is not None else None
+    total_steps = int(train["epochs"]) * steps_per_epoch
+    if step_cap is not None:
+        total_steps = min(total_steps, step_cap)
+    trainer = Trainer(
+        model,
+        lr=float(train["lr"]),
+        warmup=int(train["warmup"]),
+        total_steps=total_steps,
+        schedule=train["schedule"],
+        min_lr=float(train["min_lr"]),
+        weight_decay=float(train["weight_decay"]),
+        clip=float(train["clip"]),
+        betas=(0.9, float(train["beta2"])),
+        bf16=train["bf16"],
+    )
+    state = {
+        "epoch": 0,
+        "batch": 0,
+        "tokens": 0,
+        "seconds": 0.0,
+        "history": [],
+        "losses": [],
+        "best": None,
+        "bad": 0,
+        "stopped_by": None,
+    }
+    if resume:
+        state = load_checkpoint(run / "last", trainer)
+    run.mkdir(parents=True, exist_ok=True)
+    scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
+    with tempfile.TemporaryDirectory() as tmp:
+        # target_tokenizer.json with separate vocabularies; special_tokens.json too, when there
+        # is one (a fine-tuned imported model's tokens)
+        tokenizer_files = vocab.save(tmp)
+        extra = {"task": "translation", "recipe": recipe}
+
+        def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
+            save_checkpoint(
+                model,
+                run / name,
+                files=tokenizer_files,
+                extra={**extra, **({"valid_scores": scores} if scores else {})},
+                trainer=trainer if resumable else None,
+                progress=state if resumable else None,
+            )
+
+        def record(final: str) -> None:
+            over = {"train": len(over_long), "valid": len(valid_over_long)}
+            write_json(
+                run / RUN_FILE,
+                {
+                    "qkv_version": __version__,
+                    "recipe": recipe,
+                    "final": final,
+                    "data_sha256": data_sha256,
+                    "over_long_pairs": over,
+                    **state,
+                },
+            )
+
+        def validate(beam: int) -> dict:
+            start = time.perf_counter()
+            model.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
+            hypotheses = beam_translate(
+                model,
+                vocab,
+                [a for a, _ in valid],
+                beam_size=beam,
+                length_penalty=float(data["length_penalty"]),
+                max_len_a=float(data["max_len_a"]),
+                max_len_b=int(data["max_len_b"]),
+            )
+            scores = corpus_scores(
+                hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+            )
+            return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
+
+        if not resume:
+            save("last", resumable=True)
+            record("last")
+
+        def batch_loss(batch: list[int]) -> tuple[torch.Tensor, int]:  # this epoch's examples
+            s, t_in, t_out = seq2seq_batch(
+                [epoch_data[i] for i in batch], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
+            )
+            smoothing, rdrop = train["label_smoothing"], train["rdrop"]
+            return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
+
+        bar = progress_report(
+            total_steps, initial=trainer.steps, desc="qkv translation", unit="step", disable=not progress
+        )
+        seconds_cap = train["seconds"]
+
+        def stopped() -> str | None:
+            # Checked before every step and epoch, not only after: a resumed run that had already
+            # stopped (its last/ saved, then killed while the final models were compared, or run
+            # again) must go straight to the end, not train one more step or epoch. A cap raised
+            # on --resume (RESUME_MAY_CHANGE) lets it continue.
+            if train["patience"] is not None and state["bad"] >= int(train["patience"]):
+                return "patience"
+            if state["epoch"] >= int(train["epochs"]):
+                return "epochs"
+            if step_cap is not None and trainer.steps >= step_cap:
+                return "steps"
+            if seconds_cap is not None and state["seconds"] >= seconds_cap:
+                return "seconds"
+            return None
+
+        stop = None
+        session_start, session_tokens = time.perf_counter(), 0
+        while stop is None:
+            stop = stopped()
+            if stop is not None:
+                break
+            tick = time.perf_counter()  # an epoch's draw of segmentations is training time
+            epoch_data = epoch_examples(state["epoch"])
+            lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
+            order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
+            while state["batch"] < len(order):
+                stop = stopped()
+                if stop is not None:
+                    break
+                group = order[state["batch"] : state["batch"] + accumulate]
+                loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
+                now = time.perf_counter()
+                state["seconds"] += now - tick
+                tick = now
+                state["batch"] += len(group)
+                state["tokens"] += n_tokens
+                session_tokens += n_tokens
+                state["losses"].append(round(loss, 4))
+                bar.update(1)
+                if trainer.steps % 10 == 0:
+                    rate = session_tokens / max(now - session_start, 1e-9)
+                    bar.set_postfix(
+                        epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
+                    )
+                    scalars.add("train/loss", loss, trainer.steps)
+                    scalars.add("train/lr", trainer.lr, trainer.steps)
+                    scalars.add("train/tokens_per_second", rate, trainer.steps)
+                if (
+                    train["save_every"]
+                    and trainer.steps % int(train["save_every"]) == 0
+                    and state["batch"] < len(order)
+                ):
+                    save("last", resumable=True)
+            if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
+                scores = validate(int(data["valid_beam"]))
+                valid_loss = teacher_forced_loss(model, target, valid_examples, max_tokens=max_tokens)
+                state["epoch"] += 1
+                state["batch"] = 0
+                entry = {
+                    "epoch": state["epoch"],
+                    "step": trainer.steps,
+                    "train_seconds": round(state["seconds"], 1),
+                    "valid_loss": round(valid_loss, 4),
+                    "valid_bleu": scores["bleu"],
+                    "valid_chrf": scores["chrf"],
+                }
+                state["history"].append(entry)
+                scalars.add("valid/loss", valid_loss, trainer.steps)
+                scalars.add("valid/bleu", scores["bleu"], trainer.steps)
+                scalars.add("valid/chrf", scores["chrf"], trainer.steps)
+                if progress:
+                    bar.write(
+                        f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
+                        f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
+                        file=sys.stderr,
+                    )
+                if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
+                    state["best"], state["bad"] = entry, 0
+                    save("best")
+                else:
+                    state["bad"] += 1
+                keep = int(train["average_last"])
+                if keep:
+                    save(f"epoch-{state['epoch']:03d}")
+                    for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
+                        shutil.rmtree(old)
+            stop = stopped()
+            state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
+            save("last", resumable=True)
+            record("last")
+        state["stopped_by"] = stop  # a resumed run that stopped at once: this session's verdict
+        bar.close()
+        scalars.close()
+
+        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam.
+        candidates = {}
+        if (run / "best").is_dir():
+            best_model, _ = load_model(run / "best")
+            model.load_state_dict(best_model.state_dict())
+            candidates["best"] = validate(int(data["beam_size"]))
+        epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
+        if len(epochs) > 1:
+            average_checkpoints(epochs, model)
+            candidates["averaged"] = validate(int(data["beam_size"]))
+            save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
+        if not candidates:  # stopped before the first epoch ended
+            last_model, _ = load_model(run / "last")
+            model.load_state_dict(last_model.state_dict())
+            candidates["last"] = validate(int(data["beam_size"]))
+        final = max(candidates, key=lambda name: candidates[name]["bleu"])
+        if final != "averaged":
+            final_model, _ = load_model(run / final)
+            model.load_state_dict(final_model.state_dict())
+        scores = candidates[final]
+        model.eval()  # the returned model is for inference (bench/mt.py translates the test set with it)
+        state["final_scores"] = {
+            name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
+        }
+        record(final)
+    result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
+    return {
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "bleu_signature": scores["bleu_signature"],
+        "final": final,
+        "epochs": state["epoch"],
+        "stopped_by": stop,
+        "history": state["history"],
+        "vocabulary": vocabulary,
+        "over_long_pairs": {"train": len(over_long), "valid": len(valid_over_long)},  # as in run.json
+        "eval_seconds": scores["seconds"],
+        **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
+        "hypotheses": scores["hypotheses"],
+    }
+
+
+def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's scores for the command line: validation BLEU and chrF of the final checkpoint."""
+    keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by", "over_long_pairs")
+    said = (
+        f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}) "
+        f"of the {summary['final']} checkpoint after {summary['epochs']} epochs (stopped by "
+        f"{summary['stopped_by']}); over-long pairs: {summary['over_long_pairs']['train']} in training "
+        f"(data.long: {recipe['data']['long']}), {summary['over_long_pairs']['valid']} in validation (truncated)"
+    )
+    return {k: summary[k] for k in keys}, said
+
+
+TASK = Task(
+    name="translation",
+    defaults=TRANSLATION_DEFAULTS,
+    model_kind="encoder_decoder",
+    train=train_translation,
+    report=report,
+    rules={
+        ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
+        ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
+        ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: at epoch ends only)"),
+        ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
+        ("train", "deterministic"): (bool, lambda v: True, "true or false"),
+        ("data", "reverse"): (bool, lambda v: True, "true or false"),
+        ("data", "train_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "valid_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "target_tokenizer"): (
+            (str, type(None)),
+            lambda v: v is None or bool(v),
+            "a tokenizer file path or null",
+        ),
+        ("data", "vocab"): (str, lambda v: v in ("joint", "separate"), "joint or separate"),
+        ("data", "src_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
+        ("data", "tgt_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
+        ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "subword_nbest"): (
+            int,
+            lambda v: 0 <= v <= MAX_NBEST,
+            f"an integer in 0..{MAX_NBEST} (0: no subword sampling)",
+        ),
+        ("data", "subword_alpha"): ((int, float), lambda v: v > 0, "a number > 0"),
+        ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+        ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+        ("data", "max_len_b"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "rdrop"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no R-Drop)"),
+        ("train", "max_tokens"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "train"): (list, _paths, "a list of one TSV path or two aligned file paths"),
+        ("data", "valid"): (list, _paths, "a list of one TSV path or two aligned file paths"),
+        ("data", "long"): (str, lambda v: v in ("drop", "truncate"), "drop or truncate"),
+        ("data", "bleu_tokenize"): (str, lambda v: v in BLEU_TOKENIZERS, f"one of {', '.join(BLEU_TOKENIZERS)}"),
+        ("data", "lowercase"): (bool, lambda v: True, "true or false"),
+    },
+    check=_check_vocabularies,
+    tuning_fields=ENCODER_DECODER_TUNING_FIELDS,
+)
