@@ -36,6 +36,7 @@ to check this script's own paths; their records are not written.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -106,6 +107,8 @@ def bert_like(src: Path, hf_dir: Path, architecture: str, qkv_dir: Path) -> dict
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
     hf = getattr(transformers, architecture).from_pretrained(hf_dir).eval()
     batch = hf_tokenizer(SENTENCES, padding=True, truncation=True, max_length=chosen.max_len, return_tensors="pt")
+    if "token_type_ids" not in inspect.signature(hf.forward).parameters:  # DistilBERT has no token types
+        batch.pop("token_type_ids", None)
     mask = batch["attention_mask"].bool()  # (B, S)
     rows, _ = frame(tokenizer, SENTENCES, max_len=chosen.max_len)
     theirs = [ids[: int(m.sum())] for ids, m in zip(batch["input_ids"].tolist(), mask, strict=True)]
@@ -277,8 +280,8 @@ def table(rows: list[dict]) -> str:
     ]
     lines = [head]
     for r in rows:
-        if "refused" in r:
-            lines.append([r["checkpoint"], r["architecture"], "refused: " + r["refused"][:90], "", "", "", "", ""])
+        if "refused" in r:  # the reason follows the table
+            lines.append([r["checkpoint"], r["architecture"], "refused", "", "", "", "", ""])
             continue
         lines.append(
             [
@@ -287,8 +290,8 @@ def table(rows: list[dict]) -> str:
                 r.get("ids_identical", "-"),
                 fmt(r.get("hidden_max_abs")),
                 fmt(r.get("logits_max_abs")),
-                fmt(r.get("cosine_transformers"), ".6f"),
-                fmt(r.get("cosine_sentence_transformers"), ".6f"),
+                fmt(r.get("cosine_transformers"), ".7f"),
+                fmt(r.get("cosine_sentence_transformers"), ".7f"),
                 r.get("greedy_identical", "-"),
             ]
         )
@@ -383,8 +386,6 @@ def selftest_checkpoints(root: Path) -> list[Path]:
 
     made = []
     # BERT, sentence-transformers layout
-    st = root / "tiny-st-bert"
-    st.mkdir(parents=True)
     wp = BertWordPieceTokenizer(lowercase=True)
     wp.train_from_iterator(corpus, vocab_size=300, min_frequency=1)
     backend = wp._tokenizer
@@ -396,39 +397,43 @@ def selftest_checkpoints(root: Path) -> list[Path]:
     )
     backend.enable_padding(length=128, pad_id=backend.token_to_id("[PAD]"), pad_token="[PAD]")
     backend.enable_truncation(max_length=128)
-    backend.save(str(st / "tokenizer.json"))
     settings = {"tokenizer_class": "BertTokenizer", "do_lower_case": True, "model_max_length": 512}
-    settings |= {
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-        "mask_token": "[MASK]",
-    }
-    (st / "tokenizer_config.json").write_text(json.dumps(settings))
-    config = transformers.BertConfig(
-        vocab_size=backend.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-    )
-    torch.manual_seed(0)
-    bert = transformers.BertModel(config)
-    perturb(bert, 1)
-    bert.save_pretrained(st)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    (st / "modules.json").write_text(json.dumps(modules))
-    (st / "1_Pooling").mkdir()
-    (st / "1_Pooling" / "config.json").write_text(
-        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
-    )
-    (st / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
-    made.append(st)
+    settings |= {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+    settings["mask_token"] = "[MASK]"
+    vocab = backend.get_vocab_size()
+    for name, config, pooling in (
+        (
+            "tiny-st-bert",
+            transformers.BertConfig(
+                vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48
+            ),
+            "mean",
+        ),
+        (
+            "tiny-st-distilbert",
+            transformers.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=48),
+            "cls",
+        ),
+    ):
+        st = root / name
+        st.mkdir(parents=True)
+        backend.save(str(st / "tokenizer.json"))
+        (st / "tokenizer_config.json").write_text(json.dumps(settings))
+        torch.manual_seed(0)
+        model = transformers.AutoModel.from_config(config)
+        perturb(model, 1)
+        model.save_pretrained(st)
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ]
+        (st / "modules.json").write_text(json.dumps(modules))
+        (st / "1_Pooling").mkdir()
+        pooling_config = {"word_embedding_dimension": 32, "pooling_mode": pooling}
+        (st / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+        (st / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": False}))
+        made.append(st)
 
     # GPT-2
     g2 = root / "tiny-gpt2"
@@ -519,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_one(Path(path)))
     print(table(rows))
     for row in rows:
+        if "refused" in row:
+            print(f"refused: {row['checkpoint']}: {row['refused']}")
         for note in row.get("notes", []):
             print(f"note: {row['checkpoint']}: {note}")
         if args.json:

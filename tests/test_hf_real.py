@@ -419,7 +419,7 @@ def test_nested_transformer_folder_and_do_lower_case(tmp_path: Path) -> None:
     )
     summary = import_hf(src, tmp_path / "qkv")
     assert any("do_lower_case" in note for note in summary["notes"])
-    assert summary["embedding"]["max_len"] == 160 and "max_position_embeddings 160" in summary["embedding"]["source"]
+    assert summary["embedding"]["max_len"] == 160 and "160 positions" in summary["embedding"]["source"]
     vectors, _ = embed_with_cli(tmp_path / "qkv", TEXTS, tmp_path)
     lowered = transformers_embeddings(
         src / "0_Transformer", TEXTS, pooling="mean", normalize=True, max_len=160, lowercase=True
@@ -491,9 +491,118 @@ def test_a_recorded_setting_is_checked(tmp_path: Path) -> None:
             EmbeddingSettings.read({"embedding": bad}, "config.json", model_max_len=160)
 
 
+# ------------------------------------------------------------------------ RoBERTa, XLM-R, DistilBERT
+
+
+def family_checkpoint(directory: Path, architecture: str) -> Path:
+    """A small random RoBERTa (byte-level BPE), XLM-R (Unigram) or DistilBERT (WordPiece) of class
+    ``architecture``, saved as transformers saves one with a tokenizer.json that pads and
+    truncates."""
+    directory.mkdir(parents=True)
+    roberta = "Roberta" in architecture
+    backend = (byte_bpe() if architecture.startswith("Roberta") else unigram()) if roberta else wordpiece()
+    specials = ROBERTA_SPECIALS if roberta else BERT_SPECIALS
+    mask = "<mask>" if roberta else "[MASK]"
+    backend.add_special_tokens([mask])
+    backend.save(str(directory / "tokenizer.json"))
+    names = {HF_NAMES[r]: t for r, t in specials.items()}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", **names, "mask_token": mask, "model_max_length": 48}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    vocab = backend.get_vocab_size()
+    if roberta:
+        config = getattr(transformers, "XLMRobertaConfig" if architecture.startswith("XLM") else "RobertaConfig")(
+            vocab_size=vocab, hidden_size=24, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+            max_position_embeddings=66, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1,
+            num_labels=3,
+        )  # fmt: skip
+    else:
+        config = transformers.DistilBertConfig(
+            vocab_size=vocab, dim=24, n_heads=4, hidden_dim=40, n_layers=2, max_position_embeddings=64
+        )
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config)
+    perturb(model, 5)
+    model.save_pretrained(directory)
+    return directory
+
+
+FAMILIES = [
+    "RobertaModel",
+    "RobertaForMaskedLM",
+    "RobertaForSequenceClassification",
+    "XLMRobertaModel",
+    "DistilBertModel",
+    "DistilBertForMaskedLM",
+]
+
+
+@pytest.mark.parametrize("architecture", FAMILIES)
+def test_roberta_xlmr_distilbert_compute_what_transformers_does(architecture: str, tmp_path: Path) -> None:
+    """Hidden states and the head's logits on a padded batch, token ids framed to the window
+    (tokenizer_config.json's model_max_length, 48) and mean-pooled embeddings: as transformers."""
+    src = family_checkpoint(tmp_path / "hf", architecture)
+    summary = import_hf(src, tmp_path / "qkv")
+    assert summary["architecture"] == architecture and summary["embedding"]["max_len"] == 48
+    model, _ = load_model(tmp_path / "qkv")
+    assert model.config.max_len == 64  # RoBERTa: 66 positions less pad_token_id + 1
+    ours_tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
+    hf_tokenizer = AutoTokenizer.from_pretrained(src)
+    assert_same_tokenization(ours_tokenizer, hf_tokenizer, TEXTS + BLANK, window=48)
+
+    hf = getattr(transformers, architecture).from_pretrained(src).eval()
+    batch = hf_tokenizer(TEXTS, padding=True, truncation=True, max_length=48, return_tensors="pt")
+    batch.pop("token_type_ids", None)
+    x, mask = batch["input_ids"], batch["attention_mask"].bool()
+    with torch.no_grad():
+        out = hf(**batch, output_hidden_states=True)
+        hidden = model.encode(x, mask=mask)
+        assert (hidden[mask] - out.hidden_states[-1][mask]).abs().max() < 1e-4
+        if architecture.endswith("ForMaskedLM"):
+            assert (model(x, mask=mask)[mask] - out.logits[mask]).abs().max() < 1e-4
+        elif architecture.endswith("ForSequenceClassification"):
+            assert (model.classify(x, mask=mask) - out.logits).abs().max() < 1e-4
+    if not architecture.endswith("Model"):
+        return
+    vectors, said = embed_with_cli(tmp_path / "qkv", TEXTS, tmp_path)
+    assert "window 48 tokens" in said
+    assert_match(vectors, transformers_embeddings(src, TEXTS, pooling="mean", normalize=False, max_len=48))
+    if architecture == "RobertaModel":  # exported, a RoBERTa is a BertModel that computes the same
+        export_hf(tmp_path / "qkv", tmp_path / "exported")
+        back = BertModel.from_pretrained(tmp_path / "exported").eval()
+        with torch.no_grad():
+            again = back(input_ids=x, attention_mask=mask.long()).last_hidden_state
+        assert (again[mask] - out.hidden_states[-1][mask]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("architecture", ["XLMRobertaModel", "DistilBertModel"])
+def test_sentence_transformers_over_xlmr_and_distilbert(architecture: str, tmp_path: Path) -> None:
+    src = family_checkpoint(tmp_path / "st", architecture)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (src / "modules.json").write_text(json.dumps(modules))
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 24, "pooling_mode": "cls"}))
+    (src / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32, "do_lower_case": False}))
+    assert import_hf(src, tmp_path / "qkv")["embedding"]["max_len"] == 32
+    vectors, said = embed_with_cli(tmp_path / "qkv", TEXTS, tmp_path)
+    assert "cls pooling, normalized, window 32 tokens" in said
+    assert_match(vectors, transformers_embeddings(src, TEXTS, pooling="cls", normalize=True, max_len=32))
+    if SentenceTransformer is not None:
+        assert_match(vectors, sentence_transformers_embeddings(src, TEXTS))
+
+
 @pytest.mark.parametrize(
     "architecture",
-    ["RobertaModel", "DistilBertModel", "MPNetForMaskedLM", "T5ForConditionalGeneration", "LlamaForCausalLM"],
+    [
+        "MPNetForMaskedLM",
+        "T5ForConditionalGeneration",
+        "LlamaForCausalLM",
+        "DebertaV2Model",
+        "DistilBertForSequenceClassification",  # its head (pre_classifier + ReLU) is not qkv's pooler
+    ],
 )
 def test_unsupported_families_are_refused_by_name(architecture: str, tmp_path: Path) -> None:
     src = tmp_path / "hf"

@@ -3,6 +3,8 @@
     common.py    what the families share: config.json and weight files read, tensor names
                  matched and checked, tokenizer settings read
     bert.py      BERT (BertModel, BertForMaskedLM, BertForSequenceClassification) <-> encoder_only
+    roberta.py   RoBERTa and XLM-RoBERTa (Model, ForMaskedLM, ForSequenceClassification) -> encoder_only
+    distilbert.py  DistilBERT (DistilBertModel, DistilBertForMaskedLM) -> encoder_only
     gpt2.py      GPT-2 (GPT2LMHeadModel) <-> decoder_only
     marian.py    Marian (MarianMTModel) <-> encoder_decoder, and MarianTokenizer's files
     sentence_transformers.py
@@ -10,7 +12,8 @@
                  Normalize; sentence_bert_config.json) and the window a checkpoint's users get
     convert.py   import_hf, export_hf, classifier_labels: the choice of family and the steps all share
 
-A family module imports common.py only (never convert.py) and holds: the tuple of HF classes
+A family module imports common.py (and a family it builds on: roberta.py reads BERT's layers and
+GPT-2's BPE files), never convert.py, and holds: the tuple of HF classes
 it reads (``BERT``), ``<family>_fields`` (config.json -> qkv config fields), ``<family>_to_qkv``
 / ``qkv_to_<family>`` (weight names), ``<family>_config`` (qkv config -> config.json) and its
 tokenizer conversion. To add a family (say ``whisper.py``): write such a module, add its tuple

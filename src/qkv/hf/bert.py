@@ -51,20 +51,26 @@ from qkv.tokenization import FILE, Tokenizer
 BERT = ("BertModel", "BertForMaskedLM", "BertForSequenceClassification")
 
 
-def bert_fields(config: HFConfig, architecture: str, tensor_names: set[str]) -> dict:
-    """The qkv ``encoder_only`` fields of a BERT config.json."""
+def bert_fields(
+    config: HFConfig, architecture: str, tensor_names: set[str], *, pad_id: int = 0, type_vocab_size: int = 2
+) -> dict:
+    """The qkv ``encoder_only`` fields of a BERT config.json (or of a RoBERTa's, which has the same
+    fields; ``pad_id`` and ``type_vocab_size``: the family's defaults). The heads follow the class
+    name's ending: ForMaskedLM, ForSequenceClassification (with a pooler), else the bare model (a
+    pooler where the checkpoint has one)."""
     if config.text("position_embedding_type", "absolute") != "absolute":
         raise config.refuse("position_embedding_type", "only absolute (learned) positions are")
     for name in ("is_decoder", "add_cross_attention"):
         if config.flag(name, False):
             raise config.refuse(name, "BERT as a decoder is not")
     activation = config.activation("hidden_act", "gelu")
-    if architecture == "BertForMaskedLM" and activation != "gelu":
+    mlm, classifier = architecture.endswith("ForMaskedLM"), architecture.endswith("ForSequenceClassification")
+    if mlm and activation != "gelu":
         raise config.refuse("hidden_act", "qkv's masked-LM head uses exact GELU")
     d_model = config.integer("hidden_size")
     vocab_size = config.integer("vocab_size")
     n_classes = 0
-    if architecture == "BertForSequenceClassification":
+    if classifier:
         labels = bert_labels(config)
         n_classes = len(labels) if labels is not None else config.integer("num_labels", 2)
     has_pooler = any(name.endswith("pooler.dense.weight") for name in tensor_names)
@@ -85,13 +91,13 @@ def bert_fields(config: HFConfig, architecture: str, tensor_names: set[str]) -> 
         "n_layers": config.integer("num_hidden_layers"),
         "n_classes": n_classes,
         "pooling": "first",
-        "type_vocab_size": config.integer("type_vocab_size", 2, minimum=0),
+        "type_vocab_size": config.integer("type_vocab_size", type_vocab_size, minimum=0),
         "tie_output": config.flag("tie_word_embeddings", True),
         "scale_embeddings": False,
-        "pad_id": config.token_id("pad_token_id", 0, vocab_size) or 0,
+        "pad_id": config.token_id("pad_token_id", pad_id, vocab_size) or 0,
         "embedding_norm": True,
-        "pooler": architecture == "BertForSequenceClassification" or (architecture == "BertModel" and has_pooler),
-        "mlm_head": architecture == "BertForMaskedLM",
+        "pooler": classifier or (not mlm and has_pooler),
+        "mlm_head": mlm,
     }
 
 
@@ -115,9 +121,9 @@ def bert_architecture(config: EncoderOnlyConfig) -> str:
     return "BertForMaskedLM" if config.mlm_head else "BertModel"
 
 
-def _bert_names(config: EncoderOnlyConfig) -> list[tuple[str, str]]:
-    """(qkv name, HF name) of every BERT tensor; the MLM bias and type table are handled apart."""
-    prefix = "" if bert_architecture(config) == "BertModel" else "bert."
+def body_names(config: EncoderOnlyConfig, prefix: str) -> list[tuple[str, str]]:
+    """(qkv name, HF name) of the embeddings and layers, which BERT and RoBERTa name alike
+    (``prefix``: "bert.", "roberta." or none); the type table is handled apart."""
     e = f"{prefix}embeddings"
     names = [
         ("embed.token.weight", f"{e}.word_embeddings.weight"),
@@ -137,6 +143,13 @@ def _bert_names(config: EncoderOnlyConfig) -> list[tuple[str, str]]:
         linear(names, f"{q}.ffn.w_1", f"{h}.intermediate.dense")
         linear(names, f"{q}.ffn.w_2", f"{h}.output.dense")
         linear(names, f"{q}.norm_2", f"{h}.output.LayerNorm")
+    return names
+
+
+def _bert_names(config: EncoderOnlyConfig) -> list[tuple[str, str]]:
+    """(qkv name, HF name) of every BERT tensor; the MLM bias and type table are handled apart."""
+    prefix = "" if bert_architecture(config) == "BertModel" else "bert."
+    names = body_names(config, prefix)
     if config.pooler:
         linear(names, "pooler", f"{prefix}pooler.dense")
     if config.mlm_head:

@@ -26,8 +26,11 @@ written whole or not at all, flushed to disk (``files.atomic_directory``, as
 ``tokenizer.json`` with a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast`` (with the
 mask token: qkv's ``<mask>`` or BERT's ``[MASK]``), or an imported Marian's own tokenizer files.
 
+RoBERTa, XLM-RoBERTa and DistilBERT are read, not written: an encoder-only model exports as the
+BERT that computes the same (a RoBERTa's positions shifted, ``roberta.py``).
+
 Not supported (a :class:`~qkv.errors.UserError` names the file and the field or tensor): other
-architectures; a qkv translation model trained with separate vocabularies
+architectures (the error lists those import reads); a qkv translation model trained with separate vocabularies
 (``target_tokenizer.json``) is not exported, as Marian's separate vocabularies are
 SentencePiece files qkv does not write. Generation settings (``generation_config.json``: beams,
 ``bad_words_ids``, forced END) are not carried over. The models do not import this package.
@@ -65,6 +68,7 @@ from qkv.hf.common import (
     tokenizer_file_settings,
     untied_copies,
 )
+from qkv.hf.distilbert import DISTILBERT, distilbert_fields, distilbert_to_qkv, qkv_to_distilbert
 from qkv.hf.gpt2 import GPT2, gpt2_config, gpt2_fields, gpt2_to_qkv, gpt2_tokenizer, qkv_to_gpt2
 from qkv.hf.marian import (
     MARIAN,
@@ -76,6 +80,7 @@ from qkv.hf.marian import (
     marian_tokenizers,
     qkv_to_marian,
 )
+from qkv.hf.roberta import ROBERTA, qkv_to_roberta, roberta_fields, roberta_to_qkv, roberta_tokenizer
 from qkv.hf.sentence_transformers import (
     ST_CONFIG,
     SentenceTransformers,
@@ -89,7 +94,7 @@ from qkv.models.encoder_only import EncoderOnlyConfig
 from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
 
 # The architectures import_hf reads, family by family (a new family adds its tuple here).
-SUPPORTED = BERT + GPT2 + MARIAN
+SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + MARIAN
 
 
 def import_hf(src: str | Path, dst: str | Path) -> dict:
@@ -112,15 +117,21 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     if architecture in BERT:
         kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
         to_qkv, from_qkv, prefix = bert_to_qkv, qkv_to_bert, "bert."
-        if architecture == "BertForSequenceClassification":
-            # HF's names where config.json has none (older files leave out two classes' defaults).
-            labels = bert_labels(config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
+    elif architecture in ROBERTA:
+        kind, fields = "encoder_only", roberta_fields(config, architecture, set(stored))
+        to_qkv, from_qkv, prefix = roberta_to_qkv, qkv_to_roberta, "roberta."
+    elif architecture in DISTILBERT:
+        kind, fields = "encoder_only", distilbert_fields(config, architecture)
+        to_qkv, from_qkv, prefix = distilbert_to_qkv, qkv_to_distilbert, "distilbert."
     elif architecture in GPT2:
         kind, fields = "decoder_only", gpt2_fields(config)
         to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
     else:
         kind, fields = "encoder_decoder", marian_fields(config)
         to_qkv, from_qkv, prefix = marian_to_qkv, qkv_to_marian, ""
+    if architecture.endswith("ForSequenceClassification"):
+        # HF's names where config.json has none (older files leave out two classes' defaults).
+        labels = bert_labels(config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
     try:
         model = build_model(kind, fields)
     except UserError as e:
@@ -157,7 +168,8 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
             files, tokenizers, said = marian_tokenizers(src, c)
         else:
-            found = bert_tokenizer(hf_dir) if architecture in BERT else gpt2_tokenizer(hf_dir)
+            readers = {**dict.fromkeys(ROBERTA, roberta_tokenizer), **dict.fromkeys(GPT2, gpt2_tokenizer)}
+            found = readers.get(architecture, bert_tokenizer)(hf_dir)  # BERT's for BERT and DistilBERT
             if found is not None:
                 tokenizers, said = [found], FILE
         for _, source in tokenizers:
@@ -166,10 +178,10 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
                 notes.append(
                     f"{source}: its {' and '.join(dropped)} are not kept (qkv pads, masks and cuts texts itself)"
                 )
-        if architecture in BERT:
+        if kind == "encoder_only":
             if st is not None and st.lowercase and tokenizers and lowercase_first(tokenizers[0][0].backend):
                 notes.append(f"{ST_CONFIG} do_lower_case: the stored tokenizer lowercases every text first")
-            extra[FIELD] = _embedding_record(config, hf_dir, st, notes)
+            extra[FIELD] = _embedding_record(model.config.max_len, hf_dir, st, notes)
         elif st is not None:
             notes.append(f"{src / 'modules.json'}: a sentence-transformers pipeline over a {architecture} is not read")
         if tokenizers:
@@ -177,9 +189,9 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
                 vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
             except UserError as e:
                 raise UserError(f"{tokenizers[-1][1]}: {e}") from None
-            if architecture in BERT:
+            if architecture in BERT + DISTILBERT:
                 ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
-            elif architecture in GPT2:
+            elif architecture in GPT2 + ROBERTA:  # RoBERTa's BEGIN and END: <s> and </s>
                 ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
             else:
                 ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
@@ -205,9 +217,10 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     }
 
 
-def _embedding_record(config: HFConfig, hf_dir: Path, st: SentenceTransformers | None, notes: list[str]) -> dict:
-    """What an encoder-only import records for ``qkv embed`` (config.json's ``"embedding"``)."""
-    length, why = window(config, TokenizerSettings(hf_dir), st)
+def _embedding_record(positions: int, hf_dir: Path, st: SentenceTransformers | None, notes: list[str]) -> dict:
+    """What an encoder-only import with ``positions`` positions records for ``qkv embed``
+    (config.json's ``"embedding"``)."""
+    length, why = window(positions, TokenizerSettings(hf_dir), st)
     if st is None:
         return EmbeddingSettings(max_len=length, source=f"window: {why}").record()
     if st.unsupported:

@@ -185,6 +185,14 @@ def gpt2_tokenizer(directory: Path) -> tuple[Tokenizer, Path] | None:
     settings = TokenizerSettings(directory)
     if (directory / FILE).is_file():
         return load_tokenizer(directory / FILE, settings, GPT2_ROLES), directory / FILE
+    return byte_level_bpe(directory, settings, GPT2_ROLES)
+
+
+def byte_level_bpe(
+    directory: Path, settings: TokenizerSettings, defaults: Mapping[str, tuple[str, str | None]]
+) -> tuple[Tokenizer, Path] | None:
+    """The byte-level BPE of ``vocab.json`` and ``merges.txt`` (GPT-2's files, and RoBERTa's) with
+    the special tokens ``settings`` name, else ``defaults``; None without those files."""
     vocab, merges = directory / "vocab.json", directory / "merges.txt"
     if not (vocab.is_file() and merges.is_file()):
         return None
@@ -193,7 +201,7 @@ def gpt2_tokenizer(directory: Path) -> tuple[Tokenizer, Path] | None:
         bpe = models.BPE.from_file(str(vocab), str(merges), continuing_subword_prefix="", end_of_word_suffix="")
     except Exception as e:  # the library raises a bare Exception for unreadable files
         raise UserError(f"cannot read {vocab} and {merges} as a byte-level BPE: {e}") from None
-    specials = settings.roles(GPT2_ROLES, lambda token: bpe.token_to_id(token) is not None)
+    specials = settings.roles(defaults, lambda token: bpe.token_to_id(token) is not None)
     backend = HFTokenizer(bpe)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(settings.flag("add_prefix_space", False)))
     backend.decoder = decoders.ByteLevel()

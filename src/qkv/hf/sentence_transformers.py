@@ -29,7 +29,7 @@ from tokenizers import normalizers
 from qkv.embedding import POOLINGS
 from qkv.errors import UserError
 from qkv.files import read_json_object
-from qkv.hf.common import HFConfig, TokenizerSettings
+from qkv.hf.common import TokenizerSettings
 
 MODULES = "modules.json"
 ST_CONFIG = "sentence_bert_config.json"
@@ -150,20 +150,20 @@ def _read_pooling(found: SentenceTransformers, directory: Path, where: Path) -> 
     found.read.append(rel)
 
 
-def window(config: HFConfig, settings: TokenizerSettings, st: SentenceTransformers | None) -> tuple[int, str]:
+def window(positions: int, settings: TokenizerSettings, st: SentenceTransformers | None) -> tuple[int, str]:
     """The number of tokens (with [CLS] and [SEP]) the checkpoint's users have a text cut to, and
     which file says so: ``sentence_bert_config.json``'s ``max_seq_length`` (what
     sentence-transformers cuts to), else ``tokenizer_config.json``'s ``model_max_length`` (what
-    transformers cuts to with ``truncation=True``), else ``max_position_embeddings``; never more
-    than ``max_position_embeddings``. A ``tokenizer.json``'s own truncation length is not used:
-    transformers ignores it, as qkv does (``tokenization.py``)."""
-    positions = config.integer("max_position_embeddings", 512)
+    transformers cuts to with ``truncation=True``), else the model's ``positions`` (BERT's
+    ``max_position_embeddings``; a RoBERTa's less two); never more than ``positions``. A
+    ``tokenizer.json``'s own truncation length is not used: transformers ignores it, as qkv does
+    (``tokenization.py``)."""
     if st is not None and st.max_seq_length is not None:
         return min(st.max_seq_length, positions), f"{ST_CONFIG} max_seq_length {st.max_seq_length}"
     length = settings.get("model_max_length")
     if isinstance(length, int) and not isinstance(length, bool) and 0 < length < positions:
         return length, f"tokenizer_config.json model_max_length {length}"
-    return positions, f"config.json max_position_embeddings {positions}"
+    return positions, f"the model's {positions} positions (config.json)"
 
 
 def _lowercases(spec: dict | None) -> bool:
