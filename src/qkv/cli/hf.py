@@ -61,16 +61,18 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "import-hf",
-        help="convert a local Hugging Face checkpoint (BERT, GPT-2, Marian) into a qkv model directory",
+        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Marian) into a qkv model",
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
-        "BertForSequenceClassification, GPT2LMHeadModel or MarianMTModel and write a qkv model directory "
+        "BertForSequenceClassification, RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification "
+        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel or MarianMTModel and write "
+        "a qkv model directory "
         "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
         "(shared vocabulary) and kept for export; tensors the model does not use are named on stderr. "
         "A sentence-transformers directory (modules.json) is read too: its pooling, Normalize module and "
         "max_seq_length are recorded for qkv embed. A tokenizer.json's padding and truncation are not kept: "
-        "qkv pads, masks and cuts to the window itself. Other families (RoBERTa, DistilBERT, MPNet, T5, "
-        "LLaMA, ...) are refused, naming the architectures qkv reads.",
+        "qkv pads, masks and cuts to the window itself. Other families (MPNet, DeBERTa, T5, LLaMA, ...) "
+        "are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export back as BERT.",
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
