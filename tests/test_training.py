@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.training import fit, inverse_sqrt, seq2seq_batch, seq2seq_loss, sequence_loss, symmetric_kl
+from qkv.training import (
+    Trainer,
+    fit,
+    inverse_sqrt,
+    seq2seq_batch,
+    seq2seq_loss,
+    sequence_loss,
+    symmetric_kl,
+    warmup_cosine,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -227,3 +238,49 @@ def test_fit_refuses_an_unknown_schedule() -> None:
     model = torch.nn.Linear(3, 5)
     with pytest.raises(ValueError, match="schedule"):
         fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), steps=1, lr=1e-3, warmup=1, schedule="step")
+
+
+def test_shorten_ends_the_cosine_at_the_new_total():
+    model = nn.Linear(3, 5)
+    trainer = Trainer(model, lr=0.1, warmup=2, total_steps=97, schedule="cosine", min_lr=0.01)
+
+    def batch():
+        return model(torch.ones(1, 3)).sum(), 1
+
+    for _ in range(11):
+        trainer.step([batch])
+    before = trainer.lr
+    trainer.shorten(23)
+    # The next step's rate is on the new curve (lower: less road left), and the curve ends at min_lr.
+    assert trainer.lr == pytest.approx(0.1 * warmup_cosine(11, warmup=2, total=23, floor=0.1)) and trainer.lr < before
+    for _ in range(12):
+        trainer.step([batch])
+    assert trainer.lr == pytest.approx(0.01)
+    trainer.shorten(200)  # never lengthened
+    assert trainer.total_steps == 23
+
+
+def test_time_cap_anneals_instead_of_stopping_at_a_high_rate():
+    model = nn.Linear(3, 5)
+
+    def slow_step(m, step):
+        time.sleep(0.004)  # at most ~250 steps/s: far fewer than 100,000 steps fit in the cap
+        return m(torch.ones(1, 3)).pow(2).mean(), 1
+
+    result = fit(model, slow_step, steps=100_000, lr=0.1, warmup=5, schedule="cosine", seconds=0.8, progress=False)
+    assert 25 <= result.steps < 1000
+    # Where the cap stopped it, the schedule was near its end (without shortening: 0.1, the peak).
+    assert result.lr < 0.1 / 3
+
+
+def test_time_cap_that_does_not_bind_changes_nothing():
+    torch.manual_seed(0)
+    a, b = nn.Linear(3, 5), nn.Linear(3, 5)
+    b.load_state_dict(a.state_dict())
+
+    def step_loss(m, step):
+        return m(torch.full((1, 3), float(step))).pow(2).mean(), 1
+
+    fit(a, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", progress=False)
+    fit(b, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600, progress=False)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))

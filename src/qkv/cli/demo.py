@@ -16,9 +16,17 @@ from qkv.cli.common import (
 )
 
 EPILOG_DEMO = """example:
-  qkv demo --out qkv-demo          # about 2 minutes on 2 CPU cores
+  qkv demo --out qkv-demo          # about 2 minutes on 2 idle CPU cores, never more than 3
   qkv generate --model qkv-demo/model <<< "4,317"
 """
+
+# Training stops here on a busy machine, its schedule shortened to anneal by then
+# (training.fit); on an idle 2-core machine the 3,000 steps take about 100 s and the cap
+# never binds.
+DEMO_SECONDS = 180.0
+# Optimizer steps per second of the demo's model on 2 idle Zen 4 cores (bench/results/demo.json:
+# 3,000 steps in 81-105 s), for the time printed before training starts.
+IDLE_STEPS_PER_SECOND = 30.0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -27,24 +35,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from qkv.tasks import load_recipe
     from qkv.tasks.numbers import train_numbers
 
-    overrides = [f"train.seed={args.seed}"]
-    if args.seconds is not None:
-        overrides.append(f"train.seconds={args.seconds}")
+    overrides = [f"train.seed={args.seed}", f"train.seconds={args.seconds}"]
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
     overrides.append(f"data.eval_examples={args.examples}")
     recipe = load_recipe(None, overrides)
     out = Path(args.out)
     steps = recipe["train"]["steps"]
+    expected = min(steps / IDLE_STEPS_PER_SECOND, args.seconds)
     print(
         f"qkv demo: training an encoder-decoder Transformer to write numbers as English words "
-        f"({steps} steps, seed {args.seed})",
+        f"({steps} steps, seed {args.seed}): about {expected / 60:.1f} min on 2 idle CPU cores, "
+        f"at most {args.seconds / 60:.1f} min (--seconds), then ~10 s to score {args.examples} held-out numbers",
         file=sys.stderr,
     )
     summary = train_numbers(recipe, out / "model", progress=not args.quiet)
     if summary["steps"] < steps:
         print(
-            f"qkv demo: warning: --seconds {args.seconds} stopped training after {summary['steps']} of {steps} steps",
+            f"qkv demo: note: the {args.seconds:g}-second cap (--seconds) ended training after {summary['steps']} of "
+            f"{steps} steps (a busy machine?); the schedule was shortened to end there",
             file=sys.stderr,
         )
     model, tokenizer = summary["model"], summary["tokenizer"]
@@ -105,8 +114,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seconds",
         type=positive_float,
-        default=None,
-        help="stop training after this many seconds even if steps remain (a warning says so)",
+        default=DEMO_SECONDS,
+        help=f"cap on training time (default: {DEMO_SECONDS:g}); on a machine too busy for all the steps, the "
+        "learning-rate schedule is shortened to end at the cap, and a note says so",
     )
     p.add_argument("--steps", type=positive_int, default=None, help="training steps (default: the recipe's)")
     p.add_argument("--examples", type=positive_int, default=1000, help="held-out numbers to score (default: 1000)")
