@@ -18,11 +18,12 @@ import torch
 from qkv.checkpoint import read_meta
 from qkv.cli.main import main
 from qkv.data import read_dailydialog, read_labelled
+from qkv.embedding import sentence_embeddings
 from qkv.errors import UserError
 from qkv.evaluation import accuracy, macro_f1
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.tasks import load_recipe
-from qkv.tasks.bert import predict_labels, sentence_embeddings, train_classifier, train_mlm
+from qkv.tasks.bert import predict_labels, train_classifier, train_mlm
 from qkv.tokenization import FILE, Tokenizer
 from qkv.training import IGNORE, mask_tokens
 

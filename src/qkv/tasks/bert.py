@@ -1,13 +1,12 @@
 """The encoder-only (BERT) tasks: masked-LM pretraining (:data:`MLM`) and sequence
-classification (:data:`CLASSIFY`), their recipe defaults, rules and runners; embeddings.
+classification (:data:`CLASSIFY`), their recipe defaults, rules and runners.
 
 What is here: :func:`train_mlm` (15% of tokens selected: 80% [MASK], 10% random, 10% kept),
 :func:`train_classifier` (from scratch or from a pretrained encoder; accuracy and macro-F1
-beside the majority class), :func:`predict_labels` and :func:`sentence_embeddings` (mean of the
-last hidden states over real tokens, for ``qkv embed``).
+beside the majority class) and :func:`predict_labels`.
 
 What is not here: recipe loading and the shared runner pieces (``recipes.py``), the model
-(``models/encoder_only.py``).
+(``models/encoder_only.py``), sentence embeddings (``embedding.py``, for ``qkv embed``).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from qkv.evaluation import (
     masked_lm_scores,
 )
 from qkv.generation import pad_rows
-from qkv.models.encoder_only import EncoderOnly, masked_mean
+from qkv.models.encoder_only import EncoderOnly
 from qkv.recipes import (
     Task,
     fine_tuning_fields,
@@ -483,34 +482,6 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         "predictions": predicted,
         **fit_summary(result, model, tokenizer),
     }
-
-
-@torch.no_grad()
-def sentence_embeddings(
-    model: EncoderOnly, tokenizer: Tokenizer, texts: list[str], *, batch_size: int = 64, normalize: bool = False
-) -> tuple[torch.Tensor, int]:
-    """One vector per text: the mean of the last hidden states over its real positions
-    ([BEGIN] text [END], padding excluded); and how many texts were cut to the window.
-
-    An empty (or blank) text gives a zero row, so rows match texts one to one;
-    ``normalize`` scales every other row to unit L2 norm. Batches group texts of similar
-    length; padding does not change a row (keys at padding get no attention weight).
-
-    Shapes: returns (N, D) float32.
-    """
-    model.eval()
-    todo = [i for i, text in enumerate(texts) if text.strip()]
-    rows, cut = _frame(tokenizer, [texts[i] for i in todo], max_len=model.config.max_len)
-    vectors = torch.zeros(len(texts), model.config.d_model)  # (N, D)
-    order = sorted(range(len(todo)), key=lambda k: len(rows[k]))
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
-        h = model.encode(x, mask=valid)  # (B, S, D)
-        vectors[[todo[k] for k in chunk]] = masked_mean(h, valid).float()  # (B, D)
-    if normalize:
-        vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
-    return vectors, cut
 
 
 def report_mlm(summary: dict, recipe: dict) -> tuple[dict, str]:
