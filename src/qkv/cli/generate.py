@@ -163,7 +163,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--sample for sampling. A language model given --prompt streams its continuation as it is made. "
         "An input longer than the model's window is cut (a source keeps its first max_len tokens, a prompt "
         "its newest max_len // 2; a note on stderr names the line); the output stops where the window is full, "
-        "except a streamed --prompt, which slides on past it (see README, 'The window').",
+        "except a streamed --prompt, which slides on past it (see docs/textbook.md, 'The window').",
         epilog=EPILOG_GENERATE,
         formatter_class=raw,
     )
