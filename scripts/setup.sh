@@ -43,6 +43,18 @@ if ! has_tcmalloc; then
   fi
 fi
 
+# espeak-ng and sox: they speak and convert the synthetic speech corpora (src/qkv/speech_corpora.py).
+# Optional: qkv runs without them and names the missing one when such a corpus must be built.
+if ! command -v espeak-ng >/dev/null 2>&1 || ! command -v sox >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -qq espeak-ng sox >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq espeak-ng sox >/dev/null; }; } \
+      || echo "qkv setup: could not install espeak-ng and sox; the synthetic speech corpora cannot be built" >&2
+  else
+    echo "qkv setup: to build the synthetic speech corpora (espeak_corpus), install espeak-ng and sox (apt-get install espeak-ng sox)" >&2
+  fi
+fi
+
 stamp=.venv/.qkv-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
