@@ -1,0 +1,245 @@
+"""Looking inside a model: every attention map of one input, and a beam search's trace.
+
+What is here:
+  * :func:`attention_maps`: for one input, the attention weights A' of every layer and head:
+    an encoder's self-attention, a decoder's masked self-attention and its cross-attention to
+    the encoder output. One teacher-forced pass through the explicit path
+    (:func:`~qkv.attention.attention_explicit`): while it runs, every
+    :class:`~qkv.attention.MultiHeadAttention` is called with ``need_weights=True`` (PyTorch
+    forward hooks, removed afterwards), whatever path the model takes otherwise (the fused
+    kernel, stacked projections, int8 weights). The model itself is not changed.
+  * :func:`beam_trace`: the beam search of one source written out step by step, with what
+    each step kept (the live hypotheses, their scores and the beam each extends), what ended
+    (reached END) and what was dropped (in the best 2W candidates of the step but not kept).
+    It follows :func:`~qkv.generation.beam_search`'s rules (tested to end with the same
+    hypotheses and scores) but for one input, keeping everything a reader may want to see.
+
+What is not here: pictures (``plots.py``, the server's page), decoding for use
+(``generation.py``, which keeps nothing it does not need).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from qkv.attention import MultiHeadAttention
+from qkv.generation import check_inputs
+from qkv.models.decoder_only import DecoderOnly
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.models.encoder_only import EncoderOnly
+
+PARTS = ("encoder", "decoder", "cross")  # encoder self-, decoder masked self-, cross-attention
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """Attention weights of one input, one (H, rows, columns) tensor per layer, first layer
+    first; a part the model does not have is None.
+
+    Shapes:
+        encoder: L × (H, S, S), the encoder's self-attention over the source (or the text).
+        decoder: L × (H, T, T), the decoder's masked self-attention (zero above the diagonal).
+        cross: L × (H, T, S), the decoder's attention to the encoder output.
+    """
+
+    encoder: list[Tensor] | None
+    decoder: list[Tensor] | None
+    cross: list[Tensor] | None
+
+
+def _part(name: str) -> str:
+    """Which kind of attention the MultiHeadAttention at module path ``name`` is."""
+    if name.startswith("encoder."):
+        return "encoder"
+    return "cross" if name.endswith("cross_attn") else "decoder"
+
+
+@contextmanager
+def recording(model: torch.nn.Module) -> Iterator[dict[str, list[Tensor]]]:
+    """While inside, every attention of ``model`` takes the explicit path and its weights
+    (B, H, T, S) are appended, call by call, to the list of its part (:data:`PARTS`)."""
+    found: dict[str, list[Tensor]] = {part: [] for part in PARTS}
+    handles = []
+
+    def explicit(module, args, kwargs):
+        return args, {**kwargs, "need_weights": True}
+
+    def keeper(part: str):
+        def keep(module, args, kwargs, output):
+            found[part].append(output[2])  # (B, H, T, S)
+
+        return keep
+
+    for name, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention):
+            handles.append(module.register_forward_pre_hook(explicit, with_kwargs=True))
+            handles.append(module.register_forward_hook(keeper(_part(name)), with_kwargs=True))
+    try:
+        yield found
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def attention_maps(
+    model: EncoderDecoder | DecoderOnly | EncoderOnly, inputs: list[int], output: list[int] = ()
+) -> AttentionMaps:
+    """Every attention map while ``model`` reads ``inputs`` and ``output`` (token ids).
+
+    An encoder-decoder reads ``inputs`` as its source and BEGIN + ``output`` as its target
+    (row t of the decoder's maps is the step that writes (``output`` + END)[t]); a
+    decoder-only model reads ``inputs`` + ``output`` as one sequence; an encoder-only model
+    reads ``inputs`` (its text as the model frames it, e.g. [CLS] ... [SEP]). Everything read
+    must fit the model's window (``max_len``), else ValueError.
+    """
+    device = next(model.parameters()).device
+    window = model.config.max_len
+    if isinstance(model, EncoderDecoder):
+        sizes = {"source": len(inputs), "target": len(output) + 1}
+    else:
+        sizes = {"input": len(inputs) + len(output)}
+    for what, n in sizes.items():
+        if n > window:
+            raise ValueError(f"the {what} has {n} tokens; the model's window is {window}")
+        if n == 0:
+            raise ValueError(f"the {what} is empty")
+    with recording(model) as found:
+        if isinstance(model, EncoderDecoder):
+            src = torch.tensor([inputs], device=device)  # (1, S)
+            valid = torch.ones_like(src, dtype=torch.bool)  # (1, S): every token real, pad ids too
+            memory = model.encode(src, src_mask=valid)  # (1, S, D)
+            tgt = torch.tensor([[model.config.bos_id, *output]], device=device)  # (1, T)
+            model.decode(tgt, memory, src_mask=valid)
+        elif isinstance(model, DecoderOnly):
+            model.decode(torch.tensor([[*inputs, *output]], device=device))
+        elif isinstance(model, EncoderOnly):
+            tokens = torch.tensor([inputs], device=device)  # (1, S)
+            model.encode(tokens, mask=torch.ones_like(tokens, dtype=torch.bool))
+        else:
+            raise TypeError(f"not a qkv model: {type(model).__name__}")
+    return AttentionMaps(
+        **{part: [w[0].float() for w in found[part]] or None for part in PARTS}  # L x (H, T, S)
+    )
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One hypothesis in a :class:`TraceStep`: its tokens so far (END not included), its
+    score and the live hypothesis of the step before that it extends (its index there; None
+    at the first step). ``score`` is the summed log-probability for a live or dropped one,
+    and log p / length^penalty (the score beam search ranks by) for one that ended."""
+
+    tokens: list[int]
+    score: float
+    parent: int | None
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """What one step of beam search did: ``live`` (the W hypotheses kept, best first),
+    ``ended`` (extensions by END among the step's best W, set aside as finished, or the live
+    ones finished where the output reached its cap: ``capped``) and ``dropped`` (other
+    extensions among the step's best 2W candidates that were not kept)."""
+
+    step: int
+    live: list[Traced] = field(default_factory=list)
+    ended: list[Traced] = field(default_factory=list)
+    dropped: list[Traced] = field(default_factory=list)
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class BeamTrace:
+    """A beam search of one source: its steps, and the finished hypotheses, best first."""
+
+    steps: list[TraceStep]
+    hypotheses: list[Traced]
+
+
+def _pick(cache: list, rows: Tensor) -> list:
+    """The decoder cache with row i taken from row ``rows[i]`` (every tensor of it)."""
+    return [tuple(tuple(t.index_select(0, rows) for t in kv) for kv in block) for block in cache]
+
+
+@torch.no_grad()
+def beam_trace(
+    model: EncoderDecoder, src: list[int], *, beam_size: int, max_new_tokens: int, length_penalty: float = 1.0
+) -> BeamTrace:
+    """Beam search of the source ``src`` (token ids), as :func:`~qkv.generation.beam_search`
+    searches it (the same candidates, ranking, stopping rule and cap), recording every step.
+    Finished hypotheses are returned best first, all of them (beam search's n-best are the
+    first ``nbest``)."""
+    if not isinstance(model, EncoderDecoder):
+        raise TypeError("a beam trace needs an encoder-decoder model")
+    if not src:
+        raise ValueError("the source is empty")
+    c, w = model.config, beam_size
+    cap = check_inputs(model, [src], max_new_tokens=max_new_tokens)[0]
+    device = next(model.parameters()).device
+    source = torch.tensor([src], device=device)  # (1, S)
+    memory = model.encode(source, src_mask=torch.ones_like(source, dtype=torch.bool))  # (1, S, D)
+    out = model.decode(torch.full((1, 1), c.bos_id, dtype=torch.long, device=device), memory, src_mask=None)
+    rows = torch.zeros(w, dtype=torch.long, device=device)  # (W,): every beam starts from BEGIN
+    logits, cache = out.logits[:, -1].index_select(0, rows), _pick(out.cache, rows)  # (W, V), W rows
+    memory = memory.index_select(0, rows)  # (W, S, D)
+    scores = torch.full((w,), float("-inf"), device=device)
+    scores[0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
+    history: list[list[int]] = [[] for _ in range(w)]
+    live_index: list[int | None] = [None] * w  # each row's place among the previous step's live ones
+    finished: list[Traced] = []
+    steps: list[TraceStep] = []
+    for step in range(cap):
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (W, V)
+        v = logp.shape[-1]
+        candidates = (scores.view(-1, 1) + logp).view(w * v)  # (W*V,)
+        top_scores, top_index = candidates.topk(min(2 * w, w * v))  # (2W,)
+        length_norm = (step + 1) ** length_penalty
+        record = TraceStep(step)
+        kept: list[tuple[int, int, float]] = []
+        for j, (index, score) in enumerate(zip(top_index.tolist(), top_scores.tolist(), strict=True)):
+            if score == float("-inf"):
+                break
+            row, token = index // v, index % v
+            traced = Traced([*history[row], token], score, live_index[row])
+            if len(kept) == w:
+                record.dropped.append(traced)
+            elif token == c.eos_id:
+                if j < w:
+                    ended = Traced(history[row], score / length_norm, live_index[row])
+                    finished.append(ended)
+                    record.ended.append(ended)
+                else:
+                    record.dropped.append(Traced(history[row], score, live_index[row]))
+            else:
+                kept.append((row, token, score))
+                record.live.append(traced)
+        done = False
+        if len(finished) >= w:
+            wth_best = sorted((h.score for h in finished), reverse=True)[w - 1]
+            done = not kept or kept[0][2] / length_norm <= wth_best
+        if not done and step + 1 >= cap:
+            for (row, token, score), traced in zip(kept, record.live, strict=True):
+                capped = Traced([*history[row], token], score / length_norm, traced.parent)
+                finished.append(capped)
+                record.ended.append(capped)
+            record.live.clear()
+            steps.append(TraceStep(step, [], record.ended, record.dropped, capped=True))
+            break
+        steps.append(record)
+        if done or not kept:
+            break
+        kept += [(*kept[-1][:2], float("-inf"))] * (w - len(kept))  # fillers, never chosen again
+        rows = torch.tensor([row for row, _, _ in kept], device=device)  # (W,)
+        tokens = torch.tensor([token for _, token, _ in kept], device=device)  # (W,)
+        history = [[*history[row], token] for row, token, _ in kept]
+        live_index = list(range(w))
+        scores = torch.tensor([score for _, _, score in kept], device=device)  # (W,)
+        out = model.decode(tokens[:, None], memory, src_mask=None, cache=_pick(cache, rows))
+        logits, cache = out.logits[:, -1], out.cache  # (W, V)
+    return BeamTrace(steps, sorted(finished, key=lambda h: -h.score))

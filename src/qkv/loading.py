@@ -1,0 +1,59 @@
+"""A model directory loaded for use: the model prepared for decoding and its tokenizers.
+
+What is here: :func:`load_for_generation` (a generating model, stacked for decoding and
+optionally in bfloat16 or int8, with its :class:`~qkv.tokenization.Vocabularies`),
+:func:`matching_vocabularies` and :func:`matching_tokenizer` (a model directory's tokenizers,
+refused when they do not fit the model). The command line and the server load models
+through here, so both refuse the same mistakes with the same words.
+
+What is not here: reading and checking the directory itself (``checkpoint.py``), the decoding
+preparations (``generation.for_decoding``, ``generation.int8_linears``).
+"""
+
+from __future__ import annotations
+
+from qkv.errors import UserError
+
+
+def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
+    """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint)."""
+    import torch
+
+    from qkv.checkpoint import load_model, model_dir
+    from qkv.generation import for_decoding, int8_linears
+
+    path = str(model_dir(path))  # a training run: its final checkpoint
+    model, meta = load_model(path)
+    if meta["kind"] == "encoder_only":
+        raise UserError(f"{path} holds an encoder_only model, which does not generate text")
+    model = for_decoding(model)  # one stacked Q/K/V product per self-attention (tested equal)
+    if bf16:
+        # Half the bytes per weight: batched decoding reads every weight once per step, and
+        # the CPU's bf16 matmul units (AVX512-BF16, AMX) do the rest (bench/mt_speed.py).
+        model = model.to(torch.bfloat16)
+    if int8:
+        model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
+    return model, matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
+
+
+def matching_tokenizer(path: str, model, *, files, use: str):
+    """The model directory's tokenizer (:func:`matching_vocabularies`'s source side)."""
+    return matching_vocabularies(path, model, files=files, use=use).source
+
+
+def matching_vocabularies(path: str, model, *, files, use: str):
+    """The model directory's Vocabularies (separate when ``files``, its config.json's, list
+    target_tokenizer.json); refused, naming ``use`` (what needs it), when it has no
+    tokenizer.json, and when a tokenizer has ids the model has no embedding for."""
+    from qkv.checkpoint import model_dir
+    from qkv.tokenization import FILE, Vocabularies
+
+    if FILE not in files:
+        raise UserError(f"{path} has no {FILE}; {use} needs a model saved with its tokenizer")
+    vocab = Vocabularies.load(model_dir(path), files=files)
+    c = model.config
+    sizes = (c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else (c.vocab_size, c.vocab_size)
+    for tokenizer, name, size in vocab.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1]):
+        if tokenizer.vocab_size > size:
+            raise UserError(f"{path}: {name} has {tokenizer.vocab_size} tokens but the model only {size}")
+    return vocab
