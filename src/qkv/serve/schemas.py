@@ -1,0 +1,187 @@
+"""The API's request and response bodies (pydantic), as the OpenAPI page at ``/docs`` shows them.
+
+Field limits that do not depend on the server's settings are checked here (a 422 naming the
+field); the settings' limits (longest text, most new tokens, widest beam, most texts per
+request) are checked by the app against ``Settings``, with the same kind of answer.
+
+What is not here: the endpoints (``app.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Texts = str | list[str]
+
+
+class Request(BaseModel):
+    """What every request may say: which model (by the name ``GET /v1/models`` lists; may be
+    left out when one model serves the endpoint) and how long to wait at most."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="a model name from GET /v1/models")
+    timeout: float | None = Field(
+        None, gt=0, description="seconds to wait for the answer at most (default and cap: the server's timeout)"
+    )
+
+
+class Sampling(BaseModel):
+    """Sampling options: any of them means sampling (as in ``qkv generate``)."""
+
+    sample: bool = Field(False, description="sample instead of greedy decoding")
+    temperature: float | None = Field(None, ge=1e-3, description="sampling temperature (default 1)")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+    top_p: float | None = Field(None, gt=0, le=1, description="sample from the smallest set with this probability")
+    seed: int | None = Field(None, description="sampling seed (a reproducible output)")
+
+    def sampling(self) -> bool:
+        return self.sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.seed))
+
+
+class TranslateRequest(Request):
+    text: Texts = Field(description="a sentence, or a list of sentences translated together")
+    beam_size: int = Field(5, ge=1, description="beam width (1: greedy)")
+    nbest: int = Field(1, ge=1, description="outputs per sentence, best first, each with its score")
+    length_penalty: float = Field(1.0, ge=0, le=10, description="score = log p / length^penalty")
+    max_len_a: float = Field(1.5, ge=0, le=10, description="outputs have at most a*S + b tokens (S: source tokens)")
+    max_len_b: int = Field(10, ge=0, le=1000, description="see max_len_a")
+
+
+class Scored(BaseModel):
+    text: str
+    score: float = Field(description="log p / length^penalty (an empty input: 0)")
+
+
+class TranslateResponse(BaseModel):
+    model: str
+    translations: list[list[Scored]] = Field(description="per sentence, its nbest outputs, best first")
+
+
+class GenerateRequest(Request, Sampling):
+    prompt: str = Field(description="the text to continue (empty: from BEGIN)")
+    max_new_tokens: int = Field(64, ge=1, description="longest continuation")
+    stream: bool = Field(False, description="send the text as Server-Sent Events as it is made")
+
+
+class GenerateResponse(BaseModel):
+    model: str
+    text: str = Field(description="the continuation (the prompt not included)")
+    tokens: int = Field(description="new tokens made")
+
+
+class ChatRequest(Request, Sampling):
+    messages: list[str] = Field(min_length=1, description="the dialogue so far, oldest turn first; the last is yours")
+    separator: str = Field(" __eou__ ", max_length=32, description="the text that ends a turn")
+    max_new_tokens: int = Field(60, ge=1, description="longest reply")
+    beam_size: int = Field(4, ge=1, description="an encoder-decoder's beam width (when not sampling)")
+
+
+class ChatResponse(BaseModel):
+    model: str
+    reply: str
+
+
+class EmbedRequest(Request):
+    text: Texts
+    pooling: Literal["mean", "cls", "max", "mean_sqrt_len"] | None = Field(
+        None, description="how token vectors become one (default: as the model records, else mean)"
+    )
+    normalize: bool | None = Field(None, description="unit-length vectors (default: as the model records)")
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    settings: str = Field(description="the pooling, normalization and window used, and where each came from")
+
+
+class ClassifyRequest(Request):
+    text: Texts
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    labels: list[str]
+
+
+class AttentionRequest(Request):
+    text: str = Field(description="the source (encoder-decoder), prompt (decoder-only) or text (encoder-only)")
+    output: str | None = Field(
+        None, description="the output to read (teacher-forced); default: the model's own, decoded now"
+    )
+    beam_size: int = Field(1, ge=1, description="beam width of the decoding (encoder-decoder)")
+    length_penalty: float = Field(1.0, ge=0, le=10)
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="longest output decoded (default: qkv translate's 1.5 S + 10; a language model: 32)"
+    )
+    trace: bool = Field(False, description="also the beam search's trace (encoder-decoder)")
+
+
+class TracedHypothesis(BaseModel):
+    tokens: list[str]
+    text: str
+    score: float
+    parent: int | None = Field(description="the live hypothesis of the step before that this one extends")
+
+
+class TraceStepModel(BaseModel):
+    step: int
+    live: list[TracedHypothesis]
+    ended: list[TracedHypothesis]
+    dropped: list[TracedHypothesis]
+    capped: bool = Field(description="the step where outputs reached their longest: the live ones ended here")
+
+
+class Trace(BaseModel):
+    beam_size: int
+    steps: list[TraceStepModel]
+    hypotheses: list[TracedHypothesis]
+
+
+class AttentionResponse(BaseModel):
+    model: str
+    kind: str
+    output: str = Field(description="the output read (decoded text)")
+    source_tokens: list[str] = Field(description="what the encoder read (columns of encoder and cross maps)")
+    target_tokens: list[str] = Field(description="what the decoder read, position by position (decoder columns)")
+    predicted_tokens: list[str] = Field(description="what each decoder position wrote (decoder rows)")
+    layers: int
+    heads: int
+    encoder: list[list[list[list[float]]]] | None = Field(description="encoder self-attention [layer][head][row][col]")
+    decoder: list[list[list[list[float]]]] | None = Field(description="decoder masked self-attention")
+    cross: list[list[list[list[float]]]] | None = Field(description="decoder cross-attention to the source")
+    trace: Trace | None = None
+
+
+class ModelInfo(BaseModel):
+    name: str
+    kind: str
+    endpoints: list[str]
+    window: int
+    layers: dict[str, int]
+    heads: int
+    labels: list[str] | None = None
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class Health(BaseModel):
+    status: str
+    models: int
+    active: int = Field(description="requests held now (waiting, running or streaming)")
+    waiting: int = Field(description="model jobs waiting for the model thread")
+
+
+class ErrorBody(BaseModel):
+    code: int
+    type: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

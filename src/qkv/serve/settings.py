@@ -1,0 +1,36 @@
+"""The server's limits, with their defaults: a module of its own, so that ``qkv``'s parser can
+show them without importing the server (FastAPI, uvicorn)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The server's limits (``qkv serve`` options of the same names).
+
+    Attributes:
+        max_body_bytes: largest request body (413 beyond).
+        max_chars: longest text, prompt or turn, in characters (422 beyond); an encoder's input
+            must also fit the model's window in tokens.
+        max_texts: most texts (or dialogue turns) in one request (422 beyond).
+        max_new_tokens: most new tokens a request may ask for (422 beyond).
+        max_beam: widest beam (422 beyond).
+        max_active: most requests held at once, waiting, running or streaming (429 beyond).
+        timeout_s: longest wait for an answer (504 beyond); a request may ask for less.
+        batching: merge requests that arrive together into one forward pass.
+        batch_wait_ms: how long a request waits for others to join its batch.
+        max_batch_tokens: a batch's budget, in source tokens times beam width.
+    """
+
+    max_body_bytes: int = 256 * 1024
+    max_chars: int = 2000
+    max_texts: int = 64
+    max_new_tokens: int = 512
+    max_beam: int = 8
+    max_active: int = 64
+    timeout_s: float = 60.0
+    batching: bool = True
+    batch_wait_ms: float = 5.0
+    max_batch_tokens: int = 8192
