@@ -37,7 +37,7 @@ GUIDES = [p for p in PAGES if p not in (README, RESULTS_PAGE)]
 SKIP = re.compile(r"#\s*doc-test:\s*skip\b(.*)$")
 MAX_SKIPS = 3
 # Programs a ```bash line may start with besides the checked ones (qkv, python bench/..., bash scripts/...).
-OTHER_PROGRAMS = {".", "source", "echo", "printf", "cat", "tensorboard"}
+OTHER_PROGRAMS = {".", "source", "echo", "printf", "cat", "tensorboard", "curl"}
 TIMEOUT = 300
 
 

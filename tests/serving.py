@@ -1,0 +1,116 @@
+"""What the server's tests share (tests/test_serve_api.py, tests/test_serve_browser.py): tiny
+models saved as model directories, and a real ``qkv serve`` in a subprocess on a free loopback
+port."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from qkv.checkpoint import save_model
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+from qkv.tokenization import FILE, Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+# German and Chinese among the characters, so texts in both round-trip through every endpoint.
+CHARACTERS = "Ein Hund läuft über die Wiese. Grüße aus 北京, 你好世界! A dog runs on the grass: 0123456789"
+
+
+def tiny_models(root: Path) -> dict[str, Path]:
+    """Random tiny models of the three kinds with one character tokenizer: an encoder-decoder
+    (``de_en``), a language model with a 17-token window (``lm``), and an encoder-only
+    classifier (``acts``, labels in config.json as ``qkv train`` saves them)."""
+    tokenizer = Tokenizer.train_char_level([CHARACTERS])
+    tokenizer.save(root / FILE)
+    files = {FILE: root / FILE}
+    v = tokenizer.vocab_size
+    specials = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    torch.manual_seed(0)
+    small = {"d_model": 15, "n_heads": 3, "d_ff": 7, "dropout": 0.0}
+    seq2seq = EncoderDecoder(
+        EncoderDecoderConfig(
+            src_vocab_size=v, tgt_vocab_size=v, n_encoder_layers=2, n_decoder_layers=2, max_len=97, **small, **specials
+        )
+    )
+    lm = DecoderOnly(DecoderOnlyConfig(vocab_size=v, n_layers=2, max_len=17, **small, **specials))
+    bert = EncoderOnly(
+        EncoderOnlyConfig(
+            vocab_size=v, n_layers=2, max_len=41, n_classes=2, mlm_head=False, pad_id=tokenizer.pad_id, **small
+        )
+    )
+    return {
+        "de_en": save_model(seq2seq, root / "de_en", files=files),
+        "lm": save_model(lm, root / "lm", files=files),
+        "acts": save_model(bert, root / "acts", files=files, extra={"labels": ["inform", "question"]}),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``qkv serve`` in a subprocess on a free loopback port; ``url`` once it answers /health."""
+
+    def __init__(self, models: list[Path], *options: str, cwd: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "qkv", "serve", "--port", str(self.port)]
+        for model in models:
+            argv += ["--model", str(model)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        env["OMP_NUM_THREADS"] = "1"  # a shared machine: one core per server is plenty for tiny models
+        self.process = subprocess.Popen(
+            [*argv, *options], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 90
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"qkv serve exited {self.process.returncode}: {self.process.stderr.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("qkv serve did not answer /health within 90 s")
+            time.sleep(0.2)
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> tuple[int, str]:
+        """Stop it (SIGTERM, then kill after 30 s); its exit status and stderr."""
+        if self.process.poll() is None:
+            self.terminate()
+        try:
+            _, err = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, err = self.process.communicate()
+        return self.process.returncode, err
+
+
+def sse_events(text: str) -> list[tuple[str, str]]:
+    """(event, data) of every Server-Sent Event in ``text``; every event ends with a blank line."""
+    assert text.endswith("\n\n"), text[-200:]
+    found = []
+    for block in text.split("\n\n")[:-1]:
+        match = re.fullmatch(r"event: (\w+)\ndata: (.*)", block, flags=re.S)
+        assert match, block
+        found.append((match.group(1), match.group(2)))
+    return found
