@@ -55,6 +55,19 @@ if ! command -v espeak-ng >/dev/null 2>&1 || ! command -v sox >/dev/null 2>&1; t
   fi
 fi
 
+# Chromium: tests/test_serve_browser.py drives Debian's chromium headless (through Playwright) to
+# test the page qkv serve shows; a CJK font lets it draw Chinese. Optional: without a browser those
+# tests are skipped, saying so.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null; }; } \
+      || echo "qkv setup: could not install chromium; the browser tests of qkv serve will be skipped" >&2
+  else
+    echo "qkv setup: for the browser tests of qkv serve's page, install Chromium (apt-get install chromium)" >&2
+  fi
+fi
+
 stamp=.venv/.qkv-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
