@@ -11,10 +11,13 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     evaluation.py tokenization.py data.py     scores, tokenizers, corpora, pictures
     plots.py
     hf/ runs.py chat.py seq2seq.py            model-agnostic, built on those: Hugging Face checkpoints, run
-    embedding.py                              directories, chat turns, text in/out of encoder-decoders
+    embedding.py loading.py streaming.py      directories, chat turns, text in/out of encoder-decoders,
+    inspection.py                             sentence vectors, loading for decoding, streamed text,
+                                              every attention map and the beam trace
     recipes.py                                recipes, and what every task shares
     tasks/                                    one module per task: its recipe defaults and runner
-    cli/                                      the command line (serve/ joins beside it)
+    serve/                                    the HTTP server and its page (an adapter, as cli/ is)
+    cli/                                      the command line: the composition root (qkv serve starts serve/)
 
 This file holds only the version; importing qkv loads nothing else.
 """
