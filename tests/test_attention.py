@@ -354,6 +354,38 @@ def test_stacked_projections_equal_three_products(monkeypatch, n_kv_heads: int |
         assert (separate - stacked).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_key_bias_false_leaves_wk_without_a_bias(monkeypatch, n_kv_heads: int | None) -> None:
+    """key_bias=False (Whisper's k_proj): Wk has no bias, Wq, Wv, Wo keep theirs. A key bias adds
+    q·b to every score of a query alike, so softmax cancels it: the module equals one with any
+    key bias. The stacked Q/K/V product and fuse_qkv (zeros in Wk's place) equal the three
+    products; without ``bias`` there are no biases at all."""
+    import qkv.attention as attention
+
+    torch.manual_seed(12)
+    plain = _mha(n_kv_heads=n_kv_heads, key_bias=False)
+    assert plain.w_k.bias is None and all(getattr(plain, n).bias is not None for n in ("w_q", "w_v", "w_o"))
+    with_bias = _mha(n_kv_heads=n_kv_heads)
+    with torch.no_grad():
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            getattr(with_bias, name).weight.copy_(getattr(plain, name).weight)
+            if name != "w_k":
+                getattr(with_bias, name).bias.copy_(getattr(plain, name).bias)
+        with_bias.w_k.bias.normal_()
+    x, context = torch.randn(B, T, H * K), torch.randn(B, S, H * K)
+    mask = causal_mask(T, T)
+    out, (k, _), _ = plain(x, mask=mask)
+    assert (out - with_bias(x, mask=mask)[0]).abs().max() <= TOL
+    assert (plain(x, context=context)[0] - with_bias(x, context=context)[0]).abs().max() <= TOL
+    monkeypatch.setattr(attention, "STACK_MIN_ROWS", 1)
+    stacked, (k_stacked, _), _ = plain(x, mask=mask)
+    assert (stacked - out).abs().max() <= TOL and (k_stacked - k).abs().max() <= TOL
+    plain.fuse_qkv()
+    assert (plain(x, mask=mask)[0] - out).abs().max() <= TOL
+    bare = _mha(bias=False, key_bias=False)
+    assert all(getattr(bare, n).bias is None for n in ("w_q", "w_k", "w_v", "w_o"))
+
+
 def test_gqa_equals_mha_with_repeated_kv_heads() -> None:
     """GQA with G=1 kv head equals full MHA whose k/v projections repeat that head for every query head."""
     torch.manual_seed(9)

@@ -22,7 +22,16 @@ Shape legend (every ``# (...)`` comment in qkv uses these letters):
     T  target (query) length      D  model width, d_model
     H  query heads                G  key/value heads (grouped-query; G divides H)
     K  head width, D // H         F  feed-forward width, d_ff
-    V  vocabulary size
+    V  vocabulary size            N  rows picked or flattened (e.g. N = only.sum(), B·W hypotheses)
+  decoding and training:
+    P  positions already cached   C  capacity of a KVBuffer
+    W  beam width                 R  token ids to draw from
+    L  tokens so far: a hypothesis, or a speech model's target (T counts its frames)
+  speech (audio.py, models/speech.py):
+    N  samples of a mono waveform (in audio.py)
+    T  frames of a feature sequence (the positions a speech encoder reads)
+    S  frames after a speech front-end's subsampling (the positions the decoder attends to)
+    M  mel bins, n_mels           E  STFT frequency bins, n_fft // 2 + 1
 
 The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
 *row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.
@@ -343,6 +352,8 @@ class MultiHeadAttention(nn.Module):
         normalization: "softmax" or "sigmoid".
         dropout: dropout on the attention weights during training.
         bias: whether the four projections have biases.
+        key_bias: with ``bias``, whether Wk has one too. A key bias adds q·b to every score of
+            a query alike, which softmax cancels, so Whisper leaves it out (its ``k_proj``).
         rope: rotate queries and keys by their positions (self-attention only).
 
     Shapes:
@@ -358,6 +369,7 @@ class MultiHeadAttention(nn.Module):
         normalization: str = "softmax",
         dropout: float = 0.0,
         bias: bool = True,
+        key_bias: bool = True,
         rope: bool = False,
     ) -> None:
         super().__init__()
@@ -372,7 +384,7 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = d_model // n_heads
         self.normalization, self.dropout, self.rope = normalization, layers.check_p(dropout), rope
         self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
-        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
+        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias and key_bias)
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.w_qkv: nn.Linear | None = None  # [Wq; Wk; Wv] stacked, after fuse_qkv (decoding)
@@ -413,11 +425,14 @@ class MultiHeadAttention(nn.Module):
         return all(type(p) is nn.Linear for p in (self.w_q, self.w_k, self.w_v))
 
     def _stacked_weights(self) -> tuple[Tensor, Tensor | None]:
-        """[Wq; Wk; Wv] and their biases (None without biases), stacked by output rows."""
+        """[Wq; Wk; Wv] and their biases (None without biases), stacked by output rows; a
+        projection without a bias among ones with (Wk with ``key_bias=False``) adds zeros."""
         parts = (self.w_q, self.w_k, self.w_v)
         weight = torch.cat([p.weight for p in parts])  # ((H + 2G) * K, D)
-        bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])  # ((H + 2G) * K,)
-        return weight, bias
+        if all(p.bias is None for p in parts):
+            return weight, None
+        biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias for p in parts]
+        return weight, torch.cat(biases)  # ((H + 2G) * K,)
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape

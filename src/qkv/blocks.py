@@ -128,7 +128,7 @@ def check_fields(config: object, *, positive_ints: tuple[str, ...] = (), boolean
             raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
 
 
-def _attention(config: BlockConfig, *, rope: bool) -> MultiHeadAttention:
+def _attention(config: BlockConfig, *, rope: bool, key_bias: bool) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.d_model,
         config.n_heads,
@@ -136,6 +136,7 @@ def _attention(config: BlockConfig, *, rope: bool) -> MultiHeadAttention:
         normalization=config.attention,
         dropout=config.attention_dropout,
         bias=config.bias,
+        key_bias=key_bias,
         rope=rope,
     )
 
@@ -143,15 +144,17 @@ def _attention(config: BlockConfig, *, rope: bool) -> MultiHeadAttention:
 class EncoderBlock(nn.Module):
     """Self-attention over the whole sequence, then the feed-forward network.
 
+    ``key_bias=False`` leaves the bias out of Wk (Whisper; see :class:`MultiHeadAttention`).
+
     Shapes:
         x: (B, S, D); mask: bool broadcastable to (B, H, S, S); bias: (1, H, S, S) or None;
         positions: (B, S) or (S,). Returns (B, S, D).
     """
 
-    def __init__(self, config: BlockConfig) -> None:
+    def __init__(self, config: BlockConfig, *, key_bias: bool = True) -> None:
         super().__init__()
         self.norm_first = config.norm_first
-        self.self_attn = _attention(config, rope=config.positions == "rope")
+        self.self_attn = _attention(config, rope=config.positions == "rope", key_bias=key_bias)
         self.ffn = FeedForward(config.d_model, config.d_ff, activation=config.activation, bias=config.bias)
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
@@ -174,7 +177,8 @@ class EncoderBlock(nn.Module):
 class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention to the encoder output (if any), then the FFN.
 
-    Decoder-only models build it with ``cross_attention=False``.
+    Decoder-only models build it with ``cross_attention=False``; ``key_bias=False`` leaves the
+    bias out of both attentions' Wk (Whisper).
 
     Shapes:
         x: (B, T, D); self_mask: bool broadcastable to (B, H, T, S_self) where S_self counts
@@ -183,11 +187,11 @@ class DecoderBlock(nn.Module):
         the cross-attention weights (B, H, T, S) (self-attention ones without cross-attention).
     """
 
-    def __init__(self, config: BlockConfig, *, cross_attention: bool) -> None:
+    def __init__(self, config: BlockConfig, *, cross_attention: bool, key_bias: bool = True) -> None:
         super().__init__()
         self.norm_first = config.norm_first
-        self.self_attn = _attention(config, rope=config.positions == "rope")
-        self.cross_attn = _attention(config, rope=False) if cross_attention else None
+        self.self_attn = _attention(config, rope=config.positions == "rope", key_bias=key_bias)
+        self.cross_attn = _attention(config, rope=False, key_bias=key_bias) if cross_attention else None
         self.ffn = FeedForward(config.d_model, config.d_ff, activation=config.activation, bias=config.bias)
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps) if cross_attention else None
@@ -250,16 +254,16 @@ class EncoderStack(nn.Module):
 
     Builds the padding mask (and the ALiBi bias) once for all blocks and ends with the
     final norm of a pre-norm stack (Xiong et al., 2020), whose residual stream would
-    otherwise never be normalized.
+    otherwise never be normalized. ``key_bias`` goes to every block.
 
     Shapes:
         x: (B, S, D); valid: (B, S) bool, True for real tokens (None: all real);
         positions: (B, S) or (S,). Returns (B, S, D).
     """
 
-    def __init__(self, config: BlockConfig, n_layers: int) -> None:
+    def __init__(self, config: BlockConfig, n_layers: int, *, key_bias: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(EncoderBlock(config, key_bias=key_bias) for _ in range(n_layers))
         self.norm = _final_norm(config)
         self.alibi = config.positions == "alibi"
         self.n_heads = config.n_heads
@@ -275,7 +279,8 @@ class EncoderStack(nn.Module):
 
 class DecoderStack(nn.Module):
     """N decoder blocks: causal self-attention (with a KV cache) and, when built with
-    ``cross_attention=True``, attention to the encoder output ``memory``.
+    ``cross_attention=True``, attention to the encoder output ``memory``. ``key_bias`` goes to
+    every block.
 
     Shapes:
         x: (B, T, D), the new positions only; positions: (B, T) or (T,).
@@ -286,9 +291,11 @@ class DecoderStack(nn.Module):
         weight tensor per block (cross-attention, or self-attention without it).
     """
 
-    def __init__(self, config: BlockConfig, n_layers: int, *, cross_attention: bool) -> None:
+    def __init__(self, config: BlockConfig, n_layers: int, *, cross_attention: bool, key_bias: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(DecoderBlock(config, cross_attention=cross_attention) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(
+            DecoderBlock(config, cross_attention=cross_attention, key_bias=key_bias) for _ in range(n_layers)
+        )
         self.norm = _final_norm(config)
         self.alibi = config.positions == "alibi"
         self.n_heads = config.n_heads
