@@ -23,6 +23,11 @@ The entry points (the ``qkv`` command, ``python -m qkv``, ``bench/`` scripts) ca
 at start; library code never does (no import-time side effects). ``QKV_MALLOC=default`` keeps
 the C library's allocator as it is (for A/B measurements).
 
+:func:`available_memory` says how many bytes the process may still take (the kernel's
+``MemAvailable``, a cgroup's limit, at most ``$QKV_MAX_MEMORY``), for the checks that refuse
+or split work before allocating it (loading a model, batched decoding); :func:`human_bytes`
+writes a size for their messages.
+
 What is not here: anything about tensors or devices.
 """
 
@@ -30,7 +35,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
+
+from qkv.errors import UserError
 
 TCMALLOC = "libtcmalloc_minimal.so.4"
 # Where Debian, Ubuntu and Fedora install it; LD_PRELOAD takes the bare name, but asking the
@@ -111,3 +119,62 @@ def choose_allocator() -> str:
     if tune_malloc():
         return "glibc (tuned: freed memory kept)"
     return allocator()
+
+
+MAX_MEMORY = "QKV_MAX_MEMORY"  # a cap on what the memory checks count as available: bytes, or 512M, 8G
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def available_memory() -> int | None:
+    """Bytes the process may still allocate: ``MemAvailable`` of ``/proc/meminfo``, less where
+    a cgroup (v2) limits the process to less, at most ``$QKV_MAX_MEMORY`` (e.g. ``8G``); None
+    when none of them says (not Linux, and no cap set). A bad ``$QKV_MAX_MEMORY`` is a UserError."""
+    known = [n for n in (_meminfo_available(), _cgroup_room(), _cap()) if n is not None]
+    return min(known) if known else None
+
+
+def human_bytes(n: float) -> str:
+    """A size for a message: ``1.5 GiB``, ``320 MiB``, ``12 KiB``, ``7 bytes``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _cap() -> int | None:
+    text = os.environ.get(MAX_MEMORY, "").strip()
+    if not text:
+        return None
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", text, flags=re.IGNORECASE)
+    if not found:
+        raise UserError(f"{MAX_MEMORY}={text!r}: expected a number of bytes, e.g. 8G, 512M or 1000000")
+    return int(float(found.group(1)) * _UNITS[found.group(2).upper()])
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room() -> int | None:
+    """memory.max less memory.current of this process's cgroup (v2); None without a limit."""
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            line = next((x for x in f if x.startswith("0::")), None)
+        if line is None:
+            return None
+        folder = os.path.join("/sys/fs/cgroup", line.strip()[3:].lstrip("/"))
+        with open(os.path.join(folder, "memory.max"), encoding="ascii") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open(os.path.join(folder, "memory.current"), encoding="ascii") as f:
+            return max(0, int(limit) - int(f.read().strip()))
+    except (OSError, ValueError):
+        return None
