@@ -210,7 +210,8 @@ def read_dailydialog(
                 f"({label_path}:{number}); dialogue skipped"
             )
             continue
-        known = [v.isdigit() and 0 <= int(v) - first < len(names) for v in values]
+        # isascii: str.isdigit also holds for "²" and "١", which int() refuses or reads otherwise
+        known = [v.isascii() and v.isdigit() and 0 <= int(v) - first < len(names) for v in values]
         if not all(known):
             bad = values[known.index(False)]
             problems.append(f"{label_path}:{number}: {bad!r} is not a {labels} label; dialogue skipped")

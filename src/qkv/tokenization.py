@@ -30,7 +30,8 @@ What is not here: the tokenization algorithms themselves (the library's), batchi
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class Tokenizer:
         backend.no_padding()  # a file's fixed padding would make every text [PAD]s qkv reads as tokens
         backend.no_truncation()
         self.backend = backend
+        self.path: Path | None = None  # the file it was loaded from, named in the library's errors
         self.add_special_tokens = add_special_tokens
         if specials is None:
             specials = dict(zip(ROLES, SPECIALS, strict=True))
@@ -185,14 +187,26 @@ class Tokenizer:
         """Read a ``tokenizer.json``, with the special-token roles of ``special_tokens.json``
         beside it if there is one (else qkv's ``SPECIALS``)."""
         specials, add_special_tokens = _read_specials(Path(path).with_name(SPECIALS_FILE))
+        if not Path(path).is_file():
+            raise UserError(
+                f"cannot read tokenizer {path}: {'it is a directory' if Path(path).is_dir() else 'no such file'}"
+            )
         try:
             backend = HFTokenizer.from_file(str(path))
-        except Exception as e:  # the library raises a bare Exception for unreadable files
-            raise UserError(f"cannot read tokenizer {path}: {e}") from None
+        except BaseException as e:  # a bare Exception for unreadable files, or a Rust panic
+            if not _library_error(e):
+                raise
+            raise UserError(f"cannot read tokenizer {path}: {_first_line(e)}") from None
         try:
-            return cls(backend, specials=specials, add_special_tokens=add_special_tokens)
+            tokenizer = cls(backend, specials=specials, add_special_tokens=add_special_tokens)
         except UserError as e:  # the roles of special_tokens.json that the vocabulary lacks
             raise UserError(f"{path}: {e}") from None
+        except BaseException as e:
+            if not _library_error(e):
+                raise
+            raise UserError(f"cannot read tokenizer {path}: {_first_line(e)}") from None
+        tokenizer.path = Path(path)
+        return tokenizer
 
     def save(self, path: str | Path) -> dict[str, Path]:
         """Write the tokenizer to ``path`` and, when its special tokens are not qkv's (or
@@ -235,24 +249,41 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
         """Ids of ``text``; ``add_special_tokens`` as in :meth:`encode_batch`."""
         add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
-        return self.backend.encode(text, add_special_tokens=add).ids
+        with self._library("encode a text"):
+            return self.backend.encode(text, add_special_tokens=add).ids
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool | None = None) -> list[list[int]]:
         """Ids of each text; ``add_special_tokens`` overrides the tokenizer's own setting (a
         translation target must not end with a converted Marian tokenizer's </s>: the
         training batch appends END itself)."""
         add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add)]
+        with self._library("encode a text"):
+            return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add)]
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text`` (for labelling attention pictures)."""
-        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).tokens
+        with self._library("encode a text"):
+            return self.backend.encode(text, add_special_tokens=self.add_special_tokens).tokens
 
     def id_to_token(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or UNK
 
     def decode(self, ids: list[int]) -> str:
-        return self.backend.decode(ids, skip_special_tokens=True)
+        with self._library("decode ids"):
+            return self.backend.decode(ids, skip_special_tokens=True)
+
+    @contextmanager
+    def _library(self, what: str) -> Iterator[None]:
+        """The ``tokenizers`` library's refusals (a bare Exception, or a Rust panic: a
+        BaseException) of a tokenizer loaded from a file: a UserError naming the file. A
+        tokenizer read without complaint can still fail here (a WordLevel vocabulary without
+        its unknown token fails on the first unknown word)."""
+        try:
+            yield
+        except BaseException as e:
+            if self.path is None or not _library_error(e):
+                raise
+            raise UserError(f"tokenizer {self.path} cannot {what}: {_first_line(e)}") from None
 
     def same_as(self, other: Tokenizer) -> bool:
         """Whether ``other`` tokenizes and numbers text as this one does: the same serialized
@@ -488,6 +519,17 @@ def cjk_spaces() -> normalizers.Normalizer:
     them. Removing them on both sides makes segmented and unsegmented text tokenize alike.
     """
     return normalizers.Replace(Regex(rf"(?<={_CJK}) +| +(?={_CJK})"), "")
+
+
+def _library_error(error: BaseException) -> bool:
+    """Whether ``error`` is how the ``tokenizers`` library refuses: a bare ``Exception`` (its
+    errors have no class of their own) or a Rust panic (pyo3's ``PanicException``, which
+    derives from BaseException so that ``except Exception`` lets it through)."""
+    return type(error) is Exception or type(error).__name__ == "PanicException"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _read_specials(path: Path) -> tuple[dict[str, str | None] | None, bool]:

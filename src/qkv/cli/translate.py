@@ -6,6 +6,7 @@ What is here: the command's arguments (``add_parser``) beside its handler.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -151,13 +152,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--length-penalty",
-        type=number(float, lambda v: v >= 0, "a number >= 0"),
+        type=number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0"),
         default=1.0,
         help="score = log p / length^penalty (default 1.0)",
     )
     p.add_argument(
         "--max-len-a",
-        type=number(float, lambda v: v >= 0, "a number >= 0"),
+        type=number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0"),
         default=1.5,
         help="outputs have at most a*S + b tokens (default a=1.5)",
     )

@@ -36,6 +36,7 @@ its padding and truncation, which qkv never keeps (:func:`tokenizer_file_setting
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -159,9 +160,14 @@ def read_tensors(directory: Path) -> tuple[Path, State]:
             raise UserError(f"{safetensors} cannot be read as safetensors: {e}") from None
     if pickled.is_file():
         try:
-            tensors = torch.load(pickled, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # "Detected pickle protocol 4 ...": the error says enough
+                warnings.simplefilter("ignore")
+                tensors = torch.load(pickled, map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several types for a file it refuses or cannot read
-            raise UserError(f"{pickled} cannot be read as a tensor dictionary (weights_only=True): {e}") from None
+            raise UserError(
+                f"{pickled} cannot be read as a tensor dictionary by PyTorch's restricted unpickler "
+                f"(weights_only=True; nothing in it was run): {_unpickler_reason(e)}"
+            ) from None
         if not isinstance(tensors, dict) or not all(isinstance(v, Tensor) for v in tensors.values()):
             raise UserError(f"{pickled} does not hold a dictionary of tensors")
         return pickled, tensors
@@ -169,6 +175,16 @@ def read_tensors(directory: Path) -> tuple[Path, State]:
         if (directory / index).is_file():
             raise UserError(f"{directory / index}: sharded checkpoints are not supported; merge the shards first")
     raise UserError(f"{directory} has neither {WEIGHTS} nor {WEIGHTS_BIN}")
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """The sentence of torch.load's error that says why (its message is a page of advice)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            reason = line.split("WeightsUnpickler error:", 1)[1].strip() or (lines[i + 1] if i + 1 < len(lines) else "")
+            return reason.split(". Please", 1)[0].rstrip(".")
+    return lines[0] if lines else type(error).__name__
 
 
 def canonical_names(names: list[str], expected: Mapping[str, Tensor], prefix: str) -> dict[str, str]:
