@@ -41,6 +41,10 @@ BENCHMARKS = {
         "`python bench/lm_speed.py`: qkv against HF GPT-2 and BERT on the same batches",
     ),
     "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
+    "fuzz": (
+        "Fuzzing: bad input never crashes",
+        "`python bench/fuzz.py`: the properties of `tests/test_fuzz.py` on many more inputs per category",
+    ),
     "probes": ("Probes", "short measurements behind a design choice (A/B runs, quick trials)"),
 }
 
