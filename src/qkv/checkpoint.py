@@ -24,20 +24,29 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from qkv import __version__
 from qkv.errors import UserError
 from qkv.files import atomic_directory, check_writable, read_json_object
+from qkv.memory import available_memory, human_bytes
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
-KINDS = ("encoder_decoder", "encoder_only", "decoder_only")
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder")
 RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
-Model = EncoderDecoder | EncoderOnly | DecoderOnly
+# The largest integer a config field may hold (sizes, ids, the window: PyTorch indexes with them),
+# and the most layers in one stack (published Transformers have at most a few hundred; building
+# a model takes time per layer before anything can be checked).
+MAX_SIZE = 2**31 - 1
+MAX_LAYERS = 1024
+Model = EncoderDecoder | EncoderOnly | DecoderOnly | SpeechEncoderDecoder
+Config = EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig | SpeechConfig
 
 
 def kind_of(model: nn.Module) -> str:
@@ -48,37 +57,109 @@ def kind_of(model: nn.Module) -> str:
         return "encoder_only"
     if isinstance(model, DecoderOnly):
         return "decoder_only"
+    if isinstance(model, SpeechEncoderDecoder):
+        return "speech_encoder_decoder"
     raise TypeError(f"not a qkv model: {type(model).__name__}")
 
 
-def make_config(kind: str, fields: dict) -> EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig:
-    """The config of a model ``kind`` from its fields; unknown or bad fields are a UserError."""
+def make_config(kind: str, fields: dict) -> Config:
+    """The config of a model ``kind`` from its fields; unknown or bad fields are a UserError.
+
+    A speech model's ``features`` field is the nested dict of its
+    :class:`~qkv.audio.FeatureConfig` (how its input frames are computed), checked like the rest.
+    """
     if kind == "encoder_decoder":
         config_class = EncoderDecoderConfig
     elif kind == "encoder_only":
         config_class = EncoderOnlyConfig
     elif kind == "decoder_only":
         config_class = DecoderOnlyConfig
+    elif kind == "speech_encoder_decoder":
+        config_class = SpeechConfig
     else:
         raise UserError(f"unknown model kind {kind!r}; expected one of {', '.join(KINDS)}")
     known = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise UserError(f"unknown {kind} config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        named = ", ".join(n if n.isprintable() else repr(n) for n in unknown)  # a name with a line break, quoted
+        raise UserError(f"unknown {kind} config field(s): {named}; known: {', '.join(sorted(known))}")
     try:
-        return config_class(**fields)
+        config = config_class(**fields)
     except (TypeError, ValueError) as e:
         raise UserError(f"bad {kind} config: {e}") from None
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            limit = MAX_LAYERS if field.name.endswith("layers") else MAX_SIZE
+            if not -MAX_SIZE <= value <= limit:
+                raise UserError(f"bad {kind} config: {field.name}={value} is out of range (at most {limit:,})")
+    return config
 
 
 def build_model(kind: str, fields: dict) -> Model:
-    """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError."""
-    config = make_config(kind, fields)
+    """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError,
+    and so is a model whose weights would not fit in the memory available (counted first, on
+    PyTorch's meta device, where nothing is allocated)."""
+    need = sum(t.numel() * t.element_size() for t in _shapes(skeleton(kind, fields)).values())
+    available = available_memory()
+    if available is not None and need > available:
+        raise UserError(
+            f"a {kind} model of this config needs {human_bytes(need)} for its weights alone; "
+            f"{human_bytes(available)} of memory is available"
+        )
+    return _model_class(make_config(kind, fields))
+
+
+def _model_class(config: Config) -> Model:
     if isinstance(config, EncoderDecoderConfig):
         return EncoderDecoder(config)
     if isinstance(config, EncoderOnlyConfig):
         return EncoderOnly(config)
+    if isinstance(config, SpeechConfig):
+        return SpeechEncoderDecoder(config)
     return DecoderOnly(config)
+
+
+def skeleton(kind: str, fields: dict) -> Model:
+    """The model of ``kind`` built on the meta device: its tensors have shapes and dtypes but no
+    memory, so a config can be checked against a file, or counted, before anything is allocated.
+    A config whose sizes PyTorch cannot even describe (an overflow) is a UserError."""
+    config = make_config(kind, fields)
+    try:
+        with torch.device("meta"), _Unallocated():
+            return _model_class(config)
+    except (RuntimeError, TypeError, ValueError, OverflowError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"cannot build a {kind} model of this config: {reason}") from None
+
+
+class _Unallocated(TorchFunctionMode):
+    """Inside ``torch.device("meta")``: weight initialisation skipped (in-place ops on meta
+    tensors change nothing, and some, like ``normal_``, would import the compiler, seconds),
+    and ``torch.tensor`` of a value on the CPU (a model may compute a size from one)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is None:
+            return func(*args, **{**kwargs, "device": "cpu"})
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") and not name.startswith("_") and name != "requires_grad_":
+            target = args[0] if args else kwargs.get("tensor")
+            if isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+        return func(*args, **kwargs)
+
+
+def _shapes(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state tensors of a (meta) model, each shared tensor once under its first name, as
+    :func:`_unique_state` keeps them (identity, not storage: meta tensors have none)."""
+    seen: set[int] = set()
+    state = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            state[name] = tensor
+    return state
 
 
 def _unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -119,16 +200,22 @@ def check_output(directory: str | Path, *, models: bool = True) -> None:
 
 
 def _replaceable(directory: Path, *, models: bool) -> bool:
-    """Only an empty directory or (with ``models``) an earlier qkv model directory may be replaced."""
+    """Only an empty directory or (with ``models``) an earlier qkv model directory may be
+    replaced, or an unfinished run that trains into it (its checkpoint ``last/``: the run's
+    final save replaces it)."""
     if not directory.is_dir():
         return False
-    if not any(directory.iterdir()):
+    entries = {entry.name for entry in directory.iterdir()}
+    if not entries:
         return True
     if not models:
         return False
+    if "last" in entries and all(name == "last" or name.startswith(".last.") for name in entries):
+        # .last.*: what a save of last/ killed midway left (atomic_directory's temporaries)
+        return _replaceable(directory / "last", models=True)
     try:
         return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("kind") in KINDS
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 
@@ -177,7 +264,7 @@ def model_dir(directory: str | Path) -> Path:
         return directory
     try:
         final = json.loads((directory / RUN_FILE).read_text(encoding="utf-8"))["final"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         raise UserError(f"{directory / RUN_FILE} names no final checkpoint; is the run finished?") from None
     if not isinstance(final, str) or not final or "/" in final or final.startswith("."):
         raise UserError(f"{directory / RUN_FILE}: 'final' must name a checkpoint directory of the run")
@@ -203,8 +290,12 @@ def read_meta(directory: str | Path) -> dict:
         raise UserError(f"{path}: 'files' must map file names to SHA-256 strings")
     for name, digest in files.items():
         file = directory / name
+        if not name or name != Path(name).name or name in (".", ".."):
+            raise UserError(f"{path}: 'files' may list only file names inside {directory}, not {name!r}")
         if not file.is_file():
             raise UserError(f"{file} is missing (listed in {path})")
+        if is_pickle(file):
+            raise UserError(f"{file} (listed in {path}) is a pickle; qkv never unpickles, so it refuses the directory")
         if sha256_file(file) != digest:
             raise UserError(f"{file} does not match the SHA-256 recorded in {path}; it was changed or replaced")
     return meta
@@ -214,36 +305,90 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
     """Load a model directory; returns the model (in eval mode) and its config.json contents.
 
     ``kind`` refuses a model of another kind. Nothing is unpickled: weights come from
-    safetensors and are checked name by name and shape by shape against the config.
+    safetensors. Before anything is allocated, the file's header (names, shapes, dtypes) is
+    checked against the model the config describes, built on the meta device, so a config
+    or a file that disagrees, however large the sizes it claims, is refused without trying;
+    then the weights are read and must be finite floating-point numbers.
     """
     directory = model_dir(directory)
     meta = read_meta(directory)
     if kind is not None and meta["kind"] != kind:
         raise UserError(f"{directory} holds a {meta['kind']} model; this needs a {kind} model")
-    model = build_model(meta["kind"], meta["config"])
+    config_path = directory / "config.json"
     weights = directory / "model.safetensors"
     if not weights.is_file():
         raise UserError(f"{weights} is missing")
+    if is_pickle(weights):
+        raise UserError(f"{weights} is a pickle, not safetensors; qkv never unpickles, so it refuses the file")
+    stored = _header(weights)
     try:
-        tensors = load_file(weights)
-    except (SafetensorError, OSError) as e:
-        raise UserError(f"{weights} cannot be read as safetensors: {e}") from None
-    expected = _unique_state(model)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+        config = make_config(meta["kind"], meta["config"])
+        layers = sum(getattr(config, f.name) for f in dataclasses.fields(config) if f.name.endswith("layers"))
+        if layers > len(stored):  # every layer has weights: a config that claims more is not this file's
+            raise UserError(f"{layers} layers, but {weights.name} holds {len(stored)} tensors in all")
+        expected = {name: tuple(t.shape) for name, t in _shapes(skeleton(meta["kind"], meta["config"])).items()}
+    except UserError as e:
+        raise UserError(f"{config_path}: {e}") from None
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
     if missing or unexpected:
         parts = [
             f"missing {', '.join(missing[:5])}" if missing else "",
             f"unexpected {', '.join(unexpected[:5])}" if unexpected else "",
         ]
         raise UserError(f"{weights} does not match its config: {'; '.join(p for p in parts if p)}")
-    for name, target in expected.items():
-        if tensors[name].shape != target.shape:
-            raise UserError(
-                f"{weights}: tensor {name} has shape {tuple(tensors[name].shape)}, "
-                f"the config needs {tuple(target.shape)}"
-            )
+    for name, shape in expected.items():
+        dtype, found = stored[name]
+        if found != shape:
+            raise UserError(f"{weights}: tensor {name} has shape {found}, the config needs {shape}")
+        if not dtype.startswith(("F", "BF")):
+            raise UserError(f"{weights}: tensor {name} holds {dtype} values; weights are floating-point numbers")
+    try:
+        model = build_model(meta["kind"], meta["config"])
+    except UserError as e:
+        raise UserError(f"{config_path}: {e}") from None
+    try:
+        tensors = load_file(weights)
+    except BaseException as e:  # the library's Rust panics are BaseExceptions
+        if not _library_error(e):
+            raise
+        raise UserError(f"{weights} cannot be read as safetensors: {_first_line(e)}") from None
     with torch.no_grad():
-        for name, target in expected.items():
+        for name, target in _unique_state(model).items():
+            if not bool(torch.isfinite(tensors[name]).all()):
+                raise UserError(f"{weights}: tensor {name} holds NaN or infinite values (a damaged file?)")
             target.copy_(tensors[name])
     return model.eval(), meta
+
+
+def is_pickle(path: Path) -> bool:
+    """Whether ``path`` starts as a pickle does (protocol 2 and later: 0x80, the protocol) or as
+    a ``torch.save`` file (a zip archive holding one). Only the first bytes are read."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(4)
+    except OSError:
+        return False
+    return (len(start) >= 2 and start[0] == 0x80 and 2 <= start[1] <= 5) or start == b"PK\x03\x04"
+
+
+def _header(weights: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, shape)} of a safetensors file, read from its header alone (UserError when
+    the file is not safetensors: a pickle, a truncated file, a header that does not add up)."""
+    try:
+        with safe_open(weights, framework="pt") as f:
+            return {name: (f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in f.keys()}
+    except BaseException as e:  # the library's Rust panics are BaseExceptions
+        if not _library_error(e):
+            raise
+        raise UserError(f"{weights} cannot be read as safetensors: {_first_line(e)}") from None
+
+
+def _library_error(error: BaseException) -> bool:
+    """Whether ``error`` is the safetensors library refusing a file: its own errors, an
+    OSError, or a Rust panic (pyo3's PanicException, a BaseException of its own)."""
+    return isinstance(error, (SafetensorError, OSError, ValueError)) or type(error).__name__ == "PanicException"
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -11,8 +11,10 @@ files.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -21,17 +23,59 @@ from pathlib import Path
 
 from qkv.errors import UserError
 
+# The errors of a write that the user can fix (room, quota, permissions, a read-only disk):
+# they become one line naming the target; the previous version of the target stays whole.
+STORAGE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def umask() -> int:
+    """The process's file-mode creation mask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def storage_errno(error: BaseException) -> int | None:
+    """The errno of a failed write that the user can fix (:data:`STORAGE_ERRORS`), else None:
+    an OSError's own, or the ``(os error N)`` that safetensors' errors carry in their text."""
+    number = error.errno if isinstance(error, OSError) else None
+    if number is None:
+        found = re.search(r"\(os error (\d+)\)", str(error))
+        number = int(found.group(1)) if found else None
+    return number if number in STORAGE_ERRORS else None
+
+
+def storage_error(path: Path, error: BaseException) -> UserError:
+    """One line for a write that failed for want of room or permission."""
+    reason = os.strerror(storage_errno(error) or 0) if not isinstance(error, OSError) else error.strerror
+    return UserError(f"cannot write {path}: {reason or error}; the previous {path.name}, if any, is intact")
+
 
 def write_atomic(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (a temporary sibling, fsync, rename)."""
+    """Replace ``path`` with ``data`` atomically (a temporary sibling, fsync, rename).
+
+    The file gets the permissions the umask gives a new file (``mkstemp`` alone would make it
+    private, 0600). A full disk, a file-size limit or a permission refused is a UserError
+    naming ``path``; the previous ``path`` is left as it was.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:
+        if e.errno in STORAGE_ERRORS:
+            raise storage_error(path, e) from None
+        raise
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno in STORAGE_ERRORS:
+            raise storage_error(path, e) from None
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -48,11 +92,16 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     sibling is removed and ``path`` is left as it was. The parent directory must exist.
     """
     path = Path(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    except OSError as e:
+        if e.errno in STORAGE_ERRORS:
+            raise storage_error(path, e) from None
+        raise
     old = path.with_name(f".{path.name}.old")
     moved = False
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private (0700); the directory is an ordinary one
+        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private (0700); the directory is an ordinary one
         yield tmp
         for file in sorted(tmp.rglob("*")):
             if file.is_file():
@@ -67,10 +116,12 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
         moved = False
         _fsync_directory(path.parent)  # the renames themselves reach the disk
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if moved and not path.exists():
             os.replace(old, path)
+        if storage_errno(e) is not None:
+            raise storage_error(path, e) from None
         raise
 
 
@@ -117,6 +168,8 @@ def read_json_object(path: str | Path) -> dict:
         raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     except ValueError as e:  # invalid JSON, or bytes that are not UTF-8
         raise UserError(f"{path} is not valid JSON: {e}") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's stack
+        raise UserError(f"{path} is nested too deeply to read as JSON") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} must hold a JSON object")
     return value

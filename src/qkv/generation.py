@@ -7,12 +7,21 @@ for a single input) and
 :class:`Ensemble` (several models decoding as one).
 Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
 sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
-once from the encoder output) and a :class:`~qkv.models.decoder_only.DecoderOnly` (inputs
+once from the encoder output), a :class:`~qkv.models.speech.SpeechEncoderDecoder` (the same,
+but inputs are feature sequences) and a :class:`~qkv.models.decoder_only.DecoderOnly` (inputs
 are prompts, left-padded into one batch). The cache lives in a small state that is passed
-in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never keep it.
+in and out of :func:`_start`, :func:`_advance` and :func:`_select`; models never keep it. The
+two encoder-decoder families differ only in how their inputs are read (:func:`_read_sources`).
 
-Inputs and outputs are lists of token-id lists; outputs hold the new tokens only, without
-BEGIN and END.
+Inputs are lists of token-id lists, or for a speech model a list of (T, M) feature tensors
+(``qkv.audio.features``; a padded batch ``(feats, valid)`` is ``[f[v] for f, v in zip(feats,
+valid)]``); outputs are lists of token ids, the new tokens only, without BEGIN and END.
+
+Speech models with a CTC head (Graves et al., 2006) also decode with it: :func:`ctc_greedy`
+(the best path: the most likely label per frame, repeats merged, blanks dropped), and
+:func:`beam_search` with ``ctc_weight`` λ scores every hypothesis by (1 − λ)·log p_attention +
+λ·log p_CTC-prefix (Watanabe et al., 2017, "Hybrid CTC/Attention Architecture for End-to-End
+Speech Recognition"), the prefix probabilities from :class:`CTCPrefixScorer`.
 
 :func:`for_decoding` prepares a model for faster decoding (stacked self-attention
 projections), :func:`int8_linears` for faster CPU decoding (int8 weights).
@@ -31,8 +40,14 @@ import torch
 from torch import Tensor
 
 from qkv.attention import KVBuffer
+from qkv.audio import pad_features
+from qkv.errors import UserError
+from qkv.memory import available_memory, human_bytes
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
+
+EncoderDecoders = EncoderDecoder | SpeechEncoderDecoder  # encode the inputs once, decode from BEGIN
 
 
 @dataclass(frozen=True)
@@ -46,15 +61,22 @@ class Ensemble:
     first model's, with the smallest window (``max_len``) of all.
     """
 
-    models: tuple[EncoderDecoder | DecoderOnly, ...]
+    models: tuple[EncoderDecoder | SpeechEncoderDecoder | DecoderOnly, ...]
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("an ensemble needs at least one model")
         first = self.models[0]
-        if not isinstance(first, EncoderDecoder | DecoderOnly):
-            raise ValueError(f"ensemble members are encoder-decoder or decoder-only models, not {type(first).__name__}")
-        vocab = ("src_vocab_size", "tgt_vocab_size") if isinstance(first, EncoderDecoder) else ("vocab_size",)
+        if not isinstance(first, EncoderDecoder | SpeechEncoderDecoder | DecoderOnly):
+            raise ValueError(
+                f"ensemble members are encoder-decoder, speech or decoder-only models, not {type(first).__name__}"
+            )
+        if isinstance(first, EncoderDecoder):
+            vocab: tuple[str, ...] = ("src_vocab_size", "tgt_vocab_size")
+        elif isinstance(first, SpeechEncoderDecoder):
+            vocab = ("vocab_size", "features", "blank")  # one input: the same features
+        else:
+            vocab = ("vocab_size",)
         for i, m in enumerate(self.models[1:], 1):
             if type(m) is not type(first):
                 raise ValueError(f"ensemble model {i} is a {type(m).__name__}, model 0 a {type(first).__name__}")
@@ -64,14 +86,15 @@ class Ensemble:
                     raise ValueError(f"ensemble model {i} has {field}={theirs}, model 0 {field}={ours}")
 
     @property
-    def config(self) -> EncoderDecoderConfig | DecoderOnlyConfig:
+    def config(self) -> EncoderDecoderConfig | SpeechConfig | DecoderOnlyConfig:
         return replace(self.models[0].config, max_len=min(m.config.max_len for m in self.models))
 
 
-DecodingModel = EncoderDecoder | DecoderOnly | Ensemble  # what generates text
+DecodingModel = EncoderDecoder | SpeechEncoderDecoder | DecoderOnly | Ensemble  # what generates text
+Inputs = list[list[int]] | list[Tensor]  # token ids, or (T, M) features for a speech model
 
 
-def member(model: DecodingModel) -> EncoderDecoder | DecoderOnly:
+def member(model: DecodingModel) -> EncoderDecoder | SpeechEncoderDecoder | DecoderOnly:
     """``model`` itself, or an ensemble's first member (every member is of its family)."""
     return model.models[0] if isinstance(model, Ensemble) else model
 
@@ -91,7 +114,7 @@ def _mean_of_distributions(logits: list[Tensor]) -> Tensor:
     """
     if len(logits) == 1:
         return logits[0]
-    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (M, N, V)
+    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (models, N, V)
     return torch.logsumexp(logp, dim=0) - math.log(len(logits))  # (N, V)
 
 
@@ -107,7 +130,7 @@ class _State:
     """Everything a decoding step needs besides the new tokens; rows are hypotheses (N)."""
 
     cache: list
-    memory: Tensor | None = None  # (N, S, D), encoder-decoder only
+    memory: Tensor | None = None  # (N, S, D), encoder-decoders only
     src_mask: Tensor | None = None  # (N, S) (None: all real)
     key_mask: Tensor | None = None  # (N, P), decoder-only: real tokens so far (None: all real)
     next_position: Tensor | None = None  # (N,), decoder-only: position of the next token
@@ -134,15 +157,17 @@ DONE = -1  # what :func:`stream` yields for a row that has already finished
 MaxNew = int | Sequence[int]  # one cap for all inputs, or one per input
 
 
-def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew) -> list[int]:
+def check_inputs(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew) -> list[int]:
     """Check the inputs fit the model's window (``max_len``); return each row's new-token cap.
 
     ``max_new_tokens`` is one cap for every input or one per input (e.g. a translation
     length rule relative to each source's length).
     A source (encoder-decoder) or prompt (decoder-only) longer than ``max_len`` is refused
-    with a ValueError naming its index. Each row's new tokens are capped so none of its
-    positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN first); a prompt
-    and its continuation share them (an empty prompt starts from BEGIN, one position).
+    with a ValueError naming its index; a speech model's inputs must be (T, M) feature tensors
+    (its encoder positions are computed, so any T fits). Each row's new tokens are capped so
+    none of its positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN
+    first); a prompt and its continuation share them (an empty prompt starts from BEGIN, one
+    position).
     """
     wanted = [max_new_tokens] * len(inputs) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(wanted) != len(inputs):
@@ -150,6 +175,13 @@ def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_token
     if any(n < 1 for n in wanted):
         raise ValueError(f"max_new_tokens must be at least 1, got {min(wanted)}")
     window = model.config.max_len
+    if isinstance(member(model), SpeechEncoderDecoder):
+        n_mels = model.config.features.n_mels
+        for i, row in enumerate(inputs):
+            if not isinstance(row, Tensor) or row.dim() != 2 or row.shape[1] != n_mels:
+                shape = tuple(row.shape) if isinstance(row, Tensor) else type(row).__name__
+                raise ValueError(f"input {i} must be a (T, {n_mels}) feature tensor, got {shape}")
+        return [min(n, window) for n in wanted]
     for i, row in enumerate(inputs):
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
@@ -158,16 +190,91 @@ def check_inputs(model: DecodingModel, inputs: list[list[int]], *, max_new_token
     return [max(1, min(n, window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
 
 
-def _start(model: DecodingModel, inputs: list[list[int]]) -> tuple[Tensor, _State]:
+DECODING_SHARE = 0.8  # of the memory available (qkv.memory.available_memory) that decoding may plan for
+
+
+def decoding_bytes(model: DecodingModel, *, inputs: int, beam: int, source: int, steps: int) -> int:
+    """An estimate, in bytes, of the most that decoding ``inputs`` inputs of at most ``source``
+    tokens (or feature frames) for ``steps`` new tokens with ``beam`` rows each (hypotheses)
+    holds at once, beyond the weights: every decoder layer's self-attention keys and values for
+    all rows, twice (a step's reordered or grown copy beside the old one); an encoder-decoder's
+    encoder output and cross-attention keys and values, one copy per row; the attention weights
+    and feed-forward activations of one layer while the inputs are read; and a step's logits
+    four times over (logits, log-probabilities, candidates, their best). In float32 bytes.
+
+    Shapes: rows N = inputs · beam; self-attention cache 2 · layers · N · length · D_kv.
+    """
+    total = 0
+    for m in model.models if isinstance(model, Ensemble) else (model,):
+        c = m.config
+        if not hasattr(c, "d_model"):  # a stand-in model without sizes: nothing to estimate
+            continue
+        rows = inputs * beam
+        d_kv = c.d_model // c.n_heads * (getattr(c, "n_kv_heads", None) or c.n_heads)
+        vocab = getattr(c, "tgt_vocab_size", None) or c.vocab_size
+        if isinstance(m, DecoderOnly):
+            layers, length, cross = c.n_layers, source + steps, 0
+        else:
+            layers, length = c.n_decoder_layers, steps
+            cross = (2 * layers + 1) * rows * source * c.d_model
+        reading = inputs * source * (c.n_heads * source + max(c.d_ff, c.d_model))
+        total += 4 * (2 * 2 * layers * rows * length * d_kv + cross + reading + 4 * rows * vocab)
+    return total
+
+
+def inputs_per_batch(model: DecodingModel, inputs: Inputs, caps: list[int], *, beam: int) -> int:
+    """How many of ``inputs`` to decode at a time (``caps``: their new-token caps, from
+    :func:`check_inputs`) so that :func:`decoding_bytes` stays within :data:`DECODING_SHARE` of
+    the memory available: all of them when they fit (or when the system says nothing of its
+    memory), else as many as fit. One input that alone would not fit is a UserError saying how
+    much it needs and how much there is."""
+    available = available_memory()
+    if available is None or not inputs:
+        return len(inputs)
+    source = max(1, max(row.shape[0] if isinstance(row, Tensor) else len(row) for row in inputs))
+    steps, budget = max(caps), available * DECODING_SHARE
+    if decoding_bytes(model, inputs=len(inputs), beam=beam, source=source, steps=steps) <= budget:
+        return len(inputs)
+    one = decoding_bytes(model, inputs=1, beam=beam, source=source, steps=steps)
+    if one > budget:
+        raise UserError(
+            f"decoding one input of {source} tokens with beam {beam} for up to {steps} new tokens would take "
+            f"about {human_bytes(one)} of memory; {human_bytes(available)} is available (a narrower beam, "
+            "shorter inputs or outputs would fit)"
+        )
+    return max(1, int(budget // one))
+
+
+def _parts(inputs: Inputs, max_new_tokens: MaxNew, size: int) -> Iterator[tuple[Inputs, MaxNew]]:
+    """``inputs`` and their caps, ``size`` inputs at a time."""
+    for start in range(0, len(inputs), size):
+        caps = max_new_tokens if isinstance(max_new_tokens, int) else list(max_new_tokens)[start : start + size]
+        yield inputs[start : start + size], caps
+
+
+def _read_sources(model: EncoderDecoder | SpeechEncoderDecoder, inputs: Inputs) -> tuple[Tensor, Tensor]:
+    """An encoder-decoder's encoder output and its valid positions: token ids right-padded
+    (EncoderDecoder), or feature tensors padded into a batch (SpeechEncoderDecoder).
+
+    Shapes: B inputs -> memory (B, S, D), valid (B, S) bool.
+    """
+    device = next(model.parameters()).device
+    if isinstance(model, SpeechEncoderDecoder):
+        features, valid = pad_features([f.to(device) for f in inputs])  # (B, T, M), (B, T)
+        return model.encode(features, valid)  # (B, S, D), (B, S)
+    src, src_mask = pad_rows(inputs, model.config.pad_id, left=False, device=device)  # (B, S)
+    return model.encode(src, src_mask=src_mask), src_mask  # (B, S, D), (B, S)
+
+
+def _start(model: DecodingModel, inputs: Inputs) -> tuple[Tensor, _State]:
     """Read the inputs; return the logits of the first new token (B, V) and the state."""
     if isinstance(model, Ensemble):
         started = [_start(m, inputs) for m in model.models]
         return _mean_of_distributions([x for x, _ in started]), _Ensembled(tuple(st for _, st in started))
     device = next(model.parameters()).device
     c = model.config
-    if isinstance(model, EncoderDecoder):
-        src, src_mask = pad_rows(inputs, c.pad_id, left=False, device=device)  # (B, S)
-        memory = model.encode(src, src_mask=src_mask)  # (B, S, D)
+    if isinstance(model, EncoderDecoders):
+        memory, src_mask = _read_sources(model, inputs)  # (B, S, D), (B, S)
         # Without padding (e.g. one input) no key is ever masked: a None mask spares every
         # cross-attention call of every step its mask work (decoding is per-op overhead bound).
         src_mask = None if bool(src_mask.all()) else src_mask
@@ -191,7 +298,7 @@ def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tenso
     if isinstance(model, Ensemble):
         stepped = [_advance(m, st, tokens) for m, st in zip(model.models, state.states, strict=True)]
         return _mean_of_distributions([x for x, _ in stepped]), _Ensembled(tuple(st for _, st in stepped))
-    if isinstance(model, EncoderDecoder):
+    if isinstance(model, EncoderDecoders):
         out = model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)  # (N, 1, V)
         return out.logits[:, -1], replace(state, cache=out.cache)
     key_mask = None
@@ -263,7 +370,7 @@ def _eos(model: DecodingModel) -> int | None:
 
 @torch.no_grad()
 def stream(
-    model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew, choose: Callable[[Tensor], Tensor]
+    model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew, choose: Callable[[Tensor], Tensor]
 ) -> Iterator[Tensor]:
     """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
 
@@ -275,6 +382,7 @@ def stream(
         return
     eos = _eos(model)
     caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
+    inputs_per_batch(model, inputs, caps, beam=1)  # refuses an input that alone would not fit
     logits, state = _start(model, inputs)  # (B, V)
     state = _growable(state, room=max(caps))
     cap = torch.tensor(caps, device=logits.device)  # (B,)
@@ -349,8 +457,16 @@ def continuation(
         context = seen[-max(1, window // 2) :]
 
 
-def greedy(model: DecodingModel, inputs: list[list[int]], *, max_new_tokens: MaxNew) -> list[list[int]]:
-    """Pick the most likely token at every step."""
+def greedy(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew) -> list[list[int]]:
+    """Pick the most likely token at every step. A batch whose decoding would not fit in memory
+    is decoded in parts (:func:`inputs_per_batch`); the outputs are the same."""
+    size = inputs_per_batch(model, inputs, check_inputs(model, inputs, max_new_tokens=max_new_tokens), beam=1)
+    if size < len(inputs):
+        return [
+            out
+            for part, caps in _parts(inputs, max_new_tokens, size)
+            for out in greedy(model, part, max_new_tokens=caps)
+        ]
     steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=most_likely)
     return _collect(model, steps, len(inputs))
 
@@ -403,7 +519,7 @@ def sampler(
 
 def sample(
     model: DecodingModel,
-    inputs: list[list[int]],
+    inputs: Inputs,
     *,
     max_new_tokens: int,
     temperature: float = 1.0,
@@ -424,18 +540,198 @@ def sample(
         else:
             generator.seed()
     choose = sampler(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    return _collect(model, stream(model, inputs, max_new_tokens=max_new_tokens, choose=choose), len(inputs))
+    size = inputs_per_batch(model, inputs, check_inputs(model, inputs, max_new_tokens=max_new_tokens), beam=1)
+    return [
+        out
+        for part, caps in _parts(inputs, max_new_tokens, size)
+        for out in _collect(model, stream(model, part, max_new_tokens=caps, choose=choose), len(part))
+    ]
+
+
+# ------------------------------------------------------------------------------------ CTC
+
+
+def ctc_collapse(labels: Sequence[int], *, blank: int) -> list[int]:
+    """The tokens a CTC path stands for: repeated labels merged, then blanks dropped (the map B
+    of Graves et al., 2006, section 3.1)."""
+    out: list[int] = []
+    previous = None
+    for label in labels:
+        if label != previous and label != blank:
+            out.append(label)
+        previous = label
+    return out
+
+
+def ctc_best_path(logits: Tensor, valid: Tensor, *, blank: int) -> list[list[int]]:
+    """Best-path CTC decoding: the most likely label at each real frame, collapsed.
+
+    Shapes: logits (B, S, V) (or log-probabilities), valid (B, S) bool -> B token lists.
+    """
+    best = logits.argmax(-1)  # (B, S)
+    return [ctc_collapse(row[real].tolist(), blank=blank) for row, real in zip(best, valid, strict=True)]
+
+
+def _ctc_log_probs(model: DecodingModel, state: _State | _Ensembled) -> tuple[Tensor, Tensor]:
+    """The CTC head's per-frame log-probabilities over the encoder output a decoding state holds
+    (an ensemble: of the mean of its members' distributions), and the real frames.
+
+    Shapes: returns (B, S, V) and (B, S) bool.
+    """
+    if isinstance(model, Ensemble):
+        parts = [_ctc_log_probs(m, st) for m, st in zip(model.models, state.states, strict=True)]
+        valid = parts[0][1]
+        if any(lp.shape != parts[0][0].shape or not torch.equal(v, valid) for lp, v in parts):
+            raise ValueError("ensemble members subsample frames differently: their CTC outputs cannot be averaged")
+        logp = torch.stack([lp for lp, _ in parts])  # (models, B, S, V)
+        return torch.logsumexp(logp, dim=0) - math.log(len(parts)), valid
+    if not isinstance(model, SpeechEncoderDecoder) or model.ctc is None:
+        raise ValueError("CTC decoding needs a speech model with a CTC head (ctc=True)")
+    logits = model.ctc_logits(state.memory)  # (B, S, V)
+    valid = state.src_mask
+    if valid is None:
+        valid = torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)  # (B, S)
+    return torch.log_softmax(logits.float(), dim=-1), valid
+
+
+def _encoded(model: DecodingModel, inputs: Inputs) -> _State | _Ensembled:
+    """A decoding state holding only the encoder output of ``inputs`` (no decoder step)."""
+    if isinstance(model, Ensemble):
+        return _Ensembled(tuple(_encoded(m, inputs) for m in model.models))
+    memory, valid = _read_sources(model, inputs)  # (B, S, D), (B, S)
+    return _State([], memory=memory, src_mask=valid)
+
+
+@torch.no_grad()
+def ctc_greedy(model: DecodingModel, inputs: list[Tensor]) -> list[list[int]]:
+    """CTC-only decoding of a speech model with a CTC head (or an ensemble of them): the encoder
+    runs once, the decoder never; each input's best path (:func:`ctc_best_path`).
+
+    Shapes: inputs B tensors (T_b, M) -> B token lists.
+    """
+    if not inputs:
+        return []
+    if not isinstance(member(model), SpeechEncoderDecoder):
+        raise ValueError("CTC decoding needs a speech model with a CTC head (ctc=True)")
+    check_inputs(model, inputs, max_new_tokens=1)
+    logp, valid = _ctc_log_probs(model, _encoded(model, inputs))  # (B, S, V), (B, S)
+    return ctc_best_path(logp, valid, blank=model.config.blank)
+
+
+@dataclass(frozen=True)
+class CTCPrefixes:
+    """The CTC side of N hypotheses of one length (beam search extends them all at once).
+
+    gamma: (S, 2, N) log γⁿ_t and log γᵇ_t: the probability that frames 0..t read exactly the
+        prefix, frame t being its last token (n) or a blank (b).
+    score: (N,) log ψ, the prefix probability (that the CTC output begins with the prefix).
+    last: (N,) the last token of each prefix (-1: empty).
+    inputs: (N,) which input (row of the scorer's log-probabilities) each hypothesis reads.
+    length: L, the tokens of every prefix.
+    """
+
+    gamma: Tensor
+    score: Tensor
+    last: Tensor
+    inputs: Tensor
+    length: int
+
+
+class CTCPrefixScorer:
+    """CTC prefix scores (Watanabe et al., 2017, Algorithm 2), in log space and batched over
+    hypotheses and candidate tokens, as ESPnet's ``CTCPrefixScoreTH``.
+
+    For a prefix g and a token c, ψ(g + c) sums the probability of every alignment whose
+    labels begin with g + c. One pass over the frames gives it from g's forward variables,
+    with ⊕ the log-sum and x_t the frame's log-probabilities:
+        φ_t = γᵇ_t(g) ⊕ γⁿ_t(g), or γᵇ_t(g) alone when c repeats g's last token (a blank must
+              separate the two);
+        γⁿ_t(g + c) = (γⁿ_{t−1}(g + c) ⊕ φ_{t−1}) + x_t(c);
+        γᵇ_t(g + c) = (γⁿ_{t−1}(g + c) ⊕ γᵇ_{t−1}(g + c)) + x_t(blank);
+        ψ(g + c) = ⊕_t (φ_{t−1} + x_t(c)),  with φ_{−1} = 0 (probability 1) for the empty g only.
+    END scores ψ(g + END) = γⁿ_{S−1}(g) ⊕ γᵇ_{S−1}(g), the probability of exactly g; the blank
+    scores −∞. Frames past an utterance's end emit the blank with probability 1 (ESPnet's
+    padding), which carries every γ unchanged to the last frame, so S − 1 ends every utterance.
+
+    Shapes:
+        log_probs: (B, S, V) per-frame log-probabilities (a CTC head's log-softmax).
+        valid: (B, S) bool, each utterance's real frames first.
+    """
+
+    def __init__(self, log_probs: Tensor, valid: Tensor, *, blank: int, eos: int) -> None:
+        x = log_probs.float().masked_fill(~valid[..., None], float("-inf"))  # (B, S, V)
+        x[..., blank] = x[..., blank].masked_fill(~valid, 0.0)  # padding: a certain blank
+        self.x = x.transpose(0, 1).contiguous()  # (S, B, V): the recursions step over frames
+        self.x_blank = self.x[..., blank]  # (S, B)
+        self.blank, self.eos = blank, eos
+
+    def initial(self, inputs: Tensor) -> CTCPrefixes:
+        """The empty prefix of N hypotheses reading ``inputs`` (N,): only blanks so far."""
+        n, frames = len(inputs), self.x.shape[0]
+        gamma = self.x.new_full((frames, 2, n), float("-inf"))  # (S, 2, N)
+        gamma[:, 1] = self.x_blank[:, inputs].cumsum(0)  # (S, N)
+        return CTCPrefixes(gamma, self.x.new_zeros(n), torch.full_like(inputs, -1), inputs, 0)
+
+    def score(self, prefixes: CTCPrefixes, candidates: Tensor) -> tuple[Tensor, Tensor]:
+        """ψ of every hypothesis extended by each of its candidate tokens, and their γ.
+
+        Shapes: candidates (N, C) token ids -> ψ (N, C), γ (S, 2, N, C).
+        """
+        frames = self.x.shape[0]
+        x_c = self.x[:, prefixes.inputs[:, None], candidates]  # (S, N, C)
+        x_b = self.x_blank[:, prefixes.inputs, None]  # (S, N, 1)
+        g_n, g_b = prefixes.gamma[:, 0, :, None], prefixes.gamma[:, 1, :, None]  # (S, N, 1) each
+        repeat = (candidates == prefixes.last[:, None])[None]  # (1, N, C)
+        phi = torch.where(repeat, g_b, torch.logaddexp(g_n, g_b))  # (S, N, C)
+        gamma = self.x.new_full((frames, 2, *candidates.shape), float("-inf"))  # (S, 2, N, C)
+        # L + 1 tokens need L + 1 frames: before frame L every γ is −∞, so the pass starts there.
+        start = min(max(prefixes.length, 1), frames)
+        if prefixes.length == 0:
+            gamma[0, 0] = x_c[0]  # φ_{−1} = 0: the first token may be read at frame 0
+        for t in range(start, frames):
+            gamma[t, 0] = torch.logaddexp(gamma[t - 1, 0], phi[t - 1]) + x_c[t]  # (N, C)
+            gamma[t, 1] = torch.logaddexp(gamma[t - 1, 0], gamma[t - 1, 1]) + x_b[t]  # (N, C)
+        first = gamma[start - 1, 0][None]  # (1, N, C): the empty prefix's first token read at frame 0, else −∞
+        terms = torch.cat([first, phi[start - 1 : frames - 1] + x_c[start:]])  # (S + 1 - start, N, C)
+        psi = torch.logsumexp(terms, dim=0)  # (N, C)
+        exactly = torch.logaddexp(g_n[-1], g_b[-1])  # (N, 1): the probability of exactly g
+        psi = torch.where(candidates == self.eos, exactly, psi)  # (N, C)
+        return psi.masked_fill(candidates == self.blank, float("-inf")), gamma
+
+    @staticmethod
+    def extend(
+        prefixes: CTCPrefixes, psi: Tensor, gamma: Tensor, *, rows: Tensor, candidates: Tensor, tokens: Tensor
+    ) -> CTCPrefixes:
+        """The prefixes beam search keeps: row i is hypothesis ``rows[i]`` extended by ``tokens[i]``,
+        one of its ``candidates`` (a token that is not, e.g. a finished input's filler, gets the
+        first candidate's values; its score is −∞ anyway).
+
+        Shapes: psi (N, C), gamma (S, 2, N, C) from :meth:`score`, candidates (N, C); rows,
+        tokens (N',).
+        """
+        index = (candidates[rows] == tokens[:, None]).int().argmax(1)  # (N',): the token's place
+        return CTCPrefixes(
+            gamma[:, :, rows, index],  # (S, 2, N')
+            psi[rows, index],  # (N',)
+            tokens,
+            prefixes.inputs[rows],
+            prefixes.length + 1,
+        )
+
+
+CTC_PRE_BEAM = 1.5  # ESPnet's pre-beam: CTC scores only the best 1.5·W attention candidates of a beam
 
 
 @torch.no_grad()
 def beam_search(
     model: DecodingModel,
-    inputs: list[list[int]],
+    inputs: Inputs,
     *,
     beam_size: int,
     max_new_tokens: MaxNew,
     length_penalty: float = 1.0,
     nbest: int = 1,
+    ctc_weight: float | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every input, best first.
 
@@ -447,17 +743,43 @@ def beam_search(
     a length penalty > 0 a live beam could in principle still overtake, so it is a heuristic,
     not a bound). Beams still alive at the input's cap (``max_new_tokens``, or less where the
     window is full) finish there. With ``beam_size=1`` this is exactly greedy search.
+
+    ``ctc_weight`` λ (a speech model with a CTC head): joint CTC/attention decoding (Watanabe et
+    al., 2017, as ESPnet scores it). Each step, the best max(⌊1.5·W⌋, W + 1) tokens of
+    a beam by attention are its candidates; each is scored (1 − λ)·log p_attention(c | g) +
+    λ·(log ψ(g + c) − log ψ(g)) with the CTC prefix probabilities ψ of
+    :class:`CTCPrefixScorer` (so a hypothesis' score is (1 − λ)·log p_attention + λ·log ψ),
+    every other token −∞. λ = 1 is CTC prefix beam search guided by the decoder's candidates.
+    λ = 0 runs all of it with the CTC term weighted zero and returns exactly what ``None``
+    (attention only) returns: a beam's candidates always include the W + 1 that its search
+    could take.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
+    if ctc_weight is not None and not 0.0 <= ctc_weight <= 1.0:
+        raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
     if not inputs:
         return []
     eos = _eos(model)
     caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
+    size = inputs_per_batch(model, inputs, caps, beam=beam_size)
+    if size < len(inputs):  # decoded in parts that fit in memory; each input's search is its own
+        options = {"beam_size": beam_size, "length_penalty": length_penalty, "nbest": nbest, "ctc_weight": ctc_weight}
+        return [
+            h
+            for part, cap in _parts(inputs, max_new_tokens, size)
+            for h in beam_search(model, part, max_new_tokens=cap, **options)
+        ]
     b, w = len(inputs), beam_size
     logits, state = _start(model, inputs)  # (B, V)
     device = logits.device
     rows = torch.arange(b, device=device).repeat_interleave(w)  # (B*W,)
+    scorer = prefixes = None
+    if ctc_weight is not None:
+        log_probs, valid = _ctc_log_probs(model, state)  # (B, S, V), (B, S)
+        scorer = CTCPrefixScorer(log_probs, valid, blank=model.config.blank, eos=eos)
+        prefixes = scorer.initial(rows)
+        pre_beam = min(logits.shape[-1], max(int(CTC_PRE_BEAM * w), w + 1))
     state, logits = _select(state, rows), logits.index_select(0, rows)  # (B*W, V)
     scores = torch.full((b, w), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
@@ -466,6 +788,14 @@ def beam_search(
     done = [False] * b
     for step in range(max(caps)):
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B*W, V)
+        if scorer is not None:
+            ctc_candidates = logp.topk(pre_beam, dim=-1).indices  # (B*W, C)
+            psi, gamma = scorer.score(prefixes, ctc_candidates)  # (B*W, C), (S, 2, B*W, C)
+            joint = (1.0 - ctc_weight) * logp.gather(1, ctc_candidates)  # (B*W, C)
+            if ctc_weight > 0.0:
+                gain = psi - prefixes.score[:, None]  # (B*W, C); −∞ − (−∞) of an impossible prefix is NaN
+                joint = joint + ctc_weight * gain.nan_to_num(nan=float("-inf"), posinf=float("-inf"))
+            logp = torch.full_like(logp, float("-inf")).scatter_(1, ctc_candidates, joint)  # (B*W, V)
         v = logp.shape[-1]
         candidates = (scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
         top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
@@ -511,6 +841,8 @@ def beam_search(
         tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
         history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
         scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
+        if scorer is not None:
+            prefixes = scorer.extend(prefixes, psi, gamma, rows=rows, candidates=ctc_candidates, tokens=tokens)
         logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +28,7 @@ from torch import nn
 
 from qkv.checkpoint import (
     build_model,
+    check_output,
     make_config,
     read_meta,
     save_model,
@@ -37,11 +39,15 @@ from qkv.data import (
 )
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.training import (
+    ON_NONFINITE,
     SCHEDULES,
+    Checkpointing,
     FitResult,
+    Trainer,
     fit,
 )
 
@@ -74,10 +80,12 @@ class Task:
     rate_unit: str = "tokens"
 
 
-def refuse_resume(task: str, resume: bool) -> None:
-    """Runs of tasks that train in one go cannot be resumed (translation runs can)."""
-    if resume:
-        raise UserError(f"--resume: the {task} task trains in one go; only translation runs resume")
+def read_yaml(text: str):
+    """The plain data of a YAML text (yaml.YAMLError or RecursionError when it is not YAML), read
+    by a safe loader (plain data only: no Python objects, no code): libyaml's where PyYAML was
+    built with it, which refuses nesting deeper than 1,000 at once, where the pure-Python one
+    takes seconds (quadratic in the depth) to reach Python's recursion limit."""
+    return yaml.load(text, Loader=yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
 
 
 def _set(recipe: dict, key: str, value, *, where: str) -> None:
@@ -122,9 +130,11 @@ def load_recipe(
         if not path.is_file():
             raise UserError(f"recipe {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = read_yaml(path.read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise UserError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        except RecursionError:  # sequences or mappings nested deeper than Python's stack
+            raise UserError(f"{path} is nested too deeply to read as YAML") from None
         except OSError as e:
             raise UserError(f"cannot read {path}: {e.strerror}") from None
         if not isinstance(data, dict):
@@ -132,7 +142,7 @@ def load_recipe(
     where = str(path) if path is not None else "recipe"
     given = override(overrides, "task")
     name = given if given is not None else data.get("task", default)
-    if name not in tasks:
+    if not isinstance(name, str) or name not in tasks:
         raise UserError(f"{where}: unknown task {name!r}; known: {', '.join(tasks)}")
     task = tasks[name]
     recipe = copy.deepcopy(task.defaults)
@@ -154,9 +164,11 @@ def load_recipe(
         if not sep:
             raise UserError(f"--set {item!r}: expected key=value, e.g. train.steps=3000")
         try:
-            value = yaml.safe_load(raw)
+            value = read_yaml(raw)
         except yaml.YAMLError as e:
             raise UserError(f"--set {item!r}: the value is not valid YAML: {str(e).splitlines()[0]}") from None
+        except RecursionError:
+            raise UserError(f"--set {item!r}: the value is nested too deeply to read as YAML") from None
         _set(recipe, key.strip(), value, where=f"--set {item}")
         named.add(key.strip())
     _check_values(recipe, where, {**COMMON_RULES, **task.rules})
@@ -186,7 +198,8 @@ def load_recipe(
             known = {f.name for f in dataclasses.fields(config)}
             unknown = sorted(set(recipe["model"]) - known)
             if unknown:
-                raise UserError(f"unknown model field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+                named = ", ".join(n if n.isprintable() else repr(n) for n in unknown)
+                raise UserError(f"unknown model field(s) {named}; known: {', '.join(sorted(known))}")
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
     return recipe
@@ -195,12 +208,14 @@ def load_recipe(
 # Value rules every task shares: (section, key) -> Rule. A task adds its own (Task.rules);
 # a rule whose key the task's recipe lacks is skipped.
 COMMON_RULES: dict[tuple[str, str], Rule] = {
+    ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: only when stopped by a signal)"),
+    ("train", "on_nonfinite"): (str, lambda v: v in ON_NONFINITE, f"one of {', '.join(ON_NONFINITE)}"),
     ("train", "steps"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer"),
     ("train", "init"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
     ("data", "tokenizer"): ((str, type(None)), lambda v: v is None or bool(v), "a tokenizer.json path or null"),
     ("train", "batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "warmup"): (int, lambda v: v >= 0, "an integer >= 0"),
-    ("train", "seed"): (int, lambda v: True, "an integer"),
+    ("train", "seed"): (int, lambda v: -(2**63) <= v < 2**64, "an integer from -2**63 to 2**64 - 1 (a torch seed)"),
     ("train", "schedule"): (str, lambda v: v in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
     ("train", "lr"): ((int, float), lambda v: v > 0, "a positive number"),
     ("train", "label_smoothing"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -261,6 +276,52 @@ def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> Encoder
     return build_model("encoder_decoder", fields)
 
 
+def step_seed(seed: int, step: int) -> int:
+    """A seed for the random draws of one training step, fixed by the run's seed and the step
+    alone, so that a resumed run draws what an uninterrupted one would have."""
+    return (seed * 1_000_003 + step) % 2**63
+
+
+LAST = "last"  # an unfinished run's checkpoint, inside the model directory the run will become
+RESUME_MAY_CHANGE_FIT = ("seconds", "save_every")  # train keys a resumed fit-based run may change
+
+
+def start_run(out: str | Path, recipe: dict, *, resume: bool) -> Path | None:
+    """Where a task that trains with :func:`fit_recipe` continues from: ``OUT/last`` with
+    ``resume`` (its recipe must be this one, but for ``RESUME_MAY_CHANGE_FIT``), else None
+    after checking that ``out`` may be written (:func:`~qkv.checkpoint.check_output`); an
+    unfinished run there is never overwritten without ``--resume``."""
+    out = Path(out)
+    last = out / LAST
+    if resume:
+        if not out.exists() and out.with_name(f".{out.name}.old").is_dir():
+            os.replace(out.with_name(f".{out.name}.old"), out)  # killed between the final save's renames
+        if not last.exists() and (out / f".{LAST}.old").is_dir():
+            os.replace(out / f".{LAST}.old", last)  # a crash between atomic_directory's two renames
+        if not (last / TRAINER_STATE).is_file():
+            raise UserError(f"--resume: {out} holds no unfinished run (no {LAST}/{TRAINER_STATE})")
+        saved = read_meta(last).get("recipe", {})
+        differ = [
+            f"{section}.{key}"
+            for section, values in recipe.items()
+            if isinstance(values, dict)
+            for key, value in values.items()
+            if not (section == "train" and key in RESUME_MAY_CHANGE_FIT) and saved.get(section, {}).get(key) != value
+        ]
+        if differ:
+            raise UserError(
+                f"--resume: the recipe differs from the one {out} began with in {', '.join(differ)}; "
+                f"only train.{', train.'.join(RESUME_MAY_CHANGE_FIT)} may change"
+            )
+        return last
+    if last.is_dir():
+        raise UserError(
+            f"{out} holds an unfinished run ({LAST}/); pass --resume to continue it or choose another --out"
+        )
+    check_output(out)
+    return None
+
+
 def fit_recipe(
     model: nn.Module,
     step_loss: Callable[[nn.Module, int], tuple[torch.Tensor, int]],
@@ -269,8 +330,36 @@ def fit_recipe(
     progress: bool,
     desc: str,
     unit: str = "tok",
+    out: str | Path | None = None,
+    recipe: dict | None = None,
+    tokenizer: Tokenizer | None = None,
+    resume_from: Path | None = None,
 ) -> FitResult:
-    """:func:`~qkv.training.fit` with a recipe's train section."""
+    """:func:`~qkv.training.fit` with a recipe's train section.
+
+    With ``out`` (the model directory the run will become), what resuming needs is saved in
+    ``OUT/last`` every ``train.save_every`` steps and when SIGTERM or Ctrl-C stops the run,
+    with the model's ``tokenizer`` and the ``recipe``; ``resume_from`` (:func:`start_run`)
+    continues such a run. The final save of the model directory replaces ``last``.
+    """
+    checkpoint = None
+    if out is not None:
+        last = Path(out) / LAST
+
+        def save(trainer: Trainer, result: FitResult) -> str:
+            progress_so_far = {k: getattr(result, k) for k in ("steps", "seconds", "tokens", "losses", "lr")}
+            with tempfile.TemporaryDirectory() as tmp:
+                files = tokenizer.save(Path(tmp) / TOKENIZER_FILE) if tokenizer is not None else {}
+                extra = {"task": (recipe or {}).get("task"), "recipe": recipe, "unfinished": True}
+                save_checkpoint(model, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far)
+            return str(last)
+
+        def load(trainer: Trainer) -> FitResult | None:
+            if resume_from is None:
+                return None
+            return FitResult(**load_checkpoint(resume_from, trainer))
+
+        checkpoint = Checkpointing(save=save, load=load, every=int(train.get("save_every") or 0))
     return fit(
         model,
         step_loss,
@@ -287,6 +376,8 @@ def fit_recipe(
         progress=progress,
         desc=desc,
         unit=unit,
+        on_nonfinite=train.get("on_nonfinite", "stop"),
+        checkpoint=checkpoint,
     )
 
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
 from qkv.errors import UserError
-from qkv.files import check_writable, write_atomic
+from qkv.files import check_writable, storage_errno, storage_error, write_atomic
 from qkv.training import Trainer
 
 TRAINER_TENSORS = "trainer.safetensors"
@@ -89,8 +89,13 @@ def save_checkpoint(
         files = dict(files)
         if trainer is not None:
             tensors, meta = trainer.state()
-            save_file(tensors, Path(tmp) / TRAINER_TENSORS)
-            (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+            try:
+                save_file(tensors, Path(tmp) / TRAINER_TENSORS)
+                (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+            except (OSError, SafetensorError) as e:
+                if storage_errno(e) is None:
+                    raise
+                raise storage_error(directory, e) from None
             files[TRAINER_TENSORS] = Path(tmp) / TRAINER_TENSORS
             files[TRAINER_STATE] = Path(tmp) / TRAINER_STATE
         save_model(model, directory, files=files, extra=extra)

@@ -4,7 +4,8 @@ What is here: :func:`sequence_loss` (token cross-entropy with label smoothing, p
 ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3),
 :func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
 END), :func:`seq2seq_loss` (an encoder-decoder's loss with logits at real target tokens
-only, with R-Drop as an option), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
+only, with R-Drop as an option), :func:`ctc_loss` and :func:`speech_loss` (a speech model's CTC loss, and
+CTC and cross-entropy mixed), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
 mask/random/kept) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
 state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it with a
 step and/or time budget and a progress bar with loss, learning rate and tokens/s.
@@ -15,6 +16,9 @@ What is not here: models, decoding, data files.
 from __future__ import annotations
 
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.errors import Stopped, UserError
 from qkv.progress import progress as progress_report
 
 
@@ -91,6 +96,65 @@ def seq2seq_loss(
     if copies == 2:
         logp = torch.log_softmax(logits.float(), dim=-1)  # (2N, V)
         loss = loss + rdrop / 4 * symmetric_kl(logp[:n], logp[n:])
+    return loss, n
+
+
+def ctc_loss(logits: Tensor, valid: Tensor, targets: Tensor, target_lengths: Tensor, *, blank: int) -> Tensor:
+    """CTC loss (Graves et al., 2006) per target token: −Σ_b log p(y_b | x_b) divided by
+    the batch's target tokens Σ_b |y_b|.
+
+    Per target token, so that it is on the scale of the cross-entropy :func:`speech_loss` mixes
+    it with (torch's ``reduction="mean"`` divides each utterance by its own length, ESPnet by the
+    batch size). Each utterance reads its real frames only (``valid``); one whose target cannot
+    be aligned to them (too few frames) counts zero, not infinity (``zero_infinity``).
+
+    Shapes: logits (B, S, V) of a CTC head; valid (B, S) bool; targets (B, L), row b's tokens
+    its first ``target_lengths[b]`` (no BEGIN, no END); target_lengths (B,) -> scalar.
+    """
+    log_probs = torch.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (S, B, V)
+    total = F.ctc_loss(
+        log_probs, targets, valid.sum(1), target_lengths, blank=blank, reduction="sum", zero_infinity=True
+    )
+    return total / target_lengths.sum().clamp(min=1)
+
+
+def speech_loss(
+    model: nn.Module,
+    features: Tensor,
+    valid: Tensor,
+    t_in: Tensor,
+    t_out: Tensor,
+    *,
+    pad_id: int,
+    ctc_weight: float = 0.3,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, int]:
+    """The joint CTC/attention loss of a speech encoder-decoder, λ·CTC + (1 − λ)·cross-entropy
+    (Kim, Hori & Watanabe, 2017, "Joint CTC-attention based end-to-end speech recognition using
+    multi-task learning"), both per target token, and the count of real target tokens.
+
+    The encoder runs once for both terms. The cross-entropy is :func:`seq2seq_loss`'s (logits
+    at the real target tokens only, END included, label smoothing); the CTC term is
+    :func:`ctc_loss` over the transcript, ``t_out``'s real tokens without END. λ = 0 needs no
+    CTC head; λ = 1 skips the decoder.
+
+    Shapes: features (B, T, M), valid (B, T) bool, t_in and t_out (B, L) as
+    :func:`seq2seq_batch` returns them (targets only) -> scalar, count.
+    """
+    if not 0.0 <= ctc_weight <= 1.0:
+        raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
+    keep = t_out != pad_id  # (B, L)
+    n = int(keep.sum())
+    memory, memory_valid = model.encode(features, valid)  # (B, S, D), (B, S)
+    loss = memory.new_zeros((), dtype=torch.float32)
+    if ctc_weight < 1.0:
+        logits = model.decode(t_in, memory, src_mask=memory_valid, only=keep).logits  # (N, V)
+        attention = sequence_loss(logits[None], t_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
+        loss = loss + (1.0 - ctc_weight) * attention
+    if ctc_weight > 0.0:
+        lengths = (keep & (t_out != model.config.eos_id)).sum(1)  # (B,): the transcript, END left out
+        ctc = ctc_loss(model.ctc_logits(memory), memory_valid, t_out, lengths, blank=model.config.blank)
+        loss = loss + ctc_weight * ctc
     return loss, n
 
 
@@ -215,11 +279,16 @@ class Trainer:
         clip: float = 1.0,
         betas: tuple[float, float] = (0.9, 0.98),
         bf16: bool = False,
+        on_nonfinite: str = "stop",
     ) -> None:
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
         self.model = model
         self.clip = clip
         self.bf16 = bf16
+        self.on_nonfinite = on_nonfinite
         self.steps = 0
+        self.skipped = 0  # steps whose non-finite loss or gradient was skipped (on_nonfinite="skip")
         decay = [p for p in model.parameters() if p.dim() >= 2]
         no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
@@ -268,12 +337,20 @@ class Trainer:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(total)
-        if self.clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-        self.optimizer.step()
+        # The gradient's norm is needed anyway to clip; without clipping (inf) nothing is scaled.
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.clip if self.clip > 0 else math.inf)
+        loss = loss_sum / max(total, 1)
+        if not (math.isfinite(loss) and math.isfinite(float(norm))):
+            what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {float(norm)}"
+            if self.on_nonfinite == "stop":
+                raise NonFinite(self.steps, what, first_nonfinite_module(self.model, batches))
+            self.optimizer.zero_grad(set_to_none=True)  # skip: the weights and moments stay as they were
+            self.skipped += 1
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         self.steps += 1
-        return loss_sum / max(total, 1), total
+        return loss, total
 
     def state(self) -> tuple[dict[str, Tensor], dict]:
         """(tensors, JSON-able metadata) that :meth:`restore` turns back into this state."""
@@ -288,6 +365,8 @@ class Trainer:
                     scalars.setdefault(str(index), {})[name] = value
         meta = {
             "steps": self.steps,
+            "total_steps": self.total_steps,
+            "skipped": self.skipped,
             "param_groups": optimizer["param_groups"],
             "optimizer_scalars": scalars,
             "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"},
@@ -307,7 +386,109 @@ class Trainer:
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(groups)})
         self.steps = int(meta["steps"])
+        self.skipped = int(meta.get("skipped", 0))
+        if int(meta.get("total_steps", self.total_steps)) < self.total_steps:  # a schedule a time cap shortened
+            self.shorten(int(meta["total_steps"]))
         torch.set_rng_state(tensors["rng.torch"])
+
+
+ON_NONFINITE = ("stop", "skip")
+
+
+class NonFinite(UserError):
+    """A step whose loss or gradient is NaN or infinite, with the step and the first module
+    (in the order the forward pass runs them) whose output was not finite."""
+
+    def __init__(self, step: int, what: str, module: str | None) -> None:
+        where = f"; the first non-finite output: {module}" if module else ""
+        super().__init__(
+            f"step {step + 1}: the {what}{where}; lower train.lr, or set train.on_nonfinite=skip to skip such steps"
+        )
+        self.step, self.module = step, module
+
+
+@torch.no_grad()
+def first_nonfinite_module(model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]]) -> str | None:
+    """The name of the first submodule whose output holds a NaN or an infinity when the batches
+    run forward again (forward hooks, gradients off), or None when only the loss was not finite."""
+    found: list[str] = []
+
+    def hook(name: str) -> Callable:
+        def check(module: nn.Module, inputs: object, output: object) -> None:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            if not found and any(
+                isinstance(o, Tensor) and o.is_floating_point() and not o.isfinite().all() for o in outputs
+            ):
+                found.append(name)
+
+        return check
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
+    try:
+        for batch in batches:
+            batch()
+            if found:
+                break
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
+
+
+class StopRequest:
+    """SIGTERM and SIGINT (Ctrl-C) while training. The first asks the loop to stop at the next
+    step boundary, after it saves what resuming needs (:meth:`check`); a second one stops at
+    once (a KeyboardInterrupt: every write is atomic, so nothing is left half-written). Signal
+    handlers can only be set in the main thread; elsewhere this does nothing."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNAL_NAMES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+        print(
+            f"\n{SIGNAL_NAMES[signum]}: stopping after this step to save a checkpoint (again: stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def check(self, step: int, save: Callable[[], str | None]) -> None:
+        """Raise :class:`~qkv.errors.Stopped` (after ``save()``) if a stop was asked for."""
+        if self.signal is None:
+            return
+        saved = save()
+        where = f"; checkpoint saved in {saved}" if saved else ""
+        raise Stopped(
+            f"stopped by {SIGNAL_NAMES[self.signal]} after step {step}{where}", exit_code=128 + self.signal, saved=saved
+        )
+
+
+@dataclass
+class Checkpointing:
+    """How :func:`fit` saves what resuming needs and resumes: ``save(trainer, result)`` writes
+    a checkpoint and returns where; ``load(trainer)`` restores one into ``trainer`` and returns
+    the :class:`FitResult` so far (None: start afresh); ``every``: steps between saves (0:
+    only when stopped by a signal)."""
+
+    save: Callable[[Trainer, FitResult], str]
+    load: Callable[[Trainer], FitResult | None] | None = None
+    every: int = 0
 
 
 RESCHEDULE_EVERY = 25  # steps between estimates of how many steps fit in a time cap
@@ -330,6 +511,8 @@ def fit(
     progress: bool = True,
     desc: str = "train",
     unit: str = "tok",
+    on_nonfinite: str = "stop",
+    checkpoint: Checkpointing | None = None,
 ) -> FitResult:
     """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
 
@@ -343,6 +526,14 @@ def fit(
     rate so far, and when fewer than ``steps`` fit, the schedule is shortened to end there
     (:meth:`Trainer.shorten`): a capped run on a busy machine anneals instead of stopping at
     a high learning rate. On a machine fast enough for ``steps`` nothing changes.
+
+    With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the losses so
+    far) is saved every ``checkpoint.every`` steps and when SIGTERM or Ctrl-C asks the run to
+    stop (:class:`StopRequest`), and ``checkpoint.load`` may continue a saved run: the steps
+    already taken are not taken again, and the run ends as an uninterrupted one would
+    (``step_loss`` must draw its batch from ``step`` alone). A non-finite loss or gradient
+    stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
+    ``on_nonfinite="skip"``, skips the step.
     """
     trainer = Trainer(
         model,
@@ -355,27 +546,52 @@ def fit(
         clip=clip,
         betas=betas,
         bf16=bf16,
+        on_nonfinite=on_nonfinite,
     )
-    result = FitResult()
-    start = time.perf_counter()
-    bar = progress_report(steps, desc=desc, unit="step", disable=not progress)
-    for step in range(steps):
-        loss, n_tokens = trainer.step([lambda step=step: step_loss(model, step)])
-        result.steps += 1
-        result.tokens += n_tokens
-        result.losses.append(loss)
-        result.seconds = time.perf_counter() - start
-        result.lr = trainer.lr
-        bar.update(1)
-        if step % 10 == 0 or step == steps - 1:
-            rate = f"{result.tokens / result.seconds:.0f}"
-            bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
-        if seconds is not None and result.seconds >= seconds:
-            break
-        if seconds is not None and step >= warmup and (step + 1) % RESCHEDULE_EVERY == 0:
-            fit_in_time = int((step + 1) * seconds / result.seconds)
-            if fit_in_time < trainer.total_steps:
-                trainer.shorten(fit_in_time)
+    loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
+    result = loaded if loaded is not None else FitResult()
+    start = time.perf_counter() - result.seconds
+    saved: list[str] = []
+
+    def save() -> str | None:
+        if checkpoint is None:
+            return None
+        saved.append(checkpoint.save(trainer, result))
+        return saved[-1]
+
+    bar = progress_report(steps, initial=result.steps, desc=desc, unit="step", disable=not progress)
+    with StopRequest() as stop:
+        # A resumed run already past its time cap takes no step; a fresh one always takes one.
+        past_cap = loaded is not None and seconds is not None and result.seconds >= seconds
+        for step in range(result.steps, steps if not past_cap else result.steps):
+            stop.check(step, save)
+            try:
+                loss, n_tokens = trainer.step([lambda step=step: step_loss(model, step)])
+            except NonFinite as e:
+                last = f"; the last checkpoint: {saved[-1]}" if saved else "; no checkpoint was saved yet"
+                raise UserError(f"{e}{last}") from None
+            result.steps += 1
+            result.tokens += n_tokens
+            result.losses.append(loss)
+            result.seconds = time.perf_counter() - start
+            result.lr = trainer.lr
+            bar.update(1)
+            if step % 10 == 0 or step == steps - 1:
+                rate = f"{result.tokens / result.seconds:.0f}"
+                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
+            if seconds is not None and result.seconds >= seconds:
+                break
+            if seconds is not None and step >= warmup and (step + 1) % RESCHEDULE_EVERY == 0:
+                fit_in_time = int((step + 1) * seconds / result.seconds)
+                if fit_in_time < trainer.total_steps:
+                    trainer.shorten(fit_in_time)
+            if (
+                checkpoint is not None
+                and checkpoint.every
+                and result.steps % checkpoint.every == 0
+                and result.steps < steps
+            ):
+                save()
     bar.close()
     model.eval()
     return result

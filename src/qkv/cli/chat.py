@@ -17,6 +17,7 @@ from qkv.cli.common import (
     load_for_generation,
     positive_int,
     probability,
+    seed,
     temperature,
     wants_sampling,
 )
@@ -168,6 +169,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--top-p", type=probability, default=None, help="sample from the smallest set of tokens with this probability"
     )
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible replies)")
+    p.add_argument("--seed", type=seed, default=None, help="sampling seed (reproducible replies)")
     add_precision(p)
     p.set_defaults(run=cmd_chat)

@@ -1,5 +1,6 @@
 """What the commands share: the argument parser class, option types, reading input lines,
-writing output atomically, loading a model for decoding with its tokenizers, sampling options.
+writing output atomically, sampling options; loading a model for decoding with its tokenizers
+(``qkv.loading``, which the server shares, imported here for the commands).
 
 What is not here: any command (one module each in this package) or the assembly (``main.py``).
 """
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from qkv.errors import UserError
 from qkv.files import write_atomic
+from qkv.loading import load_for_generation, matching_tokenizer, matching_vocabularies  # noqa: F401 (the commands')
 
 
 class Parser(argparse.ArgumentParser):
@@ -64,6 +66,10 @@ positive_int = number(int, lambda v: v > 0, "a positive integer")
 positive_float = number(float, lambda v: v > 0, "a positive number")
 
 
+# What torch.Generator.manual_seed takes (a larger one overflows inside PyTorch).
+seed = number(int, lambda v: -(2**63) <= v < 2**64, "an integer seed from -2**63 to 2**64 - 1")
+
+
 # Below 0.001 the scaled logits overflow; greedy decoding is the limit anyway.
 temperature = number(float, lambda v: v >= 1e-3, "a temperature of at least 0.001")
 
@@ -108,50 +114,6 @@ class Output:
 def chunks(items: list, size: int) -> Iterator[list]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
-    """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint)."""
-    import torch
-
-    from qkv.checkpoint import load_model, model_dir
-    from qkv.generation import for_decoding, int8_linears
-
-    path = str(model_dir(path))  # a training run: its final checkpoint
-    model, meta = load_model(path)
-    if meta["kind"] == "encoder_only":
-        raise UserError(f"{path} holds an encoder_only model, which does not generate text")
-    model = for_decoding(model)  # one stacked Q/K/V product per self-attention (tested equal)
-    if bf16:
-        # Half the bytes per weight: batched decoding reads every weight once per step, and
-        # the CPU's bf16 matmul units (AVX512-BF16, AMX) do the rest (bench/mt_speed.py).
-        model = model.to(torch.bfloat16)
-    if int8:
-        model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
-    return model, matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
-
-
-def matching_tokenizer(path: str, model, *, files, use: str):
-    """The model directory's tokenizer (:func:`matching_vocabularies`'s source side)."""
-    return matching_vocabularies(path, model, files=files, use=use).source
-
-
-def matching_vocabularies(path: str, model, *, files, use: str):
-    """The model directory's Vocabularies (separate when ``files``, its config.json's, list
-    target_tokenizer.json); refused, naming ``use`` (what needs it), when it has no
-    tokenizer.json, and when a tokenizer has ids the model has no embedding for."""
-    from qkv.checkpoint import model_dir
-    from qkv.tokenization import FILE, Vocabularies
-
-    if FILE not in files:
-        raise UserError(f"{path} has no {FILE}; {use} needs a model saved with its tokenizer")
-    vocab = Vocabularies.load(model_dir(path), files=files)
-    c = model.config
-    sizes = (c.src_vocab_size, c.tgt_vocab_size) if hasattr(c, "src_vocab_size") else (c.vocab_size, c.vocab_size)
-    for tokenizer, name, size in vocab.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1]):
-        if tokenizer.vocab_size > size:
-            raise UserError(f"{path}: {name} has {tokenizer.vocab_size} tokens but the model only {size}")
-    return vocab
 
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")

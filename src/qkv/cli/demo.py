@@ -13,6 +13,7 @@ from pathlib import Path
 from qkv.cli.common import (
     positive_float,
     positive_int,
+    seed,
 )
 
 EPILOG_DEMO = """example:
@@ -110,7 +111,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=raw,
     )
     p.add_argument("--out", default="qkv-demo", help="output directory (default: qkv-demo)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=seed, default=0, help="random seed (default: 0)")
     p.add_argument(
         "--seconds",
         type=positive_float,

@@ -17,6 +17,7 @@ from qkv.cli.common import (
     probability,
     read_input_lines,
     sampling_flags,
+    seed,
     temperature,
     wants_sampling,
 )
@@ -32,9 +33,10 @@ EPILOG_GENERATE = """examples:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.generation import beam_search, continuation, greedy, most_likely, sample, sampler
+    from qkv.generation import beam_search, greedy, most_likely, sample, sampler
     from qkv.models.decoder_only import DecoderOnly
     from qkv.seq2seq import cut_source
+    from qkv.streaming import continuation_text
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
@@ -91,28 +93,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             )
         else:
             choose = most_likely
-        ids: list[int] = []
-        shown = ""
-        prompt = encoded[0] or [source.bos_id]
+        prompt = encoded[0]
         if len(prompt) > window:
             print(f"qkv generate: note: the prompt keeps its newest {window} tokens (the window)", file=sys.stderr)
-        # The continuation is decoded after the prompt and printed from where the prompt's text
-        # ends: decoded alone, its first piece would lose its leading space (a SentencePiece
-        # "▁word" at the start of a text decodes as "word").
-        head = target.decode(prompt)
-
-        def continued(ids: list[int]) -> str:
-            text = target.decode([*prompt, *ids])
-            return text[len(head) :] if text.startswith(head) else target.decode(ids)
-
-        for token in continuation(model, prompt, max_new_tokens=args.max_new_tokens, choose=choose, slide=True):
-            ids.append(token)
-            text = continued(ids)
-            if text.endswith("\ufffd"):
-                continue  # a character whose bytes span several tokens (byte-level BPE): wait for the rest
-            print(text[len(shown) :], end="", flush=True)
-            shown = text
-        print(continued(ids)[len(shown) :], flush=True)
+        for piece in continuation_text(model, vocab, prompt, max_new_tokens=args.max_new_tokens, choose=choose):
+            print(piece, end="", flush=True)
+        print(flush=True)
         return 0
     for chunk in chunks(lines, args.batch_size):
         # Empty lines give empty outputs and keep their place.
@@ -180,7 +166,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=temperature, default=None, help="sampling temperature (default: 1)")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=probability, default=None, help="sample from the smallest set with this probability")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
+    p.add_argument("--seed", type=seed, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="inputs decoded together")
     add_precision(p)
     p.set_defaults(run=cmd_generate)

@@ -14,9 +14,9 @@ import argparse
 import sys
 
 from qkv import __version__
-from qkv.cli import chat, demo, embed, evaluate, generate, hf, train, translate
+from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, train, translate
 from qkv.cli.common import Parser
-from qkv.errors import UserError
+from qkv.errors import Stopped, UserError
 from qkv.memory import choose_allocator
 
 
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_import_parser(sub)
     hf.add_export_parser(sub)
     embed.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 
@@ -46,13 +47,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except UserError as e:
-        print(f"qkv {args.command}: error: {e}", file=sys.stderr)
+        print(f"qkv {args.command}: error: {one_line(str(e))}", file=sys.stderr)
         return 2
+    except Stopped as e:
+        print(f"qkv {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return 0
+
+
+# What str.splitlines breaks at: an error quoting a file's text or a name keeps them written out.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: line breaks written as escapes (``\\n``, ``\\r``, ...)."""
+    return message.translate(_LINE_BREAKS)
 
 
 def console_main() -> int:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
+
+from qkv.errors import Stopped
 
 EPILOG_TRAIN = """examples:
   qkv train recipes/numbers.yaml --out runs/numbers --set train.steps=1500 --set model.d_model=96
@@ -27,7 +30,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.set)
     out = Path(args.out).resolve()
     task = TASKS[recipe["task"]]
-    summary = task.train(recipe, out, progress=not args.quiet, resume=args.resume)
+    try:
+        summary = task.train(recipe, out, progress=not args.quiet, resume=args.resume)
+    except Stopped as e:
+        again = [*sys.argv[1:]] if sys.argv[1:2] == ["train"] else ["train", args.recipe, "--out", args.out]
+        again = again if "--resume" in again else [*again, "--resume"]
+        if e.saved is None:
+            raise
+        raise Stopped(f"{e}; continue with: qkv {shlex.join(again)}", exit_code=e.exit_code, saved=e.saved) from None
     for problem in summary.get("problems", []):
         print(f"qkv train: note: {problem}", file=sys.stderr)
     score, said = task.report(summary, recipe)

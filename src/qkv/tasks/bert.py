@@ -19,7 +19,6 @@ import torch
 
 from qkv.checkpoint import (
     build_model,
-    check_output,
     load_model,
     model_dir,
 )
@@ -43,9 +42,10 @@ from qkv.recipes import (
     fine_tuning_fields,
     fit_recipe,
     fit_summary,
-    refuse_resume,
     require_steps,
     save_model_dir,
+    start_run,
+    step_seed,
     tokenizer_for,
 )
 from qkv.tokenization import Tokenizer
@@ -93,6 +93,8 @@ MLM_DEFAULTS: dict = {
         "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
+        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
+        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     },
     "data": {
         "dailydialog": "text",  # "text": DailyDialog's utterances (train / validation splits); null: sentences
@@ -127,6 +129,8 @@ CLASSIFY_DEFAULTS: dict = {
         "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
+        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
+        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
         "init": None,  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
     },
     "data": {
@@ -243,13 +247,12 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     the end: the loss and accuracy at the selected positions of the validation sentences
     (masked with a fixed seed, so the number is comparable between runs).
     """
-    refuse_resume("mlm", resume)
-    check_output(out)
+    last = start_run(out, recipe, resume=resume)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
     sentences, valid, source = _mlm_sentences(data)
-    tokenizer, vocabulary = tokenizer_for(data, checkpoint=None, pairs=[(s,) for s in sentences])
+    tokenizer, vocabulary = tokenizer_for(data, checkpoint=last, pairs=[(s,) for s in sentences])
     tokenizer.add_mask()
     fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
     model = build_model("encoder_only", fields)
@@ -270,9 +273,9 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         raise UserError(
             f"no token of the {len(valid_examples)} validation sentence(s) was selected for masking; give more"
         )
-    generator = torch.Generator().manual_seed(seed)
 
     def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        generator = torch.Generator().manual_seed(step_seed(seed, step))  # resumed runs draw the same
         for _ in range(100):  # redrawn in the rare case that no token of the batch was selected
             rows = torch.randint(len(examples), (batch_size,), generator=generator).tolist()
             inputs, valid_tokens, labels = _masked(
@@ -290,7 +293,18 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         )
         return loss, len(targets)
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv mlm", unit="masked_tok")
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv mlm",
+        unit="masked_tok",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
     start = time.perf_counter()
     valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
     scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
@@ -408,8 +422,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
     validation split, beside the majority class of the training labels. The label names are
     saved in config.json ("labels"), in class-id order.
     """
-    refuse_resume("classify", resume)
-    check_output(out)
+    last = start_run(out, recipe, resume=resume)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
@@ -417,7 +430,8 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
     start_from = model_dir(init) if init is not None else None
     texts = [(text,) for _, text, _ in examples]
-    tokenizer, vocabulary = tokenizer_for(data, checkpoint=start_from, pairs=texts)
+    # Resumed: the unfinished run's own tokenizer (the same as a fresh run would make or take).
+    tokenizer, vocabulary = tokenizer_for(data, checkpoint=last or start_from, pairs=texts)
     fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
     pretrained = None
     if start_from is not None:
@@ -432,9 +446,9 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
     index = {name: i for i, name in enumerate(names)}
     targets = torch.tensor([index[label] for _, _, label in examples])  # (N,)
     batch_size = int(train["batch_size"])
-    generator = torch.Generator().manual_seed(seed)
 
     def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        generator = torch.Generator().manual_seed(step_seed(seed, step))  # resumed runs draw the same
         pick = torch.randint(len(rows), (batch_size,), generator=generator)  # (B,)
         x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
         logits = m.classify(x, mask=valid_tokens)  # (B, C)
@@ -443,7 +457,18 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         )
         return loss, batch_size
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv classify", unit="ex")
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv classify",
+        unit="ex",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
     start = time.perf_counter()
     predicted = predict_labels(
         model,

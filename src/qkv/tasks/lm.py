@@ -20,7 +20,6 @@ import torch
 
 from qkv.checkpoint import (
     build_model,
-    check_output,
 )
 from qkv.data import (
     EOU,
@@ -38,10 +37,12 @@ from qkv.recipes import (
     Task,
     fit_recipe,
     fit_summary,
-    refuse_resume,
     require_steps,
     save_model_dir,
+    start_run,
+    step_seed,
 )
+from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 from qkv.training import (
     sequence_loss,
@@ -78,6 +79,8 @@ LM_DEFAULTS: dict = {
         "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
+        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
+        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     },
     "data": {
         "text": "tinyshakespeare/input.txt",
@@ -157,8 +160,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
     training stream. The validation loss is measured on the whole validation stream in
     non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
     """
-    refuse_resume("lm", resume)
-    check_output(out)
+    last = start_run(out, recipe, resume=resume)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -192,7 +194,9 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
     if not train_docs or not valid_docs:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
-    if data["tokenizer"] == "subword":
+    if last is not None:
+        tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
+    elif data["tokenizer"] == "subword":
         # A text stream keeps its line breaks as pieces; documents (lines) have none.
         tokenizer = Tokenizer.train_subword(
             train_docs, vocab_size=int(data["vocab_size"]), newlines=data["documents"] == "text"
@@ -206,16 +210,27 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
     context, batch_size = model.config.max_len, int(train["batch_size"])
     if len(train_ids) <= context + 1:
         raise UserError(f"{path}: the training text is shorter than one context window ({context + 1} tokens)")
-    generator = torch.Generator().manual_seed(seed)
 
     def step_loss(m: DecoderOnly, step: int) -> tuple[torch.Tensor, int]:
+        # The blocks of a step are fixed by (seed, step) alone, so a resumed run draws the same.
+        generator = torch.Generator().manual_seed(step_seed(seed, step))
         starts = torch.randint(len(train_ids) - context, (batch_size,), generator=generator)
         x = torch.stack([train_ids[s : s + context] for s in starts])  # (B, T)
         y = torch.stack([train_ids[s + 1 : s + context + 1] for s in starts])  # (B, T)
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
         return loss, y.numel()
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv lm")
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv lm",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
     start = time.perf_counter()
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
     reply: dict = {}

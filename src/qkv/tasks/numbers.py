@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from qkv.checkpoint import check_output
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.models.encoder_decoder import EncoderDecoder
@@ -35,12 +34,13 @@ from qkv.recipes import (
     Task,
     fit_recipe,
     fit_summary,
-    refuse_resume,
     require_steps,
     save_model_dir,
     seq2seq_model,
+    start_run,
 )
 from qkv.seq2seq import beam_translate
+from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.training import seq2seq_batch, seq2seq_loss
 
@@ -164,6 +164,8 @@ NUMBERS_DEFAULTS: dict = {
         "bf16": False,
         "label_smoothing": 0.0,
         "seed": 0,
+        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
+        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     },
     "data": {"eval_examples": 1000, "beam_size": 4},
 }
@@ -194,13 +196,16 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
     Returns a summary: exact match on held-out numbers, timings, and what is needed to
     show examples (model, tokenizer, held-out pairs, outputs, losses).
     """
-    refuse_resume("numbers", resume)
-    check_output(out)
+    last = start_run(out, recipe, resume=resume)
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
-    # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
-    tokenizer = Tokenizer.train_word_level(s for pair in numbers_pairs(20_000, seed=seed, held_out=False) for s in pair)
+    if last is not None:
+        tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
+    else:
+        # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
+        pairs = numbers_pairs(20_000, seed=seed, held_out=False)
+        tokenizer = Tokenizer.train_word_level(s for pair in pairs for s in pair)
     model = seq2seq_model(recipe, tokenizer)
     batch_size = int(train["batch_size"])
 
@@ -214,7 +219,17 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         )
         return seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
 
-    result = fit_recipe(model, step_loss, train, progress=progress, desc="qkv numbers")
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv numbers",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
     held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
     start = time.perf_counter()
     score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))

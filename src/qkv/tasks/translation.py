@@ -66,6 +66,8 @@ from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import MAX_NBEST, TARGET_FILE, SegmentationSampler, Tokenizer, Vocabularies
 from qkv.training import (
     FitResult,
+    NonFinite,
+    StopRequest,
     Trainer,
     seq2seq_batch,
     seq2seq_loss,
@@ -114,6 +116,7 @@ TRANSLATION_DEFAULTS: dict = {
         "init": None,
         "tensorboard": True,
         "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
+        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     },
     "data": {
         "train": ["multi30k/train.de", "multi30k/train.en"],
@@ -468,6 +471,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         clip=float(train["clip"]),
         betas=(0.9, float(train["beta2"])),
         bf16=train["bf16"],
+        on_nonfinite=train["on_nonfinite"],
     )
     state = {
         "epoch": 0,
@@ -564,79 +568,86 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
 
         stop = None
         session_start, session_tokens = time.perf_counter(), 0
-        while stop is None:
-            stop = stopped()
-            if stop is not None:
-                break
-            tick = time.perf_counter()  # an epoch's draw of segmentations is training time
-            epoch_data = epoch_examples(state["epoch"])
-            lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
-            order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
-            while state["batch"] < len(order):
+        with StopRequest() as signals:
+            while stop is None:
                 stop = stopped()
                 if stop is not None:
                     break
-                group = order[state["batch"] : state["batch"] + accumulate]
-                loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
-                now = time.perf_counter()
-                state["seconds"] += now - tick
-                tick = now
-                state["batch"] += len(group)
-                state["tokens"] += n_tokens
-                session_tokens += n_tokens
-                state["losses"].append(round(loss, 4))
-                bar.update(1)
-                if trainer.steps % 10 == 0:
-                    rate = session_tokens / max(now - session_start, 1e-9)
-                    bar.set_postfix(
-                        epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
-                    )
-                    scalars.add("train/loss", loss, trainer.steps)
-                    scalars.add("train/lr", trainer.lr, trainer.steps)
-                    scalars.add("train/tokens_per_second", rate, trainer.steps)
-                if (
-                    train["save_every"]
-                    and trainer.steps % int(train["save_every"]) == 0
-                    and state["batch"] < len(order)
-                ):
-                    save("last", resumable=True)
-            if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
-                scores = validate(int(data["valid_beam"]))
-                valid_loss = teacher_forced_loss(model, target, valid_examples, max_tokens=max_tokens)
-                state["epoch"] += 1
-                state["batch"] = 0
-                entry = {
-                    "epoch": state["epoch"],
-                    "step": trainer.steps,
-                    "train_seconds": round(state["seconds"], 1),
-                    "valid_loss": round(valid_loss, 4),
-                    "valid_bleu": scores["bleu"],
-                    "valid_chrf": scores["chrf"],
-                }
-                state["history"].append(entry)
-                scalars.add("valid/loss", valid_loss, trainer.steps)
-                scalars.add("valid/bleu", scores["bleu"], trainer.steps)
-                scalars.add("valid/chrf", scores["chrf"], trainer.steps)
-                if progress:
-                    bar.write(
-                        f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
-                        f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
-                        file=sys.stderr,
-                    )
-                if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
-                    state["best"], state["bad"] = entry, 0
-                    save("best")
-                else:
-                    state["bad"] += 1
-                keep = int(train["average_last"])
-                if keep:
-                    save(f"epoch-{state['epoch']:03d}")
-                    for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
-                        shutil.rmtree(old)
-            stop = stopped()
-            state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
-            save("last", resumable=True)
-            record("last")
+                tick = time.perf_counter()  # an epoch's draw of segmentations is training time
+                epoch_data = epoch_examples(state["epoch"])
+                lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
+                order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
+                while state["batch"] < len(order):
+                    stop = stopped()
+                    if stop is not None:
+                        break
+                    group = order[state["batch"] : state["batch"] + accumulate]
+                    signals.check(trainer.steps, lambda: save("last", resumable=True) or str(run / "last"))
+                    try:
+                        loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
+                    except NonFinite as e:
+                        last = run / "last"
+                        saved = f"the last checkpoint: {last}" if last.is_dir() else "no checkpoint was saved yet"
+                        raise UserError(f"{e}; {saved}") from None
+                    now = time.perf_counter()
+                    state["seconds"] += now - tick
+                    tick = now
+                    state["batch"] += len(group)
+                    state["tokens"] += n_tokens
+                    session_tokens += n_tokens
+                    state["losses"].append(round(loss, 4))
+                    bar.update(1)
+                    if trainer.steps % 10 == 0:
+                        rate = session_tokens / max(now - session_start, 1e-9)
+                        bar.set_postfix(
+                            epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
+                        )
+                        scalars.add("train/loss", loss, trainer.steps)
+                        scalars.add("train/lr", trainer.lr, trainer.steps)
+                        scalars.add("train/tokens_per_second", rate, trainer.steps)
+                    if (
+                        train["save_every"]
+                        and trainer.steps % int(train["save_every"]) == 0
+                        and state["batch"] < len(order)
+                    ):
+                        save("last", resumable=True)
+                if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
+                    scores = validate(int(data["valid_beam"]))
+                    valid_loss = teacher_forced_loss(model, target, valid_examples, max_tokens=max_tokens)
+                    state["epoch"] += 1
+                    state["batch"] = 0
+                    entry = {
+                        "epoch": state["epoch"],
+                        "step": trainer.steps,
+                        "train_seconds": round(state["seconds"], 1),
+                        "valid_loss": round(valid_loss, 4),
+                        "valid_bleu": scores["bleu"],
+                        "valid_chrf": scores["chrf"],
+                    }
+                    state["history"].append(entry)
+                    scalars.add("valid/loss", valid_loss, trainer.steps)
+                    scalars.add("valid/bleu", scores["bleu"], trainer.steps)
+                    scalars.add("valid/chrf", scores["chrf"], trainer.steps)
+                    if progress:
+                        bar.write(
+                            f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
+                            f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
+                            file=sys.stderr,
+                        )
+                    if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
+                        state["best"], state["bad"] = entry, 0
+                        save("best")
+                    else:
+                        state["bad"] += 1
+                    keep = int(train["average_last"])
+                    if keep:
+                        save(f"epoch-{state['epoch']:03d}")
+                        for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
+                            shutil.rmtree(old)
+                stop = stopped()
+                state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
+                save("last", resumable=True)
+                record("last")
         state["stopped_by"] = stop  # a resumed run that stopped at once: this session's verdict
         bar.close()
         scalars.close()
@@ -704,7 +715,6 @@ TASK = Task(
     rules={
         ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
         ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
-        ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: at epoch ends only)"),
         ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "tensorboard"): (bool, lambda v: True, "true or false"),

@@ -1,0 +1,290 @@
+"""Training never loses work: every task resumes exactly after SIGKILL, SIGTERM and Ctrl-C save a
+checkpoint and say how to resume, kills during saves never leave a partial checkpoint, a full
+disk leaves the previous checkpoint whole, and a non-finite loss stops (or skips) by name.
+
+Real processes killed for real: ``python -m qkv train`` in a subprocess, then ``--resume``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from qkv.checkpoint import read_meta
+from qkv.errors import UserError
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.runs import load_checkpoint, save_checkpoint
+from qkv.tasks import TASKS, load_recipe
+from qkv.training import Checkpointing, Trainer, fit
+
+ROOT = Path(__file__).resolve().parents[1]
+KILLS_PER_TASK = 5  # 4 tasks: 20 kills at random steps, 20 endings equal to the uninterrupted run's
+TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
+
+
+def _corpus(tmp: Path) -> dict[str, list[str]]:
+    """Tiny data of each task, written to ``tmp``, and the recipe overrides that read it."""
+    rng = random.Random(7)
+    words = "the a dog cat runs sleeps red big small house tree sees".split()
+    sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(211)]
+    (tmp / "text.txt").write_text("\n".join(sentences) + "\n")
+    (tmp / "labels.tsv").write_text("".join(f"{s}\t{'dog' if 'dog' in s else 'other'}\n" for s in sentences))
+    return {
+        "numbers": ["task=numbers", *TINY, "train.steps=23", "train.batch_size=8", "data.eval_examples=5"],
+        "lm": ["task=lm", *TINY, f"data.text={tmp / 'text.txt'}", "model.n_layers=1", "model.max_len=16",
+               "train.steps=23", "train.batch_size=4"],
+        "mlm": ["task=mlm", *TINY, "data.dailydialog=null", f"data.sentences={tmp / 'text.txt'}", "data.vocab_size=40",
+                "model.n_layers=1", "model.max_len=16", "train.steps=23", "train.batch_size=8"],
+        "classify": ["task=classify", *TINY, "data.dailydialog=null", f"data.train_tsv={tmp / 'labels.tsv'}",
+                     "data.vocab_size=40", "model.n_layers=1", "model.max_len=16", "train.steps=23",
+                     "train.batch_size=8"],
+    }  # fmt: skip
+
+
+def _recipe(out: Path, overrides: list[str]) -> Path:
+    """A recipe file naming only the task (the overrides say the rest), beside ``out``."""
+    task = next(o.split("=", 1)[1] for o in overrides if o.startswith("task="))
+    path = out.parent / f"{task}.yaml"
+    path.write_text(f"task: {task}\n")
+    return path
+
+
+def _argv(out: Path, overrides: list[str], *extra: str) -> list[str]:
+    sets = [item for o in overrides if not o.startswith("task=") for item in ("--set", o)]
+    return [sys.executable, "-m", "qkv", "train", str(_recipe(out, overrides)), "--out", str(out), "--quiet",
+            *sets, *extra]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "QKV_MALLOC": "default", "PYTHONPATH": str(ROOT / "src")}
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"the run ended before {path} appeared: {process.stderr.read()}"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify"])
+def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
+    overrides = _corpus(tmp_path)[task]
+    recipe = load_recipe(None, overrides)
+    reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
+    rng = random.Random(task)
+    for kill in range(KILLS_PER_TASK):
+        out = tmp_path / f"run{kill}"
+        process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
+        _wait_for(out / "last" / "trainer.json", process)
+        time.sleep(rng.uniform(0, 0.3))  # somewhere after the first checkpoint: mid-step or mid-save
+        process.kill()
+        process.wait()
+        if (out / "config.json").exists():  # it finished before the kill: nothing to resume
+            continue
+        resumed = TASKS[task].train(recipe, out, progress=False, resume=True)
+        assert resumed["losses"] == reference["losses"], f"kill {kill}: the loss log differs"
+        assert _same(resumed["model"], reference["model"]), f"kill {kill}: the weights differ"
+        assert not (out / "last").exists()  # the finished model directory replaced the checkpoint
+        assert read_meta(out)["kind"] == read_meta(tmp_path / "reference")["kind"]
+
+
+def test_sigterm_saves_says_how_to_resume_and_resume_ends_identically(tmp_path):
+    overrides = [*_corpus(tmp_path)["numbers"], "train.steps=400", "train.save_every=0"]
+    recipe = load_recipe(None, overrides)
+    out = tmp_path / "run"
+    process = subprocess.Popen(_argv(out, overrides, "--json"), env=_env(), stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.PIPE)  # fmt: skip
+    time.sleep(6)  # imports and a few steps
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "stopped by SIGTERM after step" in lines[-1] and "--resume" in lines[-1], err
+    assert "Traceback" not in err
+    steps = json.loads((out / "last" / "trainer.json").read_text())["progress"]["steps"]
+    assert 0 < steps < 400
+    resumed = TASKS["numbers"].train(recipe, out, progress=False, resume=True)
+    reference = TASKS["numbers"].train(recipe, tmp_path / "reference", progress=False)
+    assert resumed["losses"] == reference["losses"] and _same(resumed["model"], reference["model"])
+
+
+def test_second_ctrl_c_stops_at_once_without_corrupting(tmp_path):
+    overrides = [*_corpus(tmp_path)["numbers"], "train.steps=100000", "train.save_every=5"]
+    out = tmp_path / "run"
+    process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for(out / "last" / "trainer.json", process)
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    read_meta(out / "last")  # whole: every file matches its recorded SHA-256
+
+
+def test_kills_during_saves_never_leave_a_partial_checkpoint(tmp_path):
+    """200 SIGKILLs at random moments while a child process saves checkpoints in a loop: after
+    each, the checkpoint loads whole, and is the previous one or the new one."""
+    model = _tiny_gpt()
+    trainer = Trainer(model, lr=0.1, warmup=1, total_steps=10)
+    last = tmp_path / "last"
+    save_checkpoint(model, last, files={}, extra={"version": 0}, trainer=trainer, progress={"version": 0})
+    rng = random.Random(0)
+    versions = set()
+    for kill in range(200):
+        pid = os.fork()
+        if pid == 0:  # the child: save new versions until killed
+            try:
+                for version in range(kill * 1000 + 1, kill * 1000 + 1000):
+                    with torch.no_grad():
+                        next(model.parameters()).fill_(version)
+                    save_checkpoint(
+                        model,
+                        last,
+                        files={},
+                        extra={"version": version},
+                        trainer=trainer,
+                        progress={"version": version},
+                    )
+            finally:
+                os._exit(0)
+        time.sleep(rng.uniform(0, 0.02))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if not last.exists():  # killed between the two renames: the previous one waits as .last.old
+            os.replace(tmp_path / ".last.old", last)
+        loaded = _tiny_gpt()
+        version = load_checkpoint(last, Trainer(loaded, lr=0.1, warmup=1, total_steps=10))["version"]
+        # The weights, the training state and the config of one and the same save:
+        assert read_meta(last)["version"] == version
+        assert torch.all(next(loaded.parameters()) == version)
+        versions.add(version)
+    assert len(versions) > 20  # the kills landed at many different moments
+
+
+def _tiny_gpt() -> DecoderOnly:
+    return DecoderOnly(DecoderOnlyConfig(vocab_size=37, d_model=16, n_heads=2, d_ff=32, n_layers=1, max_len=8))
+
+
+def _fsize_limit(limit: int):
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE as on Linux")
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+    overrides = [*_corpus(tmp_path)["numbers"], "train.steps=400", "train.save_every=2"]
+    out = tmp_path / "run"
+    # First a run stopped after some checkpoints; then a resumed run that cannot write a file
+    # as large as a checkpoint's (a file-size limit: real writes failing for real).
+    process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for(out / "last" / "trainer.json", process)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    before = json.loads((out / "last" / "trainer.json").read_text())["progress"]["steps"]
+    result = subprocess.run(_argv(out, overrides, "--resume"), env=_env(), capture_output=True, text=True,
+                            timeout=120, preexec_fn=_fsize_limit(8192), check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot write" in lines[0] and "intact" in lines[0], result.stderr
+    read_meta(out / "last")
+    assert json.loads((out / "last" / "trainer.json").read_text())["progress"]["steps"] == before
+
+
+class _Exploding(nn.Module):
+    """A model whose middle layer overflows on the step ``bad``."""
+
+    def __init__(self, bad: int) -> None:
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(3, 5), nn.Linear(5, 5), nn.Linear(5, 2)
+        self.bad, self.step = bad, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if self.step == self.bad:
+            h = h * float("inf")
+        return self.last(self.middle(h))
+
+
+def _loss(model: _Exploding, step: int) -> tuple[torch.Tensor, int]:
+    model.step = step
+    return model(torch.ones(2, 3)).pow(2).mean(), 2
+
+
+def test_nonfinite_loss_stops_naming_step_module_and_last_checkpoint(tmp_path):
+    model = _Exploding(bad=7)
+    saved = []
+
+    def save(trainer, result):
+        saved.append(result.steps)
+        return str(tmp_path / f"checkpoint-{result.steps}")
+
+    with pytest.raises(UserError) as error:
+        fit(model, _loss, steps=20, lr=0.01, warmup=1, progress=False, checkpoint=Checkpointing(save=save, every=3))
+    message = str(error.value)
+    assert message.startswith("step 8: the ") and "first non-finite output: middle" in message
+    assert "the last checkpoint: " + str(tmp_path / "checkpoint-6") in message
+    assert "train.on_nonfinite=skip" in message
+
+
+def test_nonfinite_step_skipped_leaves_the_weights_as_they_were():
+    model = _Exploding(bad=4)
+    before = {}
+
+    def loss(m, step):
+        if step == 4:
+            before.update({k: v.clone() for k, v in m.state_dict().items()})
+        return _loss(m, step)
+
+    weights_after = {}
+    real_step = Trainer.step
+
+    def step(self, batches):
+        out = real_step(self, batches)
+        if self.steps == 5:
+            weights_after.update({k: v.clone() for k, v in self.model.state_dict().items()})
+        return out
+
+    Trainer.step = step
+    try:
+        result = fit(model, loss, steps=9, lr=0.01, warmup=1, progress=False, on_nonfinite="skip")
+    finally:
+        Trainer.step = real_step
+    assert result.steps == 9 and not torch.isfinite(torch.tensor(result.losses[4]))
+    assert all(torch.equal(before[k], weights_after[k]) for k in before)  # the bad step changed nothing
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_resume_refuses_a_changed_recipe_and_a_fresh_run_refuses_an_unfinished_one(tmp_path):
+    overrides = _corpus(tmp_path)["numbers"]
+    out = tmp_path / "run"
+    process = subprocess.Popen(_argv(out, [*overrides, "train.steps=100000"]), env=_env(), stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    _wait_for(out / "last" / "trainer.json", process)
+    process.kill()
+    process.wait()
+    recipe = load_recipe(None, [*overrides, "train.steps=100000", "train.lr=0.5"])
+    with pytest.raises(UserError, match=r"--resume: the recipe differs .* in train\.lr"):
+        TASKS["numbers"].train(recipe, out, progress=False, resume=True)
+    with pytest.raises(UserError, match=r"unfinished run .*--resume"):
+        TASKS["numbers"].train(recipe, out, progress=False)
+    with pytest.raises(UserError, match="holds no unfinished run"):
+        TASKS["numbers"].train(recipe, tmp_path / "nothing", progress=False, resume=True)
