@@ -276,6 +276,17 @@ def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> Encoder
     return build_model("encoder_decoder", fields)
 
 
+# The train keys every task that trains with fit_recipe shares, with their defaults.
+FIT_TRAIN_DEFAULTS: dict = {
+    "clip": 1.0,
+    "bf16": False,
+    "label_smoothing": 0.0,
+    "seed": 0,
+    "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
+    "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+}
+
+
 def step_seed(seed: int, step: int) -> int:
     """A seed for the random draws of one training step, fixed by the run's seed and the step
     alone, so that a resumed run draws what an uninterrupted one would have."""

@@ -38,6 +38,7 @@ from qkv.evaluation import (
 from qkv.generation import pad_rows
 from qkv.models.encoder_only import EncoderOnly
 from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
     Task,
     fine_tuning_fields,
     fit_recipe,
@@ -89,12 +90,7 @@ MLM_DEFAULTS: dict = {
         "min_lr": 1e-5,
         "weight_decay": 0.01,
         "beta2": 0.98,
-        "clip": 1.0,
-        "bf16": False,
-        "label_smoothing": 0.0,
-        "seed": 0,
-        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
-        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+        **FIT_TRAIN_DEFAULTS,
     },
     "data": {
         "dailydialog": "text",  # "text": DailyDialog's utterances (train / validation splits); null: sentences
@@ -125,12 +121,7 @@ CLASSIFY_DEFAULTS: dict = {
         "min_lr": 0.0,
         "weight_decay": 0.01,
         "beta2": 0.98,
-        "clip": 1.0,
-        "bf16": False,
-        "label_smoothing": 0.0,
-        "seed": 0,
-        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
-        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+        **FIT_TRAIN_DEFAULTS,
         "init": None,  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
     },
     "data": {

@@ -34,6 +34,7 @@ from qkv.evaluation import (
 )
 from qkv.models.decoder_only import DecoderOnly
 from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
     Task,
     fit_recipe,
     fit_summary,
@@ -75,12 +76,7 @@ LM_DEFAULTS: dict = {
         "min_lr": 1e-4,
         "weight_decay": 0.1,
         "beta2": 0.99,
-        "clip": 1.0,
-        "bf16": False,
-        "label_smoothing": 0.0,
-        "seed": 0,
-        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
-        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+        **FIT_TRAIN_DEFAULTS,
     },
     "data": {
         "text": "tinyshakespeare/input.txt",

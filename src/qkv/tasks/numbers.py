@@ -31,6 +31,7 @@ from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
     Task,
     fit_recipe,
     fit_summary,
@@ -160,12 +161,7 @@ NUMBERS_DEFAULTS: dict = {
         "min_lr": 0.0,
         "weight_decay": 0.01,
         "beta2": 0.98,
-        "clip": 1.0,
-        "bf16": False,
-        "label_smoothing": 0.0,
-        "seed": 0,
-        "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
-        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+        **FIT_TRAIN_DEFAULTS,
     },
     "data": {"eval_examples": 1000, "beam_size": 4},
 }
