@@ -26,9 +26,10 @@ from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.runs import load_checkpoint, save_checkpoint
 from qkv.tasks import TASKS, load_recipe
 from qkv.training import Checkpointing, Trainer, fit
+from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS_PER_TASK = 5  # 4 tasks: 20 kills at random steps, 20 endings equal to the uninterrupted run's
+KILLS_PER_TASK = 5  # 5 tasks: 25 kills at random steps, 25 endings equal to the uninterrupted run's
 TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
 
 
@@ -39,6 +40,7 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
     sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(211)]
     (tmp / "text.txt").write_text("\n".join(sentences) + "\n")
     (tmp / "labels.tsv").write_text("".join(f"{s}\t{'dog' if 'dog' in s else 'other'}\n" for s in sentences))
+    tones = tone_corpus(tmp / "tones", utterances=6)
     return {
         "numbers": ["task=numbers", *TINY, "train.steps=23", "train.batch_size=8", "data.eval_examples=5"],
         "lm": ["task=lm", *TINY, f"data.text={tmp / 'text.txt'}", "model.n_layers=1", "model.max_len=16",
@@ -48,6 +50,8 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
         "classify": ["task=classify", *TINY, "data.dailydialog=null", f"data.train_tsv={tmp / 'labels.tsv'}",
                      "data.vocab_size=40", "model.n_layers=1", "model.max_len=16", "train.steps=23",
                      "train.batch_size=8"],
+        "asr": [*tiny_asr_overrides(tones), *TINY, "model.n_encoder_layers=1", "train.steps=23",
+                "train.batch_frames=200", "train.spec_augment=true", "data.test_limit=2"],
     }  # fmt: skip
 
 
@@ -82,7 +86,7 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify"])
+@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr"])
 def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
     overrides = _corpus(tmp_path)[task]
     recipe = load_recipe(None, overrides)

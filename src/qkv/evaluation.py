@@ -1,6 +1,8 @@
-"""Evaluation metrics: exact match, and BLEU / chrF through sacreBLEU (with its signature).
+"""Evaluation metrics: exact match, BLEU / chrF through sacreBLEU (with its signature), and
+word / character error rates through jiwer.
 
-What is here: :func:`exact_match`, :func:`corpus_scores`, :func:`lm_loss` (a language
+What is here: :func:`exact_match`, :func:`corpus_scores`, :func:`error_rates` (WER and CER of
+transcripts, with :func:`normalize_transcript`), :func:`lm_loss` (a language
 model's cross-entropy on a token stream, in non-overlapping windows), :func:`masked_lm_scores`
 (a masked-LM's loss and accuracy at the masked positions) and the classification metrics
 :func:`accuracy` and :func:`macro_f1`. BLEU and chrF come from the ``sacrebleu`` library,
@@ -12,6 +14,8 @@ What is not here: decoding (``generation.py``), reading files (``cli.py``).
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Hashable, Iterable, Sequence
 
 import sacrebleu
@@ -83,6 +87,51 @@ def corpus_scores(
         "exact_match": round(exact_match(hypotheses, references), 4),
         "bleu_signature": str(bleu.get_signature()),
         "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+_NOT_WORD = re.compile(r"[^\w' ]+")  # anything but letters, digits, apostrophes and spaces
+
+
+def normalize_transcript(text: str) -> str:
+    """A transcript as word error rates compare it: Unicode NFKC, lowercase, punctuation (but
+    the apostrophe of "don't") made a space, runs of spaces one. Speech carries no commas or
+    capitals, so an ASR system is scored on the words (as Whisper's English normalizer and
+    ESPnet's scoring do, more simply)."""
+    text = _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", text).lower())
+    return " ".join(text.replace("_", " ").split())
+
+
+def error_rates(hypotheses: list[str], references: list[str], *, normalize: bool = True) -> dict:
+    """Corpus word and character error rates, computed by ``jiwer``: (S + D + I) / N over all
+    utterances together (N the reference words, or characters for CER), with the counts.
+
+    ``normalize``: compare :func:`normalize_transcript` of both sides (else the texts with
+    outer spaces stripped). An empty reference (after normalization) is a ValueError naming
+    its index: its error rate is undefined. Returns {"wer", "cer", "substitutions",
+    "deletions", "insertions", "words", "sentence_accuracy"}.
+    """
+    import jiwer  # imported on use: only scoring speech needs it
+
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not references:
+        raise ValueError("no references to score")
+    prepare = normalize_transcript if normalize else str.strip
+    hyps, refs = [prepare(h) for h in hypotheses], [prepare(r) for r in references]
+    for i, r in enumerate(refs):
+        if not r:
+            raise ValueError(f"reference {i + 1} is empty{' after normalization' if normalize else ''}")
+    words = jiwer.process_words(refs, hyps)
+    chars = jiwer.process_characters(refs, hyps)
+    return {
+        "wer": words.wer,
+        "cer": chars.cer,
+        "substitutions": words.substitutions,
+        "deletions": words.deletions,
+        "insertions": words.insertions,
+        "words": words.hits + words.substitutions + words.deletions,
+        "sentence_accuracy": exact_match(hyps, refs),
     }
 
 

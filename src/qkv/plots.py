@@ -1,4 +1,5 @@
-"""Pictures: attention heatmaps and training-loss curves, written as PNG with matplotlib.
+"""Pictures: attention heatmaps (text, and speech under its spectrogram) and training-loss
+curves, written as PNG with matplotlib.
 
 Both writers are atomic (a temporary file renamed into place). What is not here: computing
 attention weights (``generation.py`` / the models) or losses (``training.py``).
@@ -52,6 +53,42 @@ def attention_heatmap(
             ax.set_ylabel("output token", fontsize=8)
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight A'")
     fig.suptitle(title, fontsize=10)
+    return _save(fig, Path(path))
+
+
+def speech_attention(
+    mel: np.ndarray,
+    weights: np.ndarray,
+    *,
+    output: list[str],
+    seconds_per_frame: float,
+    path: str | Path,
+    title: str,
+) -> Path:
+    """A speech model's cross-attention under the utterance's log-mel spectrogram, on one time
+    axis (seconds): each output token's row shows which stretch of the audio it read. The
+    weights are the heads' mean (a trained model's heads split the work; their mean shows the
+    alignment).
+
+    Shapes:
+        mel: (T, M) features; weights: (H, L, S) attention weights A' over the S encoder frames
+        (L = len(output)); the encoder frames span the same audio as the T feature frames.
+    """
+    frames = mel.shape[0]
+    duration = frames * seconds_per_frame
+    mean = weights.mean(axis=0)  # (L, S)
+    width = min(16.0, max(6.0, 2.0 * duration + 3.0))
+    height = 2.2 + max(1.5, 0.22 * len(output))
+    fig = Figure(figsize=(width, height), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2.2, max(1.5, 0.22 * len(output))])
+    top.imshow(mel.T, origin="lower", aspect="auto", cmap="magma", extent=(0, duration, 0, mel.shape[1]))
+    top.set_ylabel("mel bin", fontsize=8)
+    top.set_title(title, fontsize=10)
+    image = bottom.imshow(mean, aspect="auto", cmap="viridis", vmin=0.0, extent=(0, duration, len(output), 0))
+    bottom.set_yticks([i + 0.5 for i in range(len(output))], output, fontsize=7)
+    bottom.set_ylabel("output token", fontsize=8)
+    bottom.set_xlabel("time (s)", fontsize=8)
+    fig.colorbar(image, ax=bottom, shrink=0.9, label="mean attention A'")
     return _save(fig, Path(path))
 
 

@@ -97,6 +97,10 @@ def _set(recipe: dict, key: str, value, *, where: str) -> None:
         node = node[part]
     if parts[0] != "model" and parts[-1] not in node:
         raise UserError(f"{where}: unknown key {key!r}; known in this section: {', '.join(sorted(node))}")
+    if isinstance(node.get(parts[-1]), dict) and isinstance(value, dict):
+        for name, inner in value.items():  # a nested section (a speech model's features): key by key
+            _set(recipe, f"{key}.{name}", inner, where=where)
+        return
     if isinstance(node.get(parts[-1]), dict):
         raise UserError(f"{where}: {key} is a section; set its keys, e.g. {key}.{next(iter(node[parts[-1]]))}=...")
     node[parts[-1]] = value

@@ -23,6 +23,7 @@ from qkv.errors import UserError
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
   qkv evaluate --hyp test.en --ref $QKV_DATA/multi30k/tok/test_2016_flickr.lc.norm.tok.en --tokenize moses
+  qkv evaluate --hyp transcripts.txt --ref truth.txt --wer      # WER, CER (speech recognition)
   qkv evaluate --model qkv-demo/model --examples 500
   qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
   qkv evaluate --model runs/dailydialog_acts --tsv test.tsv --json     # accuracy, macro-F1
@@ -142,7 +143,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
         if not hyps:
             raise UserError(f"{args.hyp} and {args.ref} are empty: nothing to score")
-        result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase, lang=args.lang)
+        if args.wer:
+            from qkv.evaluation import error_rates
+
+            try:
+                rates = error_rates(hyps, refs, normalize=not args.no_normalize)
+            except ValueError as e:  # an empty reference: its line number
+                raise UserError(f"{args.ref}: {e}") from None
+            result = {k: round(v, 4) if isinstance(v, float) else v for k, v in rates.items()}
+        else:
+            result = corpus_scores(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase, lang=args.lang)
     if args.json:
         print(json.dumps(result))
     else:
@@ -155,8 +165,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "evaluate",
-        help="score hypotheses against references (BLEU, chrF, exact match), or a model on its task",
-        description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match. With "
+        help="score hypotheses against references (BLEU, chrF, WER, exact match), or a model on its task",
+        description="With --hyp and --ref: sacreBLEU BLEU and chrF (with signatures) and exact match; with "
+        "--wer, jiwer's word and character error rates. With "
         "--model: exact match of a numbers model on held-out numbers. With --model and --text: a language "
         "model's loss (nats/token) and perplexity on the text, in non-overlapping windows of its context; a "
         "model trained with one document per line (data.documents) reads every non-empty line as a document "
@@ -176,6 +187,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--lang", default="en", help="language of the hypotheses for --tokenize moses (default en)")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive scores")
+    p.add_argument(
+        "--wer",
+        action="store_true",
+        help="word and character error rates (jiwer) instead of BLEU: transcripts compared lowercased, "
+        "punctuation removed (qkv.evaluation.normalize_transcript)",
+    )
+    p.add_argument("--no-normalize", action="store_true", help="with --wer: compare the texts exactly as written")
     p.add_argument(
         "--model",
         default=None,

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from qkv import __version__
-from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, train, translate
+from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, train, transcribe, translate
 from qkv.cli.common import Parser
 from qkv.errors import Stopped, UserError
 from qkv.memory import choose_allocator
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     train.add_parser(sub)
     translate.add_parser(sub)
+    transcribe.add_parser(sub)
     generate.add_parser(sub)
     chat.add_parser(sub)
     evaluate.add_parser(sub)

@@ -6,9 +6,9 @@
     translation.py    parallel text -> an encoder-decoder (resumable runs, BLEU)
     lm.py             text -> a decoder-only language model (chat data too)
     bert.py           masked-LM pretraining and classification -> an encoder-only model
+    asr.py            speech -> text: speech recognition and speech translation (WER, BLEU)
 
-Speech recognition and speech translation (``asr.py``) and text-to-speech (``tts.py``) join
-here. A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.
+Text-to-speech (``tts.py``) joins here. A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from qkv import recipes
 from qkv.recipes import Task
-from qkv.tasks import bert, lm, numbers, translation
+from qkv.tasks import asr, bert, lm, numbers, translation
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in (numbers.TASK, lm.TASK, translation.TASK, bert.MLM, bert.CLASSIFY)
+    task.name: task for task in (numbers.TASK, lm.TASK, translation.TASK, bert.MLM, bert.CLASSIFY, asr.TASK)
 }
 
 

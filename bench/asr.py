@@ -1,0 +1,147 @@
+"""Speech benchmarks: each recipe trained here from scratch on the CPU, scored on its test split,
+beside the peer the issue names, with the wall time (corpus building included).
+
+    python bench/asr.py fsdd --whisper /tmp/whisper-tiny.en     # FSDD digits vs Whisper tiny.en
+    python bench/asr.py fsdd --model runs/fsdd_digits           # score a model trained before
+    python bench/asr.py digit_strings --held-out theo           # digit strings, an unheard speaker
+    python bench/asr.py speech_en                               # espeak-ng English, unseen voices
+    python bench/asr.py speech_de_en                            # German speech -> English text
+
+``fsdd``: ``recipes/fsdd_digits.yaml``; the figure is the share of the 300 test files (recordings
+0–4 of every digit and speaker) transcribed exactly right (target ≥ 97%). With ``--whisper DIR``
+(an HF Whisper checkpoint: ``bench/fetch_whisper_tiny.sh`` fetches tiny.en) the same 300 files go
+through transformers' Whisper (``bench/whisper_fsdd.py``), plain and with 0.5 s of silence added,
+and its accuracy is the peer figure. ``digit_strings``: WER on the held-out speaker (≤ 10%).
+``speech_en``: WER on test2016 spoken by voice variants never trained on (≤ 10%).
+``speech_de_en``: end-to-end BLEU (sacreBLEU 13a, lowercased; ≥ 25).
+
+Without ``--model`` the recipe is trained into ``--out`` (default ``runs/bench_<name>``); the
+wall time covers building (or finding in the cache) the corpus, computing features, training
+and scoring. With ``--model`` the model is scored again and its recorded training time is
+reported. ``--set`` overrides recipe keys (a shorter run, say). Records go to
+``bench/results/asr.json`` (``--no-record``: print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+BENCHES = {
+    # name: (recipe, metric, unit, target)
+    "fsdd": ("fsdd_digits", "FSDD digits, standard test split (300 files): utterances right", "%", {"min": 97}),
+    "digit_strings": ("fsdd_digit_strings", "FSDD digit strings, held-out speaker: WER", "%", {"max": 10}),
+    "speech_en": ("speech_en", "espeak-ng English, Multi30k test2016, unseen voices: WER", "%", {"max": 10}),
+    "speech_de_en": ("speech_de_en", "German speech -> English text, Multi30k test2016: BLEU", "BLEU", {"min": 25}),
+}
+
+
+def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float]:
+    """The scores of the trained model on its test split, and the seconds it took
+    (train + score; or, for ``--model``, the recorded training time)."""
+    from qkv.checkpoint import load_model, model_dir
+    from qkv.tasks import TASKS, load_recipe
+    from qkv.tasks.asr import score_model
+    from qkv.tokenization import FILE, Tokenizer
+
+    recipe_name = BENCHES[name][0]
+    overrides = list(args.set)
+    if name == "digit_strings":
+        overrides.append(f"data.held_out={args.held_out}")
+    recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", overrides)
+    if args.model is None:
+        out = Path(args.out or ROOT / "runs" / f"bench_{name}")
+        start = time.perf_counter()
+        summary = TASKS["asr"].train(recipe, out, progress=True, resume=args.resume)
+        return summary, time.perf_counter() - start
+    path = model_dir(args.model)
+    model, meta = load_model(path, kind="speech_encoder_decoder")
+    recipe = meta.get("recipe") or recipe
+    summary = score_model(model, Tokenizer.load(path / FILE), recipe)
+    summary["train_seconds"] = meta.get("train_seconds", float("nan"))
+    summary["tokens_per_second"] = meta.get("audio_seconds_per_second", float("nan"))
+    return summary, meta.get("wall_seconds", float("nan"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description="Speech benchmarks: train a speech recipe here, score it beside its peer, record it.",
+        epilog="example: python bench/asr.py fsdd --whisper /tmp/whisper-tiny.en",
+    )
+    p.add_argument("bench", choices=sorted(BENCHES))
+    p.add_argument("--model", help="score this trained model instead of training one")
+    p.add_argument("--out", help="where to train (default runs/bench_NAME)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+    p.add_argument("--held-out", default="theo", help="digit_strings: the speaker held out (default theo)")
+    p.add_argument("--whisper", help="fsdd: an HF Whisper checkpoint directory to run on the same files")
+    p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/asr.json")
+    args = p.parse_args()
+
+    name = args.bench
+    _, metric, unit, target = BENCHES[name]
+    summary, wall = train_or_load(name, args)
+    if name == "speech_de_en":
+        figure = summary["bleu"]
+    elif name == "fsdd":
+        figure = 100 * summary["accuracy"]
+    else:
+        figure = 100 * summary["wer"]
+    if name == "digit_strings":
+        metric = f"{metric} ({args.held_out})"
+    details = {
+        k: round(summary[k], 4)
+        for k in ("wer", "cer", "accuracy", "bleu", "chrf", "train_seconds", "eval_seconds")
+        if isinstance(summary.get(k), float | int)
+    }
+    details["training audio seconds per second"] = round(summary["tokens_per_second"], 1)
+    details["decoding audio seconds per second"] = round(summary["decode_audio_seconds_per_second"], 1)
+    details["wall seconds (corpus, features, training, scoring)"] = round(wall, 1)
+    details["test utterances"] = summary["test_utterances"]
+    peer, peer_figure = None, None
+    if name == "fsdd" and args.whisper:
+        from whisper_fsdd import whisper_fsdd
+
+        files, refs = [Path(p) for p in summary["paths"]], summary["references"]
+        plain = whisper_fsdd(Path(args.whisper), files, refs)
+        padded = whisper_fsdd(Path(args.whisper), files, refs, silence_seconds=0.5)
+        peer, peer_figure = f"Whisper ({Path(args.whisper).name}) on the same files", 100 * plain["accuracy"]
+        details["Whisper, 0.5 s of silence added"] = round(100 * padded["accuracy"], 2)
+    print(f"{metric}: qkv {figure:.2f} {unit}" + (f"  |  {peer}: {peer_figure:.2f} {unit}" if peer else ""))
+    print(
+        f"trained {summary.get('train_seconds', float('nan')) / 60:.1f} min at "
+        f"{summary['tokens_per_second']:.0f} audio s/s; whole run {wall / 60:.1f} min"
+    )
+    if not args.no_record:
+        import record
+
+        records = [
+            {
+                "metric": metric,
+                "figure": round(figure, 2),
+                "unit": unit,
+                "peer": peer,
+                "peer_figure": None if peer_figure is None else round(peer_figure, 2),
+                "target": target,
+                "details": details,
+                "notes": f"recipe recipes/{BENCHES[name][0]}.yaml, trained from scratch on this machine's CPU",
+            },
+            {
+                "metric": f"{BENCHES[name][0]}: training throughput",
+                "figure": round(summary["tokens_per_second"], 1),
+                "unit": "audio seconds/s",
+                "details": {"steps": summary.get("steps")},
+            },
+        ]
+        record.append_run("asr", records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

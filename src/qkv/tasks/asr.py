@@ -1,0 +1,554 @@
+"""Speech in, text out: the speech-recognition and speech-translation task (:data:`TASK`, named
+``asr``), its runner :func:`train_asr`, and :func:`transcribe`, which ``qkv transcribe``, the
+server and the benchmarks share.
+
+A recipe names a corpus (``data.corpus``): FSDD's spoken digits (the standard split, or digit
+strings with one speaker held out), Multi30k captions spoken by espeak-ng in English (speech
+recognition) or German (with ``data.translate``: English text out, speech translation), or
+manifests of the user's own recordings. The corpus is built and cached by
+``speech_corpora.py``; every utterance's log-mel features are computed once, kept in memory
+(float16) and batched by length under a budget of feature frames. Each step draws its batch and
+its SpecAugment masks from (seed, step) alone, so a resumed run trains exactly as an
+uninterrupted one. The loss is the joint CTC/attention loss (``training.speech_loss``); the
+test split is decoded by beam search, joint with the CTC prefix score when ``data.ctc_weight``
+> 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
+
+What is not here: features (``audio.py``), the corpora (``speech_corpora.py``), the model
+(``models/speech.py``), decoding and CTC scoring (``generation.py``), the command line
+(``cli/transcribe.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
+from qkv.checkpoint import build_model
+from qkv.errors import UserError
+from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
+from qkv.generation import beam_search, ctc_greedy
+from qkv.models.speech import SpeechEncoderDecoder
+from qkv.plots import speech_attention
+from qkv.progress import progress as progress_bar
+from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
+    Task,
+    fit_recipe,
+    fit_summary,
+    require_steps,
+    save_model_dir,
+    start_run,
+    step_seed,
+)
+from qkv.speech_corpora import (
+    Corpus,
+    Utterance,
+    espeak_corpus,
+    fsdd_digit_strings,
+    fsdd_digits,
+    read_manifest,
+)
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import Tokenizer
+from qkv.training import seq2seq_batch, speech_loss
+
+CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manifests")
+
+# A small speech Transformer that trains on two CPU cores: ESPnet's conv2d front-end (×4 fewer
+# frames), 6 encoder and 3 decoder blocks of width 144 (the encoder does the listening; a
+# transcript's decoder needs little), pre-norm, CTC weight 0.3 (Kim et al., 2017).
+ASR_DEFAULTS: dict = {
+    "task": "asr",
+    "model": {
+        "d_model": 144,
+        "n_heads": 4,
+        "d_ff": 576,
+        "n_encoder_layers": 6,
+        "n_decoder_layers": 3,
+        "max_len": 160,
+        "dropout": 0.1,
+        "frontend": "conv2d",
+        "encoder_positions": "sinusoidal",
+        "positions": "sinusoidal",
+        "ctc": True,
+        "features": {"kind": "logmel", "n_mels": 80, "normalize": True},
+    },
+    "train": {
+        "steps": 3000,
+        "seconds": None,
+        "batch_frames": 12000,  # feature frames (10 ms each) per batch, padding included: 120 s of audio
+        "lr": 1e-3,
+        "warmup": 300,
+        "schedule": "cosine",
+        "min_lr": 1e-5,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "ctc_weight": 0.3,  # λ of the loss λ·CTC + (1 − λ)·attention
+        "spec_augment": True,
+        "freq_masks": 2,
+        "freq_width": 15,
+        "time_masks": 2,
+        "time_width": 40,
+        "time_ratio": 0.2,
+        "time_warp": 0,
+        **FIT_TRAIN_DEFAULTS,
+        "label_smoothing": 0.1,
+    },
+    "data": {
+        "corpus": "fsdd_digits",
+        "translate": False,  # espeak_de: English text out (speech translation); else the transcript
+        "normalize": True,  # train on normalize_transcript(text): lowercase, no punctuation
+        "held_out": "theo",  # fsdd_digit_strings: the speaker only the test set holds
+        "train_utterances": 6000,  # fsdd_digit_strings
+        "test_utterances": 500,  # fsdd_digit_strings
+        "sentences": None,  # espeak corpora: the first N sentences of every split (null: all)
+        "corpus_seed": 0,
+        "train": None,  # manifests: train.tsv (path, seconds, speaker, text[, target])
+        "test": None,  # manifests: test.tsv
+        "tokenizer": "char",  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
+        "vocab_size": 1000,
+        "beam_size": 4,
+        "ctc_weight": 0.3,  # joint CTC/attention decoding of the test split (0: attention only)
+        "length_penalty": 1.0,
+        "eval_batch_size": 32,
+        "test_limit": None,  # decode only the first N test utterances (null: all)
+    },
+}
+
+
+def _check(recipe: dict, where: str) -> None:
+    require_steps(recipe, where)
+    data = recipe["data"]
+    if data["translate"] and data["corpus"] not in ("espeak_de", "manifests"):
+        raise UserError(f"{where}: data.translate needs data.corpus espeak_de or manifests with a target column")
+    if data["corpus"] == "manifests" and (data["train"] is None or data["test"] is None):
+        raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
+    if not recipe["model"].get("ctc", True):
+        for key in ("train.ctc_weight", "data.ctc_weight"):
+            section, name = key.split(".")
+            if recipe[section][name] > 0:
+                raise UserError(f"{where}: {key} must be 0 for a model without a CTC head (model.ctc: false)")
+    if not isinstance(recipe["model"].get("features", {}), dict):
+        raise UserError(f"{where}: model.features must be a mapping of feature settings")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: the corpus, its features, length-bucketed batches
+# ---------------------------------------------------------------------------------------------
+
+
+def load_corpus(data: dict) -> tuple[Corpus, str]:
+    """The recipe's corpus (built and cached where it must be) and the name of its test split."""
+    kind = data["corpus"]
+    if kind == "fsdd_digits":
+        return fsdd_digits(), "test"
+    if kind == "fsdd_digit_strings":
+        corpus = fsdd_digit_strings(
+            held_out=str(data["held_out"]),
+            train_utterances=int(data["train_utterances"]),
+            test_utterances=int(data["test_utterances"]),
+            seed=int(data["corpus_seed"]),
+        )
+        return corpus, "test"
+    if kind in ("espeak_en", "espeak_de"):
+        corpus = espeak_corpus(language=kind[-2:], sentences=data["sentences"], seed=int(data["corpus_seed"]))
+        return corpus, "test"
+    splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
+    return Corpus("manifests", Path(data["train"]).parent, splits), "test"
+
+
+def output_text(u: Utterance, *, translate: bool, normalize: bool) -> str:
+    """What the model learns to write for ``u``: the transcript, or with ``translate`` the
+    target text (as written: translations are scored by BLEU, cased); ``normalize`` applies
+    :func:`~qkv.evaluation.normalize_transcript` to a transcript."""
+    if translate:
+        if u.target is None:
+            raise UserError(f"{u.path}: data.translate needs a target text for every utterance")
+        return u.target
+    return normalize_transcript(u.text) if normalize else u.text
+
+
+def compute_features(
+    utterances: Sequence[Utterance], config: FeatureConfig, *, progress: bool, desc: str
+) -> list[Tensor]:
+    """Every utterance's features, (T_u, M) float16 each (half the memory of float32; the
+    features are normalised log-mels, well within float16's range and precision)."""
+    out = []
+    bar = progress_bar(total=len(utterances), desc=desc, unit="utt", disable=not progress)
+    for u in utterances:
+        wave = load_audio(u.path, sample_rate=config.sample_rate, max_seconds=None)
+        out.append(features(wave, config).to(torch.float16))
+        bar.update(1)
+    bar.close()
+    return out
+
+
+def length_batches(frames: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length: sorted by frames, cut so that a batch's
+    padded size (its longest × its count) stays within ``budget`` (one longer utterance alone)."""
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # ascending: the newest is the longest
+        if current and frames[i] * (len(current) + 1) > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def batch_of_step(batches: int, step: int, seed: int) -> int:
+    """Which batch step ``step`` trains on: every batch once per epoch, epochs in their own
+    order, all of it fixed by (seed, step), so a resumed run takes the same batches."""
+    epoch, within = divmod(step, batches)
+    order = torch.randperm(batches, generator=torch.Generator().manual_seed(step_seed(seed, -1 - epoch)))
+    return int(order[within])
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """One decoded utterance: its text, its token ids."""
+
+    text: str
+    ids: list[int]
+
+
+@torch.no_grad()
+def transcribe(
+    model: SpeechEncoderDecoder,
+    tokenizer: Tokenizer,
+    feats: Sequence[Tensor],
+    *,
+    beam_size: int = 4,
+    ctc_weight: float = 0.0,
+    ctc_only: bool = False,
+    length_penalty: float = 1.0,
+    batch_size: int = 32,
+    prefix: list[int] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Transcription]:
+    """Decode feature tensors, in batches of similar length (less padding), results in input order.
+
+    Beam search (``beam_size``; 1 is greedy), joint with the CTC prefix score when
+    ``ctc_weight`` > 0 (the model needs a CTC head); ``ctc_only``: CTC best-path decoding, no
+    decoder. ``prefix``: the decoder's forced first tokens (an imported Whisper's start
+    tokens); None: BEGIN alone. ``on_batch(n)`` is called after each batch of n.
+
+    Shapes: feats: N tensors (T_n, M) -> N transcriptions.
+    """
+    if ctc_weight and model.ctc is None:
+        raise UserError("--ctc-weight needs a model with a CTC head; this one has none")
+    if ctc_only and model.ctc is None:
+        raise UserError("--ctc-only needs a model with a CTC head; this one has none")
+    order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
+    results: list[Transcription | None] = [None] * len(feats)
+    dtype = next(model.parameters()).dtype
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        inputs = [feats[i].to(dtype) for i in rows]
+        if ctc_only:
+            outputs = ctc_greedy(model, inputs)
+        else:
+            best = beam_search(
+                model,
+                inputs,
+                beam_size=beam_size,
+                max_new_tokens=model.config.max_len,
+                length_penalty=length_penalty,
+                ctc_weight=ctc_weight if ctc_weight > 0 else None,
+                **({"prefix": prefix} if prefix is not None else {}),
+            )
+            outputs = [hyps[0].tokens for hyps in best]
+        for i, ids in zip(rows, outputs, strict=True):
+            ids = [t for t in ids if t != model.config.eos_id]
+            results[i] = Transcription(tokenizer.decode(ids), ids)
+        if on_batch is not None:
+            on_batch(len(rows))
+    return [r for r in results if r is not None]
+
+
+def cross_attention(model: SpeechEncoderDecoder, feats: Tensor, ids: list[int]) -> Tensor:
+    """The last decoder block's cross-attention while the model writes ``ids`` + END from the
+    features ``feats``; row t reads BEGIN + ids[:t].
+
+    Shapes: feats (T, M) -> (H, L, S), L = len(ids) + 1, S the encoder frames.
+    """
+    dtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        memory, valid = model.encode(feats[None].to(dtype))  # (1, S, D), (1, S)
+        tgt = torch.tensor([[model.config.bos_id, *ids]])  # (1, L)
+        attention = model.decode(tgt, memory, src_mask=valid, need_weights=True).attention
+    return attention[-1][0].float()  # (H, L, S)
+
+
+def draw_cross_attention(
+    model: SpeechEncoderDecoder, tokenizer: Tokenizer, feats: Tensor, ids: list[int], path: Path, *, title: str
+) -> Path:
+    """PNG of :func:`cross_attention` under the utterance's spectrogram (``plots.speech_attention``)."""
+    weights = cross_attention(model, feats, ids)
+    labels = [tokenizer.id_to_token(t) for t in ids] + ["END"]
+    labels = [label.replace(" ", "␣") for label in labels]
+    c = model.config.features
+    return speech_attention(
+        feats.float().numpy(),
+        weights.numpy(),
+        output=labels,
+        seconds_per_frame=c.hop_length / c.sample_rate,
+        path=path,
+        title=title,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+
+def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
+    if last is not None:
+        return Tokenizer.load(last / TOKENIZER_FILE)
+    if data["tokenizer"] == "char":
+        return Tokenizer.train_char_level(texts)
+    if data["tokenizer"] == "subword":
+        return Tokenizer.train_subword(texts, vocab_size=int(data["vocab_size"]))
+    path = Path(data["tokenizer"])
+    if not path.is_file():
+        raise UserError(f"data.tokenizer: {path} does not exist (char, subword or a tokenizer.json)")
+    return Tokenizer.load(path)
+
+
+def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a speech encoder–decoder as ``recipe`` says, score it on the test split, save it to ``out``.
+
+    Transcripts (or translations) longer than the decoder's window are left out of training
+    and named in ``problems``. The model directory also gets ``cross_attention.png``: the
+    first test utterance's spectrogram with the attention of the words the model wrote.
+    """
+    began = time.perf_counter()
+    out = Path(out)
+    last = start_run(out, recipe, resume=resume)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    problems: list[str] = []
+    corpus, test_split = load_corpus(data)
+    translate, normalize = bool(data["translate"]), bool(data["normalize"])
+    train_utts = corpus["train"]
+    texts = [output_text(u, translate=translate, normalize=normalize) for u in train_utts]
+    tokenizer = _tokenizer(data, texts, last)
+    torch.manual_seed(seed)
+    fields = {
+        **recipe["model"],
+        "vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+    }
+    model = build_model("speech_encoder_decoder", fields)
+    config = model.config.features
+    targets = tokenizer.encode_batch(texts)
+    keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
+    if len(keep) < len(targets):
+        problems.append(
+            f"{len(targets) - len(keep)} training transcripts longer than max_len={model.config.max_len} "
+            "tokens were left out"
+        )
+    if not keep:
+        raise UserError("no training utterance fits the model's window (max_len)")
+    train_utts = [train_utts[i] for i in keep]
+    targets = [targets[i] for i in keep]
+    train_feats = compute_features(train_utts, config, progress=progress, desc="features (train)")
+    frames = [f.shape[0] for f in train_feats]
+    budget = int(train["batch_frames"])
+    batches = length_batches(frames, budget)
+    c = model.config
+    augment = {k: train[k] for k in ("freq_masks", "freq_width", "time_masks", "time_width", "time_ratio", "time_warp")}
+    seconds_per_frame = config.hop_length / config.sample_rate
+
+    def step_loss(m: SpeechEncoderDecoder, step: int) -> tuple[Tensor, float]:
+        rows = batches[batch_of_step(len(batches), step, seed)]
+        feats, valid = pad_features([train_feats[i].float() for i in rows])  # (B, T, M), (B, T)
+        if train["spec_augment"]:
+            generator = torch.Generator().manual_seed(step_seed(seed, step))
+            feats = spec_augment(feats, generator, valid=valid, **augment)  # (B, T, M)
+        _, t_in, t_out = seq2seq_batch(
+            [([], targets[i]) for i in rows], pad_id=c.pad_id, bos_id=c.bos_id, eos_id=c.eos_id
+        )  # (B, L) each
+        loss, _ = speech_loss(
+            m,
+            feats,
+            valid,
+            t_in,
+            t_out,
+            pad_id=c.pad_id,
+            ctc_weight=float(train["ctc_weight"]),
+            label_smoothing=float(train["label_smoothing"]),
+        )
+        return loss, float(valid.sum()) * seconds_per_frame  # the rate counts seconds of audio
+
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv asr",
+        unit="audio_s",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
+    train_feats.clear()  # the training features' memory, before the test set's
+    evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
+    scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
+    timing = {
+        "train_seconds": result.seconds,
+        "steps": result.steps,
+        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
+        "wall_seconds": time.perf_counter() - began,  # corpus, features, training and scoring
+    }
+    save_model_dir(model, tokenizer, out, extra={"task": "asr", "recipe": recipe, **scores, **timing})
+    first = evaluation["first_features"]
+    draw_cross_attention(
+        model,
+        tokenizer,
+        first,
+        evaluation["first_ids"],
+        out / "cross_attention.png",
+        title=f"{evaluation['first_path']}: {evaluation['hypotheses'][0]!r}",
+    )
+    return {
+        **{k: v for k, v in evaluation.items() if not k.startswith("first_")},
+        "problems": problems,
+        **fit_summary(result, model, tokenizer),
+    }
+
+
+def score_model(
+    model: SpeechEncoderDecoder,
+    tokenizer: Tokenizer,
+    recipe: dict,
+    *,
+    progress: bool = True,
+    test: tuple[Corpus, str] | None = None,
+) -> dict:
+    """Decode the recipe's test split (``data.test_limit`` of it) with the recipe's decoding
+    settings and score it: WER, CER and utterance accuracy, or BLEU for translation; with
+    the hypotheses, references, timings and decoding speed (seconds of audio per second).
+    ``test``: the corpus and split, when the caller has them (else :func:`load_corpus`)."""
+    data = recipe["data"]
+    corpus, split = test if test is not None else load_corpus(data)
+    utterances = corpus[split][: data["test_limit"]] if data["test_limit"] else corpus[split]
+    translate = bool(data["translate"])
+    config = model.config.features
+    start = time.perf_counter()
+    feats = compute_features(utterances, config, progress=progress, desc="features (test)")
+    bar = progress_bar(total=len(utterances), desc="decoding (test)", unit="utt", disable=not progress)
+    decoded = transcribe(
+        model,
+        tokenizer,
+        feats,
+        beam_size=int(data["beam_size"]),
+        ctc_weight=float(data["ctc_weight"]),
+        length_penalty=float(data["length_penalty"]),
+        batch_size=int(data["eval_batch_size"]),
+        on_batch=bar.update,
+    )
+    bar.close()
+    seconds = time.perf_counter() - start
+    hypotheses = [d.text for d in decoded]
+    references = [output_text(u, translate=translate, normalize=False) for u in utterances]
+    audio = sum(f.shape[0] for f in feats) * config.hop_length / config.sample_rate
+    return {
+        **_scores(hypotheses, references, translate=translate),
+        "test_utterances": len(utterances),
+        "test_split": f"{corpus.name}/{split}",
+        "hypotheses": hypotheses,
+        "references": references,
+        "paths": [str(u.path) for u in utterances],
+        "eval_seconds": seconds,
+        "decode_audio_seconds_per_second": audio / max(seconds, 1e-9),
+        "first_features": feats[0],
+        "first_ids": decoded[0].ids,
+        "first_path": utterances[0].path.name,
+    }
+
+
+def _scores(hypotheses: list[str], references: list[str], *, translate: bool) -> dict:
+    if translate:  # the issue's measure: sacreBLEU, 13a, lowercased
+        bleu = corpus_scores(hypotheses, references, tokenize="13a", lowercase=True)
+        return {"bleu": bleu["bleu"], "chrf": bleu["chrf"], "bleu_signature": bleu["bleu_signature"]}
+    rates = error_rates(hypotheses, references)
+    return {
+        "wer": rates["wer"],
+        "cer": rates["cer"],
+        "accuracy": rates["sentence_accuracy"],
+        "words": rates["words"],
+    }
+
+
+def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's scores for the command line: WER / CER and utterance accuracy, or BLEU."""
+    n, split = summary["test_utterances"], summary["test_split"]
+    if "bleu" in summary:
+        score = {"bleu": summary["bleu"], "chrf": summary["chrf"]}
+        return score, f"BLEU={summary['bleu']:.2f} (sacreBLEU, 13a, lowercased) on {n} utterances of {split}"
+    score = {k: round(summary[k], 4) for k in ("wer", "cer", "accuracy")}
+    said = (
+        f"WER={100 * summary['wer']:.2f}% CER={100 * summary['cer']:.2f}% "
+        f"({100 * summary['accuracy']:.1f}% of utterances exactly right) on {n} utterances of {split}"
+    )
+    return score, said
+
+
+def _corpus_name(v: object) -> bool:
+    return v in CORPORA
+
+
+TASK = Task(
+    name="asr",
+    defaults=ASR_DEFAULTS,
+    model_kind="speech_encoder_decoder",
+    train=train_asr,
+    report=report,
+    rules={
+        ("data", "corpus"): (str, _corpus_name, f"one of {', '.join(CORPORA)}"),
+        ("data", "translate"): (bool, lambda v: True, "true or false"),
+        ("data", "normalize"): (bool, lambda v: True, "true or false"),
+        ("data", "held_out"): (str, lambda v: bool(v), "an FSDD speaker's name"),
+        ("data", "train_utterances"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "test_utterances"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+        ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "tokenizer"): (str, lambda v: bool(v), "char, subword or a tokenizer.json path"),
+        ("data", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("data", "length_penalty"): ((int, float), lambda v: math.isfinite(v), "a finite number"),
+        ("data", "test_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (feature frames per batch)"),
+        ("train", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("train", "spec_augment"): (bool, lambda v: True, "true or false"),
+        ("train", "freq_masks"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "freq_width"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "time_masks"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "time_width"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "time_ratio"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("train", "time_warp"): (int, lambda v: v >= 0, "an integer >= 0"),
+    },
+    check=_check,
+    rate_unit="audio_seconds",
+)

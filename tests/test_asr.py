@@ -1,0 +1,195 @@
+"""The speech task (``tasks/asr.py``), ``qkv transcribe`` and ``qkv evaluate --wer``: a tiny model
+trained on tone "words" learns them; batches cover every utterance within the budget; the
+command line reads files, folders and lists, names bad files, and writes what it says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkv.checkpoint import read_meta
+from qkv.cli.main import main
+from qkv.errors import UserError
+from qkv.evaluation import error_rates, normalize_transcript
+from qkv.speech_corpora import read_manifest
+from qkv.tasks import TASKS, load_recipe
+from qkv.tasks.asr import batch_of_step, cross_attention, length_batches
+from speech_data import tiny_asr_overrides, tone_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 100
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A tiny speech model trained on 12 tone utterances (and scored on them)."""
+    tmp = tmp_path_factory.mktemp("asr")
+    manifest = tone_corpus(tmp / "tones")
+    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), f"train.steps={STEPS}"])
+    summary = TASKS["asr"].train(recipe, tmp / "model", progress=False)
+    return tmp / "model", manifest, summary
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# ----------------------------------------------------------------------- the task
+
+
+def test_a_tiny_model_learns_the_tone_words(trained) -> None:
+    model, _, summary = trained
+    assert summary["losses"][-1] < 0.1 * summary["losses"][0]
+    assert summary["wer"] <= 0.1, list(zip(summary["hypotheses"], summary["references"], strict=True))
+    meta = read_meta(model)
+    assert meta["kind"] == "speech_encoder_decoder" and meta["task"] == "asr"
+    assert meta["wer"] == summary["wer"]  # the score is saved with the model
+    assert (model / "cross_attention.png").stat().st_size > 5000
+    assert summary["tokens_per_second"] > 0  # seconds of audio per second
+
+
+def test_cross_attention_rows_are_distributions_over_the_frames(trained) -> None:
+    from qkv.audio import features, load_audio
+    from qkv.checkpoint import load_model
+
+    path, manifest, _ = trained
+    model, _ = load_model(path)
+    utterance = read_manifest(manifest)[0]
+    feats = features(load_audio(utterance.path), model.config.features)
+    weights = cross_attention(model, feats, [5, 6, 7])
+    frames = int(model.subsampled(torch.tensor(feats.shape[0])))
+    assert weights.shape == (model.config.n_heads, 4, frames)
+    assert torch.allclose(weights.sum(-1), torch.ones(model.config.n_heads, 4), atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=60), st.integers(1, 2000))
+def test_length_batches_hold_every_utterance_once_within_the_budget(frames, budget) -> None:
+    batches = length_batches(frames, budget)
+    assert sorted(i for b in batches for i in b) == list(range(len(frames)))
+    for b in batches:
+        assert len(b) == 1 or max(frames[i] for i in b) * len(b) <= budget
+
+
+def test_every_epoch_takes_every_batch_once_in_its_own_order() -> None:
+    epochs = [[batch_of_step(7, step, seed=3) for step in range(e * 7, e * 7 + 7)] for e in range(3)]
+    assert all(sorted(e) == list(range(7)) for e in epochs)
+    assert epochs[0] != epochs[1] or epochs[1] != epochs[2]
+    assert batch_of_step(7, 9, seed=3) == batch_of_step(7, 9, seed=3)
+
+
+def test_the_shipped_speech_recipes_load() -> None:
+    for name in ("fsdd_digits", "fsdd_digit_strings", "speech_en", "speech_de_en"):
+        recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml")
+        assert recipe["task"] == "asr"
+        assert recipe["model"]["features"]["n_mels"] == 80
+
+
+@pytest.mark.parametrize(
+    ("item", "named"),
+    [
+        ("data.corpus=librispeech", "data.corpus"),
+        ("train.ctc_weight=1.5", "train.ctc_weight"),
+        ("data.translate=true", "data.translate"),
+        ("model.features.kind=mfcc", "kind"),
+        ("model.frontend=lstm", "frontend"),
+    ],
+)
+def test_bad_speech_recipe_values_are_named(item, named) -> None:
+    with pytest.raises(UserError, match=named.replace(".", r"\.")):
+        load_recipe(None, ["task=asr", item])
+
+
+# ------------------------------------------------------------------ qkv transcribe
+
+
+def test_transcribe_files_folders_and_lists(trained, capsys, tmp_path, monkeypatch) -> None:
+    import io
+
+    model, manifest, summary = trained
+    utterances = read_manifest(manifest)
+    files = [str(u.path) for u in utterances[:3]]
+    rc, out, err = run(capsys, "transcribe", "--model", str(model), *files, "--beam", "2")
+    assert rc == 0
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [p for p, _ in lines] == files
+    assert [t for _, t in lines] == summary["hypotheses"][:3]  # what training's scoring decoded
+    assert "3 files" in err and "real time" in err
+    # A folder: its audio files, sorted; stdin: a list of paths.
+    rc, out, _ = run(capsys, "transcribe", "--model", str(model), str(manifest.parent), "--quiet")
+    assert rc == 0 and len(out.splitlines()) == len(utterances)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO("\n".join(files).encode())))
+    rc, listed, _ = run(capsys, "transcribe", "--model", str(model), "--input", "-", "--beam", "2")
+    assert rc == 0 and [line.split("\t")[0] for line in listed.splitlines()] == files
+    # --json: one object per file, with timings; --output: written atomically.
+    target = tmp_path / "out.jsonl"
+    rc, out, _ = run(capsys, "transcribe", "--model", str(model), *files, "--json", "--output", str(target))
+    assert rc == 0 and out == ""
+    records = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [r["path"] for r in records] == files
+    assert all(r["audio_seconds"] > 0 and r["decode_seconds"] >= 0 for r in records)
+
+
+def test_ctc_only_and_joint_decoding_run(trained, capsys) -> None:
+    model, manifest, _ = trained
+    file = str(read_manifest(manifest)[0].path)
+    for extra in (["--ctc-only"], ["--ctc-weight", "0.5"]):
+        rc, out, _ = run(capsys, "transcribe", "--model", str(model), file, *extra)
+        assert rc == 0 and out.startswith(file + "\t")
+
+
+def test_bad_audio_files_are_all_named_and_skipped_only_when_asked(trained, capsys, tmp_path) -> None:
+    model, manifest, _ = trained
+    good = str(read_manifest(manifest)[0].path)
+    empty, text = tmp_path / "empty.wav", tmp_path / "notes.wav"
+    empty.write_bytes(b"")
+    text.write_text("not audio")
+    missing = tmp_path / "missing.flac"
+    rc, out, err = run(capsys, "transcribe", "--model", str(model), good, str(empty), str(text), str(missing))
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    for path in (empty, text, missing):
+        assert str(path) in err
+    assert "--skip-bad" in err
+    rc, out, err = run(capsys, "transcribe", "--model", str(model), good, str(empty), "--skip-bad")
+    assert rc == 0 and out.splitlines()[0].startswith(good + "\t")
+    assert f"skipped {empty}" in err
+
+
+def test_transcribe_refuses_a_text_model_and_whisper_options_elsewhere(trained, capsys, tmp_path) -> None:
+    model, manifest, _ = trained
+    file = str(read_manifest(manifest)[0].path)
+    rc, _, err = run(capsys, "transcribe", "--model", str(model), file, "--language", "de")
+    assert rc == 2 and "Whisper" in err
+    rc, _, err = run(capsys, "transcribe", "--model", str(model))
+    assert rc == 2 and "no audio files" in err
+
+
+# ------------------------------------------------------------------ qkv evaluate --wer
+
+
+def test_error_rates_count_substitutions_deletions_insertions(capsys, tmp_path) -> None:
+    # ref "the cat sat on the mat" (6 words); hyp: cat->bat (S), "on" deleted (D), "down" inserted (I).
+    rates = error_rates(["The bat sat the mat down."], ["the cat sat on the mat"])
+    assert (rates["substitutions"], rates["deletions"], rates["insertions"], rates["words"]) == (1, 1, 1, 6)
+    assert rates["wer"] == pytest.approx(3 / 6)
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("The bat sat the mat down.\nyes\n")
+    ref.write_text("the cat sat on the mat\nyes\n")
+    rc, out, _ = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), "--wer", "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["wer"] == pytest.approx(3 / 7, abs=1e-4) and result["sentence_accuracy"] == 0.5
+    rc, out, _ = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), "--wer", "--no-normalize", "--json")
+    assert json.loads(out)["wer"] > result["wer"]  # "The" and "down." count as errors as written
+
+
+def test_normalize_transcript() -> None:
+    assert normalize_transcript("  A man's  BLUE shirt, (torn)! ") == "a man's blue shirt torn"
+    assert normalize_transcript("Ｆｕｌｌ width") == "full width"
