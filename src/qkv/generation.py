@@ -16,6 +16,9 @@ two encoder-decoder families differ only in how their inputs are read (:func:`_r
 Inputs are lists of token-id lists, or for a speech model a list of (T, M) feature tensors
 (``qkv.audio.features``; a padded batch ``(feats, valid)`` is ``[f[v] for f, v in zip(feats,
 valid)]``); outputs are lists of token ids, the new tokens only, without BEGIN and END.
+An encoder-decoder's decoding may start from forced tokens instead of BEGIN alone
+(``prefix``, BEGIN first: Whisper's ``<|startoftranscript|>``, language, task and
+``<|notimestamps|>``); they are fed as if chosen and are not part of the output.
 
 Speech models with a CTC head (Graves et al., 2006) also decode with it: :func:`ctc_greedy`
 (the best path: the most likely label per frame, repeats merged, blanks dropped), and
@@ -157,7 +160,9 @@ DONE = -1  # what :func:`stream` yields for a row that has already finished
 MaxNew = int | Sequence[int]  # one cap for all inputs, or one per input
 
 
-def check_inputs(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew) -> list[int]:
+def check_inputs(
+    model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew, prefix: Sequence[int] | None = None
+) -> list[int]:
     """Check the inputs fit the model's window (``max_len``); return each row's new-token cap.
 
     ``max_new_tokens`` is one cap for every input or one per input (e.g. a translation
@@ -167,7 +172,10 @@ def check_inputs(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew
     (its encoder positions are computed, so any T fits). Each row's new tokens are capped so
     none of its positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN
     first); a prompt and its continuation share them (an empty prompt starts from BEGIN, one
-    position).
+    position). An encoder-decoder's ``prefix`` (its forced first tokens; None: BEGIN alone)
+    takes that many of the target's positions; it must start with BEGIN (``bos_id``) and hold
+    token ids of the model's vocabulary, and a decoder-only model takes none (its prompt is its
+    input).
     """
     wanted = [max_new_tokens] * len(inputs) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(wanted) != len(inputs):
@@ -175,19 +183,39 @@ def check_inputs(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew
     if any(n < 1 for n in wanted):
         raise ValueError(f"max_new_tokens must be at least 1, got {min(wanted)}")
     window = model.config.max_len
+    forced = _prefix_length(model, prefix)
     if isinstance(member(model), SpeechEncoderDecoder):
         n_mels = model.config.features.n_mels
         for i, row in enumerate(inputs):
             if not isinstance(row, Tensor) or row.dim() != 2 or row.shape[1] != n_mels:
                 shape = tuple(row.shape) if isinstance(row, Tensor) else type(row).__name__
                 raise ValueError(f"input {i} must be a (T, {n_mels}) feature tensor, got {shape}")
-        return [min(n, window) for n in wanted]
+        return [min(n, window - forced + 1) for n in wanted]
     for i, row in enumerate(inputs):
         if len(row) > window:
             raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={window}")
     if isinstance(member(model), EncoderDecoder):
-        return [min(n, window) for n in wanted]
+        return [min(n, window - forced + 1) for n in wanted]
     return [max(1, min(n, window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
+
+
+def _prefix_length(model: DecodingModel, prefix: Sequence[int] | None) -> int:
+    """The target positions an encoder-decoder's forced first tokens take (1: BEGIN alone);
+    a ValueError for a prefix that does not start with BEGIN, is outside the vocabulary or
+    longer than the window, or is given to a decoder-only model."""
+    if prefix is None:
+        return 1
+    c = model.config
+    if isinstance(member(model), DecoderOnly):
+        raise ValueError("prefix is for encoder-decoder and speech models; a decoder-only model's prompt is its input")
+    vocab = getattr(c, "tgt_vocab_size", None) or c.vocab_size
+    if not prefix or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prefix):
+        raise ValueError(f"prefix must be one or more token ids in [0, {vocab}), got {list(prefix)!r}")
+    if prefix[0] != c.bos_id:
+        raise ValueError(f"prefix must start with BEGIN (bos_id={c.bos_id}), got {list(prefix)!r}")
+    if len(prefix) > c.max_len:
+        raise ValueError(f"a prefix of {len(prefix)} tokens does not fit the window max_len={c.max_len}")
+    return len(prefix)
 
 
 DECODING_SHARE = 0.8  # of the memory available (qkv.memory.available_memory) that decoding may plan for
@@ -222,9 +250,12 @@ def decoding_bytes(model: DecodingModel, *, inputs: int, beam: int, source: int,
     return total
 
 
-def inputs_per_batch(model: DecodingModel, inputs: Inputs, caps: list[int], *, beam: int) -> int:
+def inputs_per_batch(
+    model: DecodingModel, inputs: Inputs, caps: list[int], *, beam: int, prefix: Sequence[int] | None = None
+) -> int:
     """How many of ``inputs`` to decode at a time (``caps``: their new-token caps, from
-    :func:`check_inputs`) so that :func:`decoding_bytes` stays within :data:`DECODING_SHARE` of
+    :func:`check_inputs`; ``prefix``: an encoder-decoder's forced first tokens, held in the
+    cache beside the new ones) so that :func:`decoding_bytes` stays within :data:`DECODING_SHARE` of
     the memory available: all of them when they fit (or when the system says nothing of its
     memory), else as many as fit. One input that alone would not fit is a UserError saying how
     much it needs and how much there is."""
@@ -232,7 +263,7 @@ def inputs_per_batch(model: DecodingModel, inputs: Inputs, caps: list[int], *, b
     if available is None or not inputs:
         return len(inputs)
     source = max(1, max(row.shape[0] if isinstance(row, Tensor) else len(row) for row in inputs))
-    steps, budget = max(caps), available * DECODING_SHARE
+    steps, budget = max(caps) + (len(prefix) - 1 if prefix else 0), available * DECODING_SHARE
     if decoding_bytes(model, inputs=len(inputs), beam=beam, source=source, steps=steps) <= budget:
         return len(inputs)
     one = decoding_bytes(model, inputs=1, beam=beam, source=source, steps=steps)
@@ -291,6 +322,17 @@ def _start(model: DecodingModel, inputs: Inputs) -> tuple[Tensor, _State]:
     # As above: prompts of one length need no key mask, so the steps need no self-attention mask.
     state = _State(out.cache, key_mask=None if bool(valid.all()) else valid, next_position=valid.sum(1))
     return out.logits[:, -1], state  # (B, V)
+
+
+def _start_from(model: DecodingModel, inputs: Inputs, prefix: Sequence[int] | None) -> tuple[Tensor, _State]:
+    """:func:`_start`, then the rest of an encoder-decoder's forced first tokens ``prefix``
+    (BEGIN first; None: BEGIN alone), one step each as if chosen."""
+    logits, state = _start(model, inputs)  # (B, V)
+    for token in (prefix or [])[1:]:
+        logits, state = _advance(
+            model, state, torch.full((len(inputs),), token, dtype=torch.long, device=logits.device)
+        )  # (B, V)
+    return logits, state
 
 
 def _advance(model: DecodingModel, state: _State, tokens: Tensor) -> tuple[Tensor, _State]:
@@ -370,9 +412,15 @@ def _eos(model: DecodingModel) -> int | None:
 
 @torch.no_grad()
 def stream(
-    model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew, choose: Callable[[Tensor], Tensor]
+    model: DecodingModel,
+    inputs: Inputs,
+    *,
+    max_new_tokens: MaxNew,
+    choose: Callable[[Tensor], Tensor],
+    prefix: Sequence[int] | None = None,
 ) -> Iterator[Tensor]:
     """Yield one new token per row (B,) per step; ``choose`` maps logits (B, V) to tokens (B,).
+    An encoder-decoder's decoding starts from ``prefix`` (None: BEGIN), which is not yielded.
 
     A row yields its tokens, END included, then :data:`DONE` once it has ended: by END or
     by reaching its cap (``max_new_tokens``, or less where the window is full). The loop
@@ -381,9 +429,9 @@ def stream(
     if not inputs:
         return
     eos = _eos(model)
-    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
-    inputs_per_batch(model, inputs, caps, beam=1)  # refuses an input that alone would not fit
-    logits, state = _start(model, inputs)  # (B, V)
+    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
+    inputs_per_batch(model, inputs, caps, beam=1, prefix=prefix)  # refuses an input that alone would not fit
+    logits, state = _start_from(model, inputs, prefix)  # (B, V)
     state = _growable(state, room=max(caps))
     cap = torch.tensor(caps, device=logits.device)  # (B,)
     finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
@@ -457,17 +505,22 @@ def continuation(
         context = seen[-max(1, window // 2) :]
 
 
-def greedy(model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew) -> list[list[int]]:
+def greedy(
+    model: DecodingModel, inputs: Inputs, *, max_new_tokens: MaxNew, prefix: Sequence[int] | None = None
+) -> list[list[int]]:
     """Pick the most likely token at every step. A batch whose decoding would not fit in memory
-    is decoded in parts (:func:`inputs_per_batch`); the outputs are the same."""
-    size = inputs_per_batch(model, inputs, check_inputs(model, inputs, max_new_tokens=max_new_tokens), beam=1)
+    is decoded in parts (:func:`inputs_per_batch`); the outputs are the same. An encoder-decoder
+    starts from ``prefix`` (its forced first tokens, BEGIN first; None: BEGIN alone), which the
+    outputs leave out."""
+    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
+    size = inputs_per_batch(model, inputs, caps, beam=1, prefix=prefix)
     if size < len(inputs):
         return [
             out
-            for part, caps in _parts(inputs, max_new_tokens, size)
-            for out in greedy(model, part, max_new_tokens=caps)
+            for part, part_caps in _parts(inputs, max_new_tokens, size)
+            for out in greedy(model, part, max_new_tokens=part_caps, prefix=prefix)
         ]
-    steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=most_likely)
+    steps = stream(model, inputs, max_new_tokens=max_new_tokens, choose=most_likely, prefix=prefix)
     return _collect(model, steps, len(inputs))
 
 
@@ -732,6 +785,7 @@ def beam_search(
     length_penalty: float = 1.0,
     nbest: int = 1,
     ctc_weight: float | None = None,
+    prefix: Sequence[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every input, best first.
 
@@ -753,6 +807,9 @@ def beam_search(
     λ = 0 runs all of it with the CTC term weighted zero and returns exactly what ``None``
     (attention only) returns: a beam's candidates always include the W + 1 that its search
     could take.
+
+    ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
+    before the search and left out of every hypothesis (and of its length).
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
@@ -761,17 +818,23 @@ def beam_search(
     if not inputs:
         return []
     eos = _eos(model)
-    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens)
-    size = inputs_per_batch(model, inputs, caps, beam=beam_size)
+    caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
+    size = inputs_per_batch(model, inputs, caps, beam=beam_size, prefix=prefix)
     if size < len(inputs):  # decoded in parts that fit in memory; each input's search is its own
-        options = {"beam_size": beam_size, "length_penalty": length_penalty, "nbest": nbest, "ctc_weight": ctc_weight}
+        options = {
+            "beam_size": beam_size,
+            "length_penalty": length_penalty,
+            "nbest": nbest,
+            "ctc_weight": ctc_weight,
+            "prefix": prefix,
+        }
         return [
             h
             for part, cap in _parts(inputs, max_new_tokens, size)
             for h in beam_search(model, part, max_new_tokens=cap, **options)
         ]
     b, w = len(inputs), beam_size
-    logits, state = _start(model, inputs)  # (B, V)
+    logits, state = _start_from(model, inputs, prefix)  # (B, V)
     device = logits.device
     rows = torch.arange(b, device=device).repeat_interleave(w)  # (B*W,)
     scorer = prefixes = None

@@ -7,6 +7,8 @@
     distilbert.py  DistilBERT (DistilBertModel, DistilBertForMaskedLM) -> encoder_only
     gpt2.py      GPT-2 (GPT2LMHeadModel) <-> decoder_only
     marian.py    Marian (MarianMTModel) <-> encoder_decoder, and MarianTokenizer's files
+    whisper.py   Whisper (WhisperForConditionalGeneration) <-> speech_encoder_decoder, its
+                 features, tokenizer and the decoder's start tokens (language, task)
     sentence_transformers.py
                  a sentence-transformers directory's pipeline (modules.json: pooling,
                  Normalize; sentence_bert_config.json) and the window a checkpoint's users get
@@ -16,7 +18,7 @@ A family module imports common.py (and a family it builds on: roberta.py reads B
 GPT-2's BPE files), never convert.py, and holds: the tuple of HF classes
 it reads (``BERT``), ``<family>_fields`` (config.json -> qkv config fields), ``<family>_to_qkv``
 / ``qkv_to_<family>`` (weight names), ``<family>_config`` (qkv config -> config.json) and its
-tokenizer conversion. To add a family (say ``whisper.py``): write such a module, add its tuple
+tokenizer conversion. To add a family (say ``t5.py``): write such a module, add its tuple
 to ``convert.SUPPORTED``, and give it a branch wherever ``convert.import_hf`` and
 ``convert.export_hf`` choose by architecture or by config class (``else`` there means Marian);
 and see :func:`~qkv.hf.common.read_from` and :func:`~qkv.hf.common.untied_copies`, which know

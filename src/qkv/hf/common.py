@@ -21,7 +21,8 @@ transformers 5.x ties a second name of a weight to the first only with
 ``tie_word_embeddings``; without it the model computes with the second, and the first may be
 stale. Import reads the one the model computes with (:func:`read_from`), export writes both
 (:func:`untied_copies`). Both know the two cases there are: BERT's MLM bias, a Marian's shared
-embeddings.
+embeddings. (Whisper's ``proj_out`` is no such case: tied, it is the decoder's ``embed_tokens``;
+untied, it is qkv's own output layer.)
 
 A tokenizer's special tokens (padding, BEGIN, END, unknown) are those that
 ``tokenizer_config.json`` or ``special_tokens_map.json`` name, else HF's defaults ([CLS],
@@ -51,6 +52,7 @@ from qkv.files import read_json_object
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnlyConfig
+from qkv.models.speech import SpeechConfig
 from qkv.tokenization import Tokenizer
 
 HF_CONFIG = "config.json"
@@ -212,7 +214,7 @@ def _first(names: tuple[str, ...], tensors: Mapping[str, Tensor]) -> str | None:
 
 def read_from(
     tensors: Mapping[str, Tensor],
-    config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig,
+    config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig | SpeechConfig,
     file: Path,
 ) -> dict[str, str]:
     """Where the mapping reads a tensor under another name (expected name -> the name it is read from).
@@ -306,7 +308,9 @@ def load_state(model: torch.nn.Module, state: State) -> None:
         raise RuntimeError(f"the weight mapping left {', '.join(left[:5])} unset")  # a bug here, not the user's
 
 
-def untied_copies(config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig, tensors: State) -> State:
+def untied_copies(
+    config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig | SpeechConfig, tensors: State
+) -> State:
     """The tensors that transformers 5.x reads under a second name when ``tie_word_embeddings``
     is false (and so does not tie that name to the first): BertForMaskedLM's
     ``cls.predictions.decoder.bias``, and a Marian with shared embeddings' ``embed_tokens`` tables."""
@@ -333,7 +337,9 @@ def require(config: object, target: str, wanted: Mapping[str, object]) -> None:
             raise UserError(f"cannot export as {target}: it needs {name}={value!r}, this model has {name}={have!r}")
 
 
-def same_heads(config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig, target: str) -> None:
+def same_heads(
+    config: EncoderOnlyConfig | DecoderOnlyConfig | EncoderDecoderConfig | SpeechConfig, target: str
+) -> None:
     if config.n_kv_heads not in (None, config.n_heads):
         raise UserError(f"cannot export as {target}: grouped-query attention (n_kv_heads={config.n_kv_heads})")
 

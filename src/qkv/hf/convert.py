@@ -3,7 +3,8 @@
 What is here: the steps every family goes through, and the one choice of family, by the
 checkpoint's ``architectures`` (import) or the qkv model's config class (export); this is the
 only module that knows all the families. What is not: each family's config fields, weight names
-and tokenizer (``bert.py``, ``gpt2.py``, ``marian.py``), and what they share (``common.py``).
+and tokenizer (``bert.py``, ``gpt2.py``, ``marian.py``, ``whisper.py``), and what they share
+(``common.py``).
 
 Import: a local HF checkpoint directory -> a qkv model directory, tokenizer included. Tensors
 the model does not use are left out and named in the summary (``ignored``; the CLI prints them
@@ -25,6 +26,12 @@ written whole or not at all, flushed to disk (``files.atomic_directory``, as
 ``checkpoint.save_model`` writes): ``config.json``, ``model.safetensors`` (fp32), and
 ``tokenizer.json`` with a ``tokenizer_config.json`` for ``PreTrainedTokenizerFast`` (with the
 mask token: qkv's ``<mask>`` or BERT's ``[MASK]``), or an imported Marian's own tokenizer files.
+A speech model exports as Whisper: besides those, ``generation_config.json`` and
+``preprocessor_config.json``; an imported Whisper's own files (``whisper.WHISPER_FILES``:
+tokenizer_config.json, generation_config.json, ...) are written back as they were.
+
+A Whisper import records in config.json, under ``"whisper"``, the ids of the tokens its decoder
+starts from (``whisper.WhisperSettings``; ``whisper.start_tokens`` reads them).
 
 RoBERTa, XLM-RoBERTa and DistilBERT are read, not written: an encoder-only model exports as the
 BERT that computes the same (a RoBERTa's positions shifted, ``roberta.py``).
@@ -33,7 +40,8 @@ Not supported (a :class:`~qkv.errors.UserError` names the file and the field or 
 architectures (the error lists those import reads); a qkv translation model trained with separate vocabularies
 (``target_tokenizer.json``) is not exported, as Marian's separate vocabularies are
 SentencePiece files qkv does not write. Generation settings (``generation_config.json``: beams,
-``bad_words_ids``, forced END) are not carried over. The models do not import this package.
+``bad_words_ids``, forced END; Whisper's suppressed tokens) are not applied (a Whisper's file is
+kept for export). The models do not import this package.
 """
 
 from __future__ import annotations
@@ -88,13 +96,32 @@ from qkv.hf.sentence_transformers import (
     read_sentence_transformers,
     window,
 )
+from qkv.hf.whisper import (
+    GENERATION_CONFIG,
+    PREPROCESSOR_CONFIG,
+    WHISPER,
+    WHISPER_FIELD,
+    WHISPER_FILES,
+    WhisperSettings,
+    qkv_to_whisper,
+    whisper_config,
+    whisper_features,
+    whisper_fields,
+    whisper_generation_config,
+    whisper_positions,
+    whisper_preprocessor_config,
+    whisper_settings,
+    whisper_to_qkv,
+    whisper_tokenizer,
+)
 from qkv.models.decoder_only import DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnlyConfig
+from qkv.models.speech import SpeechConfig
 from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
 
 # The architectures import_hf reads, family by family (a new family adds its tuple here).
-SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + MARIAN
+SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + MARIAN + WHISPER
 
 
 def import_hf(src: str | Path, dst: str | Path) -> dict:
@@ -126,6 +153,11 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     elif architecture in GPT2:
         kind, fields = "decoder_only", gpt2_fields(config)
         to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
+    elif architecture in WHISPER:
+        features, feature_notes = whisper_features(hf_dir, config)
+        notes += feature_notes
+        kind, fields = "speech_encoder_decoder", whisper_fields(config, features)
+        to_qkv, from_qkv, prefix = whisper_to_qkv, qkv_to_whisper, ""
     else:
         kind, fields = "encoder_decoder", marian_fields(config)
         to_qkv, from_qkv, prefix = marian_to_qkv, qkv_to_marian, ""
@@ -150,6 +182,8 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         used |= marian_positions(tensors, model.config, file)
     origin = {name: names.get(read.get(name, name), name) for name in expected}  # the name in the file
     check_tensors(file, architecture, inputs, expected, origin)
+    if architecture in WHISPER:
+        whisper_positions(inputs, file)
     load_state(model, to_qkv(inputs, model.config))
     model.eval()
     ignored = ignored_tensors(tensors, used, names)
@@ -167,6 +201,16 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         if architecture in MARIAN:
             # The SentencePiece files are kept whatever happens, for export_hf to write back.
             files, tokenizers, said = marian_tokenizers(src, c)
+        elif architecture in WHISPER:
+            # HF's tokenizer, generation and feature settings are kept, for export_hf to write back.
+            files = {name: hf_dir / name for name in WHISPER_FILES if (hf_dir / name).is_file()}
+            found = whisper_tokenizer(hf_dir, c)
+            if found is not None:
+                tokenizers, said = [found], FILE
+            said += f" (kept {', '.join(files)} for export)" if files else ""
+            settings, settings_notes = whisper_settings(hf_dir, config, c, found[0] if found else None)
+            extra[WHISPER_FIELD] = settings.record()
+            notes += settings_notes
         else:
             readers = {**dict.fromkeys(ROBERTA, roberta_tokenizer), **dict.fromkeys(GPT2, gpt2_tokenizer)}
             found = readers.get(architecture, bert_tokenizer)(hf_dir)  # BERT's for BERT and DistilBERT
@@ -193,6 +237,8 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
                 ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
             elif architecture in GPT2 + ROBERTA:  # RoBERTa's BEGIN and END: <s> and </s>
                 ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
+            elif architecture in WHISPER:  # BEGIN: <|startoftranscript|>; bos_token_id is <|endoftext|>
+                ids = {"pad_token_id": "pad", "eos_token_id": "eos", "decoder_start_token_id": "bos"}
             else:
                 ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
             sizes = (c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else (c.vocab_size, c.vocab_size)
@@ -259,6 +305,15 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
         tensors = qkv_to_bert(state, config)
     elif isinstance(config, DecoderOnlyConfig):
         hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
+    elif isinstance(config, SpeechConfig):
+        # A qkv-trained speech model has no Whisper settings: it starts from BEGIN alone.
+        record = meta.get(WHISPER_FIELD)
+        start = (
+            WhisperSettings()
+            if record is None
+            else WhisperSettings.from_record(record, src / HF_CONFIG, config.vocab_size)
+        )
+        hf_config, tensors = whisper_config(config, start), qkv_to_whisper(state, config)
     else:
         hf_config, tensors = marian_config(config), qkv_to_marian(state, config)
     tensors = untied_copies(config, tensors)
@@ -273,12 +328,24 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
                 {"format": "pt"},
             )
             (tmp / HF_CONFIG).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+            if isinstance(config, SpeechConfig):
+                # An imported Whisper's own files as they were; the others written from the model.
+                written = {
+                    GENERATION_CONFIG: whisper_generation_config(config, start),
+                    PREPROCESSOR_CONFIG: whisper_preprocessor_config(config.features),
+                }
+                for name in WHISPER_FILES:
+                    if name in files:
+                        shutil.copyfile(src / name, tmp / name)
+                    elif name in written:
+                        (tmp / name).write_text(json.dumps(written[name], indent=2) + "\n", encoding="utf-8")
             if FILE in files and "source.spm" not in files:
                 tokenizer = Tokenizer.load(src / FILE)
                 shutil.copyfile(src / FILE, tmp / FILE)
-                window = (meta.get(FIELD) or {}).get("max_len") or config.max_len  # an import's recorded window
-                settings = _hf_tokenizer_config(tokenizer, meta["kind"], window)
-                (tmp / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+                if TOKENIZER_CONFIG not in files:  # (an imported Whisper's was copied above)
+                    window = (meta.get(FIELD) or {}).get("max_len") or config.max_len  # an import's recorded window
+                    settings = _hf_tokenizer_config(tokenizer, meta["kind"], window)
+                    (tmp / TOKENIZER_CONFIG).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
             else:
                 # An imported Marian model's own files, which MarianTokenizer reads; the tokenizer.json
                 # converted from them stays behind (transformers has no fast Marian tokenizer to read it).
