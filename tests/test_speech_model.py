@@ -110,6 +110,7 @@ def test_config_round_trips_through_a_dict_and_refuses_bad_values() -> None:
         ({"features": FeatureConfig(n_mels=5)}, "mel bins"),
         ({"encoder_positions": "whisper"}, "even d_model"),
         ({"key_bias": 1}, "key_bias"),
+        ({"conv_channels": 0}, "conv_channels"),
     ]
     for overrides, name in bad:
         with pytest.raises(ValueError, match=name):
@@ -141,11 +142,13 @@ def test_subsampling_lengths() -> None:
         conv.encode(torch.randn(1, 20, M + 1))
 
 
-@pytest.mark.parametrize("frontend", ["conv2d", "whisper"])
+@pytest.mark.parametrize("frontend", ["conv2d", "conv2d_narrow", "whisper"])
 def test_padded_batch_gives_each_utterance_its_own_output(frontend: str) -> None:
     """Encoder output over the valid frames, CTC logits and decoder logits of a padded batch
-    equal those of each utterance alone (padding features are garbage, not zeros, to prove it)."""
-    model = make_model(frontend, ctc=True)
+    equal those of each utterance alone (padding features are garbage, not zeros, to prove it).
+    conv2d_narrow: the conv2d front-end with fewer channels than D."""
+    narrow = {"conv_channels": 7} if frontend == "conv2d_narrow" else {}
+    model = make_model(frontend.removesuffix("_narrow"), ctc=True, **narrow)
     utterances = _features([29, 8, 17], seed=1)
     feats, valid = pad_features(utterances)
     feats = feats.masked_fill(~valid[..., None], 7.0)  # padding that must not matter

@@ -508,3 +508,46 @@ def test_prefix_counts_against_the_window(multilingual) -> None:
     lm = DecoderOnly(DecoderOnlyConfig(d_model=16, n_heads=2, d_ff=23, vocab_size=31, n_layers=1, max_len=13))
     with pytest.raises(ValueError, match="decoder-only"):
         greedy(lm, [[1, 2]], max_new_tokens=3, prefix=[1])
+
+
+# ------------------------------------------------------------------------ qkv transcribe
+
+
+def test_transcribe_with_an_imported_whisper(multilingual, tmp_path: Path, capsys) -> None:
+    """qkv transcribe on WAV files: the start tokens of --language/--task (or of each file's
+    detected language), then greedy decoding, exactly as greedy() with that prefix."""
+    import soundfile
+
+    from qkv.audio import load_audio
+
+    _, _, qkv_dir = multilingual
+    model, _ = load_model(qkv_dir)
+    tokenizer = Tokenizer.load(qkv_dir / "tokenizer.json")
+    files = []
+    for i, wave in enumerate(waves()):  # within the 1 s chunk: a longer file is refused, not cut
+        files.append(tmp_path / f"w{i}.wav")
+        wave = wave[:14_000]
+        soundfile.write(files[-1], wave, 16000, subtype="FLOAT")
+    feats = [features(load_audio(f), model.config.features) for f in files]
+
+    def expected(prefix: list[int]) -> list[str]:
+        rows = greedy(model, feats, max_new_tokens=model.config.max_len, prefix=prefix)
+        return [tokenizer.decode([t for t in row if t != model.config.eos_id]).strip() for row in rows]
+
+    argv = ["transcribe", "--model", str(qkv_dir), *map(str, files), "--beam", "1", "--quiet"]
+    assert main([*argv, "--language", "de", "--task", "translate"]) == 0
+    out = capsys.readouterr().out
+    prefix = start_tokens(qkv_dir, language="de", task="translate")
+    assert [line.split("\t", 1)[1] for line in out.splitlines()] == expected(prefix)
+    assert main(argv) == 0  # no --language: each file's own, detected
+    out, err = capsys.readouterr()
+    detected = detect_language(model, feats, qkv_dir)
+    assert f"detected language{'s' if len(set(detected)) > 1 else ''} " in err
+    for line, code, f in zip(out.splitlines(), detected, feats, strict=True):
+        rows = greedy(model, [f], max_new_tokens=model.config.max_len, prefix=start_tokens(qkv_dir, language=code))
+        assert line.split("\t", 1)[1] == tokenizer.decode([t for t in rows[0] if t != model.config.eos_id]).strip()
+    assert main([*argv, "--language", "xx"]) == 2
+    assert "xx" in capsys.readouterr().err
+    soundfile.write(tmp_path / "long.wav", waves()[1], 16000)  # 1.3 s: past the model's chunk
+    assert main([*argv[:3], str(tmp_path / "long.wav"), *argv[3:], "--language", "de"]) == 2
+    assert "long.wav: 1.3 s long, over the limit of 1 s" in capsys.readouterr().err

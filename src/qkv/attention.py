@@ -32,6 +32,7 @@ Shape legend (every ``# (...)`` comment in qkv uses these letters):
     T  frames of a feature sequence (the positions a speech encoder reads)
     S  frames after a speech front-end's subsampling (the positions the decoder attends to)
     M  mel bins, n_mels           E  STFT frequency bins, n_fft // 2 + 1
+    C  channels of the conv2d front-end (in models/speech.py)
 
 The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
 *row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.

@@ -61,14 +61,16 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "import-hf",
-        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Marian) into a qkv model",
+        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Marian, Whisper) into a qkv "
+        "model",
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
         "BertForSequenceClassification, RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification "
-        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel or MarianMTModel and write "
+        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, MarianMTModel or WhisperForConditionalGeneration and write "
         "a qkv model directory "
         "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
-        "(shared vocabulary) and kept for export; tensors the model does not use are named on stderr. "
+        "(shared vocabulary) and kept for export; a Whisper's start tokens (languages, tasks) are recorded for "
+        "qkv transcribe --language/--task; tensors the model does not use are named on stderr. "
         "A sentence-transformers directory (modules.json) is read too: its pooling, Normalize module and "
         "max_seq_length are recorded for qkv embed. A tokenizer.json's padding and truncation are not kept: "
         "qkv pads, masks and cuts to the window itself. Other families (MPNet, DeBERTa, T5, LLaMA, ...) "
@@ -87,9 +89,9 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "export-hf",
-        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian)",
-        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only) or "
-        "Marian's (encoder_decoder) as a directory that transformers loads with from_pretrained: config.json, "
+        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian, Whisper)",
+        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only), "
+        "Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers loads with from_pretrained: config.json, "
         "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
         "naming the config field.",
         epilog=EPILOG_EXPORT_HF,

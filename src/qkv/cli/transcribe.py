@@ -52,6 +52,7 @@ def audio_paths(files: list[str], listing: str | None) -> list[Path]:
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.audio import features, load_many
+    from qkv.checkpoint import model_dir, read_meta
     from qkv.loading import load_for_generation
     from qkv.models.speech import SpeechEncoderDecoder
     from qkv.progress import progress
@@ -63,10 +64,15 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         raise UserError(
             f"{args.model} holds a text model; qkv transcribe needs a speech model (qkv translate reads text)"
         )
-    prefix = start_tokens(args)
+    whisper = "whisper" in read_meta(model_dir(args.model))
+    if not whisper and (args.language is not None or args.task is not None):
+        raise UserError("--language and --task apply to imported Whisper models only")
     out = Output(args.output)
     config = model.config.features
-    good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=args.max_seconds, skip_bad=True)
+    longest = args.max_seconds
+    if config.kind == "whisper":  # one chunk is all a Whisper encoder reads
+        longest = min(longest, config.chunk_seconds)
+    good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
     if bad and not args.skip_bad:
         named = "; ".join(f"{p}: {why}" for p, why in bad[:5]) + ("; ..." if len(bad) > 5 else "")
         raise UserError(f"{len(bad)} of {len(paths)} files cannot be read ({named}); --skip-bad transcribes the rest")
@@ -78,67 +84,88 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         t = time.perf_counter()
         feats.append(features(wave, config))
         load_seconds.append(time.perf_counter() - t)
+    groups = _prefix_groups(args, model, feats) if whisper else {None: list(range(len(feats)))}
     bar = progress(len(good), desc="qkv transcribe", unit="file", disable=args.quiet or len(good) < 2)
-    batch_seconds: list[float] = []
-    last = [time.perf_counter()]
+    results: list = [None] * len(feats)
+    decode_seconds = [0.0] * len(feats)
+    for prefix, rows in groups.items():
+        batch_seconds: list[float] = []
+        last = [time.perf_counter()]
 
-    def done(n: int) -> None:  # the files of a batch share its decoding time
-        now = time.perf_counter()
-        batch_seconds.extend([(now - last[0]) / n] * n)
-        last[0] = now
-        bar.update(n)
+        def done(n: int, batch_seconds=batch_seconds, last=last) -> None:  # a batch's files share its time
+            now = time.perf_counter()
+            batch_seconds.extend([(now - last[0]) / n] * n)
+            last[0] = now
+            bar.update(n)
 
-    results = transcribe(
-        model,
-        vocab.target,
-        feats,
-        beam_size=args.beam,
-        ctc_weight=args.ctc_weight,
-        ctc_only=args.ctc_only,
-        batch_size=args.batch_size if args.batch_size else 32,
-        prefix=prefix,
-        on_batch=done,
-    )
+        texts = transcribe(
+            model,
+            vocab.target,
+            [feats[i] for i in rows],
+            beam_size=args.beam,
+            ctc_weight=args.ctc_weight,
+            ctc_only=args.ctc_only,
+            batch_size=args.batch_size if args.batch_size else 32,
+            prefix=list(prefix) if prefix is not None else None,
+            on_batch=done,
+        )
+        # transcribe decodes in length order: the batch times, in that order, map back to the files.
+        order = sorted(range(len(rows)), key=lambda j: feats[rows[j]].shape[0])
+        for j, seconds in zip(order, batch_seconds, strict=True):
+            decode_seconds[rows[j]] = seconds
+        for j, text in enumerate(texts):
+            results[rows[j]] = text
     bar.close()
     elapsed = time.perf_counter() - start
-    # transcribe decodes in length order: the batch times, in that order, map back to the files.
-    order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
-    decode_seconds = [0.0] * len(feats)
-    for i, seconds in zip(order, batch_seconds, strict=True):
-        decode_seconds[i] = seconds
     audio_seconds = [wave.numel() / config.sample_rate for _, wave in good]
     for i, ((path, _), result) in enumerate(zip(good, results, strict=True)):
+        text = result.text.strip()
         if args.json:
             record = {
                 "path": str(path),
-                "text": result.text,
+                "text": text,
                 "audio_seconds": round(audio_seconds[i], 3),
                 "load_seconds": round(load_seconds[i], 4),
                 "decode_seconds": round(decode_seconds[i], 4),
             }
             out.write(json.dumps(record, ensure_ascii=False))
         else:
-            out.write(f"{path}\t{result.text}")
+            out.write(f"{path}\t{text}")
     if args.json:
         for path, why in bad:
             out.write(json.dumps({"path": str(path), "error": why}, ensure_ascii=False))
     out.close()
     total = sum(audio_seconds)
     skipped = f", {len(bad)} skipped" if bad else ""
+    files = f"{len(good)} file{'s' if len(good) != 1 else ''}"
     print(
-        f"qkv transcribe: {len(good)} files ({total:.1f} s of audio){skipped} in {elapsed:.1f} s, "
+        f"qkv transcribe: {files} ({total:.1f} s of audio){skipped} in {elapsed:.1f} s, "
         f"{total / max(elapsed, 1e-9):.1f}x real time",
         file=sys.stderr,
     )
     return 0
 
 
-def start_tokens(args: argparse.Namespace) -> list[int] | None:
-    """The decoder's forced start tokens: an imported Whisper's (``--language``, ``--task``),
-    else None (BEGIN alone)."""
-    if args.language is None and args.task is None:
-        return None
-    raise UserError("--language and --task apply to imported Whisper models only")
+def _prefix_groups(args: argparse.Namespace, model, feats: list) -> dict[tuple[int, ...], list[int]]:
+    """An imported Whisper's start tokens, and the files that take them: ``--language`` and
+    ``--task`` for all, or for a multilingual model without ``--language`` each file's own
+    language, detected as Whisper does (and named on stderr)."""
+    from qkv.checkpoint import model_dir, read_meta
+    from qkv.hf.whisper import detect_language, start_tokens
+
+    directory = model_dir(args.model)
+    task = args.task or "transcribe"
+    if args.language is not None or not read_meta(directory)["whisper"].get("multilingual"):
+        return {tuple(start_tokens(directory, language=args.language, task=task)): list(range(len(feats)))}
+    groups: dict[tuple[int, ...], list[int]] = {}
+    languages = [
+        code for i in range(0, len(feats), 16) for code in detect_language(model, feats[i : i + 16], directory)
+    ]
+    for i, code in enumerate(languages):
+        groups.setdefault(tuple(start_tokens(directory, language=code, task=task)), []).append(i)
+    found = sorted(set(languages))
+    print(f"qkv transcribe: detected language{'s' if len(found) > 1 else ''} {', '.join(found)}", file=sys.stderr)
+    return groups
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

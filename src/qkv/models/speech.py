@@ -58,6 +58,9 @@ class SpeechConfig(BlockConfig):
             channels) over (time, mel), each followed by ReLU, then a linear map to D: S =
             ((T − 1) // 2 − 1) // 2. ``"whisper"``: Whisper's two Conv1d over time (mel bins as
             channels, kernel 3, padding 1, stride 1 then 2), each followed by GELU: S = ⌈T/2⌉.
+        conv_channels: the conv2d front-end's channels (None: D, as ESPnet). Its second
+            convolution costs D²·9 per (frame, mel bin) pair it computes, which at D = 144 is
+            several times the whole encoder's work; 32–64 channels keep it small on a CPU.
         encoder_positions: positions added to the front-end's output: ``"sinusoidal"``,
             ``"sinusoidal_halves"`` (:func:`~qkv.layers.sinusoidal_encoding`'s layouts),
             ``"whisper"`` (:func:`whisper_sinusoids`) or ``"none"``.
@@ -79,6 +82,7 @@ class SpeechConfig(BlockConfig):
     n_decoder_layers: int = 6
     features: FeatureConfig = field(default_factory=FeatureConfig)
     frontend: str = "conv2d"
+    conv_channels: int | None = None
     encoder_positions: str = "sinusoidal"
     scale_embeddings: bool = True
     tie_output: bool = True
@@ -118,6 +122,10 @@ class SpeechConfig(BlockConfig):
                 raise ValueError(f"{name}={value!r} is outside the vocabulary")
         if self.ctc and self.blank == self.eos_id:
             raise ValueError(f"the CTC blank ({self.blank}) must not be END (eos_id): joint decoding scores END")
+        if self.conv_channels is not None and (
+            isinstance(self.conv_channels, bool) or not isinstance(self.conv_channels, int) or self.conv_channels < 1
+        ):
+            raise ValueError(f"conv_channels must be a positive integer or null, got {self.conv_channels!r}")
         if self.frontend == "conv2d" and self.features.n_mels < CONV2D_MIN_FRAMES:
             raise ValueError(f"the conv2d front-end needs at least {CONV2D_MIN_FRAMES} mel bins")
         if self.encoder_positions == "whisper" and (self.d_model % 2 or self.d_model < 4):
@@ -153,20 +161,21 @@ def _frames_mask(lengths: Tensor, frames: int) -> Tensor:
 class Conv2dSubsampling(nn.Module):
     """ESPnet's Conv2dSubsampling (Dong et al., 2018, "Speech-Transformer"): frames ÷ 4.
 
-    Two Conv2d over (time, mel) with D channels, kernel 3, stride 2, no padding, each followed
-    by ReLU; the D channels × M'' remaining mel bins of a frame are mapped to D by one linear
-    layer. An output frame is real when all 7 input frames it reads are: S_b =
+    Two Conv2d over (time, mel) with C channels (ESPnet: C = D), kernel 3, stride 2, no padding,
+    each followed by ReLU; the C channels × M'' remaining mel bins of a frame are mapped to D by
+    one linear layer. An output frame is real when all 7 input frames it reads are: S_b =
     ((T_b − 1) // 2 − 1) // 2 of T_b real frames, so padding never reaches a real output.
 
     Shapes:
         features (B, T, M), valid (B, T) bool (real frames first) -> (B, S, D), valid (B, S).
     """
 
-    def __init__(self, n_mels: int, d_model: int) -> None:
+    def __init__(self, n_mels: int, d_model: int, channels: int | None = None) -> None:
         super().__init__()
-        self.conv_1 = nn.Conv2d(1, d_model, kernel_size=3, stride=2)
-        self.conv_2 = nn.Conv2d(d_model, d_model, kernel_size=3, stride=2)
-        self.proj = nn.Linear(d_model * self.lengths(torch.tensor(n_mels)).item(), d_model)
+        channels = channels or d_model
+        self.conv_1 = nn.Conv2d(1, channels, kernel_size=3, stride=2)
+        self.conv_2 = nn.Conv2d(channels, channels, kernel_size=3, stride=2)
+        self.proj = nn.Linear(channels * self.lengths(torch.tensor(n_mels)).item(), d_model)
 
     @staticmethod
     def lengths(frames: Tensor) -> Tensor:
@@ -177,10 +186,10 @@ class Conv2dSubsampling(nn.Module):
         if features.shape[1] < CONV2D_MIN_FRAMES:
             raise ValueError(f"the conv2d front-end needs at least {CONV2D_MIN_FRAMES} frames, got {features.shape[1]}")
         x = features.to(self.conv_1.weight.dtype)[:, None]  # (B, 1, T, M)
-        x = F.relu(self.conv_1(x))  # (B, D, T', M')
-        x = F.relu(self.conv_2(x))  # (B, D, S, M'')
-        b, d, s, m = x.shape
-        x = self.proj(x.transpose(1, 2).reshape(b, s, d * m))  # (B, S, D)
+        x = F.relu(self.conv_1(x))  # (B, C, T', M')
+        x = F.relu(self.conv_2(x))  # (B, C, S, M'')
+        b, c, s, m = x.shape
+        x = self.proj(x.transpose(1, 2).reshape(b, s, c * m))  # (B, S, D)
         return x, _frames_mask(self.lengths(valid.sum(1)), s)  # (B, S, D), (B, S)
 
 
@@ -229,7 +238,9 @@ class SpeechEncoderDecoder(nn.Module):
         self.config = c = config
         n_mels = c.features.n_mels
         self.frontend = (
-            Conv2dSubsampling(n_mels, c.d_model) if c.frontend == "conv2d" else WhisperConv(n_mels, c.d_model)
+            Conv2dSubsampling(n_mels, c.d_model, c.conv_channels)
+            if c.frontend == "conv2d"
+            else WhisperConv(n_mels, c.d_model)
         )
         self.frontend_dropout = Dropout(c.dropout)
         self.encoder = EncoderStack(c, c.n_encoder_layers, key_bias=c.key_bias)

@@ -270,7 +270,7 @@ def transcribe(
                 max_new_tokens=model.config.max_len,
                 length_penalty=length_penalty,
                 ctc_weight=ctc_weight if ctc_weight > 0 else None,
-                **({"prefix": prefix} if prefix is not None else {}),
+                prefix=prefix,
             )
             outputs = [hyps[0].tokens for hyps in best]
         for i, ids in zip(rows, outputs, strict=True):
