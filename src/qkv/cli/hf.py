@@ -66,7 +66,8 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
         "BertForSequenceClassification, RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification "
-        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, MarianMTModel or WhisperForConditionalGeneration and write "
+        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, MarianMTModel or "
+        "WhisperForConditionalGeneration and write "
         "a qkv model directory "
         "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
         "(shared vocabulary) and kept for export; a Whisper's start tokens (languages, tasks) are recorded for "
@@ -91,7 +92,8 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
         "export-hf",
         help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian, Whisper)",
         description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only), "
-        "Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers loads with from_pretrained: config.json, "
+        "Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers "
+        "loads with from_pretrained: config.json, "
         "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
         "naming the config field.",
         epilog=EPILOG_EXPORT_HF,
