@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qkv.plots import attention_heatmap, loss_curve
+from qkv.plots import attention_heatmap, loss_curve, mel_comparison
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -34,3 +34,16 @@ def test_loss_curve_with_a_single_step(tmp_path):
     path = loss_curve([2.5], tmp_path / "one.png", title="one step")
     assert path.read_bytes().startswith(PNG)
     assert [p.name for p in tmp_path.iterdir()] == ["one.png"]
+
+
+def test_mel_comparison_writes_a_png_with_or_without_a_reference(tmp_path):
+    rng = np.random.default_rng(0)
+    mel = rng.normal(-5.0, 3.0, (40, 16))
+    reference = rng.normal(-5.0, 3.0, (55, 16))  # longer than the synthesized one
+    reference[:5] = np.log(1e-10)  # floor frames: kept off the colour scale
+    path = tmp_path / "tts" / "mel.png"
+    assert mel_comparison(mel, reference, path=path, title="test", seconds_per_frame=0.01) == path
+    assert path.read_bytes().startswith(PNG)
+    alone = mel_comparison(mel, None, path=tmp_path / "tts" / "alone.png", title="alone", seconds_per_frame=0.01)
+    assert alone.read_bytes().startswith(PNG)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["alone.png", "mel.png"]

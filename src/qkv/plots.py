@@ -1,7 +1,8 @@
-"""Pictures: attention heatmaps (text, and speech under its spectrogram) and training-loss
-curves, written as PNG with matplotlib.
+"""Pictures: attention heatmaps (text, and speech under its spectrogram), a synthesized mel
+spectrogram beside the reference's (text-to-speech) and training-loss curves, written as PNG
+with matplotlib.
 
-Both writers are atomic (a temporary file renamed into place). What is not here: computing
+Every writer is atomic (a temporary file renamed into place). What is not here: computing
 attention weights (``generation.py`` / the models) or losses (``training.py``).
 """
 
@@ -89,6 +90,41 @@ def speech_attention(
     bottom.set_ylabel("output token", fontsize=8)
     bottom.set_xlabel("time (s)", fontsize=8)
     fig.colorbar(image, ax=bottom, shrink=0.9, label="mean attention A'")
+    return _save(fig, Path(path))
+
+
+def mel_comparison(
+    mel: np.ndarray,
+    reference: np.ndarray | None,
+    *,
+    path: str | Path,
+    title: str,
+    seconds_per_frame: float,
+) -> Path:
+    """A synthesized log-mel spectrogram above the reference's (text-to-speech), on one time
+    axis (seconds) and one colour scale, so a reader compares them bin for bin; without a
+    reference, the synthesized one alone. The two may differ in length: each panel spans its
+    own frames, and the axis spans the longer. The colour scale runs from the larger peak down
+    80 dB (8·ln 10 in natural-log power), so frames at the features' floor do not wash it out.
+
+    Shapes:
+        mel: (T, M) log-mel frames; reference: (T', M) or None.
+    """
+    panels = [("synthesized", mel)] + ([] if reference is None else [("reference", reference)])
+    top = max(float(np.max(m)) for _, m in panels)
+    low = max(min(float(np.min(m)) for _, m in panels), top - 8 * np.log(10))  # at most 80 dB of range
+    duration = max(m.shape[0] for _, m in panels) * seconds_per_frame
+    width = min(16.0, max(6.0, 2.0 * duration + 3.0))
+    fig = Figure(figsize=(width, 2.4 * len(panels) + 0.6), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, m) in zip(axes, panels, strict=True):
+        extent = (0, m.shape[0] * seconds_per_frame, 0, m.shape[1])
+        image = ax.imshow(m.T, origin="lower", aspect="auto", cmap="magma", vmin=low, vmax=top, extent=extent)
+        ax.set_ylabel(f"{name}\nmel bin", fontsize=8)
+    axes[0].set_xlim(0, duration)
+    axes[0].set_title(title, fontsize=10)
+    axes[-1].set_xlabel("time (s)", fontsize=8)
+    fig.colorbar(image, ax=list(axes), shrink=0.9, label="ln mel power")
     return _save(fig, Path(path))
 
 
