@@ -37,16 +37,17 @@ from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
+from qkv.models.tts import TransformerTTS, TTSConfig
 
-KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder")
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder", "tts")
 RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
 # The largest integer a config field may hold (sizes, ids, the window: PyTorch indexes with them),
 # and the most layers in one stack (published Transformers have at most a few hundred; building
 # a model takes time per layer before anything can be checked).
 MAX_SIZE = 2**31 - 1
 MAX_LAYERS = 1024
-Model = EncoderDecoder | EncoderOnly | DecoderOnly | SpeechEncoderDecoder
-Config = EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig | SpeechConfig
+Model = EncoderDecoder | EncoderOnly | DecoderOnly | SpeechEncoderDecoder | TransformerTTS
+Config = EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig | SpeechConfig | TTSConfig
 
 
 def kind_of(model: nn.Module) -> str:
@@ -59,14 +60,16 @@ def kind_of(model: nn.Module) -> str:
         return "decoder_only"
     if isinstance(model, SpeechEncoderDecoder):
         return "speech_encoder_decoder"
+    if isinstance(model, TransformerTTS):
+        return "tts"
     raise TypeError(f"not a qkv model: {type(model).__name__}")
 
 
 def make_config(kind: str, fields: dict) -> Config:
     """The config of a model ``kind`` from its fields; unknown or bad fields are a UserError.
 
-    A speech model's ``features`` field is the nested dict of its
-    :class:`~qkv.audio.FeatureConfig` (how its input frames are computed), checked like the rest.
+    A speech or TTS model's ``features`` field is the nested dict of its
+    :class:`~qkv.audio.FeatureConfig` (how its frames are computed), checked like the rest.
     """
     if kind == "encoder_decoder":
         config_class = EncoderDecoderConfig
@@ -76,6 +79,8 @@ def make_config(kind: str, fields: dict) -> Config:
         config_class = DecoderOnlyConfig
     elif kind == "speech_encoder_decoder":
         config_class = SpeechConfig
+    elif kind == "tts":
+        config_class = TTSConfig
     else:
         raise UserError(f"unknown model kind {kind!r}; expected one of {', '.join(KINDS)}")
     known = {f.name for f in dataclasses.fields(config_class)}
@@ -117,6 +122,8 @@ def _model_class(config: Config) -> Model:
         return EncoderOnly(config)
     if isinstance(config, SpeechConfig):
         return SpeechEncoderDecoder(config)
+    if isinstance(config, TTSConfig):
+        return TransformerTTS(config)
     return DecoderOnly(config)
 
 

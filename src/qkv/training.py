@@ -5,10 +5,12 @@ ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq.
 :func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
 END), :func:`seq2seq_loss` (an encoder-decoder's loss with logits at real target tokens
 only, with R-Drop as an option), :func:`ctc_loss` and :func:`speech_loss` (a speech model's CTC loss, and
-CTC and cross-entropy mixed), :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
-mask/random/kept) and :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and its
-state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it with a
-step and/or time budget and a progress bar with loss, learning rate and tokens/s.
+CTC and cross-entropy mixed), :func:`guided_attention_loss` and :func:`tts_loss` (a
+text-to-speech model's frame, stop-token and alignment losses), :func:`mask_tokens` (BERT's
+masked-LM corruption: 15% of the tokens selected, 80/10/10 mask/random/kept) and
+:class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and
+its state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it
+with a step and/or time budget and a progress bar with loss, learning rate and tokens/s.
 
 What is not here: models, decoding, data files.
 """
@@ -156,6 +158,90 @@ def speech_loss(
         ctc = ctc_loss(model.ctc_logits(memory), memory_valid, t_out, lengths, blank=model.config.blank)
         loss = loss + ctc_weight * ctc
     return loss, n
+
+
+def guided_attention_weights(text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
+    """The penalty W of guided attention (Tachibana et al., 2018, eq. 4):
+    W[u, s] = 1 − exp(−(s / S_b − u / U_b)² / (2σ²)) inside each utterance's U_b decoder steps
+    and S_b text positions, 0 outside (padding is never penalised). Near the diagonal W ≈ 0.
+
+    Shapes: text_lengths (B,), step_lengths (B,) -> (B, U, S), U and S the longest.
+    """
+    u = torch.arange(int(step_lengths.max()), device=text_lengths.device)[None, :, None]  # (1, U, 1)
+    s = torch.arange(int(text_lengths.max()), device=text_lengths.device)[None, None, :]  # (1, 1, S)
+    steps = step_lengths[:, None, None].float()  # (B, 1, 1)
+    texts = text_lengths[:, None, None].float()  # (B, 1, 1)
+    w = 1.0 - torch.exp(-((s / texts - u / steps) ** 2) / (2 * sigma**2))  # (B, U, S)
+    return w * ((u < steps) & (s < texts))  # (B, U, S)
+
+
+def guided_attention_loss(weights: Tensor, text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
+    """Guided attention loss (Tachibana et al., 2018, section 4.1): the mean over heads and over
+    each utterance's real (step, position) pairs of A'[u, s]·W[u, s]; small when the
+    cross-attention runs along the diagonal, which is how text and speech align.
+
+    Shapes: weights (B, H, U, S) attention A'; text_lengths, step_lengths (B,) -> scalar.
+    """
+    w = guided_attention_weights(text_lengths, step_lengths, sigma=sigma)  # (B, U, S)
+    cells = (text_lengths * step_lengths).sum().clamp(min=1) * weights.shape[1]
+    return (weights.float() * w[:, None]).sum() / cells
+
+
+def tts_loss(
+    model: nn.Module,
+    text: Tensor,
+    text_valid: Tensor,
+    mel: Tensor,
+    mel_valid: Tensor,
+    speakers: Tensor | None = None,
+    *,
+    guided_weight: float = 1.0,
+    guided_sigma: float = 0.2,
+    guided_layers: int = 2,
+    stop_weight: float = 5.0,
+) -> tuple[Tensor, dict[str, float], int]:
+    """A Transformer-TTS model's loss under teacher forcing, the parts as floats, and the real frames.
+
+    Frames: L1 + L2 between the target and both the decoder's frames and the post-net's
+    (Tacotron 2; ESPnet's Transformer-TTS), over real frames. Stop token: binary cross-entropy
+    over real frames with target 1 at each utterance's last frame, that positive weighted
+    ``stop_weight`` (one positive per utterance against hundreds of negatives). Alignment:
+    :func:`guided_attention_loss` on every head of the last ``guided_layers`` decoder blocks,
+    weighted ``guided_weight`` (0: off, and the fused attention path is kept).
+
+    Shapes: text (B, S), text_valid (B, S), mel (B, T, M) log-mels as the model reads them
+    (``model.scale``), mel_valid (B, T), T a multiple of the model's reduction factor r,
+    speakers (B,) or None -> scalar.
+    """
+    guided = guided_weight > 0
+    before, after, stop, weights = model(text, text_valid, mel, mel_valid, speakers, need_weights=guided)
+    keep = mel_valid[..., None].to(mel.dtype)  # (B, T, 1)
+    n = keep.sum().clamp(min=1) * mel.shape[-1]
+    target = mel.float()
+    frames = sum(
+        ((out.float() - target).abs() * keep).sum() / n + ((out.float() - target) ** 2 * keep).sum() / n
+        for out in (before, after)
+    )
+    lengths = mel_valid.sum(1)  # (B,)
+    is_last = torch.arange(mel.shape[1], device=mel.device)[None, :] == (lengths[:, None] - 1)  # (B, T)
+    stop_loss = F.binary_cross_entropy_with_logits(
+        stop.float(),
+        is_last.float(),
+        weight=mel_valid.float(),
+        pos_weight=torch.tensor(stop_weight, device=mel.device),
+        reduction="sum",
+    ) / mel_valid.sum().clamp(min=1)
+    loss = frames + stop_loss
+    parts = {"frames": frames.item(), "stop": stop_loss.item()}
+    if guided:
+        r = model.config.reduction
+        steps = (lengths + r - 1) // r  # (B,): decoder steps that read real frames
+        texts = text_valid.sum(1)  # (B,)
+        layers = weights[-guided_layers:]
+        attention = sum(guided_attention_loss(w, texts, steps, sigma=guided_sigma) for w in layers) / len(layers)
+        loss = loss + guided_weight * attention
+        parts["guided"] = attention.item()
+    return loss, parts, int(mel_valid.sum())
 
 
 def inverse_sqrt(step: int, *, warmup: int) -> float:
