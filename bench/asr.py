@@ -42,7 +42,7 @@ BENCHES = {
 }
 
 
-def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float]:
+def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | None]:
     """The scores of the trained model on its test split, and the seconds it took
     (train + score; or, for ``--model``, the recorded training time)."""
     from qkv.checkpoint import load_model, model_dir
@@ -64,9 +64,11 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float]:
     model, meta = load_model(path, kind="speech_encoder_decoder")
     recipe = meta.get("recipe") or recipe
     summary = score_model(model, Tokenizer.load(path / FILE), recipe)
-    summary["train_seconds"] = meta.get("train_seconds", float("nan"))
-    summary["tokens_per_second"] = meta.get("audio_seconds_per_second", float("nan"))
-    return summary, meta.get("wall_seconds", float("nan"))
+    # A model saved before these were recorded has none: they are left out, never made up.
+    for key, name in (("train_seconds", "train_seconds"), ("audio_seconds_per_second", "tokens_per_second")):
+        if key in meta:
+            summary[name] = meta[key]
+    return summary, meta.get("wall_seconds")
 
 
 def main() -> int:
@@ -100,9 +102,11 @@ def main() -> int:
         for k in ("wer", "cer", "accuracy", "bleu", "chrf", "train_seconds", "eval_seconds")
         if isinstance(summary.get(k), float | int)
     }
-    details["training audio seconds per second"] = round(summary["tokens_per_second"], 1)
+    if "tokens_per_second" in summary:
+        details["training audio seconds per second"] = round(summary["tokens_per_second"], 1)
     details["decoding audio seconds per second"] = round(summary["decode_audio_seconds_per_second"], 1)
-    details["wall seconds (corpus, features, training, scoring)"] = round(wall, 1)
+    if wall is not None:
+        details["wall seconds (corpus, features, training, scoring)"] = round(wall, 1)
     details["test utterances"] = summary["test_utterances"]
     peer, peer_figure = None, None
     if name == "fsdd" and args.whisper:
@@ -114,10 +118,11 @@ def main() -> int:
         peer, peer_figure = f"Whisper ({Path(args.whisper).name}) on the same files", 100 * plain["accuracy"]
         details["Whisper, 0.5 s of silence added"] = round(100 * padded["accuracy"], 2)
     print(f"{metric}: qkv {figure:.2f} {unit}" + (f"  |  {peer}: {peer_figure:.2f} {unit}" if peer else ""))
-    print(
-        f"trained {summary.get('train_seconds', float('nan')) / 60:.1f} min at "
-        f"{summary['tokens_per_second']:.0f} audio s/s; whole run {wall / 60:.1f} min"
-    )
+    if "train_seconds" in summary and wall is not None:
+        print(
+            f"trained {summary['train_seconds'] / 60:.1f} min at "
+            f"{summary['tokens_per_second']:.0f} audio s/s; whole run {wall / 60:.1f} min"
+        )
     if not args.no_record:
         import record
 
@@ -132,13 +137,15 @@ def main() -> int:
                 "details": details,
                 "notes": f"recipe recipes/{BENCHES[name][0]}.yaml, trained from scratch on this machine's CPU",
             },
-            {
+        ]
+        if "tokens_per_second" in summary:  # a model saved before it was recorded has none
+            throughput = {
                 "metric": f"{BENCHES[name][0]}: training throughput",
                 "figure": round(summary["tokens_per_second"], 1),
                 "unit": "audio seconds/s",
                 "details": {"steps": summary.get("steps")},
-            },
-        ]
+            }
+            records.append(throughput)
         record.append_run("asr", records)
     return 0
 

@@ -22,7 +22,7 @@ from qkv.tasks.asr import batch_of_step, cross_attention, length_batches
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = 100
+STEPS = 200
 
 
 @pytest.fixture(scope="module")

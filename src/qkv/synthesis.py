@@ -25,8 +25,9 @@ from qkv.models.tts import TransformerTTS
 
 @dataclass(frozen=True)
 class Synthesis:
-    """One sentence: its refined log-mel frames (unscaled: what a vocoder inverts), whether it ran into the cap before its stop
-    token, and the mean cross-attention of the last decoder block (alignment), if asked.
+    """One sentence: its refined log-mel frames (unscaled: what a vocoder inverts), whether it
+    ran into the cap before its stop token, and the mean cross-attention of the last decoder
+    block (alignment), if asked.
 
     Shapes: mel (T, M); alignment (U, S) or None, U = ⌈T / r⌉ steps, S text positions.
     """
