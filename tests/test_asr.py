@@ -16,9 +16,10 @@ from qkv.checkpoint import read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.evaluation import error_rates, normalize_transcript
+from qkv.recipes import batch_of_step, length_batches
 from qkv.speech_corpora import read_manifest
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.asr import batch_of_step, cross_attention, length_batches
+from qkv.tasks.asr import cross_attention
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -83,7 +83,9 @@ def stdin(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "command", [[], ["demo"], ["train"], ["generate"], ["chat"], ["evaluate"]], ids=lambda c: c or "qkv"
+    "command",
+    [[], ["demo"], ["train"], ["generate"], ["chat"], ["evaluate"], ["transcribe"], ["speak"]],
+    ids=lambda c: c or "qkv",
 )
 def test_help_has_an_example(capsys, command):
     rc, out, _ = run(capsys, *command, "--help")

@@ -29,7 +29,7 @@ from qkv.training import Checkpointing, Trainer, fit
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS_PER_TASK = 5  # 5 tasks: 25 kills at random steps, 25 endings equal to the uninterrupted run's
+KILLS_PER_TASK = 5  # 6 tasks: 30 kills at random steps, 30 endings equal to the uninterrupted run's
 TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
 
 
@@ -52,6 +52,10 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
                      "train.batch_size=8"],
         "asr": [*tiny_asr_overrides(tones), *TINY, "model.n_encoder_layers=1", "train.steps=23",
                 "train.batch_frames=200", "train.spec_augment=true", "data.test_limit=2"],
+        "tts": ["task=tts", "data.corpus=manifests", f"data.train={tones}", f"data.test={tones}", *TINY,
+                "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.prenet_dim=8", "model.postnet_layers=2",
+                "model.postnet_channels=4", "model.max_len=40", "model.features.n_mels=23", "train.steps=23",
+                "train.batch_frames=200", "data.test_sentences=1"],
     }  # fmt: skip
 
 
@@ -86,7 +90,7 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr"])
+@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr", "tts"])
 def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
     overrides = _corpus(tmp_path)[task]
     recipe = load_recipe(None, overrides)

@@ -297,6 +297,30 @@ def step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step) % 2**63
 
 
+def length_batches(frames: Sequence[int], budget: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length: sorted by frames, cut so that a batch's
+    padded size (its longest × its count) stays within ``budget`` (one longer utterance alone)."""
+    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # ascending: the newest is the longest
+        if current and frames[i] * (len(current) + 1) > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def batch_of_step(batches: int, step: int, seed: int) -> int:
+    """Which batch step ``step`` trains on: every batch once per epoch, epochs in their own
+    order, all of it fixed by (seed, step), so a resumed run takes the same batches."""
+    epoch, within = divmod(step, batches)
+    order = torch.randperm(batches, generator=torch.Generator().manual_seed(step_seed(seed, -1 - epoch)))
+    return int(order[within])
+
+
 LAST = "last"  # an unfinished run's checkpoint, inside the model directory the run will become
 RESUME_MAY_CHANGE_FIT = ("seconds", "save_every")  # train keys a resumed fit-based run may change
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from qkv import __version__
-from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, train, transcribe, translate
+from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, speak, train, transcribe, translate
 from qkv.cli.common import Parser
 from qkv.errors import Stopped, UserError
 from qkv.memory import choose_allocator
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_parser(sub)
     translate.add_parser(sub)
     transcribe.add_parser(sub)
+    speak.add_parser(sub)
     generate.add_parser(sub)
     chat.add_parser(sub)
     evaluate.add_parser(sub)

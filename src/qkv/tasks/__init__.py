@@ -7,8 +7,9 @@
     lm.py             text -> a decoder-only language model (chat data too)
     bert.py           masked-LM pretraining and classification -> an encoder-only model
     asr.py            speech -> text: speech recognition and speech translation (WER, BLEU)
+    tts.py            text -> speech: Transformer-TTS and Griffin-Lim
 
-Text-to-speech (``tts.py``) joins here. A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.
+A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 
 from qkv import recipes
 from qkv.recipes import Task
-from qkv.tasks import asr, bert, lm, numbers, translation
+from qkv.tasks import asr, bert, lm, numbers, translation, tts
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in (numbers.TASK, lm.TASK, translation.TASK, bert.MLM, bert.CLASSIFY, asr.TASK)
+    task.name: task for task in (numbers.TASK, lm.TASK, translation.TASK, bert.MLM, bert.CLASSIFY, asr.TASK, tts.TASK)
 }
 
 

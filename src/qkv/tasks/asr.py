@@ -40,8 +40,10 @@ from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
+    batch_of_step,
     fit_recipe,
     fit_summary,
+    length_batches,
     require_steps,
     save_model_dir,
     start_run,
@@ -188,30 +190,6 @@ def compute_features(
         bar.update(1)
     bar.close()
     return out
-
-
-def length_batches(frames: Sequence[int], budget: int) -> list[list[int]]:
-    """Indices grouped into batches of similar length: sorted by frames, cut so that a batch's
-    padded size (its longest × its count) stays within ``budget`` (one longer utterance alone)."""
-    order = sorted(range(len(frames)), key=lambda i: (frames[i], i))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for i in order:  # ascending: the newest is the longest
-        if current and frames[i] * (len(current) + 1) > budget:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    return batches
-
-
-def batch_of_step(batches: int, step: int, seed: int) -> int:
-    """Which batch step ``step`` trains on: every batch once per epoch, epochs in their own
-    order, all of it fixed by (seed, step), so a resumed run takes the same batches."""
-    epoch, within = divmod(step, batches)
-    order = torch.randperm(batches, generator=torch.Generator().manual_seed(step_seed(seed, -1 - epoch)))
-    return int(order[within])
 
 
 # ---------------------------------------------------------------------------------------------

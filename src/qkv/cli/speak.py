@@ -1,0 +1,137 @@
+"""``qkv speak``: text in, speech out, with a text-to-speech model trained with a ``tts`` recipe.
+
+What is here: the command's arguments (``add_parser``) beside its handler. Synthesis and the
+vocoder are ``tasks.tts.speak``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from qkv.cli.common import number, positive_int, read_input_lines, seed
+from qkv.errors import UserError
+
+EPILOG_SPEAK = """examples:
+  qkv speak --model runs/tts_en --text "A dog runs across the grass." --output dog.wav
+  qkv speak --model runs/tts_en --input sentences.txt --output-dir spoken/     # 0001.wav, 0002.wav, ...
+  echo "Two men are talking." | qkv speak --model runs/tts_en --output-dir spoken/ --rate 22050
+  qkv speak --model runs/tts_voices --speaker jackson --text "three one four" --output jackson.wav
+
+Each file written is printed as PATH<TAB>SECONDS<TAB>TEXT (with --json, one object per line);
+a sentence that ran into --max-seconds before the model ended it is named on stderr.
+"""
+
+
+def cmd_speak(args: argparse.Namespace) -> int:
+    import torch
+
+    from qkv.checkpoint import load_model, model_dir
+    from qkv.progress import progress
+    from qkv.tasks.tts import speak
+    from qkv.tokenization import FILE, Tokenizer
+    from qkv.vocoder import write_wav
+
+    if args.text is not None and args.input is not None:
+        raise UserError("give --text or --input, not both")
+    texts = [args.text] if args.text is not None else [t for t in read_input_lines(args.input) if t.strip()]
+    if not texts:
+        raise UserError("nothing to say: give --text, --input FILE or lines on stdin")
+    if args.output is not None and len(texts) != 1:
+        raise UserError(f"--output names one file but there are {len(texts)} sentences; use --output-dir")
+    if args.output is None and args.output_dir is None:
+        raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
+    directory = model_dir(args.model)
+    model, meta = load_model(directory, kind="tts")
+    if FILE not in meta["files"]:
+        raise UserError(f"{directory} has no {FILE}; qkv speak needs the model's symbols")
+    tokenizer = Tokenizer.load(directory / FILE)
+    speakers = meta.get("speakers") or []
+    who = None
+    if args.speaker is not None:
+        if args.speaker not in speakers:
+            known = ", ".join(speakers) if speakers else "none: it has one voice"
+            raise UserError(f"--speaker {args.speaker!r}: the model's speakers are {known}")
+        who = [speakers.index(args.speaker)] * len(texts)
+    elif speakers:
+        raise UserError(f"{directory} speaks in several voices: choose one with --speaker ({', '.join(speakers)})")
+    paths = [Path(args.output)] if args.output is not None else []
+    if args.output_dir is not None:
+        folder = Path(args.output_dir)
+        if folder.exists() and not folder.is_dir():
+            raise UserError(f"--output-dir {folder} is a file")
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = [folder / f"{n:04d}.wav" for n in range(1, len(texts) + 1)]
+    if not paths[0].parent.is_dir():
+        raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
+    torch.manual_seed(args.seed)
+    bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
+    start = time.perf_counter()
+    results = speak(
+        model,
+        tokenizer,
+        texts,
+        speakers=who,
+        batch_size=args.batch_size,
+        max_seconds=args.max_seconds,
+        on_batch=bar.update,
+    )
+    bar.close()
+    elapsed = time.perf_counter() - start
+    rate = model.config.features.sample_rate
+    c = model.config
+    cap = min(args.max_seconds, c.max_len * c.reduction * c.features.hop_length / rate)  # what synthesis stops at
+    total = 0.0
+    for path, text, (synthesis, wave) in zip(paths, texts, results, strict=True):
+        write_wav(path, wave, rate, rate=args.rate)
+        seconds = wave.numel() / rate
+        total += seconds
+        if synthesis.hit_cap:
+            why = "--max-seconds" if cap == args.max_seconds else "the model's window (model.max_len steps)"
+            print(f"qkv speak: {path}: {text!r} did not end within {cap:.1f} s ({why})", file=sys.stderr)
+        if args.json:
+            record = {"path": str(path), "seconds": round(seconds, 3), "text": text, "hit_cap": synthesis.hit_cap}
+            print(json.dumps(record, ensure_ascii=False), flush=True)
+        else:
+            print(f"{path}\t{seconds:.2f}\t{text}", flush=True)
+    files = f"{len(paths)} file{'s' if len(paths) != 1 else ''}"
+    print(
+        f"qkv speak: {files}, {total:.1f} s of speech in {elapsed:.1f} s (real-time factor "
+        f"{elapsed / max(total, 1e-9):.2f})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``speak`` command's arguments."""
+    p = sub.add_parser(
+        "speak",
+        help="text to speech: WAV files from sentences with a TTS model",
+        description="Speak sentences with a text-to-speech model (trained with a tts recipe): the model writes "
+        "log-mel frames until its stop token, Griffin-Lim turns them into a waveform, a 16-bit WAV is written. "
+        "Numbers and common symbols are read as words.",
+        epilog=EPILOG_SPEAK,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="TTS model directory (or a training run)")
+    p.add_argument("--text", help="one sentence to speak")
+    p.add_argument("--input", help="a file of sentences, one per line ('-' or none given: stdin)")
+    p.add_argument("--output", help="the WAV file for one sentence")
+    p.add_argument("--output-dir", help="a folder for numbered WAV files, one per sentence")
+    p.add_argument("--speaker", help="the voice, for a model trained with several (data.speakers)")
+    p.add_argument("--rate", type=int, choices=(16000, 22050), help="the WAV's sample rate (default: the model's)")
+    p.add_argument(
+        "--max-seconds",
+        type=number(float, lambda v: v > 0, "a positive number of seconds"),
+        default=20.0,
+        help="stop a sentence that has not ended by this length (default 20)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=16, help="sentences synthesized at once (default 16)")
+    p.add_argument("--seed", type=seed, default=0, help="the pre-net dropout's draws (default 0)")
+    p.add_argument("--json", action="store_true", help="one JSON object per file written")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_speak)

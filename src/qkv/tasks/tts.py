@@ -1,0 +1,463 @@
+"""Text in, speech out: the text-to-speech task (:data:`TASK`, named ``tts``), its runner
+:func:`train_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
+
+A recipe names a corpus (``data.corpus``): Multi30k's English captions spoken by one espeak-ng
+voice (``espeak``: the model learns to speak any English sentence in that voice), or manifests
+of the user's recordings (``manifests``; with ``data.speakers`` every speaker gets an
+embedding). Texts are normalised (:func:`normalize_text`: lowercase, numbers and common
+symbols as words) and read as characters. Every utterance's log-mel frames are computed once;
+the model reads and writes them scaled by the training frames' mean and deviation. Batches are
+length-bucketed under a budget of frames, drawn by (seed, step) as every resumable qkv task
+does. When training ends, the test sentences are synthesized (``synthesis.py``) and voiced by
+Griffin-Lim (``vocoder.py``) into ``OUT/samples/``, with the alignment and the spectrogram
+beside its reference drawn as PNGs.
+
+What is not here: the model (``models/tts.py``), its losses (``training.py``), synthesis
+(``synthesis.py``), the vocoder (``vocoder.py``), intelligibility and mel-cepstral distortion
+(``bench/tts.py``), the command line (``cli/speak.py``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from qkv.audio import FeatureConfig, features, load_audio, pad_features
+from qkv.checkpoint import build_model
+from qkv.errors import UserError
+from qkv.files import write_atomic
+from qkv.generation import pad_rows
+from qkv.models.tts import TransformerTTS
+from qkv.plots import mel_comparison, speech_attention
+from qkv.progress import progress as progress_bar
+from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
+    Task,
+    batch_of_step,
+    fit_recipe,
+    fit_summary,
+    length_batches,
+    require_steps,
+    save_model_dir,
+    start_run,
+    step_seed,
+)
+from qkv.speech_corpora import Corpus, Utterance, espeak_corpus, read_manifest
+from qkv.synthesis import Synthesis, synthesize
+from qkv.tasks.numbers import LIMIT, number_to_words
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import Tokenizer
+from qkv.training import tts_loss
+from qkv.vocoder import GriffinLim, write_wav
+
+CORPORA = ("espeak", "manifests")
+
+# A small Transformer-TTS that learns a voice on two CPU cores: 3 + 3 blocks of width 128,
+# r = 3 frames a step (the decoder's sequence a third as long), guided attention on the last
+# two decoder blocks (Tachibana et al., 2018), the paper's pre-net dropout of 0.5.
+TTS_DEFAULTS: dict = {
+    "task": "tts",
+    "model": {
+        "d_model": 128,
+        "n_heads": 4,
+        "d_ff": 512,
+        "n_encoder_layers": 3,
+        "n_decoder_layers": 3,
+        "max_len": 400,  # decoder steps: 400 · r frames of 10 ms, 12 s at r = 3
+        "dropout": 0.1,
+        "reduction": 3,
+        "encoder_convs": 3,
+        "prenet_dim": 128,
+        "prenet_dropout": 0.5,
+        "postnet_layers": 5,
+        "postnet_channels": 128,
+        "features": {"kind": "logmel", "n_mels": 80, "normalize": False},
+    },
+    "train": {
+        "steps": 4000,
+        "seconds": None,
+        "batch_frames": 16000,  # target frames (10 ms each) per batch, padding included
+        "lr": 1e-3,
+        "warmup": 400,
+        "schedule": "cosine",
+        "min_lr": 1e-5,
+        "weight_decay": 0.01,
+        "beta2": 0.98,
+        "guided_weight": 1.0,
+        "guided_sigma": 0.2,
+        "guided_layers": 2,
+        "stop_weight": 5.0,
+        **FIT_TRAIN_DEFAULTS,
+    },
+    "data": {
+        "corpus": "espeak",
+        "voice": "en-us",  # espeak: voice and variant of the one voice the model learns
+        "variant": "m3",
+        "speed": 160,  # espeak: words per minute
+        "pitch": 50,
+        "sentences": 12000,  # espeak: the first N Multi30k sentences of each split (null: all)
+        "corpus_seed": 0,
+        "train": None,  # manifests: train.tsv (path, seconds, speaker, text)
+        "test": None,  # manifests: test.tsv
+        "speakers": False,  # a speaker embedding per speaker of the training manifest
+        "test_sentences": 20,  # synthesized into OUT/samples when training ends
+        "stop_threshold": 0.5,
+        "seed": 0,  # the pre-net's dropout draws when synthesizing the samples
+    },
+}
+
+
+def _check(recipe: dict, where: str) -> None:
+    require_steps(recipe, where)
+    data = recipe["data"]
+    if data["corpus"] == "manifests" and (data["train"] is None or data["test"] is None):
+        raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
+    if data["speakers"] and data["corpus"] != "manifests":
+        raise UserError(f"{where}: data.speakers needs data.corpus manifests (an espeak corpus has one voice)")
+    features = recipe["model"].get("features", {})
+    if not isinstance(features, dict) or features.get("normalize", False) or features.get("kind", "logmel") != "logmel":
+        raise UserError(f"{where}: model.features must be un-normalised log-mels (kind logmel, normalize false)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------------
+
+# Symbols read as words (what espeak-ng, the voice being learnt, says for them).
+SYMBOLS = {"&": " and ", "%": " percent ", "+": " plus ", "=": " equals ", "@": " at ", "#": " number "}
+_NUMBER = re.compile(r"\d+(?:,\d{3})*")
+_SPACES = re.compile(r"\s+")
+_BEFORE_PUNCTUATION = re.compile(r" ([.,!?;:])")
+
+
+def normalize_text(text: str) -> str:
+    """The text as the model reads it: Unicode NFKC, lowercase, :data:`SYMBOLS` as words,
+    numbers (with or without thousands separators) as English words below a million and digit
+    by digit above, runs of white space one space."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    for symbol, words in SYMBOLS.items():
+        text = text.replace(symbol, words)
+
+    def spoken(match: re.Match) -> str:
+        value = int(match.group().replace(",", ""))
+        if value < LIMIT:
+            return f" {number_to_words(value)} "
+        return " " + " ".join(number_to_words(int(d)) for d in match.group() if d.isdigit()) + " "
+
+    return _BEFORE_PUNCTUATION.sub(r"\1", _SPACES.sub(" ", _NUMBER.sub(spoken, text))).strip()
+
+
+def symbol_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Each text normalised and read as the model's symbols; a UserError naming the text and
+    the characters the model does not know, or an empty text."""
+    out = []
+    for text in texts:
+        normal = normalize_text(text)
+        if not normal:
+            raise UserError(f"nothing to say in {text!r}")
+        ids = tokenizer.encode(normal)
+        unknown = sorted({c for c, i in zip(normal, ids, strict=False) if i == tokenizer.unk_id})
+        if unknown or len(ids) != len(normal):
+            known = "".join(sorted(t for t in tokenizer.backend.get_vocab() if len(t) == 1))
+            raise UserError(f"{text!r}: the model cannot say {''.join(unknown)!r}; it knows {known!r}")
+        out.append(ids)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+
+def load_corpus(data: dict) -> Corpus:
+    """The recipe's corpus (built and cached where it must be)."""
+    if data["corpus"] == "espeak":
+        return espeak_corpus(
+            language="en",
+            sentences=data["sentences"],
+            voices=[data["voice"]],
+            train_variants=[data["variant"]],
+            test_variants=[data["variant"]],
+            speeds=(int(data["speed"]), int(data["speed"])),
+            pitches=(int(data["pitch"]), int(data["pitch"])),
+            seed=int(data["corpus_seed"]),
+            unseen_test_voices=False,  # one voice: the test sentences are references in it
+        )
+    splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
+    return Corpus("manifests", Path(data["train"]).parent, splits)
+
+
+def log_mels(utterances: Sequence[Utterance], config: FeatureConfig, *, progress: bool, desc: str) -> list[Tensor]:
+    """Every utterance's log-mel frames (T_u, M), float16 (half the memory; well within range)."""
+    out = []
+    bar = progress_bar(total=len(utterances), desc=desc, unit="utt", disable=not progress)
+    for u in utterances:
+        out.append(features(load_audio(u.path, sample_rate=config.sample_rate, max_seconds=None), config).half())
+        bar.update(1)
+    bar.close()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Speaking
+# ---------------------------------------------------------------------------------------------
+
+
+def speak(
+    model: TransformerTTS,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    *,
+    speakers: Sequence[int] | None = None,
+    batch_size: int = 16,
+    max_seconds: float = 20.0,
+    stop_threshold: float = 0.5,
+    alignments: bool = False,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[tuple[Synthesis, Tensor]]:
+    """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
+    Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (N,) at the model's
+    rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
+    dropout stays on."""
+    ids = symbol_ids(tokenizer, texts)
+    c = model.config.features
+    max_frames = int(max_seconds * c.sample_rate / c.hop_length)
+    vocoder = GriffinLim(c)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    results: list = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        who = [speakers[i] for i in rows] if speakers is not None else None
+        done = synthesize(
+            model,
+            [ids[i] for i in rows],
+            speakers=who,
+            max_frames=max_frames,
+            stop_threshold=stop_threshold,
+            alignments=alignments,
+        )
+        for i, s in zip(rows, done, strict=True):
+            mel = s.mel.float()
+            if mel.shape[0] < 2:  # a model that stopped at once: Griffin-Lim needs two frames
+                mel = torch.cat([mel, mel[-1:]])
+            results[i] = (s, vocoder(mel))
+        if on_batch is not None:
+            on_batch(len(rows))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+
+def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a Transformer-TTS model as ``recipe`` says, speak the test sentences, save it to ``out``.
+
+    Utterances longer than the decoder's window (``max_len`` steps of r frames) are left out
+    and named in ``problems``.
+    """
+    out = Path(out)
+    last = start_run(out, recipe, resume=resume)
+    train, data = recipe["train"], recipe["data"]
+    seed = int(train["seed"])
+    problems: list[str] = []
+    corpus = load_corpus(data)
+    utterances = corpus["train"]
+    texts = [normalize_text(u.text) for u in utterances]
+    tokenizer = Tokenizer.load(last / TOKENIZER_FILE) if last is not None else Tokenizer.train_char_level(texts)
+    speaker_names = sorted({u.speaker for u in utterances}) if data["speakers"] else []
+    config = FeatureConfig.from_dict(recipe["model"]["features"])
+    mels = log_mels(utterances, config, progress=progress, desc="features (train)")
+    window = int(recipe["model"]["max_len"]) * int(recipe["model"]["reduction"])
+    keep = [i for i, m in enumerate(mels) if m.shape[0] <= window and texts[i]]
+    if len(keep) < len(mels):
+        problems.append(
+            f"{len(mels) - len(keep)} utterances longer than the decoder's window ({window} frames) left out"
+        )
+    if not keep:
+        raise UserError("no training utterance fits the decoder's window (model.max_len · model.reduction frames)")
+    mels = [mels[i] for i in keep]
+    utterances = [utterances[i] for i in keep]
+    ids = tokenizer.encode_batch([texts[i] for i in keep])
+    frames = torch.cat([m.float() for m in mels])  # (ΣT, M)
+    torch.manual_seed(seed)
+    fields = {
+        **recipe["model"],
+        "vocab_size": tokenizer.vocab_size,
+        "pad_id": tokenizer.pad_id,
+        "n_speakers": len(speaker_names),
+        "mel_mean": float(frames.mean()),
+        "mel_std": float(frames.std()),
+    }
+    del frames
+    model = build_model("tts", fields)
+    r = model.config.reduction
+    batches = length_batches([m.shape[0] for m in mels], int(train["batch_frames"]))
+    speaker_of = {name: i for i, name in enumerate(speaker_names)}
+    seconds_per_frame = config.hop_length / config.sample_rate
+
+    def step_loss(m: TransformerTTS, step: int) -> tuple[Tensor, float]:
+        rows = batches[batch_of_step(len(batches), step, seed)]
+        torch.manual_seed(step_seed(seed, step))  # the dropout draws of this step, whatever came before
+        mel, valid = pad_features([m.scale(mels[i].float()) for i in rows])  # (B, T, M), (B, T)
+        pad = (-mel.shape[1]) % r  # whole steps of r frames
+        mel = torch.nn.functional.pad(mel, (0, 0, 0, pad)) * torch.nn.functional.pad(valid, (0, pad))[..., None]
+        valid = torch.nn.functional.pad(valid, (0, pad))  # (B, T)
+        text, text_valid = pad_rows([ids[i] for i in rows], tokenizer.pad_id, left=False)  # (B, S)
+        who = torch.tensor([speaker_of[utterances[i].speaker] for i in rows]) if speaker_names else None
+        loss, _, _ = tts_loss(
+            m,
+            text,
+            text_valid,
+            mel,
+            valid,
+            who,
+            guided_weight=float(train["guided_weight"]),
+            guided_sigma=float(train["guided_sigma"]),
+            guided_layers=int(train["guided_layers"]),
+            stop_weight=float(train["stop_weight"]),
+        )
+        return loss, float(valid.sum()) * seconds_per_frame  # the rate counts seconds of audio
+
+    result = fit_recipe(
+        model,
+        step_loss,
+        train,
+        progress=progress,
+        desc="qkv tts",
+        unit="audio_s",
+        out=out,
+        recipe=recipe,
+        tokenizer=tokenizer,
+        resume_from=last,
+    )
+    mels.clear()
+    timing = {
+        "train_seconds": result.seconds,
+        "steps": result.steps,
+        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
+    }
+    save_model_dir(model, tokenizer, out, extra={"task": "tts", "recipe": recipe, "speakers": speaker_names, **timing})
+    # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
+    samples = speak_test_sentences(model, tokenizer, corpus, data, out, speaker_names, progress=progress)
+    return {**samples, "problems": problems, **fit_summary(result, model, tokenizer)}
+
+
+def speak_test_sentences(
+    model: TransformerTTS,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    data: dict,
+    out: Path,
+    speaker_names: list[str],
+    *,
+    progress: bool,
+) -> dict:
+    """Speak the first ``data.test_sentences`` test sentences into ``out/samples/NNNN.wav`` (with
+    ``samples.tsv``: file, text, reference recording), draw the first one's alignment and its
+    spectrogram beside the reference's, and measure: the share that stopped by themselves
+    (not at the cap) and the real-time factor of synthesis with the vocoder."""
+    test = corpus["test"][: int(data["test_sentences"])]
+    if not test:
+        return {"samples": 0}
+    speaker_of = {name: i for i, name in enumerate(speaker_names)}
+    speakers = [speaker_of.get(u.speaker, 0) for u in test] if speaker_names else None
+    torch.manual_seed(int(data["seed"]))
+    bar = progress_bar(total=len(test), desc="speaking (test)", unit="sentence", disable=not progress)
+    start = time.perf_counter()
+    spoken = speak(
+        model,
+        tokenizer,
+        [u.text for u in test],
+        speakers=speakers,
+        stop_threshold=float(data["stop_threshold"]),
+        alignments=True,
+        on_batch=bar.update,
+    )
+    seconds = time.perf_counter() - start
+    bar.close()
+    folder = out / "samples"
+    folder.mkdir(parents=True, exist_ok=True)
+    rate = model.config.features.sample_rate
+    lines = ["file\ttext\treference"]
+    for n, (u, (_, wave)) in enumerate(zip(test, spoken, strict=True), start=1):
+        write_wav(folder / f"{n:04d}.wav", wave, rate)
+        lines.append(f"{n:04d}.wav\t{u.text}\t{u.path}")
+    write_atomic(folder / "samples.tsv", ("\n".join(lines) + "\n").encode())
+    first, _ = spoken[0]
+    c = model.config.features
+    reference = features(load_audio(test[0].path, sample_rate=c.sample_rate, max_seconds=None), c)
+    mel_comparison(
+        first.mel.float().numpy(),
+        reference.numpy(),
+        path=out / "spectrogram.png",
+        title=f"{normalize_text(test[0].text)!r}: synthesized (top), the recording (bottom)",
+        seconds_per_frame=c.hop_length / c.sample_rate,
+    )
+    text = normalize_text(test[0].text)
+    speech_attention(
+        first.mel.float().numpy(),
+        first.alignment.T[None].numpy(),  # (1, S, U): each character's attention over the steps
+        output=[ch if ch != " " else "␣" for ch in text],
+        seconds_per_frame=c.hop_length / c.sample_rate,
+        path=out / "alignment.png",
+        title=f"{text!r}: cross-attention of the last decoder block (mean of heads) under the synthesized mel",
+    )
+    audio = sum(w.numel() for _, w in spoken) / rate
+    return {
+        "samples": len(test),
+        "stopped": sum(not s.hit_cap for s, _ in spoken) / len(test),
+        "real_time_factor": seconds / max(audio, 1e-9),
+        "sample_texts": [u.text for u in test],
+        "sample_references": [str(u.path) for u in test],
+    }
+
+
+def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+    """The run's figures for the command line: samples spoken, how many stopped, the speed."""
+    if not summary.get("samples"):
+        return {}, "no test sentences spoken"
+    score = {"stopped": round(summary["stopped"], 4), "real_time_factor": round(summary["real_time_factor"], 3)}
+    said = (
+        f"spoke {summary['samples']} test sentences into samples/ ({100 * summary['stopped']:.0f}% ended by their "
+        f"stop token), real-time factor {summary['real_time_factor']:.2f} with Griffin-Lim"
+    )
+    return score, said
+
+
+TASK = Task(
+    name="tts",
+    defaults=TTS_DEFAULTS,
+    model_kind="tts",
+    train=train_tts,
+    report=report,
+    rules={
+        ("data", "corpus"): (str, lambda v: v in CORPORA, f"one of {', '.join(CORPORA)}"),
+        ("data", "voice"): (str, lambda v: bool(v), "an espeak-ng voice, e.g. en-us"),
+        ("data", "variant"): (str, lambda v: bool(v), "an espeak-ng variant, e.g. m3"),
+        ("data", "speed"): (int, lambda v: 80 <= v <= 450, "words per minute from 80 to 450"),
+        ("data", "pitch"): (int, lambda v: 0 <= v <= 99, "a pitch from 0 to 99"),
+        ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+        ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "speakers"): (bool, lambda v: True, "true or false"),
+        ("data", "test_sentences"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("data", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+        ("data", "seed"): (int, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
+        ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (frames per batch)"),
+        ("train", "guided_weight"): ((int, float), lambda v: v >= 0, "a number >= 0"),
+        ("train", "guided_sigma"): ((int, float), lambda v: v > 0, "a positive number"),
+        ("train", "guided_layers"): (int, lambda v: v > 0, "a positive integer"),
+        ("train", "stop_weight"): ((int, float), lambda v: v > 0, "a positive number"),
+    },
+    check=_check,
+    rate_unit="audio_seconds",
+)

@@ -1,0 +1,141 @@
+"""The text-to-speech task (``tasks/tts.py``) and ``qkv speak``: a tiny model trained on tone
+"words" saves itself with its spoken samples and pictures; the command writes WAV files of the
+expected length, one per sentence, and refuses bad text, a missing speaker and a bad output on
+one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from qkv.checkpoint import read_meta
+from qkv.cli.main import main
+from qkv.errors import UserError
+from qkv.tasks import TASKS, load_recipe
+from qkv.tasks.tts import normalize_text
+from speech_data import tone_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TTS = [
+    "task=tts",
+    "data.corpus=manifests",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.d_ff=64",
+    "model.n_encoder_layers=1",
+    "model.n_decoder_layers=2",
+    "model.prenet_dim=32",
+    "model.postnet_channels=16",
+    "model.postnet_layers=3",
+    "model.max_len=40",
+    "model.features.n_mels=23",
+    "train.batch_frames=400",
+    "train.warmup=5",
+    "train.lr=3e-3",
+    "train.steps=40",
+    "data.test_sentences=3",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, dict]:
+    tmp = tmp_path_factory.mktemp("tts")
+    manifest = tone_corpus(tmp / "tones", utterances=8)
+    recipe = load_recipe(None, [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}", "data.speakers=true"])
+    summary = TASKS["tts"].train(recipe, tmp / "model", progress=False)
+    return tmp / "model", summary
+
+
+def test_training_saves_the_model_its_samples_and_pictures(trained) -> None:
+    model, summary = trained
+    assert summary["losses"][-1] < summary["losses"][0]
+    meta = read_meta(model)
+    assert meta["kind"] == "tts" and meta["task"] == "tts" and meta["speakers"] == ["tones"]
+    assert meta["config"]["mel_std"] > 0 and meta["train_seconds"] > 0
+    lines = (model / "samples" / "samples.tsv").read_text().splitlines()
+    assert lines[0] == "file\ttext\treference" and len(lines) == 4
+    for line in lines[1:]:
+        info = soundfile.info(str(model / "samples" / line.split("\t")[0]))
+        assert info.samplerate == 16000 and info.frames > 0
+    for picture in ("alignment.png", "spectrogram.png"):
+        assert (model / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 0 <= summary["stopped"] <= 1 and summary["real_time_factor"] > 0
+
+
+def test_speak_writes_one_wav_per_sentence(trained, capsys, tmp_path, monkeypatch) -> None:
+    import io
+
+    model, _ = trained
+    rc = main(
+        ["speak", "--model", str(model), "--speaker", "tones", "--text", "do mi", "--output", str(tmp_path / "a.wav")]
+    )
+    out, err = capsys.readouterr()
+    assert rc == 0
+    path, seconds, text = out.strip().split("\t")
+    info = soundfile.info(path)
+    assert text == "do mi" and info.samplerate == 16000
+    assert abs(info.frames / 16000 - float(seconds)) < 0.01
+    assert "real-time factor" in err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"do\nso ti mi\n\nmi\n")))
+    folder = tmp_path / "spoken"
+    argv = [
+        "speak",
+        "--model",
+        str(model),
+        "--speaker",
+        "tones",
+        "--output-dir",
+        str(folder),
+        "--json",
+        "--rate",
+        "22050",
+    ]
+    rc = main(argv)
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rc == 0 and [r["text"] for r in records] == ["do", "so ti mi", "mi"]
+    assert [Path(r["path"]).name for r in records] == ["0001.wav", "0002.wav", "0003.wav"]
+    assert all(soundfile.info(r["path"]).samplerate == 22050 for r in records)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--speaker", "tones", "--text", "do ça", "--output", "x.wav"], "cannot say"),
+        (["--speaker", "tones", "--text", " ", "--output", "x.wav"], "nothing to say"),
+        (["--text", "do", "--output", "x.wav"], "--speaker"),
+        (["--speaker", "nobody", "--text", "do", "--output", "x.wav"], "nobody"),
+        (["--speaker", "tones", "--text", "do"], "--output"),
+        (["--speaker", "tones", "--text", "do", "--output", "no/such/dir/x.wav"], "does not exist"),
+    ],
+)
+def test_speak_refuses_bad_input_in_one_line(trained, capsys, tmp_path, monkeypatch, extra, message) -> None:
+    model, _ = trained
+    monkeypatch.chdir(tmp_path)
+    assert main(["speak", "--model", str(model), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_text_normalisation_reads_numbers_and_symbols() -> None:
+    assert normalize_text("Tom & Jerry ate 3 apples, 25% of 1,200!") == (
+        "tom and jerry ate three apples, twenty five percent of one thousand two hundred!"
+    )
+    assert normalize_text("Call 5551234567") == "call " + " ".join(
+        ["five", "five", "five", "one", "two", "three", "four", "five", "six", "seven"]
+    )
+
+
+def test_the_shipped_tts_recipe_loads_and_bad_values_are_named() -> None:
+    recipe = load_recipe(ROOT / "recipes" / "tts_en.yaml")
+    assert recipe["task"] == "tts" and recipe["data"]["corpus"] == "espeak"
+    for item, named in [
+        ("model.features.normalize=true", "normalize"),
+        ("data.speakers=true", "data.speakers"),
+        ("train.guided_weight=-1", "train.guided_weight"),
+        ("model.reduction=0", "reduction"),
+    ]:
+        with pytest.raises(UserError, match=named.replace(".", r"\.")):
+            load_recipe(ROOT / "recipes" / "tts_en.yaml", [item])
