@@ -118,6 +118,11 @@ def test_digit_strings_say_their_transcript_and_hold_the_speaker_out(fake_fsdd, 
     assert Corpus.load(corpus.root).splits == corpus.splits
     with pytest.raises(UserError, match="held_out speaker 'zed' is not in FSDD"):
         fsdd_digit_strings(held_out="zed", train_utterances=1, test_utterances=1, seed=0, data_dir=fake_fsdd)
+    # No speaker held out (text-to-speech in every voice): any speaker in either split.
+    every = fsdd_digit_strings(
+        held_out=None, train_utterances=30, test_utterances=12, seed=3, cache=tmp_path, data_dir=fake_fsdd
+    )
+    assert {u.speaker for u in every["train"]} == {u.speaker for u in every["test"]} == {"ann", "bob", "cy"}
 
 
 def test_digit_strings_same_bytes_whatever_the_workers(fake_fsdd, tmp_path) -> None:

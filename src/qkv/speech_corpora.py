@@ -340,7 +340,7 @@ def fsdd_digits(data_dir: str | Path | None = None) -> Corpus:
 
 def fsdd_digit_strings(
     *,
-    held_out: str,
+    held_out: str | None,
     train_utterances: int,
     test_utterances: int,
     seed: int,
@@ -352,7 +352,8 @@ def fsdd_digit_strings(
     """Strings of 1–7 spoken digits made from FSDD, built once and cached: "train" and "test".
 
     Each utterance takes one speaker (any but ``held_out`` in train, ``held_out`` in test, so the
-    held-out speaker's recordings are only in test), draws its digits and, for each digit, one of
+    held-out speaker's recordings are only in test; ``held_out=None``: any speaker in both, as
+    text-to-speech in every voice wants), draws its digits and, for each digit, one of
     that speaker's recordings of it, and joins them with silences of 0.05–0.4 s (also before the
     first and after the last). The 8 kHz signal is resampled to 16 kHz with soxr (as
     ``qkv.audio`` does) and white noise is added at ``snr_db`` below the speech's power. The
@@ -360,7 +361,7 @@ def fsdd_digit_strings(
     """
     recordings = _fsdd(data_dir)
     speakers = sorted({r.speaker for r in recordings})
-    if held_out not in speakers:
+    if held_out is not None and held_out not in speakers:
         raise UserError(f"held_out speaker {held_out!r} is not in FSDD (its speakers: {', '.join(speakers)})")
     _check_count("train_utterances", train_utterances, allow_zero=True)
     _check_count("test_utterances", test_utterances, allow_zero=True)
@@ -404,7 +405,7 @@ def fsdd_digit_strings(
             (tmp / "audio" / split).mkdir(parents=True)
             for index in range(count):
                 rng = random.Random(f"qkv fsdd digit strings/{seed}/{split}/{index}")
-                speaker = held_out if split == "test" else rng.choice(train_speakers)
+                speaker = held_out if split == "test" and held_out is not None else rng.choice(train_speakers)
                 digits = [rng.randrange(10) for _ in range(rng.randint(*DIGIT_STRING_LENGTHS))]
                 parts = [rng.choice(by_speaker[speaker][d]) for d in digits]
                 silences = [rng.uniform(*SILENCE_SECONDS) for _ in range(len(digits) + 1)]

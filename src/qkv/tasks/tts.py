@@ -2,15 +2,16 @@
 :func:`train_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): Multi30k's English captions spoken by one espeak-ng
-voice (``espeak``: the model learns to speak any English sentence in that voice), or manifests
-of the user's recordings (``manifests``; with ``data.speakers`` every speaker gets an
-embedding). Texts are normalised (:func:`normalize_text`: lowercase, numbers and common
-symbols as words) and read as characters. Every utterance's log-mel frames are computed once;
-the model reads and writes them scaled by the training frames' mean and deviation. Batches are
-length-bucketed under a budget of frames, drawn by (seed, step) as every resumable qkv task
-does. When training ends, the test sentences are synthesized (``synthesis.py``) and voiced by
-Griffin-Lim (``vocoder.py``) into ``OUT/samples/``, with the alignment and the spectrogram
-beside its reference drawn as PNGs.
+voice (``espeak``: the model learns to speak any English sentence in that voice), FSDD's six
+real voices saying digit strings (``fsdd_digit_strings``, one speaker embedding each:
+``qkv speak --speaker``), or manifests of the user's recordings (``manifests``; with
+``data.speakers`` every speaker gets an embedding). Texts are normalised
+(:func:`normalize_text`: lowercase, numbers and common symbols as words) and read as
+characters. Every utterance's log-mel frames are computed once; the model reads and writes them
+scaled by the training frames' mean and deviation. Batches are length-bucketed under a budget of
+frames, drawn by (seed, step) as every resumable qkv task does. When training ends, the test
+sentences are synthesized (``synthesis.py``) and voiced by Griffin-Lim (``vocoder.py``) into
+``OUT/samples/``, with the alignment and the spectrogram beside its reference drawn as PNGs.
 
 What is not here: the model (``models/tts.py``), its losses (``training.py``), synthesis
 (``synthesis.py``), the vocoder (``vocoder.py``), intelligibility and mel-cepstral distortion
@@ -48,7 +49,7 @@ from qkv.recipes import (
     start_run,
     step_seed,
 )
-from qkv.speech_corpora import Corpus, Utterance, espeak_corpus, read_manifest
+from qkv.speech_corpora import Corpus, Utterance, espeak_corpus, fsdd_digit_strings, read_manifest
 from qkv.synthesis import Synthesis, synthesize
 from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tokenization import FILE as TOKENIZER_FILE
@@ -56,7 +57,7 @@ from qkv.tokenization import Tokenizer
 from qkv.training import tts_loss
 from qkv.vocoder import GriffinLim, write_wav
 
-CORPORA = ("espeak", "manifests")
+CORPORA = ("espeak", "fsdd_digit_strings", "manifests")
 
 # A small Transformer-TTS that learns a voice on two CPU cores: 3 + 3 blocks of width 128,
 # r = 3 frames a step (the decoder's sequence a third as long), guided attention on the last
@@ -102,6 +103,8 @@ TTS_DEFAULTS: dict = {
         "speed": 160,  # espeak: words per minute
         "pitch": 50,
         "sentences": 12000,  # espeak: the first N Multi30k sentences of each split (null: all)
+        "train_utterances": 6000,  # fsdd_digit_strings
+        "test_utterances": 300,  # fsdd_digit_strings
         "corpus_seed": 0,
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text)
         "test": None,  # manifests: test.tsv
@@ -118,8 +121,8 @@ def _check(recipe: dict, where: str) -> None:
     data = recipe["data"]
     if data["corpus"] == "manifests" and (data["train"] is None or data["test"] is None):
         raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
-    if data["speakers"] and data["corpus"] != "manifests":
-        raise UserError(f"{where}: data.speakers needs data.corpus manifests (an espeak corpus has one voice)")
+    if data["speakers"] and data["corpus"] == "espeak":
+        raise UserError(f"{where}: data.speakers: an espeak corpus has one voice")
     features = recipe["model"].get("features", {})
     if not isinstance(features, dict) or features.get("normalize", False) or features.get("kind", "logmel") != "logmel":
         raise UserError(f"{where}: model.features must be un-normalised log-mels (kind logmel, normalize false)")
@@ -188,6 +191,13 @@ def load_corpus(data: dict) -> Corpus:
             pitches=(int(data["pitch"]), int(data["pitch"])),
             seed=int(data["corpus_seed"]),
             unseen_test_voices=False,  # one voice: the test sentences are references in it
+        )
+    if data["corpus"] == "fsdd_digit_strings":  # every voice in training: none held out
+        return fsdd_digit_strings(
+            held_out=None,
+            train_utterances=int(data["train_utterances"]),
+            test_utterances=int(data["test_utterances"]),
+            seed=int(data["corpus_seed"]),
         )
     splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
     return Corpus("manifests", Path(data["train"]).parent, splits)
@@ -445,6 +455,8 @@ TASK = Task(
         ("data", "speed"): (int, lambda v: 80 <= v <= 450, "words per minute from 80 to 450"),
         ("data", "pitch"): (int, lambda v: 0 <= v <= 99, "a pitch from 0 to 99"),
         ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "train_utterances"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "test_utterances"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
