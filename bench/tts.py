@@ -68,7 +68,7 @@ def main() -> int:
     from qkv.checkpoint import load_model, model_dir
     from qkv.evaluation import error_rates
     from qkv.tasks.asr import transcribe
-    from qkv.tasks.tts import load_corpus, speak
+    from qkv.tasks.tts import load_corpus, reading_of, speak
     from qkv.tokenization import FILE, Tokenizer
 
     tts_dir, asr_dir = model_dir(args.tts), model_dir(args.asr)
@@ -79,7 +79,7 @@ def main() -> int:
     texts = [u.text for u in test]
     torch.manual_seed(0)
     start = time.perf_counter()
-    spoken = speak(tts, tts_tokens, texts)
+    spoken = speak(tts, tts_tokens, texts, **reading_of(tts_meta))
     seconds = time.perf_counter() - start
     rate = tts.config.features.sample_rate
     audio = sum(w.numel() for _, w in spoken) / rate

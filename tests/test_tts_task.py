@@ -139,3 +139,20 @@ def test_the_shipped_tts_recipe_loads_and_bad_values_are_named() -> None:
     ]:
         with pytest.raises(UserError, match=named.replace(".", r"\.")):
             load_recipe(ROOT / "recipes" / "tts_en.yaml", [item])
+
+
+def test_phoneme_input_reads_ipa_from_espeak(tmp_path) -> None:
+    import shutil
+
+    from qkv.tasks.tts import readings, symbol_ids
+    from qkv.tokenization import Tokenizer
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (scripts/setup.sh installs it as root)")
+    ipa = readings(["A dog runs.", "2 cats"], symbols="phonemes")
+    assert ipa[0].startswith("ɐ dˈɑːɡ") and "kˈæts" in ipa[1]  # espeak-ng's en-us IPA; numbers as words first
+    tokenizer = Tokenizer.train_char_level(ipa)
+    ids = symbol_ids(tokenizer, ["a dog runs"], symbols="phonemes")
+    assert tokenizer.decode(ids[0]) == readings(["a dog runs"], symbols="phonemes")[0]
+    with pytest.raises(UserError, match="cannot say"):
+        symbol_ids(tokenizer, ["zebra"], symbols="phonemes")

@@ -10,6 +10,7 @@ What is here:
   * :func:`fsdd_digit_strings`: utterances of 1–7 digits ("three one four"), one speaker's
     recordings joined by random silences with light white noise, one speaker held out for the
     test set;
+  * :func:`espeak_phonemes`: texts in IPA phonemes (text-to-speech's phoneme input);
   * :func:`espeak_corpus`: Multi30k's captions (train, val, test2016) spoken by ``espeak-ng``
     (one process per sentence, piped through ``sox`` to 16 kHz) with voices, variants, speeds and
     pitches drawn per sentence; val and test are spoken only by variants never used in training.
@@ -663,6 +664,28 @@ def _speak(espeak: str, sox: str, voice: str, speed: int, pitch: int, text: str,
     if done.returncode != 0:
         raise UserError(f"sox failed to convert espeak-ng's audio of {text!r}: {_last_line(done.stderr)}")
     return soundfile.info(str(out)).frames / SAMPLE_RATE
+
+
+def espeak_phonemes(texts: Sequence[str], *, voice: str = "en-us", workers: int | None = None) -> list[str]:
+    """Each text's phonemes in IPA, as ``espeak-ng -q --ipa -v VOICE`` writes them (one process
+    per text, ``workers`` at once, default one per core), its lines joined by a space: what a
+    text-to-speech model reads with ``data.symbols: phonemes``. A UserError names the text
+    espeak-ng fails on, or the missing tool."""
+    espeak = _tool("espeak-ng", "phonemes")
+
+    def one(text: str) -> str:
+        done = subprocess.run(
+            [espeak, "-q", "--ipa", "-b", "1", "-v", voice], input=text.encode(), capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            raise UserError(f"espeak-ng failed on {text!r} with voice {voice}: {_last_line(done.stderr)}")
+        return " ".join(done.stdout.decode(errors="replace").split())
+
+    n = _workers(workers)
+    if n == 1 or len(texts) < 2:
+        return [one(t) for t in texts]
+    with ThreadPoolExecutor(n) as pool:  # each job's work is done by its espeak-ng process
+        return list(pool.map(one, texts))
 
 
 def _last_line(stderr: bytes) -> str:

@@ -31,7 +31,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
 
     from qkv.checkpoint import load_model, model_dir
     from qkv.progress import progress
-    from qkv.tasks.tts import speak
+    from qkv.tasks.tts import reading_of, speak
     from qkv.tokenization import FILE, Tokenizer
     from qkv.vocoder import write_wav
 
@@ -78,6 +78,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_seconds=args.max_seconds,
         on_batch=bar.update,
+        **reading_of(meta),
     )
     bar.close()
     elapsed = time.perf_counter() - start

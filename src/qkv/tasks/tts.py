@@ -7,9 +7,10 @@ real voices saying digit strings (``fsdd_digit_strings``, one speaker embedding 
 ``qkv speak --speaker``), or manifests of the user's recordings (``manifests``; with
 ``data.speakers`` every speaker gets an embedding). Texts are normalised
 (:func:`normalize_text`: lowercase, numbers and common symbols as words) and read as
-characters. Every utterance's log-mel frames are computed once; the model reads and writes them
-scaled by the training frames' mean and deviation. Batches are length-bucketed under a budget of
-frames, drawn by (seed, step) as every resumable qkv task does. When training ends, the test
+characters or, with ``data.symbols: phonemes``, as espeak-ng's IPA phonemes. Every
+utterance's log-mel frames are computed once; the model reads and writes them scaled by the
+training frames' mean and deviation. Batches are length-bucketed under a budget of frames,
+drawn by (seed, step) as every resumable qkv task does. When training ends, the test
 sentences are synthesized (``synthesis.py``) and voiced by Griffin-Lim (``vocoder.py``) into
 ``OUT/samples/``, with the alignment and the spectrogram beside its reference drawn as PNGs.
 
@@ -49,7 +50,14 @@ from qkv.recipes import (
     start_run,
     step_seed,
 )
-from qkv.speech_corpora import Corpus, Utterance, espeak_corpus, fsdd_digit_strings, read_manifest
+from qkv.speech_corpora import (
+    Corpus,
+    Utterance,
+    espeak_corpus,
+    espeak_phonemes,
+    fsdd_digit_strings,
+    read_manifest,
+)
 from qkv.synthesis import Synthesis, synthesize
 from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tokenization import FILE as TOKENIZER_FILE
@@ -109,6 +117,7 @@ TTS_DEFAULTS: dict = {
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text)
         "test": None,  # manifests: test.tsv
         "speakers": False,  # a speaker embedding per speaker of the training manifest
+        "symbols": "chars",  # what the model reads: "chars", or "phonemes" (IPA from espeak-ng --ipa, data.voice)
         "test_sentences": 20,  # synthesized into OUT/samples when training ends
         "stop_threshold": 0.5,
         "seed": 0,  # the pre-net's dropout draws when synthesizing the samples
@@ -156,17 +165,38 @@ def normalize_text(text: str) -> str:
     return _BEFORE_PUNCTUATION.sub(r"\1", _SPACES.sub(" ", _NUMBER.sub(spoken, text))).strip()
 
 
-def symbol_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Each text normalised and read as the model's symbols; a UserError naming the text and
-    the characters the model does not know, or an empty text."""
-    out = []
-    for text in texts:
-        normal = normalize_text(text)
+SYMBOLS_KINDS = ("chars", "phonemes")
+
+
+def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-us") -> list[str]:
+    """What the model reads for each text: :func:`normalize_text`, then for ``symbols="phonemes"``
+    its IPA phonemes by ``espeak-ng --ipa`` (``voice``'s pronunciation)."""
+    normal = [normalize_text(t) for t in texts]
+    if symbols == "phonemes":
+        return espeak_phonemes([n for n in normal if n], voice=voice) if all(normal) else normal
+    return normal
+
+
+def reading_of(meta: dict) -> dict:
+    """How the model of a directory's ``config.json`` reads text: ``symbols`` and ``voice`` (the
+    keyword arguments of :func:`readings`), from the recipe it was trained with."""
+    data = (meta.get("recipe") or {}).get("data") or {}
+    return {"symbols": data.get("symbols", "chars"), "voice": data.get("voice", "en-us")}
+
+
+def symbol_ids(
+    tokenizer: Tokenizer, texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-us"
+) -> list[list[int]]:
+    """Each text as the model's symbol ids (:func:`readings`); a UserError naming the text and
+    the symbols the model does not know, or a text with nothing to say."""
+    for text, normal in zip(texts, (normalize_text(t) for t in texts), strict=True):
         if not normal:
             raise UserError(f"nothing to say in {text!r}")
-        ids = tokenizer.encode(normal)
-        unknown = sorted({c for c, i in zip(normal, ids, strict=False) if i == tokenizer.unk_id})
-        if unknown or len(ids) != len(normal):
+    out = []
+    for text, reading in zip(texts, readings(texts, symbols=symbols, voice=voice), strict=True):
+        ids = tokenizer.encode(reading)
+        unknown = sorted({c for c, i in zip(reading, ids, strict=False) if i == tokenizer.unk_id})
+        if unknown or len(ids) != len(reading):
             known = "".join(sorted(t for t in tokenizer.backend.get_vocab() if len(t) == 1))
             raise UserError(f"{text!r}: the model cannot say {''.join(unknown)!r}; it knows {known!r}")
         out.append(ids)
@@ -230,12 +260,14 @@ def speak(
     stop_threshold: float = 0.5,
     alignments: bool = False,
     on_batch: Callable[[int], None] | None = None,
+    symbols: str = "chars",
+    voice: str = "en-us",
 ) -> list[tuple[Synthesis, Tensor]]:
     """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
     Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (N,) at the model's
     rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
-    dropout stays on."""
-    ids = symbol_ids(tokenizer, texts)
+    dropout stays on. ``symbols`` and ``voice``: how the model reads text (:func:`reading_of`)."""
+    ids = symbol_ids(tokenizer, texts, symbols=symbols, voice=voice)
     c = model.config.features
     max_frames = int(max_seconds * c.sample_rate / c.hop_length)
     vocoder = GriffinLim(c)
@@ -280,7 +312,7 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     problems: list[str] = []
     corpus = load_corpus(data)
     utterances = corpus["train"]
-    texts = [normalize_text(u.text) for u in utterances]
+    texts = readings([u.text for u in utterances], symbols=data["symbols"], voice=data["voice"])
     tokenizer = Tokenizer.load(last / TOKENIZER_FILE) if last is not None else Tokenizer.train_char_level(texts)
     speaker_names = sorted({u.speaker for u in utterances}) if data["speakers"] else []
     config = FeatureConfig.from_dict(recipe["model"]["features"])
@@ -390,6 +422,8 @@ def speak_test_sentences(
         stop_threshold=float(data["stop_threshold"]),
         alignments=True,
         on_batch=bar.update,
+        symbols=data["symbols"],
+        voice=data["voice"],
     )
     seconds = time.perf_counter() - start
     bar.close()
@@ -411,7 +445,7 @@ def speak_test_sentences(
         title=f"{normalize_text(test[0].text)!r}: synthesized (top), the recording (bottom)",
         seconds_per_frame=c.hop_length / c.sample_rate,
     )
-    text = normalize_text(test[0].text)
+    (text,) = readings([test[0].text], symbols=data["symbols"], voice=data["voice"])
     speech_attention(
         first.mel.float().numpy(),
         first.alignment.T[None].numpy(),  # (1, S, U): each character's attention over the steps
@@ -461,6 +495,7 @@ TASK = Task(
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "speakers"): (bool, lambda v: True, "true or false"),
+        ("data", "symbols"): (str, lambda v: v in SYMBOLS_KINDS, f"one of {', '.join(SYMBOLS_KINDS)}"),
         ("data", "test_sentences"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("data", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
         ("data", "seed"): (int, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
