@@ -21,12 +21,10 @@ import torch.nn.functional as F
 
 from qkv.audio import FeatureConfig, pad_features
 from qkv.checkpoint import load_model, save_model
+from qkv.ctc import CTCPrefixScorer, ctc_best_path, ctc_collapse
 from qkv.generation import (
-    CTCPrefixScorer,
     Ensemble,
     beam_search,
-    ctc_best_path,
-    ctc_collapse,
     ctc_greedy,
     for_decoding,
     greedy,
