@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -153,11 +155,15 @@ def test_bad_audio_files_are_all_named_and_skipped_only_when_asked(trained, caps
     empty.write_bytes(b"")
     text.write_text("not audio")
     missing = tmp_path / "missing.flac"
-    rc, out, err = run(capsys, "transcribe", "--model", str(model), good, str(empty), str(text), str(missing))
+    short = tmp_path / "click.wav"  # 40 ms: shorter than the conv2d front-end's first window (70 ms)
+    soundfile.write(short, 0.3 * np.sin(np.arange(640) * 0.2), 16000)
+    argv = [good, str(empty), str(text), str(missing), str(short)]
+    rc, out, err = run(capsys, "transcribe", "--model", str(model), *argv)
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
-    for path in (empty, text, missing):
+    for path in (empty, text, missing, short):
         assert str(path) in err
+    assert "40 ms is too short for this model" in err
     assert "--skip-bad" in err
     rc, out, err = run(capsys, "transcribe", "--model", str(model), good, str(empty), "--skip-bad")
     assert rc == 0 and out.splitlines()[0].startswith(good + "\t")

@@ -56,7 +56,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.loading import load_for_generation
     from qkv.models.speech import SpeechEncoderDecoder
     from qkv.progress import progress
-    from qkv.tasks.asr import transcribe
+    from qkv.tasks.asr import too_short, transcribe
 
     paths = audio_paths(args.files, args.input)
     model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
@@ -73,9 +73,13 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if config.kind == "whisper":  # one chunk is all a Whisper encoder reads
         longest = min(longest, config.chunk_seconds)
     good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
+    short = [(p, w) for p, w in good if too_short(model, config.frames(w.numel()))]
+    if short:  # a file too short for the front-end is a bad file like the rest
+        good = [(p, w) for p, w in good if not too_short(model, config.frames(w.numel()))]
+        bad += [(p, f"{1000 * w.numel() / config.sample_rate:.0f} ms is too short for this model") for p, w in short]
     if bad and not args.skip_bad:
         named = "; ".join(f"{p}: {why}" for p, why in bad[:5]) + ("; ..." if len(bad) > 5 else "")
-        raise UserError(f"{len(bad)} of {len(paths)} files cannot be read ({named}); --skip-bad transcribes the rest")
+        raise UserError(f"{len(bad)} of {len(paths)} files cannot be transcribed ({named}); --skip-bad does the rest")
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()

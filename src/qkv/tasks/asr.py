@@ -197,6 +197,12 @@ def compute_features(
 # ---------------------------------------------------------------------------------------------
 
 
+def too_short(model: SpeechEncoderDecoder, frames: int) -> bool:
+    """Whether ``frames`` feature frames leave the model's front-end no frame to encode (the
+    conv2d front-end reads 7 frames, 70 ms at a 10 ms hop, for its first output)."""
+    return int(model.subsampled(torch.tensor(frames))) < 1
+
+
 @dataclass(frozen=True)
 class Transcription:
     """One decoded utterance: its text, its token ids."""
@@ -232,6 +238,9 @@ def transcribe(
         raise UserError("--ctc-weight needs a model with a CTC head; this one has none")
     if ctc_only and model.ctc is None:
         raise UserError("--ctc-only needs a model with a CTC head; this one has none")
+    for i, f in enumerate(feats):
+        if too_short(model, f.shape[0]):
+            raise UserError(f"input {i + 1} is too short for the model: {f.shape[0]} frames leave its front-end none")
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
     results: list[Transcription | None] = [None] * len(feats)
     dtype = next(model.parameters()).dtype
@@ -349,6 +358,13 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     train_utts = [train_utts[i] for i in keep]
     targets = [targets[i] for i in keep]
     train_feats = compute_features(train_utts, config, progress=progress, desc="features (train)")
+    audible = [i for i, f in enumerate(train_feats) if not too_short(model, f.shape[0])]
+    if len(audible) < len(train_feats):
+        problems.append(f"{len(train_feats) - len(audible)} training utterances too short for the front-end left out")
+        train_utts, targets = [train_utts[i] for i in audible], [targets[i] for i in audible]
+        train_feats = [train_feats[i] for i in audible]
+    if not train_feats:
+        raise UserError("no training utterance is long enough for the model's front-end")
     frames = [f.shape[0] for f in train_feats]
     budget = int(train["batch_frames"])
     batches = length_batches(frames, budget)
