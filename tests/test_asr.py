@@ -200,3 +200,23 @@ def test_error_rates_count_substitutions_deletions_insertions(capsys, tmp_path) 
 def test_normalize_transcript() -> None:
     assert normalize_transcript("  A man's  BLUE shirt, (torn)! ") == "a man's blue shirt torn"
     assert normalize_transcript("Ｆｕｌｌ width") == "full width"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "--prompt", "hi"],
+        ["translate", "--input", "-"],
+        ["chat"],
+        ["embed", "--input", "-", "--output", "v.npy"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_text_commands_refuse_a_speech_model_in_one_line(trained, capsys, monkeypatch, tmp_path, argv) -> None:
+    import io
+
+    model, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
+    rc, _, err = run(capsys, argv[0], "--model", str(model), *argv[1:])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -156,3 +156,21 @@ def test_phoneme_input_reads_ipa_from_espeak(tmp_path) -> None:
     assert tokenizer.decode(ids[0]) == readings(["a dog runs"], symbols="phonemes")[0]
     with pytest.raises(UserError, match="cannot say"):
         symbol_ids(tokenizer, ["zebra"], symbols="phonemes")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["generate", "--prompt", "hi"], ["translate", "--input", "-"], ["chat"], ["transcribe", "x.wav"]],
+    ids=lambda a: a[0],
+)
+def test_other_commands_refuse_a_tts_model_in_one_line(trained, capsys, monkeypatch, tmp_path, argv) -> None:
+    import io
+
+    model, _ = trained
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"hi\n")))
+    assert main([argv[0], "--model", str(model), *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "text-to-speech model" in err and len(err.strip().splitlines()) == 1
+    assert main(["export-hf", str(model), str(tmp_path / "hf")]) == 2
+    assert "text-to-speech" in capsys.readouterr().err

@@ -15,14 +15,26 @@ from __future__ import annotations
 from qkv.errors import UserError
 
 
-def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False):
-    """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint)."""
+def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, speech: bool = False):
+    """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint).
+
+    ``speech``: the caller reads audio (``qkv transcribe``) and wants a speech encoder-decoder;
+    otherwise text in, and a speech model is refused as a text-to-speech model always is,
+    naming the command that runs it.
+    """
     import torch
 
-    from qkv.checkpoint import load_model, model_dir
+    from qkv.checkpoint import load_model, model_dir, read_meta
     from qkv.generation import for_decoding, int8_linears
 
     path = str(model_dir(path))  # a training run: its final checkpoint
+    kind = read_meta(path)["kind"]
+    if kind == "tts":
+        raise UserError(f"{path} holds a text-to-speech model: it speaks text (qkv speak) and writes none")
+    if speech and kind != "speech_encoder_decoder":
+        raise UserError(f"{path} holds a {kind} model, which reads text; this needs a speech model")
+    if not speech and kind == "speech_encoder_decoder":
+        raise UserError(f"{path} holds a speech model, which reads audio: use qkv transcribe")
     model, meta = load_model(path)
     if meta["kind"] == "encoder_only":
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")

@@ -54,16 +54,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.audio import features, load_many
     from qkv.checkpoint import model_dir, read_meta
     from qkv.loading import load_for_generation
-    from qkv.models.speech import SpeechEncoderDecoder
     from qkv.progress import progress
     from qkv.tasks.asr import too_short, transcribe
 
     paths = audio_paths(args.files, args.input)
-    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
-    if not isinstance(model, SpeechEncoderDecoder):
-        raise UserError(
-            f"{args.model} holds a text model; qkv transcribe needs a speech model (qkv translate reads text)"
-        )
+    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8, speech=True)
     whisper = "whisper" in read_meta(model_dir(args.model))
     if not whisper and (args.language is not None or args.task is not None):
         raise UserError("--language and --task apply to imported Whisper models only")

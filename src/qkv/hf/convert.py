@@ -298,6 +298,8 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
             f"{src} has separate source and target vocabularies ({FILE}, {TARGET_FILE}); export-hf writes "
             f"one tokenizer for both, so it cannot export this model"
         )
+    if meta["kind"] == "tts":  # no Hugging Face architecture is a Transformer-TTS with this post-net
+        raise UserError(f"{src} holds a text-to-speech model; export-hf writes BERT, GPT-2, Marian and Whisper")
     config = model.config
     state = model.state_dict()
     if isinstance(config, EncoderOnlyConfig):
