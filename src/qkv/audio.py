@@ -213,6 +213,23 @@ class FeatureConfig:
                 raise ValueError(f"chunk_seconds {self.chunk_seconds} is too short for one frame")
 
     @staticmethod
+    def of(value: FeatureConfig | dict) -> FeatureConfig:
+        """``value`` itself, or the config its dict (as a model's ``config.json`` holds it)
+        describes; a ValueError naming unknown settings or another type (a model config's
+        ``features`` field is read through here)."""
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(FeatureConfig)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(
+                    f"features: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+                )
+            return FeatureConfig(**value)
+        if not isinstance(value, FeatureConfig):
+            raise ValueError(f"features must be a FeatureConfig or its dict, got {type(value).__name__}")
+        return value
+
+    @staticmethod
     def whisper(n_mels: int = 80) -> FeatureConfig:
         """Whisper's settings: 16 kHz, n_fft 400, hop 160, 30 s chunks; 80 mel bins (128 for large-v3)."""
         return FeatureConfig(kind="whisper", n_mels=n_mels, n_fft=400, win_length=400, hop_length=160)

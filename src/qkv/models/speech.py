@@ -26,7 +26,6 @@ mel bins after the first of two convolutions.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -94,16 +93,7 @@ class SpeechConfig(BlockConfig):
     blank_id: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.features, dict):  # as config.json holds it
-            known = {f.name for f in dataclasses.fields(FeatureConfig)}
-            unknown = sorted(set(self.features) - known)
-            if unknown:
-                raise ValueError(
-                    f"features: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-                )
-            object.__setattr__(self, "features", FeatureConfig(**self.features))
-        if not isinstance(self.features, FeatureConfig):
-            raise ValueError(f"features must be a FeatureConfig or its dict, got {type(self.features).__name__}")
+        object.__setattr__(self, "features", FeatureConfig.of(self.features))  # config.json holds a dict
         super().__post_init__()
         choices = {"frontend": FRONTENDS, "encoder_positions": ENCODER_POSITIONS, "positions": DECODER_POSITIONS}
         for name, allowed in choices.items():

@@ -23,7 +23,6 @@ U = T / r decoder steps; r = ``reduction``.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -76,16 +75,7 @@ class TTSConfig(BlockConfig):
     mel_std: float = 1.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.features, dict):  # as config.json holds it
-            known = {f.name for f in dataclasses.fields(FeatureConfig)}
-            unknown = sorted(set(self.features) - known)
-            if unknown:
-                raise ValueError(
-                    f"features: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-                )
-            object.__setattr__(self, "features", FeatureConfig(**self.features))
-        if not isinstance(self.features, FeatureConfig):
-            raise ValueError(f"features must be a FeatureConfig or its dict, got {type(self.features).__name__}")
+        object.__setattr__(self, "features", FeatureConfig.of(self.features))  # config.json holds a dict
         super().__post_init__()
         check_fields(
             self,
