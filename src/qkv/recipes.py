@@ -439,6 +439,16 @@ def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer | Voca
     }
 
 
+def audio_timing(result: FitResult) -> dict:
+    """What a speech task saves in ``config.json`` about its training: seconds, steps, and seconds of
+    audio per second (its ``step_loss`` counts audio seconds, not tokens)."""
+    return {
+        "train_seconds": result.seconds,
+        "steps": result.steps,
+        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
+    }
+
+
 def tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:
     """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one
     trained on every sentence of ``pairs``.

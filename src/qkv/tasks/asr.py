@@ -40,6 +40,7 @@ from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
+    audio_timing,
     batch_of_step,
     fit_recipe,
     fit_summary,
@@ -408,12 +409,7 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     train_feats.clear()  # the training features' memory, before the test set's
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
     scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
-    timing = {
-        "train_seconds": result.seconds,
-        "steps": result.steps,
-        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
-        "wall_seconds": time.perf_counter() - began,  # corpus, features, training and scoring
-    }
+    timing = {**audio_timing(result), "wall_seconds": time.perf_counter() - began}  # wall: corpus to scores
     save_model_dir(model, tokenizer, out, extra={"task": "asr", "recipe": recipe, **scores, **timing})
     first = evaluation["first_features"]
     draw_cross_attention(

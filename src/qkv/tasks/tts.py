@@ -41,6 +41,7 @@ from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
+    audio_timing,
     batch_of_step,
     fit_recipe,
     fit_summary,
@@ -381,11 +382,7 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         resume_from=last,
     )
     mels.clear()
-    timing = {
-        "train_seconds": result.seconds,
-        "steps": result.steps,
-        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
-    }
+    timing = audio_timing(result)
     save_model_dir(model, tokenizer, out, extra={"task": "tts", "recipe": recipe, "speakers": speaker_names, **timing})
     # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
     samples = speak_test_sentences(model, tokenizer, corpus, data, out, speaker_names, progress=progress)
