@@ -13,7 +13,7 @@ the output layer at padding positions: the same loss and gradients, tested equal
 Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on both sides:
 Hugging Face ``min_new_tokens=32``; qkv's END id is unset), greedy at batch 1 and 32, beam 5
 at batch 8, KV cache on both; fp32, both models again with bfloat16 weights, and both with
-int8 linear layers (``generation.int8_linears``: PyTorch dynamic quantization). Reference
+int8 linear layers (``decoding_copies.int8_linears``: PyTorch dynamic quantization). Reference
 ceilings from issue 3 (not re-measured here): CTranslate2 int8 at the base size 192 / 2,174 /
 532 tokens/s; Hugging Face fp32 78 / 960 / 218.
 """
@@ -35,7 +35,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from qkv.generation import beam_search, for_decoding, greedy, int8_linears  # noqa: E402
+from qkv.decoding_copies import for_decoding, int8_linears  # noqa: E402
+from qkv.generation import beam_search, greedy  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
 from qkv.training import Trainer, seq2seq_loss  # noqa: E402

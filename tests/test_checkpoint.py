@@ -87,9 +87,9 @@ def test_round_trip_is_bit_identical(case: str, tmp_path: Path) -> None:
 
 
 def test_a_decoding_copy_is_not_saved(tmp_path: Path) -> None:
-    """generation.for_decoding stacks the self-attention projections: that layout is refused,
+    """decoding_copies.for_decoding stacks the self-attention projections: that layout is refused,
     and nothing is written."""
-    from qkv.generation import for_decoding
+    from qkv.decoding_copies import for_decoding
 
     model = make("decoder_only")
     with pytest.raises(ValueError, match="prepared for decoding"):

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from qkv.attention import KVBuffer
 from qkv.blocks import cache_length
+from qkv.decoding_copies import for_decoding, int8_linears
 from qkv.generation import (
     Ensemble,
     _advance,
@@ -25,9 +26,7 @@ from qkv.generation import (
     beam_search,
     continuation,
     filter_logits,
-    for_decoding,
     greedy,
-    int8_linears,
     most_likely,
     sample,
 )

@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from qkv.audio import FeatureConfig, pad_features
 from qkv.checkpoint import load_model, save_model
 from qkv.ctc import CTCPrefixScorer, ctc_best_path, ctc_collapse
+from qkv.decoding_copies import for_decoding
 from qkv.generation import (
     Ensemble,
     beam_search,
     ctc_greedy,
-    for_decoding,
     greedy,
 )
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder, whisper_sinusoids

@@ -234,7 +234,7 @@ def save_model(
     ``extra`` adds JSON fields to config.json (e.g. the task a demo model was trained on).
     """
     if any(getattr(m, "w_qkv", None) is not None for m in model.modules()):
-        # generation.for_decoding's stacked projections: a decoding copy, not qkv's layout
+        # decoding_copies.for_decoding's stacked projections: a decoding copy, not qkv's layout
         raise ValueError("a model prepared for decoding (for_decoding) cannot be saved; save the original")
     directory = Path(directory)
     check_output(directory)

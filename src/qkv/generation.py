@@ -26,8 +26,8 @@ Speech models with a CTC head (Graves et al., 2006) also decode with it: :func:`
 λ·log p_CTC-prefix (Watanabe et al., 2017, "Hybrid CTC/Attention Architecture for End-to-End
 Speech Recognition"), the prefix probabilities from ``ctc.py``'s :class:`~qkv.ctc.CTCPrefixScorer`.
 
-:func:`for_decoding` prepares a model for faster decoding (stacked self-attention
-projections), :func:`int8_linears` for faster CPU decoding (int8 weights).
+Copies of a model prepared for faster decoding (stacked self-attention projections, int8
+weights) are ``decoding_copies.py``'s.
 
 What is not here: tokenization, batching by tokens (callers), models.
 """
@@ -61,7 +61,7 @@ class Ensemble:
     keeps its own encoder output and KV cache). :func:`greedy`, :func:`sample`,
     :func:`stream`, :func:`continuation` and :func:`beam_search` take one wherever they take
     a model, and an ensemble of one model decodes exactly as that model (tested);
-    :func:`for_decoding` and :func:`int8_linears` apply to each member. Its ``config`` is the
+    ``decoding_copies.for_decoding`` and ``int8_linears`` apply to each member. Its ``config`` is the
     first model's, with the smallest window (``max_len``) of all.
     """
 
@@ -787,52 +787,3 @@ def beam_search(
             prefixes = scorer.extend(prefixes, psi, gamma, rows=rows, candidates=ctc_candidates, tokens=tokens)
         logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
-
-
-def for_decoding(model: DecodingModel) -> DecodingModel:
-    """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
-    with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
-    saves two calls per layer per token. Same outputs up to float rounding (tested equal);
-    the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
-    it before :func:`int8_linears`, which quantizes the stacked projection like any other.
-    An ensemble gives an ensemble of its members' copies.
-    """
-    import copy
-
-    if isinstance(model, Ensemble):
-        return Ensemble(tuple(for_decoding(m) for m in model.models))
-
-    from qkv.blocks import DecoderBlock, EncoderBlock
-
-    fast = copy.deepcopy(model).eval()
-    for module in fast.modules():
-        if isinstance(module, DecoderBlock | EncoderBlock):
-            module.self_attn.fuse_qkv()
-    return fast
-
-
-def int8_linears(model: DecodingModel) -> DecodingModel:
-    """A copy of ``model`` whose ``nn.Linear`` layers hold int8 weights (one scale per output
-    channel) and quantize their inputs on the fly: PyTorch's dynamic quantization (its fbgemm
-    kernels), for decoding on CPUs. Embeddings, norms and attention arithmetic stay float32.
-
-    Decoding reads every weight once per step, so a quarter of the bytes is most of the gain at
-    small batches (bench/mt_speed.py). Outputs may differ slightly from float32: check with
-    ``qkv evaluate``. Inference only (the copy has no gradients). An ensemble gives an
-    ensemble of its members' copies.
-    """
-    import copy
-    import warnings
-
-    if isinstance(model, Ensemble):
-        return Ensemble(tuple(int8_linears(m) for m in model.models))
-
-    from torch import nn
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    with warnings.catch_warnings():
-        # torch.ao.quantization announces its move to torchao, which is not a dependency here;
-        # the API still ships and is what runs.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(copy.deepcopy(model).eval(), {nn.Linear: per_channel_dynamic_qconfig})

@@ -7,7 +7,7 @@ refused when they do not fit the model). The command line and the server load mo
 through here, so both refuse the same mistakes with the same words.
 
 What is not here: reading and checking the directory itself (``checkpoint.py``), the decoding
-preparations (``generation.for_decoding``, ``generation.int8_linears``).
+preparations (``decoding_copies.for_decoding``, ``decoding_copies.int8_linears``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
     import torch
 
     from qkv.checkpoint import load_model, model_dir, read_meta
-    from qkv.generation import for_decoding, int8_linears
+    from qkv.decoding_copies import for_decoding, int8_linears
 
     path = str(model_dir(path))  # a training run: its final checkpoint
     kind = read_meta(path)["kind"]
