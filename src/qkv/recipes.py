@@ -37,6 +37,7 @@ from qkv.checkpoint import (
 from qkv.data import (
     resolve,
 )
+from qkv.distributed import PARALLEL, barrier, plain_copy, world
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
@@ -229,6 +230,11 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("train", "beta2"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("train", "clip"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no clipping)"),
     ("train", "bf16"): (bool, lambda v: True, "true or false"),
+    ("train", "parallel"): (
+        str,
+        lambda v: v in PARALLEL,
+        f"one of {', '.join(PARALLEL)}",
+    ),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
@@ -288,6 +294,7 @@ FIT_TRAIN_DEFAULTS: dict = {
     "seed": 0,
     "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
     "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+    "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
 }
 
 
@@ -322,7 +329,7 @@ def batch_of_step(batches: int, step: int, seed: int) -> int:
 
 
 LAST = "last"  # an unfinished run's checkpoint, inside the model directory the run will become
-RESUME_MAY_CHANGE_FIT = ("seconds", "save_every")  # train keys a resumed fit-based run may change
+RESUME_MAY_CHANGE_FIT = ("seconds", "save_every", "parallel")  # train keys a resumed fit-based run may change
 
 
 def start_run(out: str | Path, recipe: dict, *, resume: bool) -> Path | None:
@@ -386,11 +393,16 @@ def fit_recipe(
         last = Path(out) / LAST
 
         def save(trainer: Trainer, result: FitResult) -> str:
+            # Every worker gathers (FSDP weights, RNG states); rank 0 alone writes.
+            whole = plain_copy(model)
             progress_so_far = {k: getattr(result, k) for k in ("steps", "seconds", "tokens", "losses", "lr")}
             with tempfile.TemporaryDirectory() as tmp:
                 files = tokenizer.save(Path(tmp) / TOKENIZER_FILE) if tokenizer is not None else {}
                 extra = {"task": (recipe or {}).get("task"), "recipe": recipe, "unfinished": True}
-                save_checkpoint(model, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far)
+                save_checkpoint(
+                    whole, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far, write=world().main
+                )
+            barrier()  # no worker reads on while rank 0 writes
             return str(last)
 
         def load(trainer: Trainer) -> FitResult | None:
@@ -417,6 +429,7 @@ def fit_recipe(
         unit=unit,
         on_nonfinite=train.get("on_nonfinite", "stop"),
         checkpoint=checkpoint,
+        parallel=train.get("parallel", "ddp"),
     )
 
 

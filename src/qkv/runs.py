@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
+from qkv.distributed import load_state
 from qkv.errors import UserError
 from qkv.files import check_writable, storage_errno, storage_error, write_atomic
 from qkv.training import Trainer
@@ -82,13 +83,17 @@ def save_checkpoint(
     extra: dict,
     trainer: Trainer | None = None,
     progress: dict | None = None,
+    write: bool = True,
 ) -> None:
     """Save a model directory; with ``trainer``, also what resuming needs (``progress``: the
-    loop's own state, e.g. the position in the data order)."""
+    loop's own state, e.g. the position in the data order). On several workers every one calls
+    this (the trainer's state is gathered from all) and only the one with ``write`` writes."""
     with tempfile.TemporaryDirectory() as tmp:
         files = dict(files)
         if trainer is not None:
             tensors, meta = trainer.state()
+            if not write:
+                return
             try:
                 save_file(tensors, Path(tmp) / TRAINER_TENSORS)
                 (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
@@ -98,7 +103,8 @@ def save_checkpoint(
                 raise storage_error(directory, e) from None
             files[TRAINER_TENSORS] = Path(tmp) / TRAINER_TENSORS
             files[TRAINER_STATE] = Path(tmp) / TRAINER_STATE
-        save_model(model, directory, files=files, extra=extra)
+        if write:
+            save_model(model, directory, files=files, extra=extra)
 
 
 def load_checkpoint(directory: Path, trainer: Trainer) -> dict:
@@ -109,7 +115,7 @@ def load_checkpoint(directory: Path, trainer: Trainer) -> dict:
         if name not in meta["files"]:
             raise UserError(f"{directory} has no {name}: it is not a resumable checkpoint")
     loaded, _ = load_model(directory, kind=meta["kind"])
-    trainer.model.load_state_dict(loaded.state_dict())
+    load_state(trainer.model, loaded.state_dict())  # FSDP: each worker keeps its shard
     try:
         tensors = load_file(directory / TRAINER_TENSORS)
         state = json.loads((directory / TRAINER_STATE).read_text())

@@ -23,12 +23,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv import distributed
 from qkv.errors import Stopped, UserError
 from qkv.progress import progress as progress_report
 
@@ -350,6 +352,12 @@ class Trainer:
     ``min_lr`` at ``total_steps``; optional bf16 autocast (weights, gradients and the
     optimizer stay fp32: mixed precision, Micikevicius et al., 2018, without loss scaling,
     which bf16's fp32-sized exponent does not need).
+
+    On N workers (torchrun: :mod:`qkv.distributed`) the model is wrapped for ``parallel``
+    (``"ddp"`` or ``"fsdp"``) and each batch callable computes this worker's share of a batch:
+    its loss is weighted by its tokens and the gradient divided by the tokens of all shares
+    (summed across workers), so the step equals one step on the whole batch. The state holds
+    every worker's RNG and whole (unsharded) optimizer moments.
     """
 
     def __init__(
@@ -366,17 +374,24 @@ class Trainer:
         betas: tuple[float, float] = (0.9, 0.98),
         bf16: bool = False,
         on_nonfinite: str = "stop",
+        parallel: str = "ddp",
     ) -> None:
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
         self.model = model
+        self.world = distributed.world()
+        # Weight decay follows the parameters' shapes, read before FSDP makes them shards.
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        self.runner = distributed.wrap(model, parallel)  # the model itself with one process
         self.clip = clip
         self.bf16 = bf16
         self.on_nonfinite = on_nonfinite
         self.steps = 0
         self.skipped = 0  # steps whose non-finite loss or gradient was skipped (on_nonfinite="skip")
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        if distributed.is_sharded(model):  # fully_shard replaced the parameters by shards
+            decay = [p for p in model.parameters() if p.dim() >= 2]
+            no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=lr,
@@ -411,15 +426,27 @@ class Trainer:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        shared = self.world.size > 1
         total, loss_sum = 0, 0.0
-        for batch in batches:
-            with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
-                loss, n_tokens = batch()
-            # One batch: its mean loss. Several: weight each by its tokens, divide once below.
-            (loss if len(batches) == 1 else loss * n_tokens).backward()
+        for i, batch in enumerate(batches):
+            # DDP: all-reduce once, at the last batch's backward (gradients add up meanwhile).
+            last = i == len(batches) - 1
+            sync = self.runner.no_sync() if shared and not last and hasattr(self.runner, "no_sync") else nullcontext()
+            with sync:
+                with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
+                    loss, n_tokens = self.runner(batch) if shared else batch()
+                # One batch: its mean loss. Several, or a worker's share: weight each by its
+                # tokens, divide once below by all of them.
+                (loss if len(batches) == 1 and not shared else loss * n_tokens).backward()
             total += n_tokens
             loss_sum += loss.item() * n_tokens
-        if len(batches) > 1 and total > 0:
+        if shared:
+            # The wrapper averaged the gradients over the N workers: times N / all tokens.
+            total, loss_sum = distributed.all_sum([total, loss_sum])
+            for p in self.model.parameters():
+                if p.grad is not None and total > 0:
+                    p.grad.mul_(self.world.size / total)
+        elif len(batches) > 1 and total > 0:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.div_(total)
@@ -429,7 +456,7 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(float(norm))):
             what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {float(norm)}"
             if self.on_nonfinite == "stop":
-                raise NonFinite(self.steps, what, first_nonfinite_module(self.model, batches))
+                raise NonFinite(self.steps, what, first_nonfinite_module(self.model, batches, run=self.runner))
             self.optimizer.zero_grad(set_to_none=True)  # skip: the weights and moments stay as they were
             self.skipped += 1
         else:
@@ -441,12 +468,14 @@ class Trainer:
     def state(self) -> tuple[dict[str, Tensor], dict]:
         """(tensors, JSON-able metadata) that :meth:`restore` turns back into this state."""
         optimizer = self.optimizer.state_dict()
-        tensors = {"rng.torch": torch.get_rng_state()}
+        # Every worker's RNG (collective with several): rank 0's is "rng.torch", rank r's "rng.torch.r".
+        states = distributed.all_gather(torch.get_rng_state())
+        tensors = {"rng.torch": states[0], **{f"rng.torch.{r}": t for r, t in enumerate(states) if r}}
         scalars: dict[str, dict] = {}
         for index, values in optimizer["state"].items():
             for name, value in values.items():
-                if isinstance(value, Tensor):
-                    tensors[f"optimizer.{index}.{name}"] = value.detach().clone().contiguous()
+                if isinstance(value, Tensor):  # FSDP: gathered whole (collective), resumable with any N
+                    tensors[f"optimizer.{index}.{name}"] = distributed.full_tensor(value.detach()).clone().contiguous()
                 else:
                     scalars.setdefault(str(index), {})[name] = value
         meta = {
@@ -462,10 +491,12 @@ class Trainer:
     def restore(self, tensors: dict[str, Tensor], meta: dict) -> None:
         """Continue from a :meth:`state` (the same model and settings are assumed)."""
         state: dict[int, dict] = {}
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the indices' order
         for key, value in tensors.items():
             if key.startswith("optimizer."):
                 _, index, name = key.split(".", 2)
-                state.setdefault(int(index), {})[name] = value
+                like = params[int(index)] if name != "step" else value  # moments are cut as their parameter
+                state.setdefault(int(index), {})[name] = distributed.shard_like(value, like)
         for index, values in meta["optimizer_scalars"].items():
             state.setdefault(int(index), {}).update(values)
         groups = [{**g, "betas": tuple(g["betas"])} for g in meta["param_groups"]]
@@ -475,7 +506,8 @@ class Trainer:
         self.skipped = int(meta.get("skipped", 0))
         if int(meta.get("total_steps", self.total_steps)) < self.total_steps:  # a schedule a time cap shortened
             self.shorten(int(meta["total_steps"]))
-        torch.set_rng_state(tensors["rng.torch"])
+        # This worker's RNG; a worker the saving run did not have takes rank 0's.
+        torch.set_rng_state(tensors.get(f"rng.torch.{self.world.rank}", tensors["rng.torch"]))
 
 
 ON_NONFINITE = ("stop", "skip")
@@ -494,9 +526,12 @@ class NonFinite(UserError):
 
 
 @torch.no_grad()
-def first_nonfinite_module(model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]]) -> str | None:
+def first_nonfinite_module(
+    model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]], *, run: nn.Module | None = None
+) -> str | None:
     """The name of the first submodule whose output holds a NaN or an infinity when the batches
-    run forward again (forward hooks, gradients off), or None when only the loss was not finite."""
+    run forward again (forward hooks, gradients off), or None when only the loss was not finite.
+    ``run``: what calls a batch closure (the DDP/FSDP wrapper on several workers)."""
     found: list[str] = []
 
     def hook(name: str) -> Callable:
@@ -512,7 +547,7 @@ def first_nonfinite_module(model: nn.Module, batches: Sequence[Callable[[], tupl
     handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
     try:
         for batch in batches:
-            batch()
+            run(batch) if run is not None and run is not model else batch()
             if found:
                 break
     finally:
@@ -531,7 +566,8 @@ class StopRequest:
     handlers can only be set in the main thread; elsewhere this does nothing."""
 
     def __init__(self) -> None:
-        self.signal: int | None = None
+        self.signal: int | None = None  # the signal this process received
+        self.agreed: int | None = None  # on several workers: the one any of them received (agree)
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequest:
@@ -554,14 +590,26 @@ class StopRequest:
             flush=True,
         )
 
+    def agree(self, seconds: float) -> float:
+        """On several workers (a collective every one calls at the same step): whether any was
+        asked to stop, and the longest elapsed time, so that all stop at the same step; that
+        time is returned (``seconds`` itself with one process)."""
+        if distributed.world().size == 1:
+            return seconds
+        seconds, signum = distributed.all_max([seconds, float(self.signal or 0)])
+        self.agreed = int(signum) or None
+        return seconds
+
     def check(self, step: int, save: Callable[[], str | None]) -> None:
-        """Raise :class:`~qkv.errors.Stopped` (after ``save()``) if a stop was asked for."""
-        if self.signal is None:
+        """Raise :class:`~qkv.errors.Stopped` (after ``save()``) if a stop was asked for (on
+        several workers: agreed by the last :meth:`agree`, so that all of them stop here)."""
+        signum = self.signal if distributed.world().size == 1 else self.agreed
+        if signum is None:
             return
         saved = save()
         where = f"; checkpoint saved in {saved}" if saved else ""
         raise Stopped(
-            f"stopped by {SIGNAL_NAMES[self.signal]} after step {step}{where}", exit_code=128 + self.signal, saved=saved
+            f"stopped by {SIGNAL_NAMES[signum]} after step {step}{where}", exit_code=128 + signum, saved=saved
         )
 
 
@@ -599,6 +647,7 @@ def fit(
     unit: str = "tok",
     on_nonfinite: str = "stop",
     checkpoint: Checkpointing | None = None,
+    parallel: str = "ddp",
 ) -> FitResult:
     """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
 
@@ -620,6 +669,11 @@ def fit(
     (``step_loss`` must draw its batch from ``step`` alone). A non-finite loss or gradient
     stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
     ``on_nonfinite="skip"``, skips the step.
+
+    On N workers (torchrun) ``step_loss`` computes this worker's share of the step's batch
+    (:func:`qkv.distributed.share`); the workers agree after every step on the elapsed time and
+    on any stop request, so that they stop, reschedule and save at the same step. Only rank 0
+    shows progress; ``checkpoint.save`` is called on every worker (rank 0 writes).
     """
     trainer = Trainer(
         model,
@@ -633,6 +687,7 @@ def fit(
         betas=betas,
         bf16=bf16,
         on_nonfinite=on_nonfinite,
+        parallel=parallel,
     )
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()
@@ -645,7 +700,8 @@ def fit(
         saved.append(checkpoint.save(trainer, result))
         return saved[-1]
 
-    bar = progress_report(steps, initial=result.steps, desc=desc, unit="step", disable=not progress)
+    main = trainer.world.main
+    bar = progress_report(steps, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
     with StopRequest() as stop:
         # A resumed run already past its time cap takes no step; a fresh one always takes one.
         past_cap = loaded is not None and seconds is not None and result.seconds >= seconds
@@ -659,7 +715,7 @@ def fit(
             result.steps += 1
             result.tokens += n_tokens
             result.losses.append(loss)
-            result.seconds = time.perf_counter() - start
+            result.seconds = stop.agree(time.perf_counter() - start)
             result.lr = trainer.lr
             bar.update(1)
             if step % 10 == 0 or step == steps - 1:

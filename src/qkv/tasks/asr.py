@@ -31,6 +31,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.checkpoint import build_model
+from qkv.distributed import plain_copy, share, world
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.generation import beam_search, ctc_greedy
@@ -382,6 +383,9 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         _, t_in, t_out = seq2seq_batch(
             [([], targets[i]) for i in rows], pad_id=c.pad_id, bos_id=c.bos_id, eos_id=c.eos_id
         )  # (B, L) each
+        # This worker's rows (all of them alone), cut after the whole batch's SpecAugment draws.
+        mine, counted = share(len(rows))
+        feats, valid, t_in, t_out = feats[mine], valid[mine], t_in[mine], t_out[mine]
         loss, _ = speech_loss(
             m,
             feats,
@@ -392,7 +396,8 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
             ctc_weight=float(train["ctc_weight"]),
             label_smoothing=float(train["label_smoothing"]),
         )
-        return loss, float(valid.sum()) * seconds_per_frame  # the rate counts seconds of audio
+        # The rate counts seconds of audio; on N workers they weight each worker's loss.
+        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
 
     result = fit_recipe(
         model,
@@ -406,6 +411,9 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     train_feats.clear()  # the training features' memory, before the test set's
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
     scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}

@@ -29,6 +29,7 @@ from qkv.data import (
     read_lines,
     resolve,
 )
+from qkv.distributed import plain_copy, share, world
 from qkv.errors import UserError
 from qkv.evaluation import (
     accuracy,
@@ -277,12 +278,17 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
                 break
         else:
             raise UserError(f"{source}: no token to mask (the sentences hold only special or unknown tokens)")
+        # This worker's rows of the masked batch (all of it alone): masks drawn for the whole batch.
+        mine, counted = share(len(rows))
+        inputs, valid_tokens, labels, selected = inputs[mine], valid_tokens[mine], labels[mine], selected[mine]
         logits = m(inputs, mask=valid_tokens, only=selected)  # (N, V)
         targets = labels[selected]  # (N,)
+        if len(targets) == 0:  # this worker's rows hold no masked token: a zero loss, gradients for none
+            return logits.sum() * 0.0, 0
         loss = sequence_loss(  # (1, N, V) against (1, N)
             logits[None], targets[None], ignore_id=None, label_smoothing=train["label_smoothing"]
         )
-        return loss, len(targets)
+        return loss, len(targets) if counted else 0
 
     result = fit_recipe(
         model,
@@ -296,6 +302,9 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     start = time.perf_counter()
     valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
     scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
@@ -441,12 +450,14 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
     def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
         generator = torch.Generator().manual_seed(step_seed(seed, step))  # resumed runs draw the same
         pick = torch.randint(len(rows), (batch_size,), generator=generator)  # (B,)
+        mine, counted = share(batch_size)  # this worker's rows of the step's batch (all of it alone)
+        pick = pick[mine]
         x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
         logits = m.classify(x, mask=valid_tokens)  # (B, C)
         loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
             logits[:, None], targets[pick][:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
         )
-        return loss, batch_size
+        return loss, len(pick) if counted else 0
 
     result = fit_recipe(
         model,
@@ -460,6 +471,9 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     start = time.perf_counter()
     predicted = predict_labels(
         model,

@@ -27,6 +27,7 @@ from qkv.data import (
     read_text,
     resolve,
 )
+from qkv.distributed import plain_copy, share, world
 from qkv.errors import UserError
 from qkv.evaluation import (
     lm_loss,
@@ -211,10 +212,12 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         # The blocks of a step are fixed by (seed, step) alone, so a resumed run draws the same.
         generator = torch.Generator().manual_seed(step_seed(seed, step))
         starts = torch.randint(len(train_ids) - context, (batch_size,), generator=generator)
+        mine, counted = share(batch_size)  # this worker's rows of the step's batch (all of it alone)
+        starts = starts[mine]
         x = torch.stack([train_ids[s : s + context] for s in starts])  # (B, T)
         y = torch.stack([train_ids[s + 1 : s + context + 1] for s in starts])  # (B, T)
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
-        return loss, y.numel()
+        return loss, y.numel() if counted else 0
 
     result = fit_recipe(
         model,
@@ -227,6 +230,9 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     start = time.perf_counter()
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
     reply: dict = {}

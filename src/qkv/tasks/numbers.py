@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from qkv.distributed import plain_copy, share, world
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.models.encoder_decoder import EncoderDecoder
@@ -208,12 +209,15 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
     def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
         # Fresh examples every step (never a held-out number), fixed by (seed, step).
         pairs = numbers_pairs(batch_size, seed=seed * 1_000_003 + step, held_out=False)
+        mine, counted = share(len(pairs))  # this worker's rows of the step's batch (all of it alone)
+        pairs = [pairs[i] for i in mine]
         src = tokenizer.encode_batch([a for a, _ in pairs])
         tgt = tokenizer.encode_batch([b for _, b in pairs])
         s, t_in, t_out = seq2seq_batch(
             list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
-        return seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        return loss, n if counted else 0
 
     result = fit_recipe(
         model,
@@ -226,6 +230,9 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
     start = time.perf_counter()
     score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))

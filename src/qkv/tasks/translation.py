@@ -37,6 +37,7 @@ from qkv.data import (
     read_parallel,
     resolve,
 )
+from qkv.distributed import barrier, plain_copy, sharded_map, share
 from qkv.errors import UserError
 from qkv.evaluation import (
     BLEU_TOKENIZERS,
@@ -117,6 +118,7 @@ TRANSLATION_DEFAULTS: dict = {
         "tensorboard": True,
         "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
         "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
+        "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
     },
     "data": {
         "train": ["multi30k/train.de", "multi30k/train.en"],
@@ -216,7 +218,16 @@ def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[s
 
 # Train settings that may change when a run is resumed; any other change would make the
 # continued run differ from an uninterrupted one, so it is refused.
-RESUME_MAY_CHANGE = ("epochs", "steps", "seconds", "patience", "average_last", "save_every", "tensorboard")
+RESUME_MAY_CHANGE = (
+    "epochs",
+    "steps",
+    "seconds",
+    "patience",
+    "average_last",
+    "save_every",
+    "tensorboard",
+    "parallel",
+)
 TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
 
@@ -472,7 +483,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         betas=(0.9, float(train["beta2"])),
         bf16=train["bf16"],
         on_nonfinite=train["on_nonfinite"],
+        parallel=train["parallel"],
     )
+    main = trainer.world.main  # rank 0 alone writes checkpoints, run.json and TensorBoard
     state = {
         "epoch": 0,
         "batch": 0,
@@ -487,7 +500,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     if resume:
         state = load_checkpoint(run / "last", trainer)
     run.mkdir(parents=True, exist_ok=True)
-    scalars = Scalars(run / "tensorboard" if train["tensorboard"] else None)
+    scalars = Scalars(run / "tensorboard" if train["tensorboard"] and main else None)
     with tempfile.TemporaryDirectory() as tmp:
         # target_tokenizer.json with separate vocabularies; special_tokens.json too, when there
         # is one (a fine-tuned imported model's tokens)
@@ -495,16 +508,21 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         extra = {"task": "translation", "recipe": recipe}
 
         def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
+            # Every worker gathers (FSDP weights, RNG states); rank 0 alone writes.
             save_checkpoint(
-                model,
+                plain_copy(model),
                 run / name,
                 files=tokenizer_files,
                 extra={**extra, **({"valid_scores": scores} if scores else {})},
                 trainer=trainer if resumable else None,
                 progress=state if resumable else None,
+                write=main,
             )
+            barrier()
 
         def record(final: str) -> None:
+            if not main:
+                return
             over = {"train": len(over_long), "valid": len(valid_over_long)}
             write_json(
                 run / RUN_FILE,
@@ -520,15 +538,20 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
 
         def validate(beam: int) -> dict:
             start = time.perf_counter()
-            model.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
-            hypotheses = beam_translate(
-                model,
-                vocab,
+            whole = plain_copy(model)  # FSDP: decoding needs the whole weights
+            whole.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
+            # On N workers each decodes every N-th sentence; all score the same gathered list.
+            hypotheses = sharded_map(
+                lambda sources: beam_translate(
+                    whole,
+                    vocab,
+                    list(sources),
+                    beam_size=beam,
+                    length_penalty=float(data["length_penalty"]),
+                    max_len_a=float(data["max_len_a"]),
+                    max_len_b=int(data["max_len_b"]),
+                ),
                 [a for a, _ in valid],
-                beam_size=beam,
-                length_penalty=float(data["length_penalty"]),
-                max_len_a=float(data["max_len_a"]),
-                max_len_b=int(data["max_len_b"]),
             )
             scores = corpus_scores(
                 hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
@@ -540,14 +563,16 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
             record("last")
 
         def batch_loss(batch: list[int]) -> tuple[torch.Tensor, int]:  # this epoch's examples
+            mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
             s, t_in, t_out = seq2seq_batch(
-                [epoch_data[i] for i in batch], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
+                [epoch_data[batch[i]] for i in mine], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
             )
             smoothing, rdrop = train["label_smoothing"], train["rdrop"]
-            return seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
+            loss, n = seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
+            return loss, n if counted else 0
 
         bar = progress_report(
-            total_steps, initial=trainer.steps, desc="qkv translation", unit="step", disable=not progress
+            total_steps, initial=trainer.steps, desc="qkv translation", unit="step", disable=not (progress and main)
         )
         seconds_cap = train["seconds"]
 
@@ -590,7 +615,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                         saved = f"the last checkpoint: {last}" if last.is_dir() else "no checkpoint was saved yet"
                         raise UserError(f"{e}; {saved}") from None
                     now = time.perf_counter()
-                    state["seconds"] += now - tick
+                    # On N workers: the longest elapsed time, and any stop request, agreed by all.
+                    state["seconds"] = signals.agree(state["seconds"] + now - tick)
                     tick = now
                     state["batch"] += len(group)
                     state["tokens"] += n_tokens
@@ -613,7 +639,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                         save("last", resumable=True)
                 if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
                     scores = validate(int(data["valid_beam"]))
-                    valid_loss = teacher_forced_loss(model, target, valid_examples, max_tokens=max_tokens)
+                    valid_loss = teacher_forced_loss(plain_copy(model), target, valid_examples, max_tokens=max_tokens)
                     state["epoch"] += 1
                     state["batch"] = 0
                     entry = {
@@ -628,7 +654,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     scalars.add("valid/loss", valid_loss, trainer.steps)
                     scalars.add("valid/bleu", scores["bleu"], trainer.steps)
                     scalars.add("valid/chrf", scores["chrf"], trainer.steps)
-                    if progress:
+                    if progress and main:
                         bar.write(
                             f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
                             f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
@@ -642,8 +668,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     keep = int(train["average_last"])
                     if keep:
                         save(f"epoch-{state['epoch']:03d}")
-                        for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep]:
+                        for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep] if main else []:
                             shutil.rmtree(old)
+                        barrier()
                 stop = stopped()
                 state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
                 save("last", resumable=True)
@@ -652,7 +679,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         bar.close()
         scalars.close()
 
-        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam.
+        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam
+        # (on N workers, all of them, each decoding its share; rank 0 writes).
+        model = plain_copy(model)
         candidates = {}
         if (run / "best").is_dir():
             best_model, _ = load_model(run / "best")

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import build_model
+from qkv.distributed import plain_copy, share, world
 from qkv.errors import UserError
 from qkv.files import write_atomic
 from qkv.generation import pad_rows
@@ -355,6 +356,9 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         valid = torch.nn.functional.pad(valid, (0, pad))  # (B, T)
         text, text_valid = pad_rows([ids[i] for i in rows], tokenizer.pad_id, left=False)  # (B, S)
         who = torch.tensor([speaker_of[utterances[i].speaker] for i in rows]) if speaker_names else None
+        mine, counted = share(len(rows))  # this worker's rows of the step's batch (all of them alone)
+        mel, valid, text, text_valid = mel[mine], valid[mine], text[mine], text_valid[mine]
+        who = who[mine] if who is not None else None
         loss, _, _ = tts_loss(
             m,
             text,
@@ -367,7 +371,8 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
             guided_layers=int(train["guided_layers"]),
             stop_weight=float(train["stop_weight"]),
         )
-        return loss, float(valid.sum()) * seconds_per_frame  # the rate counts seconds of audio
+        # The rate counts seconds of audio; on N workers they weight each worker's loss.
+        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
 
     result = fit_recipe(
         model,
@@ -381,6 +386,9 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
+    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
+    if not world().main:  # rank 0 alone evaluates and writes the model directory
+        return {}
     mels.clear()
     timing = audio_timing(result)
     save_model_dir(model, tokenizer, out, extra={"task": "tts", "recipe": recipe, "speakers": speaker_names, **timing})

@@ -1,0 +1,108 @@
+"""One optimizer step of each model family on a fixed batch, run the same way by the test (one
+process, the whole batch) and by the workers torchrun starts (each its share of the batch).
+
+As a script (``torchrun --nproc-per-node 2 tests/distributed_cases.py PARALLEL OUT``) every
+worker joins the group, takes its rows of every family's batch (``qkv.distributed.share``),
+takes one ``Trainer`` step wrapped for PARALLEL (ddp or fsdp), and rank 0 writes the whole
+weights after the step to ``OUT/FAMILY.safetensors`` and the step's loss to ``OUT/losses.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+from qkv.training import Trainer, seq2seq_batch, seq2seq_loss, sequence_loss
+
+FAMILIES = ("encoder_decoder", "encoder_only", "decoder_only")
+ROWS = 7  # odd: the two workers' shares differ in size (4 and 3 rows)
+V, D, H, F, T = 23, 16, 2, 32, 11  # vocabulary, width, heads, feed-forward, longest sequence
+PAD, BOS, EOS = 0, 1, 2
+SETTINGS = {"lr": 1e-3, "warmup": 0, "total_steps": 10}  # one step: no warm-up ramp
+
+
+def _lengths(generator: torch.Generator) -> list[int]:
+    return torch.randint(3, T, (ROWS,), generator=generator).tolist()
+
+
+def _tokens(n: int, generator: torch.Generator) -> list[int]:
+    return torch.randint(3, V, (n,), generator=generator).tolist()
+
+
+def case(family: str) -> tuple[nn.Module, Callable[[nn.Module, list[int]], tuple[Tensor, int]]]:
+    """A tiny model of ``family`` (fixed seed, no dropout) and the loss of any rows of its batch:
+    ``loss(model, rows) -> (mean loss over the rows' tokens, their number)``."""
+    torch.manual_seed(11)
+    g = torch.Generator().manual_seed(5)
+    # No biases: AdamW's first step moves every parameter by about lr·g/|g|, so one whose true
+    # gradient is zero (a key bias: softmax ignores a constant added to every score) would move
+    # by ±lr on floating-point noise alone, in whichever direction the summation order gives.
+    common = {"d_model": D, "n_heads": H, "d_ff": F, "max_len": T + 2, "dropout": 0.0, "bias": False}
+    if family == "encoder_decoder":
+        model = EncoderDecoder(
+            EncoderDecoderConfig(src_vocab_size=V, tgt_vocab_size=V, n_encoder_layers=2, n_decoder_layers=2, **common)
+        )
+        pairs = [(_tokens(a, g), _tokens(b, g)) for a, b in zip(_lengths(g), _lengths(g), strict=True)]
+
+        def loss(m: nn.Module, rows: list[int]) -> tuple[Tensor, int]:
+            s, t_in, t_out = seq2seq_batch([pairs[i] for i in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+            return seq2seq_loss(m, s, t_in, t_out, pad_id=PAD)
+
+        return model, loss
+    if family == "encoder_only":
+        model = EncoderOnly(EncoderOnlyConfig(vocab_size=V, n_layers=2, n_classes=3, mlm_head=False, **common))
+        texts = [_tokens(n, g) for n in _lengths(g)]
+        labels = torch.randint(3, (ROWS,), generator=g)
+
+        def loss(m: nn.Module, rows: list[int]) -> tuple[Tensor, int]:
+            width = max(len(texts[i]) for i in rows)
+            x = torch.tensor([texts[i] + [PAD] * (width - len(texts[i])) for i in rows])  # (B, S)
+            logits = m.classify(x, mask=x != PAD)  # (B, C)
+            return sequence_loss(logits[:, None], labels[rows][:, None], ignore_id=None), len(rows)
+
+        return model, loss
+    model = DecoderOnly(DecoderOnlyConfig(vocab_size=V, n_layers=2, **common))
+    blocks = torch.randint(3, V, (ROWS, T + 1), generator=g)  # (B, T + 1)
+
+    def loss(m: nn.Module, rows: list[int]) -> tuple[Tensor, int]:
+        x, y = blocks[rows, :-1], blocks[rows, 1:]  # (B, T) each
+        return sequence_loss(m(x), y, ignore_id=None), y.numel()
+
+    return model, loss
+
+
+def main(parallel: str, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from qkv import distributed
+
+    world = distributed.start()
+    losses = {}
+    for family in FAMILIES:
+        model, loss = case(family)
+        trainer = Trainer(model, **SETTINGS, parallel=parallel)
+
+        def batch(model: nn.Module = model, loss: Callable = loss) -> tuple[Tensor, int]:
+            mine, counted = distributed.share(ROWS)
+            value, n = loss(model, mine)
+            return value, n if counted else 0
+
+        losses[family], _ = trainer.step([batch])
+        state = distributed.full_state(model)  # collective under FSDP
+        if world.main:
+            save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, out / f"{family}.safetensors")
+    if world.main:
+        (out / "losses.json").write_text(json.dumps(losses))
+    distributed.finish()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
