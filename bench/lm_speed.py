@@ -77,9 +77,10 @@ def hf_gpt(dropout: float):
     return GPT2LMHeadModel(config)
 
 
-def train_rate(name: str, model, *, bf16: bool, steps: int) -> float:
+def train_rate(name: str, model, *, bf16: bool, steps: int, device: str = "cpu") -> float:
     g = torch.Generator().manual_seed(0)
-    data = torch.randint(0, GPT["vocab"], (steps, GPT["batch"], GPT["max_len"] + 1), generator=g)
+    data = torch.randint(0, GPT["vocab"], (steps, GPT["batch"], GPT["max_len"] + 1), generator=g).to(device)
+    model = model.to(device)
     trainer = Trainer(model, lr=1e-4, warmup=10, total_steps=100, bf16=bf16, weight_decay=0.1)
 
     def batch(x, y):
@@ -183,6 +184,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=["train", "generate", "bert"])
     parser.add_argument("--steps", type=int, default=5, help="training steps per measurement (2 warm-up)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (bench/gpu.sh)")
     args = parser.parse_args()
     torch.manual_seed(0)
     results = []
@@ -196,9 +198,10 @@ def main() -> int:
 
     if args.only in (None, "train"):
         for bf16 in (False, True):
-            a = train_rate("qkv", qkv_gpt(0.2), bf16=bf16, steps=args.steps)
-            b = train_rate("hf", hf_gpt(0.2), bf16=bf16, steps=args.steps)
-            show(f"GPT train {'bf16' if bf16 else 'fp32'} (B64 x T256)", a, b, "tokens/s", "HF GPT2LMHeadModel")
+            a = train_rate("qkv", qkv_gpt(0.2), bf16=bf16, steps=args.steps, device=args.device)
+            b = train_rate("hf", hf_gpt(0.2), bf16=bf16, steps=args.steps, device=args.device)
+            on = "" if args.device == "cpu" else f" on {args.device}"
+            show(f"GPT train {'bf16' if bf16 else 'fp32'} (B64 x T256){on}", a, b, "tokens/s", "HF GPT2LMHeadModel")
     if args.only in (None, "generate"):
         # As qkv generate decodes: a decoding copy with one stacked Q/K/V product per self-attention.
         ours, theirs = for_decoding(qkv_gpt(0.0).eval()), hf_gpt(0.0).eval()
@@ -236,7 +239,9 @@ def _record(results: list[dict]) -> None:
     for row in results:
         words = row["what"].split()
         if words[:2] == ["GPT", "train"]:  # "GPT train fp32 (B64 x T256)"
-            metric, unit, peer, target = f"GPT train {words[2]} (B64 × T256)", "tokens/s", "HF GPT2LMHeadModel", 1.5
+            on = " ".join(words[-2:]) if words[-2] == "on" else ""  # "... on cuda": a GPU run, no CPU target
+            metric = f"GPT train {words[2]} (B64 × T256){' ' + on if on else ''}"
+            unit, peer, target = "tokens/s", "HF GPT2LMHeadModel", None if on else 1.5
         elif words[:2] == ["BERT", "encode"]:  # "BERT encode fp32 (32 x 128)"
             metric, unit, peer, target = f"BERT encode {words[2]} (32 × 128)", "sentences/s", "HF BertModel", None
         elif words[2:4] == ["bf16", "weights"]:  # "GPT generate bf16 weights batch 1": both in bf16
