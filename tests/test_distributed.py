@@ -187,7 +187,12 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_training_continues(tmp_pat
     continues from that checkpoint (exact resume: the uninterrupted run's weights)."""
     out = tmp_path / "restarted"
     process = _kill_when_saved(_train(out, NUMBERS, "--nproc", "2", "--max-restarts", "1"), out, 8, only_rank=1)
-    process.wait(timeout=TIMEOUT)
+    try:
+        process.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:  # a hung restart: leave no worker behind, say what it printed
+        for pid in [*_children(process.pid), process.pid]:
+            os.kill(pid, signal.SIGKILL)
+        raise AssertionError((tmp_path / "restarted.log").read_text()[-3000:]) from None
     assert process.returncode == 0, (tmp_path / "restarted.log").read_text()[-3000:]
     assert _max_difference(_weights(out), _weights(reference)) == 0.0
 
