@@ -41,6 +41,13 @@ BENCHMARKS = {
         "`python bench/lm_speed.py`: qkv against HF GPT-2 and BERT on the same batches",
     ),
     "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
+    "asr": ("Speech recognition and translation", "`python bench/asr.py CORPUS`: train a recipe, score its test set"),
+    "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),
+    "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
+    "ddp": (
+        "Training on several processes (DDP)",
+        "`python bench/ddp.py`: 1 process × 2 threads against 2 processes × 1 thread, Multi30k recipe",
+    ),
     "fuzz": (
         "Fuzzing: bad input never crashes",
         "`python bench/fuzz.py`: the properties of `tests/test_fuzz.py` on many more inputs per category",

@@ -218,3 +218,17 @@ def test_user_mistakes_with_workers_get_one_line(tmp_path) -> None:
         done = _run(_train(tmp_path / "x", sets, *extra))
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_fsdp_run_resumes_without_fsdp_on_one_process(tmp_path) -> None:
+    """Checkpoints hold whole tensors: a 2-worker FSDP run killed with SIGKILL resumes on one
+    process (no FSDP) and ends within 1e-4 of the uninterrupted FSDP run."""
+    sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.parallel=fsdp"]
+    done = _run(_train(tmp_path / "fsdp", sets, "--nproc", "2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "killed"
+    process = _kill_when_saved(_train(out, sets, "--nproc", "2"), out, at_least=8)
+    process.wait(timeout=TIMEOUT)
+    done = _run(_train(out, [*sets[:-1], "train.parallel=ddp"], "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _max_difference(_weights(out), _weights(tmp_path / "fsdp")) <= 1e-4

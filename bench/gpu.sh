@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 24, section 3), for a session that is lent a GPU machine; never
+# required. Training throughput of the Multi30k recipe's encoder–decoder size ("base" and
+# "small" in bench/mt_speed.py) and of the GPT recipe's model (bench/lm_speed.py) on the GPU, fp32
+# and bf16 autocast, PyTorch's fused attention (scaled_dot_product_attention), beside Hugging
+# Face's Marian and GPT-2 on the same GPU in the same run. About 5 minutes.
+#   bash bench/gpu.sh                       # uses python3 and the torch already on the machine
+#   PYTHON=.venv/bin/python bash bench/gpu.sh
+# Records: bench/results/mt_speed.json and lm_speed.json, metrics named "... on cuda".
+# What it does not do: train the recipes end to end (the tasks run on the CPU; the speed of a
+# training step is what this measures), or NCCL with several GPUs (one GPU is lent at most).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PY" -c "import torch, sys; ok = torch.cuda.is_available(); print(torch.__version__, torch.cuda.get_device_name() if ok else 'no CUDA device'); sys.exit(0 if ok else 2)"
+"$PY" bench/mt_speed.py --only train --device cuda --sizes small base --steps 40 --batch 128
+"$PY" bench/lm_speed.py --only train --device cuda --steps 40
+echo "bench/gpu.sh: done"
