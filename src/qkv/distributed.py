@@ -239,18 +239,23 @@ def wrap(model: nn.Module, parallel: str = "ddp") -> nn.Module:
     return runner
 
 
+def _dtensor() -> type | None:
+    """The DTensor class if FSDP could have made one (its module is imported), else None: checking
+    costs nothing on one process (importing it takes a while: every checkpoint would pay)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None) if module is not None else None
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model``'s parameters are FSDP shards (DTensors)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    dtensor = _dtensor()
+    return dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters())
 
 
 def full_tensor(t: Tensor) -> Tensor:
     """A whole tensor from an FSDP shard (collective: every worker must call it), else ``t``."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    dtensor = _dtensor()
+    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor) else t
 
 
 def full_state(model: nn.Module) -> dict[str, Tensor]:
@@ -270,10 +275,11 @@ def plain_copy(model: nn.Module) -> nn.Module:
 
 def shard_like(whole: Tensor, like: Tensor) -> Tensor:
     """``whole`` cut as ``like`` is (this worker's FSDP shard of it), or ``whole`` itself."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if not isinstance(like, DTensor):
+    dtensor = _dtensor()
+    if dtensor is None or not isinstance(like, dtensor):
         return whole
+    from torch.distributed.tensor import distribute_tensor
+
     # Every worker read the same file: each cuts its own piece, nothing is sent.
     return distribute_tensor(whole.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
 
