@@ -37,7 +37,7 @@ from qkv.checkpoint import (
 from qkv.data import (
     resolve,
 )
-from qkv.distributed import PARALLEL, barrier, plain_copy, world
+from qkv.distributed import PARALLEL
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
@@ -393,16 +393,11 @@ def fit_recipe(
         last = Path(out) / LAST
 
         def save(trainer: Trainer, result: FitResult) -> str:
-            # Every worker gathers (FSDP weights, RNG states); rank 0 alone writes.
-            whole = plain_copy(model)
             progress_so_far = {k: getattr(result, k) for k in ("steps", "seconds", "tokens", "losses", "lr")}
             with tempfile.TemporaryDirectory() as tmp:
                 files = tokenizer.save(Path(tmp) / TOKENIZER_FILE) if tokenizer is not None else {}
                 extra = {"task": (recipe or {}).get("task"), "recipe": recipe, "unfinished": True}
-                save_checkpoint(
-                    whole, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far, write=world().main
-                )
-            barrier()  # no worker reads on while rank 0 writes
+                save_checkpoint(model, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far)
             return str(last)
 
         def load(trainer: Trainer) -> FitResult | None:

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
-from qkv.distributed import load_state
+from qkv.distributed import barrier, load_state, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import check_writable, storage_errno, storage_error, write_atomic
 from qkv.training import Trainer
@@ -83,17 +83,33 @@ def save_checkpoint(
     extra: dict,
     trainer: Trainer | None = None,
     progress: dict | None = None,
-    write: bool = True,
 ) -> None:
     """Save a model directory; with ``trainer``, also what resuming needs (``progress``: the
     loop's own state, e.g. the position in the data order). On several workers every one calls
-    this (the trainer's state is gathered from all) and only the one with ``write`` writes."""
+    this (FSDP weights and the trainer's state are gathered from all), rank 0 alone writes, and
+    none goes on before the checkpoint is whole."""
+    whole = plain_copy(model)
+    state = trainer.state() if trainer is not None else None
+    if world().main:
+        _write_checkpoint(whole, directory, files=files, extra=extra, state=state, progress=progress)
+    barrier()
+
+
+def _write_checkpoint(
+    model: Model,
+    directory: Path,
+    *,
+    files: dict[str, Path],
+    extra: dict,
+    state: tuple[dict, dict] | None,
+    progress: dict | None,
+) -> None:
+    """What :func:`save_checkpoint` writes: the model directory, and ``state`` (a trainer's
+    tensors and metadata) beside it."""
     with tempfile.TemporaryDirectory() as tmp:
         files = dict(files)
-        if trainer is not None:
-            tensors, meta = trainer.state()
-            if not write:
-                return
+        if state is not None:
+            tensors, meta = state
             try:
                 save_file(tensors, Path(tmp) / TRAINER_TENSORS)
                 (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
@@ -103,8 +119,7 @@ def save_checkpoint(
                 raise storage_error(directory, e) from None
             files[TRAINER_TENSORS] = Path(tmp) / TRAINER_TENSORS
             files[TRAINER_STATE] = Path(tmp) / TRAINER_STATE
-        if write:
-            save_model(model, directory, files=files, extra=extra)
+        save_model(model, directory, files=files, extra=extra)
 
 
 def load_checkpoint(directory: Path, trainer: Trainer) -> dict:

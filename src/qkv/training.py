@@ -380,18 +380,15 @@ class Trainer:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
         self.model = model
         self.world = distributed.world()
-        # Weight decay follows the parameters' shapes, read before FSDP makes them shards.
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.runner = distributed.wrap(model, parallel)  # the model itself with one process
         self.clip = clip
         self.bf16 = bf16
         self.on_nonfinite = on_nonfinite
         self.steps = 0
         self.skipped = 0  # steps whose non-finite loss or gradient was skipped (on_nonfinite="skip")
-        if distributed.is_sharded(model):  # fully_shard replaced the parameters by shards
-            decay = [p for p in model.parameters() if p.dim() >= 2]
-            no_decay = [p for p in model.parameters() if p.dim() < 2]
+        # After wrapping: fully_shard replaces the parameters by shards (which keep their whole shape).
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=lr,
@@ -414,6 +411,10 @@ class Trainer:
             group["lr"] = base * factor(self.steps)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
+    def forward(self, batch: Callable[[], tuple[Tensor, int]]) -> tuple[Tensor, int]:
+        """One batch closure's (loss, tokens): inside the DDP/FSDP wrapper's forward on several workers."""
+        return self.runner(batch) if self.world.size > 1 else batch()
+
     @property
     def lr(self) -> float:
         """The learning rate of the next step."""
@@ -434,7 +435,7 @@ class Trainer:
             sync = self.runner.no_sync() if shared and not last and hasattr(self.runner, "no_sync") else nullcontext()
             with sync:
                 with torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss, n_tokens = self.runner(batch) if shared else batch()
+                    loss, n_tokens = self.forward(batch)
                 # One batch: its mean loss. Several, or a worker's share: weight each by its
                 # tokens, divide once below by all of them.
                 (loss if len(batches) == 1 and not shared else loss * n_tokens).backward()
@@ -456,7 +457,7 @@ class Trainer:
         if not (math.isfinite(loss) and math.isfinite(float(norm))):
             what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {float(norm)}"
             if self.on_nonfinite == "stop":
-                raise NonFinite(self.steps, what, first_nonfinite_module(self.model, batches, run=self.runner))
+                raise NonFinite(self.steps, what, first_nonfinite_module(self.model, batches, run=self.forward))
             self.optimizer.zero_grad(set_to_none=True)  # skip: the weights and moments stay as they were
             self.skipped += 1
         else:
@@ -527,11 +528,11 @@ class NonFinite(UserError):
 
 @torch.no_grad()
 def first_nonfinite_module(
-    model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]], *, run: nn.Module | None = None
+    model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]], *, run: Callable | None = None
 ) -> str | None:
     """The name of the first submodule whose output holds a NaN or an infinity when the batches
     run forward again (forward hooks, gradients off), or None when only the loss was not finite.
-    ``run``: what calls a batch closure (the DDP/FSDP wrapper on several workers)."""
+    ``run``: what calls a batch closure (:meth:`Trainer.forward`: the wrapper on several workers)."""
     found: list[str] = []
 
     def hook(name: str) -> Callable:
@@ -547,7 +548,7 @@ def first_nonfinite_module(
     handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
     try:
         for batch in batches:
-            run(batch) if run is not None and run is not model else batch()
+            run(batch) if run is not None else batch()
             if found:
                 break
     finally:

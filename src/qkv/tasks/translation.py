@@ -508,17 +508,14 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         extra = {"task": "translation", "recipe": recipe}
 
         def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
-            # Every worker gathers (FSDP weights, RNG states); rank 0 alone writes.
-            save_checkpoint(
-                plain_copy(model),
+            save_checkpoint(  # on N workers: all gather, rank 0 writes
+                model,
                 run / name,
                 files=tokenizer_files,
                 extra={**extra, **({"valid_scores": scores} if scores else {})},
                 trainer=trainer if resumable else None,
                 progress=state if resumable else None,
-                write=main,
             )
-            barrier()
 
         def record(final: str) -> None:
             if not main:
@@ -536,9 +533,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                 },
             )
 
-        def validate(beam: int) -> dict:
+        def validate(whole: EncoderDecoder, beam: int) -> dict:
             start = time.perf_counter()
-            whole = plain_copy(model)  # FSDP: decoding needs the whole weights
             whole.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
             # On N workers each decodes every N-th sentence; all score the same gathered list.
             hypotheses = sharded_map(
@@ -638,8 +634,9 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
                     ):
                         save("last", resumable=True)
                 if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
-                    scores = validate(int(data["valid_beam"]))
-                    valid_loss = teacher_forced_loss(plain_copy(model), target, valid_examples, max_tokens=max_tokens)
+                    whole = plain_copy(model)  # FSDP: decoding needs the whole weights
+                    scores = validate(whole, int(data["valid_beam"]))
+                    valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
                     state["epoch"] += 1
                     state["batch"] = 0
                     entry = {
@@ -686,16 +683,16 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         if (run / "best").is_dir():
             best_model, _ = load_model(run / "best")
             model.load_state_dict(best_model.state_dict())
-            candidates["best"] = validate(int(data["beam_size"]))
+            candidates["best"] = validate(model, int(data["beam_size"]))
         epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
         if len(epochs) > 1:
             average_checkpoints(epochs, model)
-            candidates["averaged"] = validate(int(data["beam_size"]))
+            candidates["averaged"] = validate(model, int(data["beam_size"]))
             save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
         if not candidates:  # stopped before the first epoch ended
             last_model, _ = load_model(run / "last")
             model.load_state_dict(last_model.state_dict())
-            candidates["last"] = validate(int(data["beam_size"]))
+            candidates["last"] = validate(model, int(data["beam_size"]))
         final = max(candidates, key=lambda name: candidates[name]["bleu"])
         if final != "averaged":
             final_model, _ = load_model(run / final)
