@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from distributed_cases import FAMILIES, ROWS, SETTINGS, case
@@ -210,9 +212,11 @@ def test_workers_agree_on_validation_and_stop_at_the_same_epoch(tmp_path) -> Non
 
 
 def test_user_mistakes_with_workers_get_one_line(tmp_path) -> None:
-    """--nproc 0 and an unknown train.parallel are refused in one line, exit 2, before any worker."""
+    """--nproc 0, more workers than the machine has cores (or GPUs) and an unknown train.parallel
+    are refused in one line, exit 2, before any worker."""
     for extra, sets, said in (
         (["--nproc", "0"], NUMBERS, "--nproc must be a positive integer"),
+        (["--nproc", "4096"], NUMBERS, "--nproc 4096: this machine has"),
         (["--nproc", "2"], [*NUMBERS, "train.parallel=zero"], "train.parallel must be one of ddp, fsdp"),
     ):
         done = _run(_train(tmp_path / "x", sets, *extra))
@@ -220,15 +224,46 @@ def test_user_mistakes_with_workers_get_one_line(tmp_path) -> None:
         assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_an_fsdp_run_resumes_without_fsdp_on_one_process(tmp_path) -> None:
-    """Checkpoints hold whole tensors: a 2-worker FSDP run killed with SIGKILL resumes on one
-    process (no FSDP) and ends within 1e-4 of the uninterrupted FSDP run."""
+def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_path) -> None:
+    """Under FSDP every worker writes its own shards (torch.distributed.checkpoint, safetensors):
+    last/ holds one file per worker and no whole model.safetensors, and load_model reads it as an
+    ordinary model (the conversion: equal to the weights gathered at the end). A 2-worker FSDP run
+    killed with SIGKILL resumes on 2 FSDP workers to the uninterrupted run's weights exactly, and
+    on one process without FSDP within 1e-4."""
     sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.parallel=fsdp"]
-    done = _run(_train(tmp_path / "fsdp", sets, "--nproc", "2"))
+    reference = tmp_path / "fsdp"
+    done = _run(_train(reference, sets, "--nproc", "2"))
     assert done.returncode == 0, done.stderr[-3000:]
+
     out = tmp_path / "killed"
     process = _kill_when_saved(_train(out, sets, "--nproc", "2"), out, at_least=8)
     process.wait(timeout=TIMEOUT)
-    done = _run(_train(out, [*sets[:-1], "train.parallel=ddp"], "--resume"))
+    last = out / "last"
+    shards = sorted(last.glob("*.safetensors"))
+    assert [p.name for p in shards] == [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2)]
+    assert read_meta(last)["sharded"] == 2
+    # The conversion against the files themselves: each worker's rows of every weight, put
+    # where the header's offsets say, make the whole tensors load_model returns.
+    whole = _weights(last)
+    assembled = {name: torch.full_like(t, float("nan")) for name, t in whole.items()}
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            offsets = json.loads(f.metadata()["DCP_SHARDING_INFO"])
+            for key in f.keys():
+                name = key.removeprefix("model.")
+                if key.startswith("model.") and name in assembled:
+                    piece = f.get_tensor(key)
+                    start = offsets[key]["saved_offsets"][0] if piece.dim() else 0
+                    assembled[name][start : start + len(piece)] = piece
+    stored = {name for name in whole if not torch.isnan(assembled[name]).any()}
+    assert _max_difference({k: whole[k] for k in stored}, {k: assembled[k] for k in stored}) == 0.0
+    for name in set(whole) - stored:  # tied weights are stored once, under the first name
+        assert any(torch.equal(whole[name], assembled[k]) for k in stored), name
+    shutil.copytree(out, tmp_path / "copy")
+    done = _run(_train(out, sets, "--nproc", "2", "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert _max_difference(_weights(out), _weights(tmp_path / "fsdp")) <= 1e-4
+    assert _max_difference(_weights(out), _weights(reference)) == 0.0
+    one = tmp_path / "copy"
+    done = _run(_train(one, [*sets[:-1], "train.parallel=ddp"], "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _max_difference(_weights(one), _weights(reference)) <= 1e-4

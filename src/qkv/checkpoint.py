@@ -5,6 +5,14 @@ A model directory holds:
     model.safetensors   the weights (tied tensors stored once); never pickle
     other files         e.g. tokenizer.json, listed with their SHA-256 under "files"
 
+A training checkpoint of a model sharded by FSDP (``runs.save_checkpoint``) holds, instead of
+``model.safetensors``, the pieces every worker wrote in parallel through
+``torch.distributed.checkpoint`` (its Hugging Face storage: one safetensors file per worker,
+``shard-0000R-model-00001-of-00001.safetensors``, each piece's offsets in its header), weights
+under ``model.NAME`` beside the trainer's ``trainer.NAME``; config.json says ``"sharded": N``.
+:func:`load_model` reads such a directory into an ordinary whole model on one process (the
+conversion for use and export); :func:`read_shards` reads it into any sharding of any N.
+
 Writes are atomic (``files.atomic_directory``): everything is written into a temporary
 sibling directory, flushed to disk, that then replaces the target, so a crash never leaves a
 half-written model (directories cannot be swapped in one rename, so for an instant the previous
@@ -21,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,6 +50,19 @@ from qkv.models.tts import TransformerTTS, TTSConfig
 
 KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder", "tts")
 RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
+SHARDED = "sharded"  # config.json: how many workers wrote the weights as shards (save_shards)
+WEIGHTS = "model."  # the weights' keys among a sharded checkpoint's tensors
+# safetensors' dtype names (what _header reports) for the tensors a checkpoint holds
+DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+    "U8": torch.uint8,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "BOOL": torch.bool,
+}
 # The largest integer a config field may hold (sizes, ids, the window: PyTorch indexes with them),
 # and the most layers in one stack (published Transformers have at most a few hundred; building
 # a model takes time per layer before anything can be checked).
@@ -105,7 +127,7 @@ def build_model(kind: str, fields: dict) -> Model:
     """Build a freshly initialised model of ``kind`` from config fields; bad fields are a UserError,
     and so is a model whose weights would not fit in the memory available (counted first, on
     PyTorch's meta device, where nothing is allocated)."""
-    need = sum(t.numel() * t.element_size() for t in _shapes(skeleton(kind, fields)).values())
+    need = sum(t.numel() * t.element_size() for t in state_once(skeleton(kind, fields)).values())
     available = available_memory()
     if available is not None and need > available:
         raise UserError(
@@ -157,15 +179,16 @@ class _Unallocated(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _shapes(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state tensors of a (meta) model, each shared tensor once under its first name, as
-    :func:`_unique_state` keeps them (identity, not storage: meta tensors have none)."""
+def state_once(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with each shared tensor (tied embeddings) once, under its first
+    name, by identity (so also for meta tensors, which have no storage, and FSDP shards),
+    detached: writing into a value writes into the model."""
     seen: set[int] = set()
     state = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
             seen.add(id(tensor))
-            state[name] = tensor
+            state[name] = tensor.detach()
     return state
 
 
@@ -227,11 +250,18 @@ def _replaceable(directory: Path, *, models: bool) -> bool:
 
 
 def save_model(
-    model: Model, directory: str | Path, *, files: dict[str, Path] | None = None, extra: dict | None = None
+    model: Model,
+    directory: str | Path,
+    *,
+    files: dict[str, Path] | None = None,
+    extra: dict | None = None,
+    shards: int | None = None,
 ) -> Path:
     """Write ``model`` (and copies of ``files``, keyed by their name in the directory) atomically.
 
     ``extra`` adds JSON fields to config.json (e.g. the task a demo model was trained on).
+    ``shards``: the weights are not written here but are among ``files``, the pieces
+    :func:`save_shards` wrote on that many workers (a sharded training checkpoint).
     """
     if any(getattr(m, "w_qkv", None) is not None for m in model.modules()):
         # decoding_copies.for_decoding's stacked projections: a decoding copy, not qkv's layout
@@ -243,13 +273,14 @@ def save_model(
     except OSError as e:
         raise UserError(f"cannot create {directory.parent}: {e.strerror}") from None
     with atomic_directory(directory) as tmp:
-        state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
-        save_file(state, tmp / "model.safetensors")
+        if shards is None:
+            state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
+            save_file(state, tmp / "model.safetensors")
         hashes = {}
         for name, source in (files or {}).items():
             shutil.copyfile(source, tmp / name)
             hashes[name] = sha256_file(tmp / name)
-        reserved = {"qkv_version", "kind", "config", "files"}
+        reserved = {"qkv_version", "kind", "config", "files", SHARDED}
         if reserved & set(extra or {}):
             raise ValueError(f"extra may not set {', '.join(sorted(reserved & set(extra)))}")
         meta = {
@@ -257,6 +288,7 @@ def save_model(
             "kind": kind_of(model),
             "config": dataclasses.asdict(model.config),
             "files": hashes,
+            **({SHARDED: shards} if shards is not None else {}),
             **(extra or {}),
         }
         (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -322,18 +354,22 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
     if kind is not None and meta["kind"] != kind:
         raise UserError(f"{directory} holds a {meta['kind']} model; this needs a {kind} model")
     config_path = directory / "config.json"
-    weights = directory / "model.safetensors"
-    if not weights.is_file():
-        raise UserError(f"{weights} is missing")
-    if is_pickle(weights):
-        raise UserError(f"{weights} is a pickle, not safetensors; qkv never unpickles, so it refuses the file")
-    stored = _header(weights)
+    sharded = meta.get(SHARDED) is not None
+    weights = directory / ("model.safetensors" if not sharded else "shard-*.safetensors")
+    if sharded:
+        stored = {name[len(WEIGHTS) :]: v for name, v in shard_index(directory).items() if name.startswith(WEIGHTS)}
+    else:
+        if not weights.is_file():
+            raise UserError(f"{weights} is missing")
+        if is_pickle(weights):
+            raise UserError(f"{weights} is a pickle, not safetensors; qkv never unpickles, so it refuses the file")
+        stored = _header(weights)
     try:
         config = make_config(meta["kind"], meta["config"])
         layers = sum(getattr(config, f.name) for f in dataclasses.fields(config) if f.name.endswith("layers"))
         if layers > len(stored):  # every layer has weights: a config that claims more is not this file's
             raise UserError(f"{layers} layers, but {weights.name} holds {len(stored)} tensors in all")
-        expected = {name: tuple(t.shape) for name, t in _shapes(skeleton(meta["kind"], meta["config"])).items()}
+        expected = {name: tuple(t.shape) for name, t in state_once(skeleton(meta["kind"], meta["config"])).items()}
     except UserError as e:
         raise UserError(f"{config_path}: {e}") from None
     missing = sorted(set(expected) - set(stored))
@@ -354,18 +390,77 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
         model = build_model(meta["kind"], meta["config"])
     except UserError as e:
         raise UserError(f"{config_path}: {e}") from None
-    try:
-        tensors = load_file(weights)
-    except BaseException as e:  # the library's Rust panics are BaseExceptions
-        if not _library_error(e):
-            raise
-        raise UserError(f"{weights} cannot be read as safetensors: {_first_line(e)}") from None
+    if sharded:
+        tensors = {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, (dtype, shape) in stored.items()}
+        read_shards(directory, {WEIGHTS + name: t for name, t in tensors.items()})
+    else:
+        try:
+            tensors = load_file(weights)
+        except BaseException as e:  # the library's Rust panics are BaseExceptions
+            if not _library_error(e):
+                raise
+            raise UserError(f"{weights} cannot be read as safetensors: {_first_line(e)}") from None
     with torch.no_grad():
         for name, target in _unique_state(model).items():
             if not bool(torch.isfinite(tensors[name]).all()):
                 raise UserError(f"{weights}: tensor {name} holds NaN or infinite values (a damaged file?)")
             target.copy_(tensors[name])
     return model.eval(), meta
+
+
+def save_shards(state: dict[str, torch.Tensor], directory: Path) -> None:
+    """Write ``state`` (whole tensors or FSDP shards: DTensors) into the empty ``directory`` with
+    ``torch.distributed.checkpoint``: collective, every worker writes its own pieces in parallel
+    (one safetensors file each, a replicated tensor once). A checkpoint of N workers loads on any
+    number of workers, sharded or not (:func:`read_shards`). With several machines ``directory``
+    must be on a file system they share."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    group = dist.is_available() and dist.is_initialized()
+    dcp.save(
+        state, storage_writer=dcp.HuggingFaceStorageWriter(str(directory), save_distributed=group), no_dist=not group
+    )
+
+
+def shard_index(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{name: (dtype, whole shape)} of the tensors :func:`save_shards` wrote in ``directory``,
+    from the files' headers alone (dtype as safetensors names it: ``F32``, ``U8``...)."""
+    import torch.distributed.checkpoint as dcp
+
+    for file in sorted(directory.glob("shard-*.safetensors")):
+        _header(file)  # a damaged or foreign file is refused by name, before the reader sees it
+    try:
+        metadata = dcp.HuggingFaceStorageReader(str(directory)).read_metadata()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"{directory}: cannot read the sharded weights: {_first_line(e)}") from None
+    names = {dtype: name for name, dtype in DTYPES.items()}
+    out = {}
+    for name, entry in metadata.state_dict_metadata.items():
+        dtype = names.get(getattr(getattr(entry, "properties", None), "dtype", None), "?")
+        out[name] = (dtype, tuple(getattr(entry, "size", ())))
+    return out
+
+
+def read_shards(directory: Path, template: dict[str, torch.Tensor]) -> None:
+    """Fill ``template``'s tensors (whole, or this worker's FSDP shards) from :func:`save_shards`'s
+    files in ``directory``, whatever number of workers wrote them; keys absent from ``template``
+    are not read. Collective when a process group exists."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    group = dist.is_available() and dist.is_initialized()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # as in save_shards
+            dcp.load(
+                template,
+                storage_reader=dcp.HuggingFaceStorageReader(str(directory)),
+                planner=dcp.DefaultLoadPlanner(allow_partial_load=True),
+                no_dist=not group,
+            )
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # CheckpointException is a RuntimeError
+        raise UserError(f"{directory}: cannot read the sharded weights: {_first_line(e)}") from None
 
 
 def is_pickle(path: Path) -> bool:

@@ -14,9 +14,10 @@ With ``WORLD_SIZE`` unset or 1 nothing here makes a process group, and every fun
 for one process: the single-process path is the one qkv always had.
 
 Also here: :func:`wrap` (the model in DDP, or sharded by FSDP2's ``fully_shard`` block by
-block), and for a sharded model its whole weights (:func:`full_state`, :func:`plain_copy`) and
-loading whole weights back (:func:`load_state`): checkpoints always hold whole tensors, so one
-saved by N workers under FSDP loads anywhere, with or without FSDP, with any N.
+block), and for a sharded model its whole weights (:func:`full_state`, :func:`plain_copy`: the
+finished model is saved whole) and loading whole weights into shards (:func:`load_state`).
+Resumable checkpoints of a sharded model are written shard by shard by every worker
+(``runs.save_checkpoint`` with ``checkpoint.save_shards``: torch.distributed.checkpoint).
 
 What is not here: the weighted gradient step (``training.Trainer``), which rank writes what
 (the tasks and ``recipes.fit_recipe``: rank 0 alone).
@@ -176,8 +177,13 @@ def launch(argv: Sequence[str], *, nproc: int, max_restarts: int = 0) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    # One GPU, or at least one core, per worker: more would only queue for the same hardware.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    limit, what = (torch.cuda.device_count(), "GPUs") if torch.cuda.is_available() else (cores, "CPU cores")
+    if nproc > limit:
+        raise UserError(f"--nproc {nproc}: this machine has {limit} {what}, one per worker (at most --nproc {limit})")
     # Each worker's threads: the cores shared out (torchrun would set 1 and warn about it).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
     args = parse_args(
         [
             "--standalone",
@@ -274,9 +280,10 @@ def plain_copy(model: nn.Module) -> nn.Module:
 
 
 def shard_like(whole: Tensor, like: Tensor) -> Tensor:
-    """``whole`` cut as ``like`` is (this worker's FSDP shard of it), or ``whole`` itself."""
+    """``whole`` cut as ``like`` is (this worker's FSDP shard of it), or ``whole`` itself (also
+    when it is a shard already)."""
     dtensor = _dtensor()
-    if dtensor is None or not isinstance(like, dtensor):
+    if dtensor is None or not isinstance(like, dtensor) or isinstance(whole, dtensor):
         return whole
     from torch.distributed.tensor import distribute_tensor
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -31,14 +32,28 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from qkv.checkpoint import RUN_FILE, Model, load_model, read_meta, save_model
-from qkv.distributed import barrier, load_state, plain_copy, world
+from qkv.checkpoint import (
+    DTYPES,
+    RUN_FILE,
+    SHARDED,
+    WEIGHTS,
+    Model,
+    load_model,
+    read_meta,
+    read_shards,
+    save_model,
+    save_shards,
+    shard_index,
+    state_once,
+)
+from qkv.distributed import barrier, is_sharded, load_state, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import check_writable, storage_errno, storage_error, write_atomic
 from qkv.training import Trainer
 
 TRAINER_TENSORS = "trainer.safetensors"
 TRAINER_STATE = "trainer.json"
+TRAINER_PREFIX = "trainer."  # the trainer's tensors among a sharded checkpoint's
 
 
 def check_run_output(run: Path, *, resume: bool) -> None:
@@ -86,8 +101,17 @@ def save_checkpoint(
 ) -> None:
     """Save a model directory; with ``trainer``, also what resuming needs (``progress``: the
     loop's own state, e.g. the position in the data order). On several workers every one calls
-    this (FSDP weights and the trainer's state are gathered from all), rank 0 alone writes, and
-    none goes on before the checkpoint is whole."""
+    this, rank 0 alone writes the directory, and none goes on before the checkpoint is whole.
+
+    With DDP (and one process) the directory is an ordinary model directory plus the trainer's
+    state. With FSDP and ``trainer`` nothing is gathered: every worker writes its shards of the
+    weights and optimizer moments in parallel (``checkpoint.save_shards``, i.e.
+    ``torch.distributed.checkpoint``) and rank 0 moves them into the directory; it resumes on any
+    number of workers, and ``load_model`` reads it as an ordinary model (for use and export).
+    Without ``trainer`` (a final or best model) the weights are gathered and written whole."""
+    if trainer is not None and is_sharded(model):
+        _save_sharded(model, Path(directory), files=files, extra=extra, trainer=trainer, progress=progress)
+        return
     whole = plain_copy(model)
     state = trainer.state() if trainer is not None else None
     if world().main:
@@ -122,19 +146,73 @@ def _write_checkpoint(
         save_model(model, directory, files=files, extra=extra)
 
 
+def _save_sharded(
+    model: Model, directory: Path, *, files: dict[str, Path], extra: dict, trainer: Trainer, progress: dict | None
+) -> None:
+    """:func:`save_checkpoint` of an FSDP model with its trainer: shards written by all workers
+    into a staging directory beside ``directory``, then rank 0 writes the model directory
+    (atomically, as ever) with them in it."""
+    tensors, meta = trainer.state(whole=False)  # collective: every worker's RNG
+    staging = directory.with_name(f".{directory.name}.shards")
+    if world().main:
+        shutil.rmtree(staging, ignore_errors=True)  # a killed save's pieces
+        try:
+            staging.mkdir(parents=True)
+        except OSError as e:
+            if storage_errno(e) is None:
+                raise
+            raise storage_error(staging, e) from None
+    barrier()
+    state = {WEIGHTS + name: t for name, t in state_once(model).items()}
+    state.update({TRAINER_PREFIX + name: t for name, t in tensors.items()})
+    save_shards(state, staging)  # collective: each worker writes its own file
+    if world().main:
+        shards = sorted(staging.glob("shard-*.safetensors"))
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+            named = {**files, **{f.name: f for f in shards}, TRAINER_STATE: Path(tmp) / TRAINER_STATE}
+            save_model(model, directory, files=named, extra=extra, shards=world().size)
+        shutil.rmtree(staging, ignore_errors=True)
+    barrier()
+
+
+def _load_sharded(directory: Path, trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a sharded checkpoint's weights into ``trainer.model`` and return the trainer's
+    tensors (this worker's shards of them) and state: on any number of workers, sharded or not."""
+    stored = shard_index(directory)
+    state = json.loads((directory / TRAINER_STATE).read_text())
+    kept = {
+        name[len(TRAINER_PREFIX) :]: (shape, DTYPES[dtype])
+        for name, (dtype, shape) in stored.items()
+        if name.startswith(TRAINER_PREFIX)
+    }
+    tensors = trainer.blank_state(kept)
+    weights = {WEIGHTS + name: t for name, t in state_once(trainer.model).items()}
+    for name, t in weights.items():
+        if name not in stored or stored[name][1] != tuple(t.shape):
+            found = stored[name][1] if name in stored else "nothing"
+            raise UserError(f"{directory}: {name[len(WEIGHTS) :]} is {found} there, the model needs {tuple(t.shape)}")
+    read_shards(directory, {**weights, **{TRAINER_PREFIX + k: t for k, t in tensors.items()}})
+    return tensors, state
+
+
 def load_checkpoint(directory: Path, trainer: Trainer) -> dict:
     """Load ``directory``'s weights into ``trainer.model`` and its training state into
     ``trainer``; returns the saved ``progress``."""
     meta = read_meta(directory)  # checks every file against its recorded SHA-256
-    for name in (TRAINER_TENSORS, TRAINER_STATE):
+    sharded = meta.get(SHARDED) is not None
+    for name in (TRAINER_STATE,) if sharded else (TRAINER_TENSORS, TRAINER_STATE):
         if name not in meta["files"]:
             raise UserError(f"{directory} has no {name}: it is not a resumable checkpoint")
-    loaded, _ = load_model(directory, kind=meta["kind"])
-    load_state(trainer.model, loaded.state_dict())  # FSDP: each worker keeps its shard
     try:
-        tensors = load_file(directory / TRAINER_TENSORS)
-        state = json.loads((directory / TRAINER_STATE).read_text())
-    except (SafetensorError, OSError, ValueError) as e:
+        if sharded:
+            tensors, state = _load_sharded(directory, trainer)
+        else:
+            loaded, _ = load_model(directory, kind=meta["kind"])
+            load_state(trainer.model, loaded.state_dict())  # FSDP: each worker keeps its shard
+            tensors = load_file(directory / TRAINER_TENSORS)
+            state = json.loads((directory / TRAINER_STATE).read_text())
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
         raise UserError(f"{directory}: cannot read the training state: {e}") from None
     try:
         trainer.restore(tensors, state["trainer"])

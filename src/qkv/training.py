@@ -357,7 +357,7 @@ class Trainer:
     (``"ddp"`` or ``"fsdp"``) and each batch callable computes this worker's share of a batch:
     its loss is weighted by its tokens and the gradient divided by the tokens of all shares
     (summed across workers), so the step equals one step on the whole batch. The state holds
-    every worker's RNG and whole (unsharded) optimizer moments.
+    every worker's RNG, and the optimizer moments whole or (``state(whole=False)``) as shards.
     """
 
     def __init__(
@@ -466,8 +466,11 @@ class Trainer:
         self.steps += 1
         return loss, total
 
-    def state(self) -> tuple[dict[str, Tensor], dict]:
-        """(tensors, JSON-able metadata) that :meth:`restore` turns back into this state."""
+    def state(self, *, whole: bool = True) -> tuple[dict[str, Tensor], dict]:
+        """(tensors, JSON-able metadata) that :meth:`restore` turns back into this state.
+
+        Under FSDP the optimizer moments are gathered whole, or with ``whole=False`` left as
+        this worker's shards (for ``checkpoint.save_shards``: nothing is gathered)."""
         optimizer = self.optimizer.state_dict()
         # Every worker's RNG (collective with several): rank 0's is "rng.torch", rank r's "rng.torch.r".
         states = distributed.all_gather(torch.get_rng_state())
@@ -475,10 +478,12 @@ class Trainer:
         scalars: dict[str, dict] = {}
         for index, values in optimizer["state"].items():
             for name, value in values.items():
-                if isinstance(value, Tensor):  # FSDP: gathered whole (collective), resumable with any N
+                if not isinstance(value, Tensor):
+                    scalars.setdefault(str(index), {})[name] = value
+                elif whole:  # FSDP: gathered whole (collective), resumable with any N
                     tensors[f"optimizer.{index}.{name}"] = distributed.full_tensor(value.detach()).clone().contiguous()
                 else:
-                    scalars.setdefault(str(index), {})[name] = value
+                    tensors[f"optimizer.{index}.{name}"] = value.detach()
         meta = {
             "steps": self.steps,
             "total_steps": self.total_steps,
@@ -489,8 +494,26 @@ class Trainer:
         }
         return tensors, meta
 
+    def blank_state(self, stored: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, Tensor]:
+        """Tensors for a saved :meth:`state` (``stored``: each one's whole shape and dtype) to be
+        read into, moments cut as this worker's parameters are (``checkpoint.read_shards``
+        reads each worker's part of them, whatever the saving run's sharding was)."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        blank = {}
+        for key, (shape, dtype) in stored.items():
+            parts = key.split(".", 2)
+            if parts[0] == "optimizer" and parts[2] != "step":
+                like = params[int(parts[1])]
+                if tuple(like.shape) != tuple(shape):
+                    raise ValueError(f"{key} has shape {tuple(shape)}, its parameter {tuple(like.shape)}")
+                blank[key] = torch.zeros_like(like.detach(), dtype=dtype)
+            else:
+                blank[key] = torch.zeros(shape, dtype=dtype)
+        return blank
+
     def restore(self, tensors: dict[str, Tensor], meta: dict) -> None:
-        """Continue from a :meth:`state` (the same model and settings are assumed)."""
+        """Continue from a :meth:`state` (the same model and settings are assumed); moments may
+        be whole or already this worker's shards (:meth:`blank_state`)."""
         state: dict[int, dict] = {}
         params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the indices' order
         for key, value in tensors.items():
