@@ -6,6 +6,7 @@ beside the peer the issue names, with the wall time (corpus building included).
     python bench/asr.py digit_strings --held-out theo           # digit strings, an unheard speaker
     python bench/asr.py speech_en                               # espeak-ng English, unseen voices
     python bench/asr.py speech_de_en                            # German speech -> English text
+    python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en
 
 ``fsdd``: ``recipes/fsdd_digits.yaml``; the figure is the share of the 300 test files (recordings
 0–4 of every digit and speaker) transcribed exactly right (target ≥ 97%). With ``--whisper DIR``
@@ -13,7 +14,10 @@ beside the peer the issue names, with the wall time (corpus building included).
 through transformers' Whisper (``bench/whisper_fsdd.py``), plain and with 0.5 s of silence added,
 and its accuracy is the peer figure. ``digit_strings``: WER on the held-out speaker (≤ 10%).
 ``speech_en``: WER on test2016 spoken by voice variants never trained on (≤ 10%).
-``speech_de_en``: end-to-end BLEU (sacreBLEU 13a, lowercased; ≥ 25).
+``speech_de_en``: end-to-end BLEU (sacreBLEU 13a, lowercased; ≥ 25). With ``--cascade ASR MT``
+the same test utterances also go through the cascade, German speech recognition
+(``recipes/speech_de.yaml``) then qkv's de->en translation (``recipes/multi30k_de_en.yaml``),
+scored the same way and printed beside it (the German WER is recorded too).
 
 Without ``--model`` the recipe is trained into ``--out`` (default ``runs/bench_<name>``); the
 wall time covers building (or finding in the cache) the corpus, computing features, training
@@ -71,6 +75,33 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     return summary, meta.get("wall_seconds")
 
 
+def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
+    """BLEU of German speech recognition followed by de->en translation on the first ``limit``
+    test utterances of the German corpus (those the end-to-end model was scored on), and the
+    recognizer's German WER. The translation model reads what the recognizer writes (normalised
+    transcripts: lowercase, no punctuation), as a cascade does."""
+    from qkv.checkpoint import load_model, model_dir
+    from qkv.evaluation import corpus_scores
+    from qkv.loading import load_for_generation
+    from qkv.seq2seq import beam_translate
+    from qkv.tasks.asr import load_corpus, output_text, score_model
+    from qkv.tokenization import FILE, Tokenizer
+
+    asr_path = model_dir(asr_dir)
+    asr, meta = load_model(asr_path, kind="speech_encoder_decoder")
+    recipe = meta["recipe"]
+    if recipe["data"]["corpus"] != "espeak_de" or recipe["data"]["translate"]:
+        raise SystemExit(f"{asr_path}: the cascade needs German speech recognition (recipes/speech_de.yaml)")
+    recipe = {**recipe, "data": {**recipe["data"], "test_limit": limit}}
+    german = score_model(asr, Tokenizer.load(asr_path / FILE), recipe)
+    corpus, split = load_corpus(recipe["data"])
+    references = [output_text(u, translate=True, normalize=False) for u in corpus[split][:limit]]
+    mt, vocab = load_for_generation(str(mt_dir))
+    english = beam_translate(mt, vocab, german["hypotheses"], beam_size=4)
+    bleu = corpus_scores(english, references, tokenize="13a", lowercase=True)
+    return {"bleu": bleu["bleu"], "wer": german["wer"]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description="Speech benchmarks: train a speech recipe here, score it beside its peer, record it.",
@@ -83,6 +114,12 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
     p.add_argument("--held-out", default="theo", help="digit_strings: the speaker held out (default theo)")
     p.add_argument("--whisper", help="fsdd: an HF Whisper checkpoint directory to run on the same files")
+    p.add_argument(
+        "--cascade",
+        nargs=2,
+        metavar=("ASR", "MT"),
+        help="speech_de_en: also score German speech recognition (ASR) then de->en translation (MT)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/asr.json")
     args = p.parse_args()
 
@@ -117,6 +154,11 @@ def main() -> int:
         padded = whisper_fsdd(Path(args.whisper), files, refs, silence_seconds=0.5)
         peer, peer_figure = f"Whisper ({Path(args.whisper).name}) on the same files", 100 * plain["accuracy"]
         details["Whisper, 0.5 s of silence added"] = round(100 * padded["accuracy"], 2)
+    if name == "speech_de_en" and args.cascade:
+        chained = cascade(Path(args.cascade[0]), Path(args.cascade[1]), summary["test_utterances"])
+        peer, peer_figure = "the cascade: qkv German ASR, then qkv de->en translation", chained["bleu"]
+        details["cascade: German ASR WER (%)"] = round(100 * chained["wer"], 2)
+        details["cascade models"] = list(args.cascade)
     print(f"{metric}: qkv {figure:.2f} {unit}" + (f"  |  {peer}: {peer_figure:.2f} {unit}" if peer else ""))
     if "train_seconds" in summary and wall is not None:
         print(
