@@ -212,16 +212,22 @@ def test_workers_agree_on_validation_and_stop_at_the_same_epoch(tmp_path) -> Non
 
 
 def test_user_mistakes_with_workers_get_one_line(tmp_path) -> None:
-    """--nproc 0, more workers than the machine has cores (or GPUs) and an unknown train.parallel
-    are refused in one line, exit 2, before any worker."""
+    """--nproc 0, more workers than the machine has cores (or GPUs), an unknown train.parallel or
+    train.device, and train.device cuda without a GPU are refused in one line, exit 2, before
+    any worker starts or any data is read."""
     for extra, sets, said in (
         (["--nproc", "0"], NUMBERS, "--nproc must be a positive integer"),
         (["--nproc", "4096"], NUMBERS, "--nproc 4096: this machine has"),
         (["--nproc", "2"], [*NUMBERS, "train.parallel=zero"], "train.parallel must be one of ddp, fsdp"),
+        ([], [*NUMBERS, "train.device=tpu"], "train.device must be one of auto, cpu, cuda"),
     ):
         done = _run(_train(tmp_path / "x", sets, *extra))
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+    if not torch.cuda.is_available():
+        done = _run(_train(tmp_path / "x", [*NUMBERS, "train.device=cuda"]))
+        assert done.returncode == 2 and "train.device is cuda, but this torch sees no CUDA GPU" in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
 def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_path) -> None:

@@ -29,7 +29,7 @@ from qkv.training import Checkpointing, Trainer, fit
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS_PER_TASK = 5  # 6 tasks: 30 kills at random steps, 30 endings equal to the uninterrupted run's
+KILLS_PER_TASK = 3  # 6 tasks: 18 kills at random steps, 18 endings equal to the uninterrupted run's
 TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
 
 

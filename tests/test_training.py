@@ -11,11 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.training import (
     Trainer,
     fit,
     inverse_sqrt,
+    on_model,
     seq2seq_batch,
     seq2seq_loss,
     sequence_loss,
@@ -284,3 +286,21 @@ def test_time_cap_that_does_not_bind_changes_nothing():
     fit(a, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", progress=False)
     fit(b, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600, progress=False)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_batches_built_on_the_cpu_move_to_the_models_device() -> None:
+    """train.device puts the model on a GPU while batches are built on the CPU: the losses move
+    them to the model's device (shown with the meta device, which every torch has)."""
+    model = nn.Linear(3, 5).to("meta")
+    x, none, ids = on_model(model, torch.ones(2, 3), None, torch.tensor([1, 2]))
+    assert x.device.type == "meta" and ids.device.type == "meta" and none is None
+    assert torch.equal(on_model(nn.Linear(3, 5), torch.ones(2, 3))[0], torch.ones(2, 3))
+
+
+def test_trainer_moves_the_model_to_train_device_and_leaves_it_without() -> None:
+    model = nn.Linear(3, 5)
+    assert Trainer(model, lr=0.1, warmup=1, total_steps=2, device="cpu").model is model
+    assert next(model.parameters()).device.type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match=r"train\.device is cuda, but this torch sees no CUDA GPU"):
+            Trainer(nn.Linear(3, 5), lr=0.1, warmup=1, total_steps=2, device="cuda")

@@ -44,6 +44,7 @@ R = TypeVar("R")
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how N workers hold the model
+DEVICES = ("auto", "cpu", "cuda")  # train.device: where a worker trains (auto: its GPU when there is one)
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often the group was restarted
 
 
@@ -68,16 +69,32 @@ def world() -> World:
     return World()
 
 
-def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0) -> World:
+def device(requested: str = "auto") -> torch.device:
+    """Where this worker trains (``train.device``): ``"cpu"``; ``"cuda"``, this worker's GPU
+    (``LOCAL_RANK``'s under torchrun, else the first); ``"auto"``: ``"cuda"`` when torch sees a
+    GPU, else ``"cpu"``. A UserError when ``"cuda"`` is asked for and there is none."""
+    if requested not in DEVICES:
+        raise UserError(f"train.device must be one of {', '.join(DEVICES)}, got {requested!r}")
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError("train.device is cuda, but this torch sees no CUDA GPU (use cpu or auto)")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, on: str = "auto") -> World:
     """Join the process group torchrun describes in the environment (``WORLD_SIZE`` > 1), with
-    gloo on CPU or NCCL when CUDA is there; without it (or ``WORLD_SIZE`` = 1) do nothing."""
+    NCCL when the workers train on GPUs (``on``: ``train.device``, :func:`device`), else gloo;
+    without it (or ``WORLD_SIZE`` = 1) do nothing."""
     env = os.environ if environ is None else environ
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1 or (dist.is_available() and dist.is_initialized()):
         return world()
     if not dist.is_available():
         raise UserError("WORLD_SIZE is set but this torch has no torch.distributed")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if on != "cpu" and torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
     where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"

@@ -37,7 +37,7 @@ from qkv.checkpoint import (
 from qkv.data import (
     resolve,
 )
-from qkv.distributed import PARALLEL
+from qkv.distributed import DEVICES, PARALLEL, plain_copy, world
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
@@ -235,6 +235,7 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
         lambda v: v in PARALLEL,
         f"one of {', '.join(PARALLEL)}",
     ),
+    ("train", "device"): (str, lambda v: v in DEVICES, f"one of {', '.join(DEVICES)}"),
     ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
@@ -295,6 +296,7 @@ FIT_TRAIN_DEFAULTS: dict = {
     "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
     "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
+    "device": "auto",  # where to train: "cpu", "cuda" (each worker its GPU) or "auto" (cuda when there is one)
 }
 
 
@@ -329,7 +331,7 @@ def batch_of_step(batches: int, step: int, seed: int) -> int:
 
 
 LAST = "last"  # an unfinished run's checkpoint, inside the model directory the run will become
-RESUME_MAY_CHANGE_FIT = ("seconds", "save_every", "parallel")  # train keys a resumed fit-based run may change
+RESUME_MAY_CHANGE_FIT = ("seconds", "save_every", "parallel", "device")  # train keys a resumed fit-based run may change
 
 
 def start_run(out: str | Path, recipe: dict, *, resume: bool) -> Path | None:
@@ -366,6 +368,14 @@ def start_run(out: str | Path, recipe: dict, *, resume: bool) -> Path | None:
         )
     check_output(out)
     return None
+
+
+def finished_model(model: nn.Module) -> nn.Module | None:
+    """After :func:`fit_recipe`: on rank 0 the whole model (FSDP shards gathered: every worker
+    must call this) on the CPU, where a task evaluates and saves it; None on the other workers,
+    whose part is done."""
+    whole = plain_copy(model)
+    return whole.cpu() if world().main else None
 
 
 def fit_recipe(
@@ -425,6 +435,7 @@ def fit_recipe(
         on_nonfinite=train.get("on_nonfinite", "stop"),
         checkpoint=checkpoint,
         parallel=train.get("parallel", "ddp"),
+        device=train.get("device", "auto"),
     )
 
 

@@ -35,6 +35,13 @@ from qkv.errors import Stopped, UserError
 from qkv.progress import progress as progress_report
 
 
+def on_model(model: nn.Module, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
+    """``tensors`` moved to the device ``model``'s parameters are on (a batch is built on the
+    CPU; ``train.device`` may have put the model on a GPU). None stays None."""
+    device = next(model.parameters()).device
+    return tuple(t if t is None else t.to(device, non_blocking=True) for t in tensors)
+
+
 def sequence_loss(logits: Tensor, targets: Tensor, *, ignore_id: int | None, label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy per target token; ``ignore_id`` (padding) positions do not count.
 
@@ -90,6 +97,7 @@ def seq2seq_loss(
 
     Shapes: src (B, S), tgt_in and tgt_out (B, T) as :func:`seq2seq_batch` returns them.
     """
+    src, tgt_in, tgt_out = on_model(model, src, tgt_in, tgt_out)
     keep = tgt_out != pad_id  # (B, T)
     n = int(keep.sum())
     copies = 2 if rdrop > 0.0 else 1  # R-Drop: copy 1's rows, then copy 2's
@@ -147,6 +155,7 @@ def speech_loss(
     """
     if not 0.0 <= ctc_weight <= 1.0:
         raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
+    features, valid, t_in, t_out = on_model(model, features, valid, t_in, t_out)
     keep = t_out != pad_id  # (B, L)
     n = int(keep.sum())
     memory, memory_valid = model.encode(features, valid)  # (B, S, D), (B, S)
@@ -216,6 +225,7 @@ def tts_loss(
     speakers (B,) or None -> scalar.
     """
     guided = guided_weight > 0
+    text, text_valid, mel, mel_valid, speakers = on_model(model, text, text_valid, mel, mel_valid, speakers)
     before, after, stop, weights = model(text, text_valid, mel, mel_valid, speakers, need_weights=guided)
     keep = mel_valid[..., None].to(mel.dtype)  # (B, T, 1)
     n = keep.sum().clamp(min=1) * mel.shape[-1]
@@ -358,6 +368,7 @@ class Trainer:
     its loss is weighted by its tokens and the gradient divided by the tokens of all shares
     (summed across workers), so the step equals one step on the whole batch. The state holds
     every worker's RNG, and the optimizer moments whole or (``state(whole=False)``) as shards.
+    ``device`` (a recipe's ``train.device``: ``distributed.device``) moves the model first.
     """
 
     def __init__(
@@ -375,9 +386,12 @@ class Trainer:
         bf16: bool = False,
         on_nonfinite: str = "stop",
         parallel: str = "ddp",
+        device: str | None = None,
     ) -> None:
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        if device is not None:  # a recipe's train.device; None: the model stays where it is
+            model.to(distributed.device(device))  # in place: the caller's model moves too
         self.model = model
         self.world = distributed.world()
         self.runner = distributed.wrap(model, parallel)  # the model itself with one process
@@ -672,6 +686,7 @@ def fit(
     on_nonfinite: str = "stop",
     checkpoint: Checkpointing | None = None,
     parallel: str = "ddp",
+    device: str | None = None,
 ) -> FitResult:
     """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
 
@@ -712,6 +727,7 @@ def fit(
         bf16=bf16,
         on_nonfinite=on_nonfinite,
         parallel=parallel,
+        device=device,
     )
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()

@@ -42,11 +42,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UserError(f"--nproc must be a positive integer, got {args.nproc}")
     recipe = load_recipe(args.recipe, args.set)  # a bad recipe is said once, before any worker starts
+    on = recipe.get("train", {}).get("device", "auto")
+    distributed.device(on)  # train.device cuda without a GPU: said now, not after the data is read
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return distributed.launch(worker_argv(args), nproc=args.nproc, max_restarts=args.max_restarts)
     out = Path(args.out).resolve()
     task = TASKS[recipe["task"]]
-    world = distributed.start()  # torchrun's environment: join the group (nothing for one process)
+    world = distributed.start(on=on)  # torchrun's environment: join the group (nothing for one process)
     # A group torchrun restarted after a failure continues the run from its last checkpoint.
     resume = args.resume or (distributed.restarted() and (out / "last" / TRAINER_STATE).is_file())
     try:

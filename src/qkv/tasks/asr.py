@@ -31,7 +31,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.checkpoint import build_model
-from qkv.distributed import plain_copy, share, world
+from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.generation import beam_search, ctc_greedy
@@ -43,6 +43,7 @@ from qkv.recipes import (
     Task,
     audio_timing,
     batch_of_step,
+    finished_model,
     fit_recipe,
     fit_summary,
     length_batches,
@@ -411,8 +412,8 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     train_feats.clear()  # the training features' memory, before the test set's
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))

@@ -29,7 +29,7 @@ from qkv.data import (
     read_lines,
     resolve,
 )
-from qkv.distributed import plain_copy, share, world
+from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import (
     accuracy,
@@ -42,6 +42,7 @@ from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
     fine_tuning_fields,
+    finished_model,
     fit_recipe,
     fit_summary,
     require_steps,
@@ -54,6 +55,7 @@ from qkv.tokenization import Tokenizer
 from qkv.training import (
     IGNORE,
     mask_tokens,
+    on_model,
     sequence_loss,
 )
 
@@ -281,6 +283,7 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         # This worker's rows of the masked batch (all of it alone): masks drawn for the whole batch.
         mine, counted = share(len(rows))
         inputs, valid_tokens, labels, selected = inputs[mine], valid_tokens[mine], labels[mine], selected[mine]
+        inputs, valid_tokens, labels, selected = on_model(m, inputs, valid_tokens, labels, selected)  # train.device
         logits = m(inputs, mask=valid_tokens, only=selected)  # (N, V)
         targets = labels[selected]  # (N,)
         if len(targets) == 0:  # this worker's rows hold no masked token: a zero loss, gradients for none
@@ -302,8 +305,8 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     start = time.perf_counter()
     valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
@@ -453,9 +456,10 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         mine, counted = share(batch_size)  # this worker's rows of the step's batch (all of it alone)
         pick = pick[mine]
         x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
+        x, valid_tokens, wanted = on_model(m, x, valid_tokens, targets[pick])  # train.device
         logits = m.classify(x, mask=valid_tokens)  # (B, C)
         loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
-            logits[:, None], targets[pick][:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
+            logits[:, None], wanted[:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
         )
         return loss, len(pick) if counted else 0
 
@@ -471,8 +475,8 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     start = time.perf_counter()
     predicted = predict_labels(

@@ -27,7 +27,7 @@ from qkv.data import (
     read_text,
     resolve,
 )
-from qkv.distributed import plain_copy, share, world
+from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import (
     lm_loss,
@@ -37,6 +37,7 @@ from qkv.models.decoder_only import DecoderOnly
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
+    finished_model,
     fit_recipe,
     fit_summary,
     require_steps,
@@ -47,6 +48,7 @@ from qkv.recipes import (
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 from qkv.training import (
+    on_model,
     sequence_loss,
 )
 
@@ -216,6 +218,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         starts = starts[mine]
         x = torch.stack([train_ids[s : s + context] for s in starts])  # (B, T)
         y = torch.stack([train_ids[s + 1 : s + context + 1] for s in starts])  # (B, T)
+        x, y = on_model(m, x, y)  # train.device
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
         return loss, y.numel() if counted else 0
 
@@ -230,8 +233,8 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     start = time.perf_counter()
     val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))

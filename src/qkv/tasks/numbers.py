@@ -27,13 +27,14 @@ from pathlib import Path
 
 import torch
 
-from qkv.distributed import plain_copy, share, world
+from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
     Task,
+    finished_model,
     fit_recipe,
     fit_summary,
     require_steps,
@@ -230,8 +231,8 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
     start = time.perf_counter()

@@ -119,6 +119,7 @@ TRANSLATION_DEFAULTS: dict = {
         "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
         "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
         "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
+        "device": "auto",  # where to train: "cpu", "cuda" (each worker its GPU) or "auto" (cuda when there is one)
     },
     "data": {
         "train": ["multi30k/train.de", "multi30k/train.en"],
@@ -227,6 +228,7 @@ RESUME_MAY_CHANGE = (
     "save_every",
     "tensorboard",
     "parallel",
+    "device",
 )
 TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
@@ -484,6 +486,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         bf16=train["bf16"],
         on_nonfinite=train["on_nonfinite"],
         parallel=train["parallel"],
+        device=train["device"],
     )
     main = trainer.world.main  # rank 0 alone writes checkpoints, run.json and TensorBoard
     state = {

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import build_model
-from qkv.distributed import plain_copy, share, world
+from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.files import write_atomic
 from qkv.generation import pad_rows
@@ -44,6 +44,7 @@ from qkv.recipes import (
     Task,
     audio_timing,
     batch_of_step,
+    finished_model,
     fit_recipe,
     fit_summary,
     length_batches,
@@ -386,8 +387,8 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         tokenizer=tokenizer,
         resume_from=last,
     )
-    model = plain_copy(model)  # under FSDP, the whole weights (every worker gathers)
-    if not world().main:  # rank 0 alone evaluates and writes the model directory
+    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
+    if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     mels.clear()
     timing = audio_timing(result)
