@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import qkv
-from qkv.checkpoint import build_model, load_model, read_meta, save_model
+from qkv.checkpoint import build_model, check_output, load_model, read_meta, save_model
 from qkv.errors import UserError
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
@@ -289,6 +289,19 @@ def test_save_replaces_existing_directory(tmp_path: Path) -> None:
     loaded, meta = load_model(target)
     assert meta["kind"] == "decoder_only"
     assert torch.equal(outputs(loaded)[0], outputs(new)[0])
+
+
+def test_the_debris_of_a_first_save_killed_midway_may_be_replaced(tmp_path: Path) -> None:
+    """A run killed during its first checkpoint leaves only .last.* (an FSDP save's staged
+    shards, atomic_directory's temporary): starting the run again may write there; anything
+    else in the directory is still refused."""
+    out = tmp_path / "run"
+    (out / ".last.shards").mkdir(parents=True)
+    (out / ".last.shards" / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"half")
+    check_output(out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="is not a qkv model directory"):
+        check_output(out)
 
 
 def test_failed_save_keeps_old_directory(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ A model directory holds:
 A training checkpoint of a model sharded by FSDP (``runs.save_checkpoint``) holds, instead of
 ``model.safetensors``, the pieces every worker wrote in parallel through
 ``torch.distributed.checkpoint`` (its Hugging Face storage: one safetensors file per worker,
-``shard-0000R-model-00001-of-00001.safetensors``, each piece's offsets in its header), weights
+``shard-NNNNN-model-00001-of-00001.safetensors``, NNNNN = rank + 1, each piece's offsets in its header), weights
 under ``model.NAME`` beside the trainer's ``trainer.NAME``; config.json says ``"sharded": N``.
 :func:`load_model` reads such a directory into an ordinary whole model on one process (the
 conversion for use and export); :func:`read_shards` reads it into any sharding of any N.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -40,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from qkv import __version__
 from qkv.errors import UserError
-from qkv.files import atomic_directory, check_writable, read_json_object
+from qkv.files import atomic_directory, check_writable, read_json_object, storage_errno
 from qkv.memory import available_memory, human_bytes
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
@@ -240,9 +241,10 @@ def _replaceable(directory: Path, *, models: bool) -> bool:
         return True
     if not models:
         return False
-    if "last" in entries and all(name == "last" or name.startswith(".last.") for name in entries):
-        # .last.*: what a save of last/ killed midway left (atomic_directory's temporaries)
-        return _replaceable(directory / "last", models=True)
+    if all(name == "last" or name.startswith(".last.") for name in entries):
+        # .last.*: what a save of last/ killed midway left (atomic_directory's temporaries, the
+        # shards of an FSDP save); alone, the debris of a run killed during its first save
+        return "last" not in entries or _replaceable(directory / "last", models=True)
     try:
         return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("kind") in KINDS
     except (OSError, ValueError, AttributeError, RecursionError):
@@ -255,13 +257,16 @@ def save_model(
     *,
     files: dict[str, Path] | None = None,
     extra: dict | None = None,
+    moved: dict[str, tuple[Path, str]] | None = None,
     shards: int | None = None,
 ) -> Path:
     """Write ``model`` (and copies of ``files``, keyed by their name in the directory) atomically.
 
     ``extra`` adds JSON fields to config.json (e.g. the task a demo model was trained on).
-    ``shards``: the weights are not written here but are among ``files``, the pieces
-    :func:`save_shards` wrote on that many workers (a sharded training checkpoint).
+    ``moved``: files moved in (not copied: large ones, beside the directory on the same file
+    system), each with its SHA-256 already known. ``shards``: the weights are not written here
+    but are among the files, the pieces :func:`save_shards` wrote on that many workers (a
+    sharded training checkpoint).
     """
     if any(getattr(m, "w_qkv", None) is not None for m in model.modules()):
         # decoding_copies.for_decoding's stacked projections: a decoding copy, not qkv's layout
@@ -280,6 +285,9 @@ def save_model(
         for name, source in (files or {}).items():
             shutil.copyfile(source, tmp / name)
             hashes[name] = sha256_file(tmp / name)
+        for name, (source, digest) in (moved or {}).items():
+            os.replace(source, tmp / name)
+            hashes[name] = digest
         reserved = {"qkv_version", "kind", "config", "files", SHARDED}
         if reserved & set(extra or {}):
             raise ValueError(f"extra may not set {', '.join(sorted(reserved & set(extra)))}")
@@ -392,6 +400,7 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
         raise UserError(f"{config_path}: {e}") from None
     if sharded:
         tensors = {name: torch.empty(shape, dtype=DTYPES[dtype]) for name, (dtype, shape) in stored.items()}
+        # (every weight's dtype was checked above to be a floating-point one DTYPES names)
         read_shards(directory, {WEIGHTS + name: t for name, t in tensors.items()})
     else:
         try:
@@ -418,9 +427,14 @@ def save_shards(state: dict[str, torch.Tensor], directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     group = dist.is_available() and dist.is_initialized()
-    dcp.save(
-        state, storage_writer=dcp.HuggingFaceStorageWriter(str(directory), save_distributed=group), no_dist=not group
-    )
+    writer = dcp.HuggingFaceStorageWriter(str(directory), save_distributed=group)
+    try:
+        dcp.save(state, storage_writer=writer, no_dist=not group)
+    except (OSError, RuntimeError) as e:  # a worker's write failed: DCP's CheckpointException holds why
+        errno = next((n for n in map(storage_errno, [e, *_causes(e)]) if n is not None), None)
+        if errno is None:
+            raise
+        raise UserError(f"cannot write the checkpoint's shards in {directory}: {os.strerror(errno)}") from None
 
 
 def shard_index(directory: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -452,7 +466,7 @@ def read_shards(directory: Path, template: dict[str, torch.Tensor]) -> None:
     group = dist.is_available() and dist.is_initialized()
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # as in save_shards
+            warnings.simplefilter("ignore", UserWarning)  # without a group it says it assumes one process: it is one
             dcp.load(
                 template,
                 storage_reader=dcp.HuggingFaceStorageReader(str(directory)),
@@ -461,6 +475,20 @@ def read_shards(directory: Path, template: dict[str, torch.Tensor]) -> None:
             )
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # CheckpointException is a RuntimeError
         raise UserError(f"{directory}: cannot read the sharded weights: {_first_line(e)}") from None
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The exceptions inside ``error``: its causes and contexts, and the per-worker failures a
+    ``torch.distributed.checkpoint.CheckpointException`` holds."""
+    found, todo = [], [error]
+    while todo:
+        e = todo.pop()
+        failed = [f[0] if isinstance(f, tuple) else f for f in getattr(e, "failures", {}).values()]  # (error, stack)
+        for inner in (e.__cause__, e.__context__, *failed):
+            if isinstance(inner, BaseException) and inner not in found:
+                found.append(inner)
+                todo.append(inner)
+    return found
 
 
 def is_pickle(path: Path) -> bool:

@@ -42,7 +42,8 @@ from qkv.errors import UserError
 T = TypeVar("T")
 R = TypeVar("R")
 
-BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+# On GPUs, NCCL for CUDA tensors and gloo for the CPU ones (the small sums workers agree on).
+BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
 PARALLEL = ("ddp", "fsdp")  # train.parallel: how N workers hold the model
 DEVICES = ("auto", "cpu", "cuda")  # train.device: where a worker trains (auto: its GPU when there is one)
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun: how often the group was restarted
@@ -86,8 +87,8 @@ def device(requested: str = "auto") -> torch.device:
 
 def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, on: str = "auto") -> World:
     """Join the process group torchrun describes in the environment (``WORLD_SIZE`` > 1), with
-    NCCL when the workers train on GPUs (``on``: ``train.device``, :func:`device`), else gloo;
-    without it (or ``WORLD_SIZE`` = 1) do nothing."""
+    NCCL for CUDA tensors when the workers train on GPUs (``on``: ``train.device``,
+    :func:`device`), gloo for CPU tensors always; without it (or ``WORLD_SIZE`` = 1) do nothing."""
     env = os.environ if environ is None else environ
     size = int(env.get("WORLD_SIZE", "1"))
     if size <= 1 or (dist.is_available() and dist.is_initialized()):
@@ -96,7 +97,7 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
         raise UserError("WORLD_SIZE is set but this torch has no torch.distributed")
     device = "cuda" if on != "cpu" and torch.cuda.is_available() else "cpu"
     if device == "cuda":
-        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
     timeout = timedelta(seconds=timeout_s)
     try:
@@ -187,7 +188,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def launch(argv: Sequence[str], *, nproc: int, max_restarts: int = 0) -> int:
+def launch(argv: Sequence[str], *, nproc: int, max_restarts: int = 0, on: str = "auto") -> int:
     """Run ``python -m qkv ARGV`` on ``nproc`` local workers through torchrun's own launcher
     (``torch.distributed.run``, standalone rendezvous on a free local port); returns the exit
     status of the first worker that failed, else 0."""
@@ -196,7 +197,7 @@ def launch(argv: Sequence[str], *, nproc: int, max_restarts: int = 0) -> int:
 
     # One GPU, or at least one core, per worker: more would only queue for the same hardware.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    limit, what = (torch.cuda.device_count(), "GPUs") if torch.cuda.is_available() else (cores, "CPU cores")
+    limit, what = (torch.cuda.device_count(), "GPUs") if device(on).type == "cuda" else (cores, "CPU cores")
     if nproc > limit:
         raise UserError(f"--nproc {nproc}: this machine has {limit} {what}, one per worker (at most --nproc {limit})")
     # Each worker's threads: the cores shared out (torchrun would set 1 and warn about it).
@@ -248,17 +249,21 @@ def wrap(model: nn.Module, parallel: str = "ddp") -> nn.Module:
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        on_gpu = next(model.parameters()).device.type == "cuda"
+        where = next(model.parameters()).device
         # Unused parameters (a BERT pooler in masked-LM training) must not stall the all-reduce.
         return DistributedDataParallel(
-            runner, device_ids=[w.local_rank] if on_gpu else None, find_unused_parameters=True
+            runner, device_ids=[where.index] if where.type == "cuda" else None, find_unused_parameters=True
         )
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # The mesh on the model's own device: without one FSDP picks the GPU whenever there is one,
+    # and would move a model that train.device keeps on the CPU.
+    mesh = init_device_mesh(next(model.parameters()).device.type, (w.size,))
     for module in model.modules():
         if isinstance(module, (EncoderBlock, DecoderBlock)):
-            fully_shard(module)
-    fully_shard(runner)
+            fully_shard(module, mesh=mesh)
+    fully_shard(runner, mesh=mesh)
     return runner
 
 

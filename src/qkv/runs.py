@@ -43,10 +43,11 @@ from qkv.checkpoint import (
     read_shards,
     save_model,
     save_shards,
+    sha256_file,
     shard_index,
     state_once,
 )
-from qkv.distributed import barrier, is_sharded, load_state, plain_copy, world
+from qkv.distributed import all_gather, all_max, barrier, is_sharded, load_state, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import check_writable, storage_errno, storage_error, write_atomic
 from qkv.training import Trainer
@@ -68,7 +69,8 @@ def check_run_output(run: Path, *, resume: bool) -> None:
         if not (run / RUN_FILE).is_file() or not (last / TRAINER_STATE).is_file():
             raise UserError(f"--resume: {run} holds no resumable run (no {RUN_FILE} and last/{TRAINER_STATE})")
         return
-    if run.exists() and (not run.is_dir() or any(run.iterdir())):
+    # .last.*: the debris of a run killed during its first save (an FSDP save's shards), not a run
+    if run.exists() and (not run.is_dir() or any(not e.name.startswith(".last.") for e in run.iterdir())):
         what = "a training run" if (run / RUN_FILE).is_file() else "files"
         raise UserError(f"{run} already holds {what}; pass --resume to continue it or choose another --out")
 
@@ -149,31 +151,52 @@ def _write_checkpoint(
 def _save_sharded(
     model: Model, directory: Path, *, files: dict[str, Path], extra: dict, trainer: Trainer, progress: dict | None
 ) -> None:
-    """:func:`save_checkpoint` of an FSDP model with its trainer: shards written by all workers
-    into a staging directory beside ``directory``, then rank 0 writes the model directory
-    (atomically, as ever) with them in it."""
+    """:func:`save_checkpoint` of an FSDP model with its trainer: every worker writes its shards
+    into a staging directory beside ``directory`` and hashes its own file; rank 0 then writes
+    the model directory (atomically, as ever), the shards moved into it. A failure on rank 0
+    is raised on every worker (none waits for it at a barrier)."""
     tensors, meta = trainer.state(whole=False)  # collective: every worker's RNG
     staging = directory.with_name(f".{directory.name}.shards")
+    failure = None
     if world().main:
         shutil.rmtree(staging, ignore_errors=True)  # a killed save's pieces
         try:
             staging.mkdir(parents=True)
         except OSError as e:
-            if storage_errno(e) is None:
-                raise
-            raise storage_error(staging, e) from None
-    barrier()
+            failure = storage_error(staging, e) if storage_errno(e) is not None else e
+    _agree(failure)
     state = {WEIGHTS + name: t for name, t in state_once(model).items()}
     state.update({TRAINER_PREFIX + name: t for name, t in tensors.items()})
-    save_shards(state, staging)  # collective: each worker writes its own file
+    save_shards(state, staging)  # collective: each worker writes its own file (DCP raises on all if one fails)
+    own = sorted(staging.glob(f"shard-{world().rank + 1:05d}-*.safetensors"))
+    digests = {
+        name: digest for part in all_gather({f.name: sha256_file(f) for f in own}) for name, digest in part.items()
+    }
+    failure = None
     if world().main:
-        shards = sorted(staging.glob("shard-*.safetensors"))
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
-            named = {**files, **{f.name: f for f in shards}, TRAINER_STATE: Path(tmp) / TRAINER_STATE}
-            save_model(model, directory, files=named, extra=extra, shards=world().size)
-        shutil.rmtree(staging, ignore_errors=True)
-    barrier()
+        try:
+            shards = {
+                f.name: (f, digests.get(f.name) or sha256_file(f)) for f in sorted(staging.glob("shard-*.safetensors"))
+            }
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+                named = {**files, TRAINER_STATE: Path(tmp) / TRAINER_STATE}
+                save_model(model, directory, files=named, moved=shards, extra=extra, shards=world().size)
+        except BaseException as e:  # every worker must hear of it
+            failure = e
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _agree(failure)
+
+
+def _agree(failure: BaseException | None) -> None:
+    """Raise ``failure`` (rank 0's) on rank 0 and a UserError saying so on the other workers;
+    nothing when rank 0 had none. Collective."""
+    failed = all_max([0.0 if failure is None else 1.0])[0] > 0
+    if failure is not None:
+        raise failure
+    if failed:
+        raise UserError("worker 0 could not write the checkpoint (it says why); this worker stops too")
 
 
 def _load_sharded(directory: Path, trainer: Trainer) -> tuple[dict[str, torch.Tensor], dict]:

@@ -354,8 +354,9 @@ class Trainer:
     ``step(batches)`` takes one optimizer step over one or more batches (gradient
     accumulation: the gradient is the mean over all their target tokens, as if they were one
     batch). ``state()``/``restore()`` give everything needed to continue exactly: optimizer
-    moments, schedule, step count and the global torch RNG that dropout draws from, as
-    tensors plus JSON (checkpoints store them with safetensors; nothing is pickled).
+    moments, schedule, step count and the global torch RNG that dropout draws from (and the
+    GPU's, training on one), as tensors plus JSON (checkpoints store them with safetensors;
+    nothing is pickled).
 
     AdamW (Loshchilov & Hutter, 2019) without weight decay on biases and norm gains; the
     schedule is ``"inverse_sqrt"`` (Vaswani et al., eq. 3) or ``"cosine"`` down to
@@ -489,6 +490,9 @@ class Trainer:
         # Every worker's RNG (collective with several): rank 0's is "rng.torch", rank r's "rng.torch.r".
         states = distributed.all_gather(torch.get_rng_state())
         tensors = {"rng.torch": states[0], **{f"rng.torch.{r}": t for r, t in enumerate(states) if r}}
+        if self.device_type == "cuda":  # dropout on a GPU draws from the GPU's generator
+            states = distributed.all_gather(torch.cuda.get_rng_state())
+            tensors.update({"rng.cuda": states[0], **{f"rng.cuda.{r}": t for r, t in enumerate(states) if r}})
         scalars: dict[str, dict] = {}
         for index, values in optimizer["state"].items():
             for name, value in values.items():
@@ -545,7 +549,9 @@ class Trainer:
         if int(meta.get("total_steps", self.total_steps)) < self.total_steps:  # a schedule a time cap shortened
             self.shorten(int(meta["total_steps"]))
         # This worker's RNG; a worker the saving run did not have takes rank 0's.
-        torch.set_rng_state(tensors.get(f"rng.torch.{self.world.rank}", tensors["rng.torch"]))
+        torch.set_rng_state(tensors.get(f"rng.torch.{self.world.rank}", tensors["rng.torch"]).cpu())
+        if self.device_type == "cuda" and "rng.cuda" in tensors:
+            torch.cuda.set_rng_state(tensors.get(f"rng.cuda.{self.world.rank}", tensors["rng.cuda"]).cpu())
 
 
 ON_NONFINITE = ("stop", "skip")

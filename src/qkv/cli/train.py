@@ -45,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     on = recipe.get("train", {}).get("device", "auto")
     distributed.device(on)  # train.device cuda without a GPU: said now, not after the data is read
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return distributed.launch(worker_argv(args), nproc=args.nproc, max_restarts=args.max_restarts)
+        return distributed.launch(worker_argv(args), nproc=args.nproc, max_restarts=args.max_restarts, on=on)
     out = Path(args.out).resolve()
     task = TASKS[recipe["task"]]
     world = distributed.start(on=on)  # torchrun's environment: join the group (nothing for one process)
