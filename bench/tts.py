@@ -16,6 +16,15 @@ never trained on), each with its espeak-ng recording in the voice the model lear
 * Speed: seconds of synthesis (batches of 16, Griffin-Lim included) per second of speech
   (real-time factor; the issue's target ≤ 0.3).
 
+For a model trained on FSDD digit strings in six real voices (``recipes/tts_fsdd.yaml``), the
+sentences are that recipe's test strings, each synthesized in the voice of the speaker who
+recorded it, and the ASR is qkv's digit-string model (``recipes/fsdd_digit_strings.yaml``).
+Intelligibility is then reported per speaker as digits right, 1 − WER (insertions count against
+it), beside the same ASR on that speaker's recordings of the same strings (the issue's target:
+≥ 95% for every speaker)::
+
+    python bench/tts.py --tts runs/tts_fsdd --asr runs/digit_strings
+
 Records go to ``bench/results/tts.json`` (``--no-record``: print only).
 """
 
@@ -57,8 +66,17 @@ def main() -> int:
         epilog="example: python bench/tts.py --tts runs/tts_en --asr runs/speech_en",
     )
     p.add_argument("--tts", required=True, help="a TTS model directory (trained with a tts recipe)")
-    p.add_argument("--asr", required=True, help="a speech recognition model directory (recipes/speech_en.yaml)")
-    p.add_argument("--sentences", type=int, default=200, help="held-out sentences to speak (default 200)")
+    p.add_argument(
+        "--asr",
+        required=True,
+        help="a speech recognition model directory (speech_en, or fsdd_digit_strings for FSDD voices)",
+    )
+    p.add_argument(
+        "--sentences",
+        type=int,
+        default=None,
+        help="held-out sentences to speak (default 200; FSDD: the whole test split)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
     args = p.parse_args()
 
@@ -75,11 +93,14 @@ def main() -> int:
     tts, tts_meta = load_model(tts_dir, kind="tts")
     asr, asr_meta = load_model(asr_dir, kind="speech_encoder_decoder")
     tts_tokens, asr_tokens = Tokenizer.load(tts_dir / FILE), Tokenizer.load(asr_dir / FILE)
-    test = load_corpus(tts_meta["recipe"]["data"])["test"][: args.sentences]
+    voices = list(tts_meta.get("speakers") or [])  # FSDD: the speakers, in embedding order
+    count = args.sentences if args.sentences is not None else (None if voices else 200)
+    test = load_corpus(tts_meta["recipe"]["data"])["test"][:count]
     texts = [u.text for u in test]
+    speakers = [voices.index(u.speaker) for u in test] if voices else None  # each in its speaker's voice
     torch.manual_seed(0)
     start = time.perf_counter()
-    spoken = speak(tts, tts_tokens, texts, **reading_of(tts_meta))
+    spoken = speak(tts, tts_tokens, texts, speakers=speakers, **reading_of(tts_meta))
     seconds = time.perf_counter() - start
     rate = tts.config.features.sample_rate
     audio = sum(w.numel() for _, w in spoken) / rate
@@ -100,22 +121,46 @@ def main() -> int:
         for (s, _), u in zip(spoken, test, strict=True)
     ]
     mcd_mean = sum(mcd) / len(mcd)
-    print(f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the espeak-ng recordings: {100 * wer_ref:.2f}%")
+    print(f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the recordings: {100 * wer_ref:.2f}%")
     print(f"MCD (DTW) {mcd_mean:.2f} dB; real-time factor {seconds / audio:.3f}; {100 * stopped:.0f}% stopped")
+    common = {"sentences": len(test), "tts": str(tts_dir), "asr": str(asr_dir)}
+    per_speaker = []
+    for name in voices:
+        rows = [i for i, u in enumerate(test) if u.speaker == name]
+        if not rows:
+            continue
+        right = 1 - error_rates([ours[i] for i in rows], [texts[i] for i in rows])["wer"]
+        reference = 1 - error_rates([theirs[i] for i in rows], [texts[i] for i in rows])["wer"]
+        print(
+            f"  {name}: {100 * right:.2f}% digits right on TTS  |  {100 * reference:.2f}% on the recordings"
+            f" ({len(rows)} strings)"
+        )
+        per_speaker.append(
+            {
+                "metric": f"FSDD voice {name}: digits right (1 - WER) of qkv ASR on qkv TTS",
+                "figure": round(100 * right, 2),
+                "unit": "%",
+                "peer": "the same ASR on the speaker's recordings of the same strings",
+                "peer_figure": round(100 * reference, 2),
+                "target": {"min": 95},
+                "details": {**common, "speaker": name, "strings": len(rows)},
+            }
+        )
     if not args.no_record:
         import record
 
-        common = {"sentences": len(test), "tts": str(tts_dir), "asr": str(asr_dir)}
+        corpus = "FSDD digit strings, every voice" if voices else "Multi30k test2016"
         record.append_run(
             "tts",
             [
+                *per_speaker,
                 {
-                    "metric": "intelligibility: WER of qkv ASR on qkv TTS, Multi30k test2016",
+                    "metric": f"intelligibility: WER of qkv ASR on qkv TTS, {corpus}",
                     "figure": round(100 * wer_tts, 2),
                     "unit": "%",
-                    "peer": "the same ASR on the espeak-ng recordings",
+                    "peer": "the same ASR on the recordings" if voices else "the same ASR on the espeak-ng recordings",
                     "peer_figure": round(100 * wer_ref, 2),
-                    "target": {"max": 15},
+                    "target": None if voices else {"max": 15},
                     "details": {**common, "stopped by the stop token": round(stopped, 4)},
                 },
                 {

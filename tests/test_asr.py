@@ -4,6 +4,7 @@ command line reads files, folders and lists, names bad files, and writes what it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,14 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.checkpoint import read_meta
+from qkv.checkpoint import build_model, load_model, read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.evaluation import error_rates, normalize_transcript
 from qkv.recipes import batch_of_step, length_batches
 from qkv.speech_corpora import read_manifest
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.asr import cross_attention
+from qkv.tasks.asr import cross_attention, init_encoder
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,28 @@ def test_the_shipped_speech_recipes_load() -> None:
 def test_bad_speech_recipe_values_are_named(item, named) -> None:
     with pytest.raises(UserError, match=named.replace(".", r"\.")):
         load_recipe(None, ["task=asr", item])
+
+
+def test_a_translation_model_starts_from_a_recognizers_encoder(trained, tmp_path) -> None:
+    source, manifest, _ = trained
+    pretrained, _ = load_model(source)
+    fields = {**dataclasses.asdict(pretrained.config), "vocab_size": 37, "ctc": False, "max_len": 11}
+    model = build_model("speech_encoder_decoder", fields)  # another vocabulary and decoder window
+    assert init_encoder(model, source) == source
+    theirs, ours = pretrained.state_dict(), model.state_dict()
+    encoder = [k for k in ours if k.startswith(("frontend.", "encoder."))]
+    assert encoder and all(torch.equal(ours[k], theirs[k]) for k in encoder)
+    assert not torch.equal(
+        ours["decoder.blocks.0.cross_attn.w_q.weight"], theirs["decoder.blocks.0.cross_attn.w_q.weight"]
+    )
+    # An encoder that computes something else is refused, naming the field.
+    wider = build_model("speech_encoder_decoder", {**fields, "d_ff": 71})
+    with pytest.raises(UserError, match=r"train\.init_encoder: .* has model d_ff=64; the recipe says 71"):
+        init_encoder(wider, source)
+    # Through a recipe: the run says where its encoder came from.
+    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_encoder={source}"])
+    summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
+    assert summary["init_encoder"] == str(source) and read_meta(tmp_path / "st")["init_encoder"] == str(source)
 
 
 # ------------------------------------------------------------------ qkv transcribe

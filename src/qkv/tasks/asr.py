@@ -20,6 +20,7 @@ What is not here: features (``audio.py``), the corpora (``speech_corpora.py``), 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,8 @@ import torch
 from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
-from qkv.checkpoint import build_model
+from qkv.blocks import BlockConfig
+from qkv.checkpoint import build_model, load_model, model_dir
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
@@ -103,6 +105,7 @@ ASR_DEFAULTS: dict = {
         "time_width": 40,
         "time_ratio": 0.2,
         "time_warp": 0,
+        "init_encoder": None,  # a speech model directory whose front-end and encoder start ours
         **FIT_TRAIN_DEFAULTS,
         "label_smoothing": 0.1,
     },
@@ -307,6 +310,37 @@ def draw_cross_attention(
 # Training
 # ---------------------------------------------------------------------------------------------
 
+# The config fields that decide what the front-end and encoder compute: every per-block field
+# but the decoder's window, its positions and the dropouts, and the speech encoder's own fields.
+_NOT_ENCODER = ("max_len", "positions", "dropout", "attention_dropout")
+ENCODER_FIELDS = (
+    *(f.name for f in dataclasses.fields(BlockConfig) if f.name not in _NOT_ENCODER),
+    *("n_encoder_layers", "features", "frontend", "conv_channels", "encoder_positions", "key_bias"),
+)
+ENCODER_PARTS = ("frontend.", "encoder.")  # the state-dict prefixes of the front-end and the encoder
+
+
+def init_encoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
+    """Start ``model``'s front-end and encoder from the speech model in ``source``; the decoder,
+    embeddings, output layer and CTC head stay as built. Speech translation learns faster from an
+    encoder that has already learnt to listen, trained on speech recognition (Bansal et al.,
+    2019, "Pre-training on High-Resource Speech Recognition Improves Low-Resource
+    Speech-to-Text Translation"): the decoder then reads encoder frames that mean sounds instead
+    of learning to listen and to translate at once. The encoder fields (:data:`ENCODER_FIELDS`)
+    must agree, else a UserError names the first that differs. Returns the model directory read."""
+    directory = model_dir(Path(source).expanduser())
+    pretrained, _ = load_model(directory, kind="speech_encoder_decoder")
+    for name in ENCODER_FIELDS:
+        theirs, ours = getattr(pretrained.config, name), getattr(model.config, name)
+        if theirs != ours:
+            raise UserError(f"train.init_encoder: {directory} has model {name}={theirs}; the recipe says {ours}")
+    weights = {k: v for k, v in pretrained.state_dict().items() if k.startswith(ENCODER_PARTS)}
+    missing = [k for k in model.state_dict() if k.startswith(ENCODER_PARTS) and k not in weights]
+    if missing:  # the same fields give the same parameters; a file that lacks some is not a qkv model
+        raise UserError(f"train.init_encoder: {directory} lacks the encoder weight {missing[0]}")
+    model.load_state_dict(weights, strict=False)
+    return directory
+
 
 def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
     if last is not None:
@@ -348,6 +382,11 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         "eos_id": tokenizer.eos_id,
     }
     model = build_model("speech_encoder_decoder", fields)
+    encoder_from = None  # resumed, the checkpoint has the encoder already: only its source is named
+    if train["init_encoder"] is not None:
+        encoder_from = str(model_dir(Path(train["init_encoder"]).expanduser()))
+        if last is None:
+            encoder_from = str(init_encoder(model, train["init_encoder"]))
     config = model.config.features
     targets = tokenizer.encode_batch(texts)
     keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
@@ -419,7 +458,8 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
     scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
     timing = {**audio_timing(result), "wall_seconds": time.perf_counter() - began}  # wall: corpus to scores
-    save_model_dir(model, tokenizer, out, extra={"task": "asr", "recipe": recipe, **scores, **timing})
+    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, **scores, **timing}
+    save_model_dir(model, tokenizer, out, extra=extra)
     first = evaluation["first_features"]
     draw_cross_attention(
         model,
@@ -432,6 +472,7 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     return {
         **{k: v for k, v in evaluation.items() if not k.startswith("first_")},
         "problems": problems,
+        "init_encoder": encoder_from,
         **fit_summary(result, model, tokenizer),
     }
 
@@ -547,6 +588,7 @@ TASK = Task(
         ("train", "time_width"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "time_ratio"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("train", "time_warp"): (int, lambda v: v >= 0, "an integer >= 0"),
+        ("train", "init_encoder"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
     },
     check=_check,
     rate_unit="audio_seconds",
