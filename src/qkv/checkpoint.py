@@ -193,18 +193,6 @@ def state_once(model: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def _unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """State dict with each shared tensor (tied embeddings) kept once, under its first name."""
-    seen: set[int] = set()
-    state = {}
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        state[name] = tensor
-    return state
-
-
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -279,7 +267,7 @@ def save_model(
         raise UserError(f"cannot create {directory.parent}: {e.strerror}") from None
     with atomic_directory(directory) as tmp:
         if shards is None:
-            state = {k: v.detach().contiguous().cpu() for k, v in _unique_state(model).items()}
+            state = {k: v.detach().contiguous().cpu() for k, v in state_once(model).items()}
             save_file(state, tmp / "model.safetensors")
         hashes = {}
         for name, source in (files or {}).items():
@@ -410,7 +398,7 @@ def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model
                 raise
             raise UserError(f"{weights} cannot be read as safetensors: {_first_line(e)}") from None
     with torch.no_grad():
-        for name, target in _unique_state(model).items():
+        for name, target in state_once(model).items():
             if not bool(torch.isfinite(tensors[name]).all()):
                 raise UserError(f"{weights}: tensor {name} holds NaN or infinite values (a damaged file?)")
             target.copy_(tensors[name])
