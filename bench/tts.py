@@ -77,6 +77,11 @@ def main() -> int:
         default=None,
         help="held-out sentences to speak (default 200; FSDD: the whole test split)",
     )
+    p.add_argument(
+        "--stop-threshold",
+        type=float,
+        help="end a sentence when its stop probability passes this (default: the recipe's)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
     args = p.parse_args()
 
@@ -86,7 +91,7 @@ def main() -> int:
     from qkv.checkpoint import load_model, model_dir
     from qkv.evaluation import error_rates
     from qkv.tasks.asr import transcribe
-    from qkv.tasks.tts import load_corpus, reading_of, speak
+    from qkv.tasks.tts import load_corpus, speak, speaking_of
     from qkv.tokenization import FILE, Tokenizer
 
     tts_dir, asr_dir = model_dir(args.tts), model_dir(args.asr)
@@ -100,7 +105,10 @@ def main() -> int:
     speakers = [voices.index(u.speaker) for u in test] if voices else None  # each in its speaker's voice
     torch.manual_seed(0)
     start = time.perf_counter()
-    spoken = speak(tts, tts_tokens, texts, speakers=speakers, **reading_of(tts_meta))
+    settings = speaking_of(tts_meta)
+    if args.stop_threshold is not None:
+        settings["stop_threshold"] = args.stop_threshold
+    spoken = speak(tts, tts_tokens, texts, speakers=speakers, **settings)
     seconds = time.perf_counter() - start
     rate = tts.config.features.sample_rate
     audio = sum(w.numel() for _, w in spoken) / rate
@@ -123,7 +131,12 @@ def main() -> int:
     mcd_mean = sum(mcd) / len(mcd)
     print(f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the recordings: {100 * wer_ref:.2f}%")
     print(f"MCD (DTW) {mcd_mean:.2f} dB; real-time factor {seconds / audio:.3f}; {100 * stopped:.0f}% stopped")
-    common = {"sentences": len(test), "tts": str(tts_dir), "asr": str(asr_dir)}
+    common = {
+        "sentences": len(test),
+        "tts": str(tts_dir),
+        "asr": str(asr_dir),
+        "stop threshold": settings["stop_threshold"],
+    }
     per_speaker = []
     for name in voices:
         rows = [i for i, u in enumerate(test) if u.speaker == name]

@@ -15,7 +15,7 @@ from qkv.checkpoint import read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.tts import normalize_text
+from qkv.tasks.tts import normalize_text, speaking_of
 from speech_data import tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +98,18 @@ def test_speak_writes_one_wav_per_sentence(trained, capsys, tmp_path, monkeypatc
     assert rc == 0 and [r["text"] for r in records] == ["do", "so ti mi", "mi"]
     assert [Path(r["path"]).name for r in records] == ["0001.wav", "0002.wav", "0003.wav"]
     assert all(soundfile.info(r["path"]).samplerate == 22050 for r in records)
+
+
+def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_path) -> None:
+    model, _ = trained
+    assert speaking_of(read_meta(model))["stop_threshold"] == 0.5  # the recipe default
+    assert speaking_of({"recipe": {"data": {"stop_threshold": 0.2}}})["stop_threshold"] == 0.2
+    seconds = {}
+    for threshold in ("0.000001", "0.999999"):  # at once, and (almost) never: the --max-seconds cap
+        argv = ["speak", "--model", str(model), "--speaker", "tones", "--text", "do mi so", "--max-seconds", "0.6"]
+        assert main([*argv, "--stop-threshold", threshold, "--output", str(tmp_path / f"{threshold}.wav")]) == 0
+        seconds[threshold] = float(capsys.readouterr().out.split("\t")[1])
+    assert seconds["0.000001"] < 0.1 < 0.55 < seconds["0.999999"]
 
 
 @pytest.mark.parametrize(

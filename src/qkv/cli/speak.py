@@ -31,7 +31,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
 
     from qkv.checkpoint import load_model, model_dir
     from qkv.progress import progress
-    from qkv.tasks.tts import reading_of, speak
+    from qkv.tasks.tts import speak, speaking_of
     from qkv.tokenization import FILE, Tokenizer
     from qkv.vocoder import write_wav
 
@@ -78,7 +78,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_seconds=args.max_seconds,
         on_batch=bar.update,
-        **reading_of(meta),
+        **{**speaking_of(meta), **({"stop_threshold": args.stop_threshold} if args.stop_threshold else {})},
     )
     bar.close()
     elapsed = time.perf_counter() - start
@@ -130,6 +130,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=number(float, lambda v: v > 0, "a positive number of seconds"),
         default=20.0,
         help="stop a sentence that has not ended by this length (default 20)",
+    )
+    p.add_argument(
+        "--stop-threshold",
+        type=number(float, lambda v: 0 < v < 1, "a probability between 0 and 1"),
+        help="end a sentence when its stop probability passes this (default: the model's recipe, data.stop_threshold)",
     )
     p.add_argument("--batch-size", type=positive_int, default=16, help="sentences synthesized at once (default 16)")
     p.add_argument("--seed", type=seed, default=0, help="the pre-net dropout's draws (default 0)")

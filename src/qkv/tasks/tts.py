@@ -180,11 +180,15 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
     return normal
 
 
-def reading_of(meta: dict) -> dict:
-    """How the model of a directory's ``config.json`` reads text: ``symbols`` and ``voice`` (the
-    keyword arguments of :func:`readings`), from the recipe it was trained with."""
+def speaking_of(meta: dict) -> dict:
+    """How the model of a directory reads text and when it stops, from the recipe it was trained
+    with: ``symbols``, ``voice`` and ``stop_threshold`` (keyword arguments of :func:`speak`)."""
     data = (meta.get("recipe") or {}).get("data") or {}
-    return {"symbols": data.get("symbols", "chars"), "voice": data.get("voice", "en-us")}
+    return {
+        "symbols": data.get("symbols", "chars"),
+        "voice": data.get("voice", "en-us"),
+        "stop_threshold": float(data.get("stop_threshold", 0.5)),
+    }
 
 
 def symbol_ids(
@@ -269,7 +273,7 @@ def speak(
     """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
     Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (N,) at the model's
     rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
-    dropout stays on. ``symbols`` and ``voice``: how the model reads text (:func:`reading_of`)."""
+    dropout stays on. ``symbols``, ``voice``, ``stop_threshold``: the model's (:func:`speaking_of`)."""
     ids = symbol_ids(tokenizer, texts, symbols=symbols, voice=voice)
     c = model.config.features
     max_frames = int(max_seconds * c.sample_rate / c.hop_length)
