@@ -72,6 +72,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     model, meta = load_model(path, kind="speech_encoder_decoder")
     recipe = meta.get("recipe") or recipe
     summary = score_model(model, Tokenizer.load(path / FILE), recipe)
+    summary["init_encoder"] = meta.get("init_encoder")
     # A model saved before these were recorded has none: they are left out, never made up.
     for key, name in (("train_seconds", "train_seconds"), ("audio_seconds_per_second", "tokens_per_second")):
         if key in meta:

@@ -23,7 +23,7 @@ Intelligibility is then reported per speaker as digits right, 1 − WER (inserti
 it), beside the same ASR on that speaker's recordings of the same strings (the issue's target:
 ≥ 95% for every speaker)::
 
-    python bench/tts.py --tts runs/tts_fsdd --asr runs/digit_strings
+    python bench/tts.py --tts runs/tts_fsdd --asr runs/bench_digit_strings
 
 Records go to ``bench/results/tts.json`` (``--no-record``: print only).
 """
@@ -61,6 +61,8 @@ def mel_cepstral_distortion(log_mel, reference) -> float:
 
 
 def main() -> int:
+    from qkv.cli.common import number
+
     p = argparse.ArgumentParser(
         description="TTS benchmark: ASR WER of synthesized speech, mel-cepstral distortion, real-time factor.",
         epilog="example: python bench/tts.py --tts runs/tts_en --asr runs/speech_en",
@@ -79,7 +81,7 @@ def main() -> int:
     )
     p.add_argument(
         "--stop-threshold",
-        type=float,
+        type=number(float, lambda v: 0 < v < 1, "a probability between 0 and 1"),
         help="end a sentence when its stop probability passes this (default: the recipe's)",
     )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
@@ -102,6 +104,9 @@ def main() -> int:
     count = args.sentences if args.sentences is not None else (None if voices else 200)
     test = load_corpus(tts_meta["recipe"]["data"])["test"][:count]
     texts = [u.text for u in test]
+    unknown = sorted({u.speaker for u in test} - set(voices)) if voices else []
+    if unknown:
+        raise SystemExit(f"{tts_dir} has no voice for the test speaker(s) {', '.join(unknown)}")
     speakers = [voices.index(u.speaker) for u in test] if voices else None  # each in its speaker's voice
     torch.manual_seed(0)
     start = time.perf_counter()

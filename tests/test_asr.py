@@ -127,6 +127,10 @@ def test_a_translation_model_starts_from_a_recognizers_encoder(trained, tmp_path
     wider = build_model("speech_encoder_decoder", {**fields, "d_ff": 71})
     with pytest.raises(UserError, match=r"train\.init_encoder: .* has model d_ff=64; the recipe says 71"):
         init_encoder(wider, source)
+    # A source that is missing is named by its recipe key before any data is read.
+    missing = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.init_encoder={tmp_path / 'none'}"])
+    with pytest.raises(UserError, match=r"^train\.init_encoder: model directory .*none does not exist"):
+        TASKS["asr"].train(missing, tmp_path / "never", progress=False)
     # Through a recipe: the run says where its encoder came from.
     recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_encoder={source}"])
     summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)

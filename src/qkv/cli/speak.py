@@ -69,6 +69,9 @@ def cmd_speak(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
     torch.manual_seed(args.seed)
     bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
+    settings = speaking_of(meta)  # how the model reads text and when it stops, as trained
+    if args.stop_threshold is not None:
+        settings["stop_threshold"] = args.stop_threshold
     start = time.perf_counter()
     results = speak(
         model,
@@ -78,7 +81,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_seconds=args.max_seconds,
         on_batch=bar.update,
-        **{**speaking_of(meta), **({"stop_threshold": args.stop_threshold} if args.stop_threshold else {})},
+        **settings,
     )
     bar.close()
     elapsed = time.perf_counter() - start

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.blocks import BlockConfig
-from qkv.checkpoint import build_model, load_model, model_dir
+from qkv.checkpoint import build_model, load_model, model_dir, read_meta
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
@@ -320,6 +320,20 @@ ENCODER_FIELDS = (
 ENCODER_PARTS = ("frontend.", "encoder.")  # the state-dict prefixes of the front-end and the encoder
 
 
+def encoder_source(source: str | Path) -> Path:
+    """The speech model directory ``train.init_encoder`` names (a training run: its final
+    checkpoint), checked before any data is read: a UserError beginning with the key if it is
+    missing, unreadable or not a speech encoder–decoder."""
+    try:
+        directory = model_dir(Path(source).expanduser())
+        kind = read_meta(directory)["kind"]
+    except UserError as e:
+        raise UserError(f"train.init_encoder: {e}") from None
+    if kind != "speech_encoder_decoder":
+        raise UserError(f"train.init_encoder: {directory} holds a {kind} model; this needs a speech model")
+    return directory
+
+
 def init_encoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
     """Start ``model``'s front-end and encoder from the speech model in ``source``; the decoder,
     embeddings, output layer and CTC head stay as built. Speech translation learns faster from an
@@ -328,8 +342,11 @@ def init_encoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
     Speech-to-Text Translation"): the decoder then reads encoder frames that mean sounds instead
     of learning to listen and to translate at once. The encoder fields (:data:`ENCODER_FIELDS`)
     must agree, else a UserError names the first that differs. Returns the model directory read."""
-    directory = model_dir(Path(source).expanduser())
-    pretrained, _ = load_model(directory, kind="speech_encoder_decoder")
+    directory = encoder_source(source)
+    try:
+        pretrained, _ = load_model(directory, kind="speech_encoder_decoder")
+    except UserError as e:  # a damaged file: said as the recipe key that named it
+        raise UserError(f"train.init_encoder: {e}") from None
     for name in ENCODER_FIELDS:
         theirs, ours = getattr(pretrained.config, name), getattr(model.config, name)
         if theirs != ours:
@@ -368,6 +385,10 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
+    # The encoder's source is checked before the corpus is read; resumed, the checkpoint holds
+    # the encoder already and the source is only named (as the recipe gives it).
+    source = encoder_source(train["init_encoder"]) if train["init_encoder"] is not None and last is None else None
+    encoder_from = train["init_encoder"]
     corpus, test_split = load_corpus(data)
     translate, normalize = bool(data["translate"]), bool(data["normalize"])
     train_utts = corpus["train"]
@@ -382,11 +403,8 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         "eos_id": tokenizer.eos_id,
     }
     model = build_model("speech_encoder_decoder", fields)
-    encoder_from = None  # resumed, the checkpoint has the encoder already: only its source is named
-    if train["init_encoder"] is not None:
-        encoder_from = str(model_dir(Path(train["init_encoder"]).expanduser()))
-        if last is None:
-            encoder_from = str(init_encoder(model, train["init_encoder"]))
+    if source is not None:
+        encoder_from = str(init_encoder(model, source))
     config = model.config.features
     targets = tokenizer.encode_batch(texts)
     keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
