@@ -183,12 +183,8 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
 def speaking_of(meta: dict) -> dict:
     """How the model of a directory reads text and when it stops, from the recipe it was trained
     with: ``symbols``, ``voice`` and ``stop_threshold`` (keyword arguments of :func:`speak`)."""
-    data = (meta.get("recipe") or {}).get("data") or {}
-    return {
-        "symbols": data.get("symbols", "chars"),
-        "voice": data.get("voice", "en-us"),
-        "stop_threshold": float(data.get("stop_threshold", 0.5)),
-    }
+    data = {**TTS_DEFAULTS["data"], **((meta.get("recipe") or {}).get("data") or {})}
+    return {"symbols": data["symbols"], "voice": data["voice"], "stop_threshold": float(data["stop_threshold"])}
 
 
 def symbol_ids(
