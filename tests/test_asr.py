@@ -73,6 +73,25 @@ def test_cross_attention_rows_are_distributions_over_the_frames(trained) -> None
     assert torch.allclose(weights.sum(-1), torch.ones(model.config.n_heads, 4), atol=1e-5)
 
 
+def test_the_model_is_saved_before_the_test_set_is_decoded(tmp_path, monkeypatch) -> None:
+    """A failure (or Ctrl-C) while scoring does not lose the training: the model directory is
+    already written, loadable, without scores."""
+    import qkv.tasks.asr as asr
+
+    def fails(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(asr, "score_model", fails)
+    manifest = tone_corpus(tmp_path / "tones", utterances=4)
+    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=3"])
+    with pytest.raises(KeyboardInterrupt):
+        TASKS["asr"].train(recipe, tmp_path / "model", progress=False)
+    meta = read_meta(tmp_path / "model")
+    assert meta["steps"] == 3 and "wer" not in meta
+    assert not (tmp_path / "model" / "last").exists()
+    load_model(tmp_path / "model")
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 500), min_size=1, max_size=60), st.integers(1, 2000))
 def test_length_batches_hold_every_utterance_once_within_the_budget(frames, budget) -> None:

@@ -678,14 +678,15 @@ def beam_search(
     window is full) finish there. With ``beam_size=1`` this is exactly greedy search.
 
     ``ctc_weight`` λ (a speech model with a CTC head): joint CTC/attention decoding (Watanabe et
-    al., 2017, as ESPnet scores it). Each step, the best max(⌊1.5·W⌋, W + 1) tokens of
-    a beam by attention are its candidates; each is scored (1 − λ)·log p_attention(c | g) +
+    al., 2017, as ESPnet scores it). Each step, END and the best max(⌊1.5·W⌋, W + 1) − 1
+    other tokens of a beam by attention are its candidates (END always: a beam can always
+    end, so every input gets a hypothesis); each is scored (1 − λ)·log p_attention(c | g) +
     λ·(log ψ(g + c) − log ψ(g)) with the CTC prefix probabilities ψ of
     :class:`CTCPrefixScorer` (so a hypothesis' score is (1 − λ)·log p_attention + λ·log ψ),
     every other token −∞. λ = 1 is CTC prefix beam search guided by the decoder's candidates.
     λ = 0 runs all of it with the CTC term weighted zero and returns exactly what ``None``
-    (attention only) returns: a beam's candidates always include the W + 1 that its search
-    could take.
+    (attention only) returns: a beam's candidates always include END and the W others that
+    its search could keep.
 
     ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
     before the search and left out of every hypothesis (and of its length).
@@ -731,7 +732,12 @@ def beam_search(
     for step in range(max(caps)):
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B*W, V)
         if scorer is not None:
-            ctc_candidates = logp.topk(pre_beam, dim=-1).indices  # (B*W, C)
+            # END is always a candidate. Its CTC score is the whole hypothesis' probability, finite
+            # for every live beam; without it, a beam whose other candidates all have no CTC
+            # alignment left (a prefix as long as the frames allow) could neither end nor go on,
+            # and the input would finish with no hypothesis at all.
+            ranked = logp if eos is None else logp.index_fill(1, torch.tensor([eos], device=device), float("inf"))
+            ctc_candidates = ranked.topk(pre_beam, dim=-1).indices  # (B*W, C)
             psi, gamma = scorer.score(prefixes, ctc_candidates)  # (B*W, C), (S, 2, B*W, C)
             joint = (1.0 - ctc_weight) * logp.gather(1, ctc_candidates)  # (B*W, C)
             if ctc_weight > 0.0:

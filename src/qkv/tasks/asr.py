@@ -472,10 +472,13 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     train_feats.clear()  # the training features' memory, before the test set's
+    # Saved before the test set is decoded (an hour's training is not lost to a failure or a
+    # Ctrl-C while scoring), and again with the scores.
+    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, **audio_timing(result)}
+    save_model_dir(model, tokenizer, out, extra=extra)
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
     scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
-    timing = {**audio_timing(result), "wall_seconds": time.perf_counter() - began}  # wall: corpus to scores
-    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, **scores, **timing}
+    extra.update(scores, wall_seconds=time.perf_counter() - began)  # wall: corpus to scores
     save_model_dir(model, tokenizer, out, extra=extra)
     first = evaluation["first_features"]
     draw_cross_attention(
