@@ -7,7 +7,7 @@ beside the peer the issue names, with the wall time (corpus building included).
     python bench/asr.py speech_en                               # espeak-ng English, unseen voices
     python bench/asr.py speech_de_en                            # German speech -> English text
     python bench/asr.py speech_de                               # German speech recognition
-    python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en
+    python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en_asr
 
 ``fsdd``: ``recipes/fsdd_digits.yaml``; the figure is the share of the 300 test files (recordings
 0–4 of every digit and speaker) transcribed exactly right (target ≥ 97%). With ``--whisper DIR``
@@ -17,8 +17,9 @@ and its accuracy is the peer figure. ``digit_strings``: WER on the held-out spea
 ``speech_en``: WER on test2016 spoken by voice variants never trained on (≤ 10%).
 ``speech_de_en``: end-to-end BLEU (sacreBLEU 13a, lowercased; ≥ 25). With ``--cascade ASR MT``
 the same test utterances also go through the cascade, German speech recognition
-(``recipes/speech_de.yaml``) then qkv's de->en translation (``recipes/multi30k_de_en.yaml``),
-scored the same way and printed beside it (the German WER is recorded too). ``speech_de``: the
+(``recipes/speech_de.yaml``) then qkv's de->en translation (``recipes/multi30k_de_en.yaml``,
+best trained with ``--set data.source_as_transcript=true``: on sources as the recognizer writes
+them), scored the same way and printed beside it (the German WER is recorded too). ``speech_de``: the
 cascade's German recognizer on its own, WER on test2016 spoken by unseen voice variants.
 
 Without ``--model`` the recipe is trained into ``--out`` (default ``runs/bench_<name>``); the
@@ -85,7 +86,7 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     test utterances of the German corpus (those the end-to-end model was scored on), and the
     recognizer's German WER. The translation model reads what the recognizer writes (normalised
     transcripts: lowercase, no punctuation), as a cascade does."""
-    from qkv.checkpoint import load_model, model_dir
+    from qkv.checkpoint import load_model, model_dir, read_meta
     from qkv.evaluation import corpus_scores
     from qkv.loading import load_for_generation
     from qkv.seq2seq import beam_translate
@@ -104,7 +105,9 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     mt, vocab = load_for_generation(str(mt_dir))
     english = beam_translate(mt, vocab, german["hypotheses"], beam_size=4)
     bleu = corpus_scores(english, references, tokenize="13a", lowercase=True)
-    return {"bleu": bleu["bleu"], "wer": german["wer"]}
+    # Whether the translation model learnt on sources like the transcripts it reads here.
+    data = (read_meta(model_dir(mt_dir)).get("recipe") or {}).get("data", {})
+    return {"bleu": bleu["bleu"], "wer": german["wer"], "mt_reads_transcripts": bool(data.get("source_as_transcript"))}
 
 
 def main() -> int:
@@ -164,6 +167,7 @@ def main() -> int:
         peer, peer_figure = "the cascade: qkv German ASR, then qkv de->en translation", chained["bleu"]
         details["cascade: German ASR WER (%)"] = round(100 * chained["wer"], 2)
         details["cascade models"] = list(args.cascade)
+        details["cascade MT trained on transcript-like sources"] = chained["mt_reads_transcripts"]
     print(f"{metric}: qkv {figure:.2f} {unit}" + (f"  |  {peer}: {peer_figure:.2f} {unit}" if peer else ""))
     if "train_seconds" in summary and wall is not None:
         print(

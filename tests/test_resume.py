@@ -187,6 +187,11 @@ def test_kills_during_saves_never_leave_a_partial_checkpoint(tmp_path):
         assert torch.all(next(loaded.parameters()) == version)
         versions.add(version)
     assert len(versions) > 20  # the kills landed at many different moments
+    # The trainer's state is staged beside the checkpoint (not in /tmp): what killed saves left
+    # of it, the next save removes.
+    save_checkpoint(model, last, files={}, extra={"version": -1}, trainer=trainer, progress={"version": -1})
+    assert not (tmp_path / ".last.state").exists() and read_meta(last)["version"] == -1
+    assert all(p.name == "last" or p.name.startswith(".last.") for p in tmp_path.iterdir())
 
 
 def _tiny_gpt() -> DecoderOnly:

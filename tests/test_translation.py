@@ -717,3 +717,27 @@ def test_resume_refuses_changed_data_files(tmp_path) -> None:
     grown = [*overrides[:5], "train.steps=4", *overrides[6:]]
     with pytest.raises(UserError, match=r"1\.en changed since .* began"):
         train_translation(load_recipe(RECIPE, grown), run, progress=False, resume=True)
+
+
+def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path) -> None:
+    """data.source_as_transcript: sources are read as a speech recognizer writes them (the
+    cascade's second half reads the first half's transcripts), so the source vocabulary holds
+    no capital or comma; without it, it does. Targets are kept as they are."""
+    overrides = _overrides(tmp_path, steps=2)
+    for name in ("1.de", "2.de"):
+        path = tmp_path / name
+        path.write_text("".join(f"{line.capitalize()}, ja.\n" for line in path.read_text().splitlines()))
+    (tmp_path / "1.en").write_text("".join(f"{line}.\n" for line in (tmp_path / "1.en").read_text().splitlines()))
+
+    def pieces(*extra: str) -> tuple[set[str], set[str]]:
+        recipe = load_recipe(RECIPE, [*overrides, *SEPARATE, *extra])
+        vocab = train_translation(recipe, tmp_path / f"run{len(extra)}", progress=False)["tokenizer"]
+        return _pieces(vocab.source), _pieces(vocab.target)
+
+    def marked(p: str) -> bool:
+        return any(c.isupper() or c in ",." for c in p)
+
+    plain_source, plain_target = pieces()
+    source, target = pieces("data.source_as_transcript=true")
+    assert any(marked(p) for p in plain_source) and not any(marked(p) for p in source)
+    assert target == plain_target and any("." in p for p in target)

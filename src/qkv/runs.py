@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -131,21 +130,35 @@ def _write_checkpoint(
     progress: dict | None,
 ) -> None:
     """What :func:`save_checkpoint` writes: the model directory, and ``state`` (a trainer's
-    tensors and metadata) beside it."""
-    with tempfile.TemporaryDirectory() as tmp:
-        files = dict(files)
-        if state is not None:
-            tensors, meta = state
-            try:
-                save_file(tensors, Path(tmp) / TRAINER_TENSORS)
-                (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
-            except (OSError, SafetensorError) as e:
-                if storage_errno(e) is None:
-                    raise
-                raise storage_error(directory, e) from None
-            files[TRAINER_TENSORS] = Path(tmp) / TRAINER_TENSORS
-            files[TRAINER_STATE] = Path(tmp) / TRAINER_STATE
+    tensors and metadata) beside it.
+
+    The trainer's files are staged beside ``directory`` and moved in, not written to the
+    system's temporary directory and copied: the optimizer's moments, twice the model's size,
+    are written once, and a save killed midway leaves them where the next save removes them
+    (``.NAME.state``), not in /tmp."""
+    if state is None:
         save_model(model, directory, files=files, extra=extra)
+        return
+    tensors, meta = state
+    staging = directory.with_name(f".{directory.name}.state")
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)  # a killed save's pieces
+        staging.mkdir()
+        save_file(tensors, staging / TRAINER_TENSORS)
+        (staging / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if storage_errno(e) is not None:
+            raise storage_error(directory, e) from None
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write {staging}: {e.strerror or e}") from None
+        raise
+    try:
+        moved = {name: (staging / name, sha256_file(staging / name)) for name in (TRAINER_TENSORS, TRAINER_STATE)}
+        save_model(model, directory, files=files, extra=extra, moved=moved)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _save_sharded(
@@ -178,10 +191,9 @@ def _save_sharded(
             shards = {
                 f.name: (f, digests.get(f.name) or sha256_file(f)) for f in sorted(staging.glob("shard-*.safetensors"))
             }
-            with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
-                named = {**files, TRAINER_STATE: Path(tmp) / TRAINER_STATE}
-                save_model(model, directory, files=named, moved=shards, extra=extra, shards=world().size)
+            (staging / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+            shards[TRAINER_STATE] = (staging / TRAINER_STATE, sha256_file(staging / TRAINER_STATE))
+            save_model(model, directory, files=files, moved=shards, extra=extra, shards=world().size)
         except BaseException as e:  # every worker must hear of it
             failure = e
         finally:

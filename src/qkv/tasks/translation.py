@@ -42,6 +42,7 @@ from qkv.errors import UserError
 from qkv.evaluation import (
     BLEU_TOKENIZERS,
     corpus_scores,
+    normalize_transcript,
 )
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.progress import progress as progress_report
@@ -125,6 +126,7 @@ TRANSLATION_DEFAULTS: dict = {
         "train": ["multi30k/train.de", "multi30k/train.en"],
         "valid": ["multi30k/val.de", "multi30k/val.en"],
         "reverse": False,  # swap the sides: translate the second file/column into the first
+        "source_as_transcript": False,  # sources as a speech recognizer writes them (a cascade's MT)
         "train_pairs": None,  # use only the first N training pairs
         "valid_pairs": None,  # validate on the first N validation pairs
         # "joint": one vocabulary trained on both sides; "separate": a source vocabulary trained on
@@ -429,6 +431,8 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     valid = read_parallel(*data["valid"])[: data["valid_pairs"]]
     if data["reverse"]:
         pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
+    if data["source_as_transcript"]:  # lowercase, no punctuation: what the cascade's first half writes
+        pairs, valid = ([(normalize_transcript(a), b) for a, b in p] for p in (pairs, valid))
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
     start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
     vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
@@ -776,6 +780,7 @@ TASK = Task(
         ("data", "long"): (str, lambda v: v in ("drop", "truncate"), "drop or truncate"),
         ("data", "bleu_tokenize"): (str, lambda v: v in BLEU_TOKENIZERS, f"one of {', '.join(BLEU_TOKENIZERS)}"),
         ("data", "lowercase"): (bool, lambda v: True, "true or false"),
+        ("data", "source_as_transcript"): (bool, lambda v: True, "true or false"),
     },
     check=_check_vocabularies,
     tuning_fields=ENCODER_DECODER_TUNING_FIELDS,
