@@ -132,6 +132,10 @@ def main() -> int:
         pairs = [(b, a) for a, b in pairs]  # the TSV is zh<TAB>en
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
     data = recipe["data"]
+    if data.get("source_as_transcript"):  # a cascade's translation model reads what a recognizer writes
+        from qkv.evaluation import normalize_transcript
+
+        sources = [normalize_transcript(a) for a in sources]
 
     def translated(model) -> list[str]:
         return beam_translate(

@@ -731,7 +731,8 @@ def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path) -> N
 
     def pieces(*extra: str) -> tuple[set[str], set[str]]:
         recipe = load_recipe(RECIPE, [*overrides, *SEPARATE, *extra])
-        vocab = train_translation(recipe, tmp_path / f"run{len(extra)}", progress=False)["tokenizer"]
+        run = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+        vocab = train_translation(recipe, run, progress=False)["tokenizer"]
         return _pieces(vocab.source), _pieces(vocab.target)
 
     def marked(p: str) -> bool:
@@ -741,3 +742,7 @@ def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path) -> N
     source, target = pieces("data.source_as_transcript=true")
     assert any(marked(p) for p in plain_source) and not any(marked(p) for p in source)
     assert target == plain_target and any("." in p for p in target)
+    lines = (tmp_path / "1.de").read_text().splitlines()
+    (tmp_path / "1.de").write_text("\n".join([*lines[:6], "...", *lines[7:]]) + "\n")
+    with pytest.raises(UserError, match=r"1\.de:7: no words"):
+        pieces("data.source_as_transcript=true")

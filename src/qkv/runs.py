@@ -142,22 +142,21 @@ def _write_checkpoint(
     tensors, meta = state
     staging = directory.with_name(f".{directory.name}.state")
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)  # a killed save's pieces
-        staging.mkdir()
-        save_file(tensors, staging / TRAINER_TENSORS)
-        (staging / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
-    except (OSError, SafetensorError) as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        if storage_errno(e) is not None:
-            raise storage_error(directory, e) from None
-        if isinstance(e, OSError):
-            raise UserError(f"cannot write {staging}: {e.strerror or e}") from None
-        raise
-    try:
+        try:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(staging, ignore_errors=True)  # a killed save's pieces
+            staging.mkdir()
+            save_file(tensors, staging / TRAINER_TENSORS)
+            (staging / TRAINER_STATE).write_text(json.dumps({"trainer": meta, "progress": progress or {}}))
+        except (OSError, SafetensorError) as e:
+            if storage_errno(e) is not None:
+                raise storage_error(directory, e) from None
+            if isinstance(e, OSError):
+                raise UserError(f"cannot write {staging}: {e.strerror or e}") from None
+            raise
         moved = {name: (staging / name, sha256_file(staging / name)) for name in (TRAINER_TENSORS, TRAINER_STATE)}
         save_model(model, directory, files=files, extra=extra, moved=moved)
-    finally:
+    finally:  # on any exception too (a second Ctrl-C during the save): twice the model's size
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -433,6 +433,12 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
     if data["source_as_transcript"]:  # lowercase, no punctuation: what the cascade's first half writes
         pairs, valid = ([(normalize_transcript(a), b) for a, b in p] for p in (pairs, valid))
+        for files, p in ((data["train"], pairs), (data["valid"], valid)):
+            if (line := next((i for i, (a, _) in enumerate(p, 1) if not a), None)) is not None:
+                where = files[-1 if data["reverse"] else 0]
+                raise UserError(
+                    f"{where}:{line}: no words left lowercased without punctuation (data.source_as_transcript)"
+                )
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
     start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
     vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
