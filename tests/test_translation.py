@@ -719,7 +719,7 @@ def test_resume_refuses_changed_data_files(tmp_path) -> None:
         train_translation(load_recipe(RECIPE, grown), run, progress=False, resume=True)
 
 
-def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path) -> None:
+def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path, capsys) -> None:
     """data.source_as_transcript: sources are read as a speech recognizer writes them (the
     cascade's second half reads the first half's transcripts), so the source vocabulary holds
     no capital or comma; without it, it does. Targets are kept as they are."""
@@ -744,5 +744,5 @@ def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path) -> N
     assert target == plain_target and any("." in p for p in target)
     lines = (tmp_path / "1.de").read_text().splitlines()
     (tmp_path / "1.de").write_text("\n".join([*lines[:6], "...", *lines[7:]]) + "\n")
-    with pytest.raises(UserError, match=r"1\.de:7: no words"):
-        pieces("data.source_as_transcript=true")
+    pieces("data.source_as_transcript=true")  # Multi30k's train.de:16510 is "@@": left out, said
+    assert "1.de: 1 sources without words left out" in capsys.readouterr().err
