@@ -106,7 +106,7 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     english = beam_translate(mt, vocab, german["hypotheses"], beam_size=4)
     bleu = corpus_scores(english, references, tokenize="13a", lowercase=True)
     # Whether the translation model learnt on sources like the transcripts it reads here.
-    data = (read_meta(model_dir(mt_dir)).get("recipe") or {}).get("data", {})
+    data = (read_meta(mt_dir).get("recipe") or {}).get("data", {})  # a run directory: its final model
     return {"bleu": bleu["bleu"], "wer": german["wer"], "mt_reads_transcripts": bool(data.get("source_as_transcript"))}
 
 

@@ -723,6 +723,7 @@ def beam_search(
         scorer = CTCPrefixScorer(log_probs, valid, blank=model.config.blank, eos=eos)
         prefixes = scorer.initial(rows)
         pre_beam = min(logits.shape[-1], max(int(CTC_PRE_BEAM * w), w + 1))
+        end = None if eos is None else torch.tensor([eos], device=device)  # (1,)
     state, logits = _select(state, rows), logits.index_select(0, rows)  # (B*W, V)
     scores = torch.full((b, w), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
@@ -736,7 +737,7 @@ def beam_search(
             # for every live beam; without it, a beam whose other candidates all have no CTC
             # alignment left (a prefix as long as the frames allow) could neither end nor go on,
             # and the input would finish with no hypothesis at all.
-            ranked = logp if eos is None else logp.index_fill(1, torch.tensor([eos], device=device), float("inf"))
+            ranked = logp if end is None else logp.index_fill(1, end, float("inf"))  # (B*W, V)
             ctc_candidates = ranked.topk(pre_beam, dim=-1).indices  # (B*W, C)
             psi, gamma = scorer.score(prefixes, ctc_candidates)  # (B*W, C), (S, 2, B*W, C)
             joint = (1.0 - ctc_weight) * logp.gather(1, ctc_candidates)  # (B*W, C)

@@ -395,7 +395,7 @@ def _checkpoint_model(checkpoint: Path, recipe: dict, *, use: str) -> EncoderDec
 def _as_transcripts(pairs: list[tuple[str, str]], file: str) -> list[tuple[str, str]]:
     """The pairs with their sources as a recognizer writes them; a source without words (Multi30k's
     train.de:16510 is "@@") is left out and counted on stderr."""
-    kept = [(normalize_transcript(a), b) for a, b in pairs if normalize_transcript(a)]
+    kept = [(a, b) for a, b in ((normalize_transcript(a), b) for a, b in pairs) if a]
     if len(kept) < len(pairs):
         print(f"qkv train: note: {file}: {len(pairs) - len(kept)} sources without words left out", file=sys.stderr)
     return kept
