@@ -742,6 +742,16 @@ def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path, caps
     source, target = pieces("data.source_as_transcript=true")
     assert any(marked(p) for p in plain_source) and not any(marked(p) for p in source)
     assert target == plain_target and any("." in p for p in target)
+    # Loaded for use (qkv translate, qkv serve), such a model reads every source as it learnt:
+    # typed text and a transcript of it are the same ids; the target side is untouched.
+    _, plain = translate_command.load_for_generation(str(tmp_path / "run0"))
+    _, reads = translate_command.load_for_generation(str(tmp_path / "run1"))
+    typed, spoken = "Ein Hund, ja.", "ein hund ja"
+    assert reads.source.encode(typed) == reads.source.encode_batch([spoken])[0]
+    assert reads.source.tokens(typed) == reads.source.tokens(spoken)
+    assert plain.source.encode(typed) != plain.source.encode(spoken)
+    assert reads.target.encode("A dog.") != reads.target.encode("a dog")
+    assert not reads.source.same_as(reads.source.reading(str.lower))  # ensembles must read alike
     lines = (tmp_path / "1.de").read_text().splitlines()
     (tmp_path / "1.de").write_text("\n".join([*lines[:6], "...", *lines[7:]]) + "\n")
     pieces("data.source_as_transcript=true")  # Multi30k's train.de:16510 is "@@": left out, said

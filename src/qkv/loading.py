@@ -20,7 +20,9 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
 
     ``speech``: the caller reads audio (``qkv transcribe``) and wants a speech encoder-decoder;
     otherwise text in, and a speech model is refused as a text-to-speech model always is,
-    naming the command that runs it.
+    naming the command that runs it. A translation model trained with
+    ``data.source_as_transcript`` reads every source lowercased without punctuation, as it
+    learnt (the source tokenizer prepares each text: ``Tokenizer.reading``).
     """
     import torch
 
@@ -45,7 +47,15 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
         model = model.to(torch.bfloat16)
     if int8:
         model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
-    return model, matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
+    vocab = matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
+    if ((meta.get("recipe") or {}).get("data") or {}).get("source_as_transcript"):
+        # Trained on sources as a speech recognizer writes them (the translation task's
+        # data.source_as_transcript): every input is read so, typed text and transcripts alike.
+        from qkv.evaluation import normalize_transcript
+        from qkv.tokenization import Vocabularies
+
+        vocab = Vocabularies(vocab.source.reading(normalize_transcript), vocab.target)
+    return model, vocab
 
 
 def matching_tokenizer(path: str, model, *, files, use: str):

@@ -29,8 +29,9 @@ What is not here: the tokenization algorithms themselves (the library's), batchi
 
 from __future__ import annotations
 
+import copy
 import json
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,7 @@ class Tokenizer:
         backend.no_truncation()
         self.backend = backend
         self.path: Path | None = None  # the file it was loaded from, named in the library's errors
+        self.prepare: Callable[[str], str] | None = None  # see reading()
         self.add_special_tokens = add_special_tokens
         if specials is None:
             specials = dict(zip(ROLES, SPECIALS, strict=True))
@@ -246,11 +248,23 @@ class Tokenizer:
             self.backend.add_special_tokens([MASK])
         return self
 
+    def reading(self, prepare: Callable[[str], str]) -> Tokenizer:
+        """This tokenizer (the same backend) with every text passed through ``prepare`` before
+        it is encoded: a model trained on texts written one way reads its inputs so (the
+        speech-translation cascade's translator reads sources as a recognizer writes them:
+        ``loading.load_for_generation``). Decoding is unchanged."""
+        reader = copy.copy(self)
+        reader.prepare = prepare
+        return reader
+
+    def _prepared(self, text: str) -> str:
+        return text if self.prepare is None else self.prepare(text)
+
     def encode(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
         """Ids of ``text``; ``add_special_tokens`` as in :meth:`encode_batch`."""
         add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
         with self._library("encode a text"):
-            return self.backend.encode(text, add_special_tokens=add).ids
+            return self.backend.encode(self._prepared(text), add_special_tokens=add).ids
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool | None = None) -> list[list[int]]:
         """Ids of each text; ``add_special_tokens`` overrides the tokenizer's own setting (a
@@ -258,12 +272,13 @@ class Tokenizer:
         training batch appends END itself)."""
         add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
         with self._library("encode a text"):
-            return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=add)]
+            prepared = [self._prepared(t) for t in texts]
+            return [e.ids for e in self.backend.encode_batch(prepared, add_special_tokens=add)]
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text`` (for labelling attention pictures)."""
         with self._library("encode a text"):
-            return self.backend.encode(text, add_special_tokens=self.add_special_tokens).tokens
+            return self.backend.encode(self._prepared(text), add_special_tokens=self.add_special_tokens).tokens
 
     def id_to_token(self, token_id: int) -> str:
         return self.backend.id_to_token(token_id) or UNK
@@ -289,9 +304,10 @@ class Tokenizer:
         """Whether ``other`` tokenizes and numbers text as this one does: the same serialized
         pipeline and vocabulary, special tokens and settings (compared as loaded, not as file
         bytes: ``tokenizers`` may write a score it read back with other digits)."""
-        return (self.specials, self.add_special_tokens, self.backend.to_str()) == (
+        return (self.specials, self.add_special_tokens, self.prepare, self.backend.to_str()) == (
             other.specials,
             other.add_special_tokens,
+            other.prepare,
             other.backend.to_str(),
         )
 
@@ -299,9 +315,10 @@ class Tokenizer:
 @dataclass(frozen=True)
 class Vocabularies:
     """The tokenizers of an encoder-decoder: ``source`` encodes what the encoder reads,
-    ``target`` encodes and decodes what the decoder writes. Joint (one vocabulary): the same
-    object twice. Separate: two tokenizers with the same special tokens at the same ids, since
-    the model has one ``pad_id``/``bos_id``/``eos_id`` for both sides (a source padded with
+    ``target`` encodes and decodes what the decoder writes. Joint (one vocabulary): one
+    tokenizer backend for both (the source side may read prepared texts: ``Tokenizer.reading``).
+    Separate: two tokenizers with the same special tokens at the same ids, since the model has
+    one ``pad_id``/``bos_id``/``eos_id`` for both sides (a source padded with
     another id would be attended to as text), and with the same ``special_tokens.json``
     settings (one such file beside both in a model directory).
     """
@@ -336,7 +353,8 @@ class Vocabularies:
 
     @property
     def separate(self) -> bool:
-        return self.target is not self.source
+        # Joint: one backend, though the source side may read its texts prepared (reading()).
+        return self.target.backend is not self.source.backend
 
     def same_as(self, other: Vocabularies) -> bool:
         """Whether ``other`` is these vocabularies: joint or separate alike, each side the same."""
