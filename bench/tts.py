@@ -110,9 +110,7 @@ def main() -> int:
     speakers = [voices.index(u.speaker) for u in test] if voices else None  # each in its speaker's voice
     torch.manual_seed(0)
     start = time.perf_counter()
-    settings = speaking_of(tts_meta)
-    if args.stop_threshold is not None:
-        settings["stop_threshold"] = args.stop_threshold
+    settings = speaking_of(tts_meta, stop_threshold=args.stop_threshold)
     spoken = speak(tts, tts_tokens, texts, speakers=speakers, **settings)
     seconds = time.perf_counter() - start
     rate = tts.config.features.sample_rate

@@ -104,6 +104,7 @@ def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_pat
     model, _ = trained
     assert speaking_of(read_meta(model))["stop_threshold"] == 0.5  # the recipe default
     assert speaking_of({"recipe": {"data": {"stop_threshold": 0.2}}})["stop_threshold"] == 0.2
+    assert speaking_of({"recipe": {"data": {"stop_threshold": 0.2}}}, stop_threshold=0.7)["stop_threshold"] == 0.7
     seconds = {}
     for threshold in ("0.000001", "0.999999"):  # at once, and (almost) never: the --max-seconds cap
         argv = ["speak", "--model", str(model), "--speaker", "tones", "--text", "do mi so", "--max-seconds", "0.6"]

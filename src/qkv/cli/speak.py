@@ -69,9 +69,8 @@ def cmd_speak(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
     torch.manual_seed(args.seed)
     bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
-    settings = speaking_of(meta)  # how the model reads text and when it stops, as trained
-    if args.stop_threshold is not None:
-        settings["stop_threshold"] = args.stop_threshold
+    # How the model reads text and when it stops, as trained (or as --stop-threshold says).
+    settings = speaking_of(meta, stop_threshold=args.stop_threshold)
     start = time.perf_counter()
     results = speak(
         model,

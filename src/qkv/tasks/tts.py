@@ -180,11 +180,13 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
     return normal
 
 
-def speaking_of(meta: dict) -> dict:
+def speaking_of(meta: dict, *, stop_threshold: float | None = None) -> dict:
     """How the model of a directory reads text and when it stops, from the recipe it was trained
-    with: ``symbols``, ``voice`` and ``stop_threshold`` (keyword arguments of :func:`speak`)."""
+    with: ``symbols``, ``voice`` and ``stop_threshold`` (keyword arguments of :func:`speak`);
+    ``stop_threshold`` given (a command's ``--stop-threshold``) replaces the recipe's."""
     data = {**TTS_DEFAULTS["data"], **((meta.get("recipe") or {}).get("data") or {})}
-    return {"symbols": data["symbols"], "voice": data["voice"], "stop_threshold": float(data["stop_threshold"])}
+    stop = float(data["stop_threshold"]) if stop_threshold is None else stop_threshold
+    return {"symbols": data["symbols"], "voice": data["voice"], "stop_threshold": stop}
 
 
 def symbol_ids(
