@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.checkpoint import RUN_FILE, load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
+from qkv.ensemble import Ensemble  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
-from qkv.generation import Ensemble  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.recipes import override  # noqa: E402
 from qkv.seq2seq import beam_translate  # noqa: E402

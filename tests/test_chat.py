@@ -13,7 +13,7 @@ import qkv.chat
 from qkv.chat import dialogue_context, reply
 from qkv.checkpoint import load_model
 from qkv.cli.main import main
-from qkv.generation import Ensemble
+from qkv.ensemble import Ensemble
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.tasks import load_recipe
 from qkv.tasks.lm import train_lm

@@ -29,6 +29,7 @@ from qkv.generation import (
     ctc_greedy,
     greedy,
 )
+from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder, whisper_sinusoids
 from qkv.training import ctc_loss, seq2seq_batch, speech_loss
 
@@ -372,6 +373,63 @@ def test_joint_decoding_gives_every_input_a_hypothesis() -> None:
                 assert all(hyps for hyps in found)
                 assert all(len(hyps[0].tokens) <= s for hyps, s in zip(found, frames, strict=True))
                 assert all(hyps[0].score > float("-inf") for hyps in found)
+
+
+def make_lm(*, seed: int = 0, max_len: int = 13, vocab_size: int = V) -> DecoderOnly:
+    torch.manual_seed(seed)
+    config = DecoderOnlyConfig(vocab_size=vocab_size, d_model=15, n_heads=3, d_ff=11, n_layers=2, max_len=max_len)
+    return DecoderOnly(config).eval()
+
+
+def test_fusion_with_weight_zero_equals_no_language_model() -> None:
+    """lm_weight=0 reads the LM along every beam and adds nothing: the same tokens and scores
+    as no LM, every width, with and without CTC."""
+    model, lm = make_model(seed=7), make_lm(seed=8)
+    inputs = _features([29, 13, 41], seed=7)
+    for width in (1, 3):
+        for ctc in (None, 0.3):
+            plain = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=ctc)
+            fused = beam_search(
+                model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=ctc, lm=lm, lm_weight=0.0
+            )
+            assert fused == plain
+
+
+@pytest.mark.parametrize("weight", [0.5, 2.0])
+@torch.no_grad()
+def test_fused_greedy_equals_the_explicit_sum_of_log_probabilities(weight: float) -> None:
+    """Beam width 1 with an LM is greedy search on log p_decoder + β·log p_LM, each computed
+    here from scratch over the whole prefix (no cache; the LM reads END first): the same
+    tokens, and the score is that sum over the tokens and END."""
+    model, lm = make_model(seed=9), make_lm(seed=10)
+    inputs = _features([31, 17], seed=9)
+    found = beam_search(model, inputs, beam_size=1, max_new_tokens=12, lm=lm, lm_weight=weight)
+    memory, valid = model.encode(*pad_features(inputs))  # (B, S, D), (B, S)
+    for b in range(len(inputs)):
+        tokens: list[int] = []
+        total = 0.0
+        for _ in range(12):
+            tgt = torch.tensor([[BOS, *tokens]])  # (1, L)
+            att = model.decode(tgt, memory[b : b + 1], src_mask=valid[b : b + 1]).logits[0, -1]  # (V,)
+            text = lm(torch.tensor([[EOS, *tokens]]))[0, -1]  # (V,)
+            logp = torch.log_softmax(att, -1) + weight * torch.log_softmax(text, -1)  # (V,)
+            token = int(logp.argmax())
+            total += float(logp[token])
+            if token == EOS:
+                break
+            tokens.append(token)
+        length = len(tokens) + (token == EOS)  # END counts in the length it is normalized by
+        assert found[b][0].tokens == tokens
+        assert found[b][0].score == pytest.approx(total / length, abs=1e-4)
+
+
+def test_a_language_model_that_does_not_fit_is_refused() -> None:
+    """Another vocabulary size, or a window shorter than END and the longest output: ValueError."""
+    model, inputs = make_model(seed=7), _features([29], seed=7)
+    with pytest.raises(ValueError, match="the language model has 11 tokens, the decoder 7"):
+        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(vocab_size=11), lm_weight=0.3)
+    with pytest.raises(ValueError, match=r"window \(8\) is shorter than 9 tokens"):
+        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=8), lm_weight=0.3)
 
 
 def test_speech_decoding_inputs_and_ensembles() -> None:

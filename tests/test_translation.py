@@ -21,8 +21,8 @@ from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
 from qkv.cli import translate as translate_command
 from qkv.cli.main import main
 from qkv.data import data_root, read_parallel
+from qkv.ensemble import Ensemble
 from qkv.errors import UserError
-from qkv.generation import Ensemble
 from qkv.seq2seq import beam_translate, source_ids, translate
 from qkv.tasks import load_recipe
 from qkv.tasks.translation import TRANSLATION_DEFAULTS, _encode_pairs, _epoch_examples, train_translation

@@ -8,7 +8,8 @@ decoding (``loading.py``, which applies them).
 
 from __future__ import annotations
 
-from qkv.generation import DecodingModel, Ensemble
+from qkv.ensemble import Ensemble
+from qkv.generation import DecodingModel
 
 
 def for_decoding(model: DecodingModel) -> DecodingModel:

@@ -3,8 +3,8 @@
 What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and
 :func:`filter_logits`), :func:`stream` (one token per step for every row; :func:`continuation`
 for a single input) and
-:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best), and
-:class:`Ensemble` (several models decoding as one).
+:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best), for a
+model or an :class:`~qkv.ensemble.Ensemble` (several models decoding as one).
 Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
 sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
 once from the encoder output), a :class:`~qkv.models.speech.SpeechEncoderDecoder` (the same,
@@ -45,53 +45,14 @@ from torch import Tensor
 from qkv.attention import KVBuffer
 from qkv.audio import pad_features
 from qkv.ctc import CTCPrefixScorer, ctc_best_path
+from qkv.ensemble import Ensemble
 from qkv.errors import UserError
 from qkv.memory import available_memory, human_bytes
-from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
-from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
+from qkv.models.decoder_only import DecoderOnly
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.models.speech import SpeechEncoderDecoder
 
 EncoderDecoders = EncoderDecoder | SpeechEncoderDecoder  # encode the inputs once, decode from BEGIN
-
-
-@dataclass(frozen=True)
-class Ensemble:
-    """Models of one vocabulary and family that decode as one: at every step the next-token
-    distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
-    keeps its own encoder output and KV cache). :func:`greedy`, :func:`sample`,
-    :func:`stream`, :func:`continuation` and :func:`beam_search` take one wherever they take
-    a model, and an ensemble of one model decodes exactly as that model (tested);
-    ``decoding_copies.for_decoding`` and ``int8_linears`` apply to each member. Its ``config`` is the
-    first model's, with the smallest window (``max_len``) of all.
-    """
-
-    models: tuple[EncoderDecoder | SpeechEncoderDecoder | DecoderOnly, ...]
-
-    def __post_init__(self) -> None:
-        if not self.models:
-            raise ValueError("an ensemble needs at least one model")
-        first = self.models[0]
-        if not isinstance(first, EncoderDecoder | SpeechEncoderDecoder | DecoderOnly):
-            raise ValueError(
-                f"ensemble members are encoder-decoder, speech or decoder-only models, not {type(first).__name__}"
-            )
-        if isinstance(first, EncoderDecoder):
-            vocab: tuple[str, ...] = ("src_vocab_size", "tgt_vocab_size")
-        elif isinstance(first, SpeechEncoderDecoder):
-            vocab = ("vocab_size", "features", "blank")  # one input: the same features
-        else:
-            vocab = ("vocab_size",)
-        for i, m in enumerate(self.models[1:], 1):
-            if type(m) is not type(first):
-                raise ValueError(f"ensemble model {i} is a {type(m).__name__}, model 0 a {type(first).__name__}")
-            for field in ("pad_id", "bos_id", "eos_id", *vocab):
-                theirs, ours = getattr(m.config, field), getattr(first.config, field)
-                if theirs != ours:
-                    raise ValueError(f"ensemble model {i} has {field}={theirs}, model 0 {field}={ours}")
-
-    @property
-    def config(self) -> EncoderDecoderConfig | SpeechConfig | DecoderOnlyConfig:
-        return replace(self.models[0].config, max_len=min(m.config.max_len for m in self.models))
 
 
 DecodingModel = EncoderDecoder | SpeechEncoderDecoder | DecoderOnly | Ensemble  # what generates text
@@ -665,6 +626,8 @@ def beam_search(
     nbest: int = 1,
     ctc_weight: float | None = None,
     prefix: Sequence[int] | None = None,
+    lm: DecoderOnly | None = None,
+    lm_weight: float = 0.0,
 ) -> list[list[Hypothesis]]:
     """Batched beam search; returns the ``nbest`` best hypotheses of every input, best first.
 
@@ -690,6 +653,12 @@ def beam_search(
 
     ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
     before the search and left out of every hypothesis (and of its length).
+
+    ``lm`` with ``lm_weight`` β: shallow fusion (Gulcehre et al., 2015; ESPnet's LM term) with a
+    decoder-only language model of the same vocabulary: every candidate's score gains
+    β·log p_LM(c | g), the LM reading each beam's tokens after END (it learnt text as documents
+    each ending with END: ``tasks/lm.py``), so END is scored as the end of a sentence too. Its
+    window must hold the longest output. β = 0 returns exactly what no LM returns.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
@@ -707,6 +676,8 @@ def beam_search(
             "nbest": nbest,
             "ctc_weight": ctc_weight,
             "prefix": prefix,
+            "lm": lm,
+            "lm_weight": lm_weight,
         }
         return [
             h
@@ -725,6 +696,9 @@ def beam_search(
         pre_beam = min(logits.shape[-1], max(int(CTC_PRE_BEAM * w), w + 1))
         end = None if eos is None else torch.tensor([eos], device=device)  # (1,)
     state, logits = _select(state, rows), logits.index_select(0, rows)  # (B*W, V)
+    if lm is not None:
+        lm_logits, lm_state = _start_lm(lm, logits.shape[-1], eos, b, max(caps))  # (B, V)
+        lm_state, lm_logits = _select(lm_state, rows), lm_logits.index_select(0, rows)  # (B*W, V)
     scores = torch.full((b, w), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
     history = torch.zeros((b * w, 0), dtype=torch.long, device=device)  # (B*W, L)
@@ -745,6 +719,8 @@ def beam_search(
                 gain = psi - prefixes.score[:, None]  # (B*W, C); −∞ − (−∞) of an impossible prefix is NaN
                 joint = joint + ctc_weight * gain.nan_to_num(nan=float("-inf"), posinf=float("-inf"))
             logp = torch.full_like(logp, float("-inf")).scatter_(1, ctc_candidates, joint)  # (B*W, V)
+        if lm is not None and lm_weight != 0.0:
+            logp = logp + lm_weight * torch.log_softmax(lm_logits.float(), dim=-1)  # (B*W, V)
         v = logp.shape[-1]
         candidates = (scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
         top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
@@ -793,4 +769,22 @@ def beam_search(
         if scorer is not None:
             prefixes = scorer.extend(prefixes, psi, gamma, rows=rows, candidates=ctc_candidates, tokens=tokens)
         logits, state = _advance(model, _select(state, rows, within_inputs=True), tokens)
+        if lm is not None:
+            lm_logits, lm_state = _advance(lm, _select(lm_state, rows), tokens)  # (B*W, V)
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+
+
+def _start_lm(lm: DecoderOnly, vocab_size: int, eos: int | None, inputs: int, steps: int) -> tuple[Tensor, _State]:
+    """A fused language model's first logits (B, V) and state: it has read END, where one of
+    its documents ends and the next begins. Refused unless it has the decoder's vocabulary
+    size and its window holds END and ``steps`` tokens; that the tokens are the same ones is
+    the caller's to check (their tokenizers: ``Tokenizer.same_as``)."""
+    if not isinstance(lm, DecoderOnly):
+        raise ValueError(f"the fused language model must be decoder-only, not {type(lm).__name__}")
+    if eos is None:
+        raise ValueError("fusing a language model needs a decoder with an END token")
+    if lm.config.vocab_size != vocab_size:
+        raise ValueError(f"the language model has {lm.config.vocab_size} tokens, the decoder {vocab_size}")
+    if lm.config.max_len < steps + 1:
+        raise ValueError(f"the language model's window ({lm.config.max_len}) is shorter than {steps + 1} tokens")
+    return _start(lm, [[eos]] * inputs)

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import torch
 
-from qkv.generation import Ensemble, beam_search
+from qkv.ensemble import Ensemble
+from qkv.generation import beam_search
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tokenization import Tokenizer, Vocabularies
 

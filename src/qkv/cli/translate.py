@@ -28,11 +28,11 @@ EPILOG_TRANSLATE = """examples:
 """
 
 
-def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.generation.Ensemble
-    """--model's model and the --ensemble ones as one :class:`~qkv.generation.Ensemble`; each
+def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.ensemble.Ensemble
+    """--model's model and the --ensemble ones as one :class:`~qkv.ensemble.Ensemble`; each
     must be an encoder-decoder with the same vocabularies as --model's (the same tokenizers,
     special tokens and settings)."""
-    from qkv.generation import Ensemble
+    from qkv.ensemble import Ensemble
     from qkv.models.encoder_decoder import EncoderDecoder
 
     models = [model]
