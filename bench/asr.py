@@ -8,6 +8,7 @@ beside the peer the issue names, with the wall time (corpus building included).
     python bench/asr.py speech_de_en                            # German speech -> English text
     python bench/asr.py speech_de                               # German speech recognition
     python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en_asr
+    python bench/asr.py speech_en --model runs/speech_en --lm runs/speech_en_lm --lm-weight 0.3
 
 ``fsdd``: ``recipes/fsdd_digits.yaml``; the figure is the share of the 300 test files (recordings
 0–4 of every digit and speaker) transcribed exactly right (target ≥ 97%). With ``--whisper DIR``
@@ -21,6 +22,9 @@ the same test utterances also go through the cascade, German speech recognition
 best trained with ``--set data.source_as_transcript=true``: on sources as the recognizer writes
 them), scored the same way and printed beside it (the German WER is recorded too). ``speech_de``: the
 cascade's German recognizer on its own, WER on test2016 spoken by unseen voice variants.
+
+With ``--lm DIR`` (and ``--model``) the test set is decoded with that language model fused into
+the beam search (``recipes/speech_en_lm.yaml``) and, as the peer, by the same model without it.
 
 Without ``--model`` the recipe is trained into ``--out`` (default ``runs/bench_<name>``); the
 wall time covers building (or finding in the cache) the corpus, computing features, training
@@ -72,7 +76,15 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     path = model_dir(args.model)
     model, meta = load_model(path, kind="speech_encoder_decoder")
     recipe = meta.get("recipe") or recipe
-    summary = score_model(model, Tokenizer.load(path / FILE), recipe)
+    tokenizer = Tokenizer.load(path / FILE)
+    if args.lm:
+        from qkv.loading import load_fusion_lm
+
+        lm = load_fusion_lm(args.lm, tokenizer)
+        summary = score_model(model, tokenizer, recipe, lm=lm, lm_weight=args.lm_weight)
+        summary["without_lm"] = score_model(model, tokenizer, recipe)
+    else:
+        summary = score_model(model, tokenizer, recipe)
     summary["init_encoder"] = meta.get("init_encoder")
     # A model saved before these were recorded has none: they are left out, never made up.
     for key, name in (("train_seconds", "train_seconds"), ("audio_seconds_per_second", "tokens_per_second")):
@@ -128,8 +140,18 @@ def main() -> int:
         metavar=("ASR", "MT"),
         help="speech_de_en: also score German speech recognition (ASR) then de->en translation (MT)",
     )
+    p.add_argument("--lm", help="with --model: a language model fused into the beam search (peer: no LM)")
+    p.add_argument("--lm-weight", type=float, default=0.3, help="the --lm weight (default 0.3)")
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/asr.json")
     args = p.parse_args()
+    from qkv.memory import choose_allocator
+
+    # As qkv train does (memory.py): on glibc's malloc a fifth of training went to the kernel.
+    print(f"allocator: {choose_allocator()}", flush=True)
+    if args.lm and not args.model:
+        p.error("--lm scores a trained model: give --model too")
+    if args.lm and (args.cascade or args.whisper):
+        p.error("--lm has the model without it as its peer: not with --cascade or --whisper")
 
     name = args.bench
     _, metric, unit, target = BENCHES[name]
@@ -162,6 +184,14 @@ def main() -> int:
         padded = whisper_fsdd(Path(args.whisper), files, refs, silence_seconds=0.5)
         peer, peer_figure = f"Whisper ({Path(args.whisper).name}) on the same files", 100 * plain["accuracy"]
         details["Whisper, 0.5 s of silence added"] = round(100 * padded["accuracy"], 2)
+    if args.lm:
+        alone = summary["without_lm"]
+        metric = f"{metric}, language model fused (weight {args.lm_weight})"
+        peer = "the same model without the language model"
+        peer_figure = {"speech_de_en": alone["bleu"], "fsdd": 100 * alone.get("accuracy", 0.0)}.get(
+            name, 100 * alone["wer"]
+        )
+        details["language model"] = args.lm
     if name == "speech_de_en" and args.cascade:
         chained = cascade(Path(args.cascade[0]), Path(args.cascade[1]), summary["test_utterances"])
         peer, peer_figure = "the cascade: qkv German ASR, then qkv de->en translation", chained["bleu"]
@@ -203,4 +233,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qkv.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # a mistake in the command: one line, exit 2, as qkv's commands do
+        print(f"asr.py: {e}", file=sys.stderr)
+        sys.exit(2)

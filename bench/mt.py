@@ -271,4 +271,10 @@ def _lines(path: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qkv.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # a mistake in the command: one line, exit 2, as qkv's commands do
+        print(f"mt.py: {e}", file=sys.stderr)
+        sys.exit(2)

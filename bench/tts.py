@@ -84,6 +84,9 @@ def main() -> int:
     )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
     args = p.parse_args()
+    from qkv.memory import choose_allocator
+
+    print(f"allocator: {choose_allocator()}", flush=True)  # as qkv train does (memory.py)
 
     import torch
 
@@ -195,4 +198,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from qkv.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:  # a mistake in the command: one line, exit 2, as qkv's commands do
+        print(f"tts.py: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from qkv.recipes import batch_of_step, length_batches
 from qkv.speech_corpora import read_manifest
 from qkv.tasks import TASKS, load_recipe
 from qkv.tasks.asr import cross_attention, init_encoder
-from speech_data import tiny_asr_overrides, tone_corpus
+from speech_data import TONES, tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 200
@@ -192,6 +193,47 @@ def test_ctc_only_and_joint_decoding_run(trained, capsys) -> None:
     for extra in (["--ctc-only"], ["--ctc-weight", "0.5"]):
         rc, out, _ = run(capsys, "transcribe", "--model", str(model), file, *extra)
         assert rc == 0 and out.startswith(file + "\t")
+
+
+def test_a_language_model_of_the_recognizers_tokens_is_fused(trained, capsys, tmp_path) -> None:
+    """The lm task trains on the speech model's own tokenizer (data.tokenizer: its directory)
+    and lines written as its transcripts (data.transcripts: capitals and commas gone), and
+    qkv transcribe --lm fuses it: weight 0 writes what no LM writes. An LM of other tokens,
+    --lm-weight without --lm, and --lm with --ctc-only are refused (exit 2)."""
+    from qkv.tokenization import Tokenizer
+
+    model, manifest, _ = trained
+    text = tmp_path / "lines.txt"
+    words = sorted(TONES)
+    text.write_text("".join(f"{a.capitalize()} {b}, {a}!\n" for a in words for b in words))
+
+    def lm(out: str, *extra: str) -> Path:
+        shape = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=16"]
+        data = [f"data.text={text}", f"data.valid_text={text}", "data.documents=lines", *extra]
+        recipe = load_recipe(None, ["task=lm", *shape, *data, "train.steps=30", "train.batch_size=4", "train.warmup=3"])
+        TASKS["lm"].train(recipe, tmp_path / out, progress=False)
+        return tmp_path / out
+
+    ours = lm("lm", f"data.tokenizer={model}", "data.transcripts=true")
+    assert Tokenizer.load(ours / "tokenizer.json").same_as(Tokenizer.load(model / "tokenizer.json"))
+    files = [str(u.path) for u in read_manifest(manifest)[:5]]
+    plain = run(capsys, "transcribe", "--model", str(model), *files)[:2]  # exit status, stdout
+    assert run(capsys, "transcribe", "--model", str(model), *files, "--lm", str(ours), "--lm-weight", "0")[:2] == plain
+    rc, fused, _ = run(capsys, "transcribe", "--model", str(model), *files, "--lm", str(ours))
+    assert rc == 0 and [line.split("\t")[0] for line in fused.splitlines()] == files
+    theirs = lm("other", "data.tokenizer=char")  # a vocabulary of its own: capitals, commas
+    with pytest.raises(UserError, match=r"data\.transcripts=true needs data\.documents=lines"):
+        load_recipe(None, ["task=lm", f"data.text={text}", "data.transcripts=true"])
+    not_a_model = re.escape(f"data.tokenizer: {tmp_path} is not char, subword or a model directory")
+    with pytest.raises(UserError, match=not_a_model):
+        lm("none", f"data.tokenizer={tmp_path}")
+    for extra, said in [
+        (["--lm", str(theirs)], "its tokenizer is not the speech model's"),
+        (["--lm-weight", "0.5"], "--lm-weight weighs the language model of --lm"),
+        (["--lm", str(ours), "--ctc-only"], "--ctc-only decodes without one"),
+    ]:
+        rc, out, err = run(capsys, "transcribe", "--model", str(model), files[0], *extra)
+        assert rc == 2 and out == "" and said in err and len(err.strip().splitlines()) == 1
 
 
 def test_bad_audio_files_are_all_named_and_skipped_only_when_asked(trained, capsys, tmp_path) -> None:

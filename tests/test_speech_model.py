@@ -424,12 +424,14 @@ def test_fused_greedy_equals_the_explicit_sum_of_log_probabilities(weight: float
 
 
 def test_a_language_model_that_does_not_fit_is_refused() -> None:
-    """Another vocabulary size, or a window shorter than END and the longest output: ValueError."""
+    """Another vocabulary size, or a window shorter than the longest output: ValueError (END
+    takes the first position, and the last token chosen is never read)."""
     model, inputs = make_model(seed=7), _features([29], seed=7)
     with pytest.raises(ValueError, match="the language model has 11 tokens, the decoder 7"):
         beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(vocab_size=11), lm_weight=0.3)
-    with pytest.raises(ValueError, match=r"window \(8\) is shorter than 9 tokens"):
-        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=8), lm_weight=0.3)
+    with pytest.raises(ValueError, match=r"window \(7\) is shorter than the outputs \(8\)"):
+        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=7), lm_weight=0.3)
+    beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=8), lm_weight=0.3)  # fits
 
 
 def test_speech_decoding_inputs_and_ensembles() -> None:

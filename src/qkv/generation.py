@@ -777,14 +777,15 @@ def beam_search(
 def _start_lm(lm: DecoderOnly, vocab_size: int, eos: int | None, inputs: int, steps: int) -> tuple[Tensor, _State]:
     """A fused language model's first logits (B, V) and state: it has read END, where one of
     its documents ends and the next begins. Refused unless it has the decoder's vocabulary
-    size and its window holds END and ``steps`` tokens; that the tokens are the same ones is
-    the caller's to check (their tokenizers: ``Tokenizer.same_as``)."""
+    size and a window of at least ``steps`` (at the last step it has read END and steps − 1
+    tokens); that the tokens are the same ones is the caller's to check (their tokenizers:
+    ``Tokenizer.same_as``)."""
     if not isinstance(lm, DecoderOnly):
         raise ValueError(f"the fused language model must be decoder-only, not {type(lm).__name__}")
     if eos is None:
         raise ValueError("fusing a language model needs a decoder with an END token")
     if lm.config.vocab_size != vocab_size:
         raise ValueError(f"the language model has {lm.config.vocab_size} tokens, the decoder {vocab_size}")
-    if lm.config.max_len < steps + 1:
-        raise ValueError(f"the language model's window ({lm.config.max_len}) is shorter than {steps + 1} tokens")
+    if lm.config.max_len < steps:
+        raise ValueError(f"the language model's window ({lm.config.max_len}) is shorter than the outputs ({steps})")
     return _start(lm, [[eos]] * inputs)

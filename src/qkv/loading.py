@@ -58,6 +58,28 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
     return model, vocab
 
 
+def load_fusion_lm(path: str, tokenizer, *, bf16: bool = False):
+    """The decoder-only language model of ``path``, for shallow fusion with a model whose
+    output tokenizer is ``tokenizer`` (``generation.beam_search``'s ``lm``); refused, naming
+    the way to train one, unless its tokenizer is that same one."""
+    import torch
+
+    from qkv.checkpoint import load_model, model_dir, read_meta
+
+    path = str(model_dir(path))
+    kind = read_meta(path)["kind"]
+    if kind != "decoder_only":
+        raise UserError(f"--lm {path} holds a {kind} model; fusion needs a decoder-only language model")
+    lm, meta = load_model(path, kind="decoder_only")
+    theirs = matching_tokenizer(path, lm, files=meta.get("files", {}), use="--lm")
+    if not theirs.same_as(tokenizer):
+        raise UserError(
+            f"--lm {path}: its tokenizer is not the speech model's; train it with the lm task and "
+            "data.tokenizer set to the speech model's directory (recipes/speech_en_lm.yaml)"
+        )
+    return lm.to(torch.bfloat16) if bf16 else lm
+
+
 def matching_tokenizer(path: str, model, *, files, use: str):
     """The model directory's tokenizer (:func:`matching_vocabularies`'s source side)."""
     return matching_vocabularies(path, model, files=files, use=use).source

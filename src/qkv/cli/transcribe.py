@@ -16,12 +16,14 @@ from pathlib import Path
 from qkv.cli.common import Output, add_precision, number, positive_int, read_input_lines
 from qkv.errors import UserError
 
+LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif")
 
 EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model runs/fsdd_digits ../shared/data/fsdd/recordings/7_theo_0.wav
   qkv transcribe --model runs/fsdd_digits recordings/ --output transcripts.tsv   # every audio file in a folder
   qkv transcribe --model runs/speech_en --input files.txt --beam 8 --ctc-weight 0.5 --json
+  qkv transcribe --model runs/speech_en --lm runs/speech_en_lm --lm-weight 0.3 talk.wav   # with a language model
   qkv transcribe --model whisper-tiny --language de --task translate talk.flac   # an imported Whisper
   find calls -name '*.wav' | qkv transcribe --model runs/speech_en --input - --skip-bad
 
@@ -53,13 +55,16 @@ def audio_paths(files: list[str], listing: str | None) -> list[Path]:
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.audio import features, load_many
     from qkv.checkpoint import model_dir, read_meta
-    from qkv.loading import load_for_generation
+    from qkv.loading import load_for_generation, load_fusion_lm
     from qkv.progress import progress
     from qkv.tasks.asr import too_short, transcribe
 
     paths = audio_paths(args.files, args.input)
     model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8, speech=True)
     whisper = "whisper" in read_meta(model_dir(args.model))
+    if args.lm_weight is not None and args.lm is None:
+        raise UserError("--lm-weight weighs the language model of --lm; name one")
+    lm = None if args.lm is None else load_fusion_lm(args.lm, vocab.target, bf16=args.bf16)
     if not whisper and (args.language is not None or args.task is not None):
         raise UserError("--language and --task apply to imported Whisper models only")
     out = Output(args.output)
@@ -107,6 +112,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             batch_size=args.batch_size if args.batch_size else 32,
             prefix=list(prefix) if prefix is not None else None,
             on_batch=done,
+            lm=lm,
+            lm_weight=LM_WEIGHT if args.lm_weight is None else args.lm_weight,
         )
         # transcribe decodes in length order: the batch times, in that order, map back to the files.
         order = sorted(range(len(rows)), key=lambda j: feats[rows[j]].shape[0])
@@ -189,6 +196,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="joint CTC/attention decoding: weight of the CTC prefix score (needs a CTC head; default 0)",
     )
     p.add_argument("--ctc-only", action="store_true", help="CTC best-path decoding alone (no decoder; fastest)")
+    p.add_argument(
+        "--lm",
+        help="a language model of the speech model's tokens (lm task, data.tokenizer=the speech model) "
+        "fused into the beam search",
+    )
+    p.add_argument(
+        "--lm-weight",
+        type=number(float, lambda v: v >= 0, "a number >= 0"),
+        help=f"weight of the --lm log-probabilities (default {LM_WEIGHT})",
+    )
     p.add_argument("--batch-size", type=positive_int, help="files decoded at once (default 32)")
     p.add_argument(
         "--max-seconds",

@@ -37,6 +37,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.generation import beam_search, ctc_greedy
+from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
 from qkv.progress import progress as progress_bar
@@ -230,13 +231,17 @@ def transcribe(
     batch_size: int = 32,
     prefix: list[int] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    lm: DecoderOnly | None = None,
+    lm_weight: float = 0.0,
 ) -> list[Transcription]:
     """Decode feature tensors, in batches of similar length (less padding), results in input order.
 
     Beam search (``beam_size``; 1 is greedy), joint with the CTC prefix score when
     ``ctc_weight`` > 0 (the model needs a CTC head); ``ctc_only``: CTC best-path decoding, no
     decoder. ``prefix``: the decoder's forced first tokens (an imported Whisper's start
-    tokens); None: BEGIN alone. ``on_batch(n)`` is called after each batch of n.
+    tokens); None: BEGIN alone. ``on_batch(n)`` is called after each batch of n. ``lm``,
+    ``lm_weight``: a language model of the same tokens fused into the beam search
+    (``loading.load_fusion_lm``; ``generation.beam_search``).
 
     Shapes: feats: N tensors (T_n, M) -> N transcriptions.
     """
@@ -244,6 +249,8 @@ def transcribe(
         raise UserError("--ctc-weight needs a model with a CTC head; this one has none")
     if ctc_only and model.ctc is None:
         raise UserError("--ctc-only needs a model with a CTC head; this one has none")
+    if ctc_only and lm is not None:
+        raise UserError("--lm is fused into the beam search; --ctc-only decodes without one")
     for i, f in enumerate(feats):
         if too_short(model, f.shape[0]):
             raise UserError(f"input {i + 1} is too short for the model: {f.shape[0]} frames leave its front-end none")
@@ -264,6 +271,8 @@ def transcribe(
                 length_penalty=length_penalty,
                 ctc_weight=ctc_weight if ctc_weight > 0 else None,
                 prefix=prefix,
+                lm=lm,
+                lm_weight=lm_weight,
             )
             outputs = [hyps[0].tokens for hyps in best]
         for i, ids in zip(rows, outputs, strict=True):
@@ -504,11 +513,14 @@ def score_model(
     *,
     progress: bool = True,
     test: tuple[Corpus, str] | None = None,
+    lm: DecoderOnly | None = None,
+    lm_weight: float = 0.0,
 ) -> dict:
     """Decode the recipe's test split (``data.test_limit`` of it) with the recipe's decoding
     settings and score it: WER, CER and utterance accuracy, or BLEU for translation; with
     the hypotheses, references, timings and decoding speed (seconds of audio per second).
-    ``test``: the corpus and split, when the caller has them (else :func:`load_corpus`)."""
+    ``test``: the corpus and split, when the caller has them (else :func:`load_corpus`).
+    ``lm``, ``lm_weight``: a language model fused into the beam search (:func:`transcribe`)."""
     data = recipe["data"]
     corpus, split = test if test is not None else load_corpus(data)
     utterances = corpus[split][: data["test_limit"]] if data["test_limit"] else corpus[split]
@@ -526,6 +538,8 @@ def score_model(
         length_penalty=float(data["length_penalty"]),
         batch_size=int(data["eval_batch_size"]),
         on_batch=bar.update,
+        lm=lm,
+        lm_weight=lm_weight,
     )
     bar.close()
     seconds = time.perf_counter() - start

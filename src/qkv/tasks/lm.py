@@ -20,6 +20,7 @@ import torch
 
 from qkv.checkpoint import (
     build_model,
+    model_dir,
 )
 from qkv.data import (
     EOU,
@@ -31,6 +32,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import (
     lm_loss,
+    normalize_transcript,
     span_loss,
 )
 from qkv.models.decoder_only import DecoderOnly
@@ -88,7 +90,10 @@ LM_DEFAULTS: dict = {
         # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
         # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
         "documents": "text",
-        "tokenizer": "char",  # "char", or "subword" (a unigram vocabulary of vocab_size; newlines are pieces)
+        # "char", "subword" (a unigram vocabulary of vocab_size; newlines are pieces), or a model
+        # directory whose tokenizer is taken as it is (an LM fused with that model needs its tokens)
+        "tokenizer": "char",
+        "transcripts": False,  # lines as a speech recognizer writes them (lowercase, no punctuation)
         "vocab_size": 4000,
         "eval_batch_size": 64,
     },
@@ -97,10 +102,21 @@ LM_DEFAULTS: dict = {
 
 def _check(recipe: dict, where: str) -> None:
     require_steps(recipe, where)
-    if recipe["data"]["tokenizer"] not in ("char", "subword"):
-        raise UserError(f"{where}: data.tokenizer must be char or subword for the lm task")
+    tokenizer = recipe["data"]["tokenizer"]
+    if not isinstance(tokenizer, str) or not tokenizer:
+        raise UserError(f"{where}: data.tokenizer must be char, subword or a model directory for the lm task")
+    if recipe["data"]["transcripts"] and recipe["data"]["documents"] != "lines":
+        raise UserError(f"{where}: data.transcripts=true needs data.documents=lines (one transcript per line)")
     if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
         raise UserError(f"{where}: data.valid_text must be a file path or null")
+
+
+def _tokenizer_of(path: str) -> Tokenizer:
+    """``data.tokenizer`` naming a model directory (or a training run): its tokenizer, as it is."""
+    directory = model_dir(path)
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise UserError(f"data.tokenizer: {path} is not char, subword or a model directory with a {TOKENIZER_FILE}")
+    return Tokenizer.load(directory / TOKENIZER_FILE)
 
 
 def documents_of(meta: dict) -> str:
@@ -154,7 +170,10 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
     Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
     splits Tiny Shakespeare. ``data.documents="lines"`` makes every non-empty line a document
     that ends with END (a DailyDialog dialogue, say), so the model learns where one ends.
-    Tokens are characters or unigram subwords (a text stream's newlines are pieces too).
+    Tokens are characters or unigram subwords (a text stream's newlines are pieces too), or
+    those of another model's tokenizer (``data.tokenizer`` a model directory: a language model
+    to fuse into that speech model's beam search, ``data.transcripts`` lines written as its
+    transcripts are).
     Batches are ``batch_size`` random contiguous blocks of ``max_len`` + 1 tokens of the
     training stream. The validation loss is measured on the whole validation stream in
     non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
@@ -190,11 +209,16 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         train_text, valid_text = text[:split], text[split:]
     train_docs = split_documents(train_text, documents=data["documents"])
     valid_docs = split_documents(valid_text, documents=data["documents"])
+    if data["transcripts"]:
+        # The text a fused language model scores: what the recognizer writes (evaluation.py).
+        train_docs, valid_docs = ([t for t in map(normalize_transcript, d) if t] for d in (train_docs, valid_docs))
     if not train_docs or not valid_docs:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
     if last is not None:
         tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
+    elif data["tokenizer"] not in ("char", "subword"):
+        tokenizer = _tokenizer_of(data["tokenizer"])
     elif data["tokenizer"] == "subword":
         # A text stream keeps its line breaks as pieces; documents (lines) have none.
         tokenizer = Tokenizer.train_subword(
@@ -281,6 +305,7 @@ TASK = Task(
     rules={
         ("data", "text"): (str, lambda v: bool(v), "a file path"),
         ("data", "documents"): (str, lambda v: v in ("text", "lines", "dailydialog"), "text, lines or dailydialog"),
+        ("data", "transcripts"): (bool, lambda v: True, "true or false"),
     },
     check=_check,
 )
