@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from qkv.cli.transcribe import LM_WEIGHT  # noqa: E402
+
 BENCHES = {
     # name: (recipe, metric, unit, target)
     "fsdd": ("fsdd_digits", "FSDD digits, standard test split (300 files): utterances right", "%", {"min": 97}),
@@ -80,7 +82,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     if args.lm:
         from qkv.loading import load_fusion_lm
 
-        lm = load_fusion_lm(args.lm, tokenizer)
+        lm = load_fusion_lm(args.lm, tokenizer, model=model)
         summary = score_model(model, tokenizer, recipe, lm=lm, lm_weight=args.lm_weight)
         summary["without_lm"] = score_model(model, tokenizer, recipe)
     else:
@@ -141,7 +143,7 @@ def main() -> int:
         help="speech_de_en: also score German speech recognition (ASR) then de->en translation (MT)",
     )
     p.add_argument("--lm", help="with --model: a language model fused into the beam search (peer: no LM)")
-    p.add_argument("--lm-weight", type=float, default=0.3, help="the --lm weight (default 0.3)")
+    p.add_argument("--lm-weight", type=float, help=f"the --lm weight (default {LM_WEIGHT}, as qkv transcribe's)")
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/asr.json")
     args = p.parse_args()
     from qkv.memory import choose_allocator
@@ -150,6 +152,9 @@ def main() -> int:
     print(f"allocator: {choose_allocator()}", flush=True)
     if args.lm and not args.model:
         p.error("--lm scores a trained model: give --model too")
+    if args.lm_weight is not None and (not args.lm or args.lm_weight < 0):
+        p.error("--lm-weight is a weight >= 0 of an --lm")
+    args.lm_weight = LM_WEIGHT if args.lm_weight is None else args.lm_weight
     if args.lm and (args.cascade or args.whisper):
         p.error("--lm has the model without it as its peer: not with --cascade or --whisper")
 

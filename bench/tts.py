@@ -12,7 +12,7 @@ never trained on), each with its espeak-ng recording in the voice the model lear
   espeak-ng speech (``recipes/speech_en.yaml``), decoding with its recipe's settings.
 * Mel-cepstral distance between each synthesized waveform (vocoder included) and its
   recording, computed by the ``mel-cepstral-distance`` package with its defaults (Kubichek,
-  1993: 20 log10 mel bands of 32 ms frames every 8 ms, cepstral coefficients 1–16, frames
+  1993: 20 log10 mel bands of 32 ms frames every 8 ms, cepstral coefficients 1–15, frames
   aligned by DTW, no dB scaling), the mean over sentences. For scale: two FSDD recordings of
   one digit by one speaker are about 6 apart, by two speakers about 9.
 * Speed: seconds of synthesis (batches of 16, Griffin-Lim included) per second of speech

@@ -216,6 +216,8 @@ def test_a_language_model_of_the_recognizers_tokens_is_fused(trained, capsys, tm
 
     ours = lm("lm", f"data.tokenizer={model}", "data.transcripts=true")
     assert Tokenizer.load(ours / "tokenizer.json").same_as(Tokenizer.load(model / "tokenizer.json"))
+    rc, out, _ = run(capsys, "evaluate", "--model", str(ours), "--text", str(text), "--json")  # read as trained
+    assert rc == 0 and json.loads(out)["loss"] == pytest.approx(read_meta(ours)["val_loss"], abs=1e-4)
     files = [str(u.path) for u in read_manifest(manifest)[:5]]
     plain = run(capsys, "transcribe", "--model", str(model), *files)[:2]  # exit status, stdout
     assert run(capsys, "transcribe", "--model", str(model), *files, "--lm", str(ours), "--lm-weight", "0")[:2] == plain
@@ -227,8 +229,12 @@ def test_a_language_model_of_the_recognizers_tokens_is_fused(trained, capsys, tm
     not_a_model = re.escape(f"data.tokenizer: {tmp_path} is not char, subword or a model directory")
     with pytest.raises(UserError, match=not_a_model):
         lm("none", f"data.tokenizer={tmp_path}")
+    stream = lm("stream", f"data.tokenizer={model}", "data.documents=text")  # never saw END
+    short = lm("short", f"data.tokenizer={model}", "model.max_len=13")
     for extra, said in [
-        (["--lm", str(theirs)], "its tokenizer is not the speech model's"),
+        (["--lm", str(theirs)], "its tokens are not the speech model's"),
+        (["--lm", str(stream)], "never learnt where a text ends"),
+        (["--lm", str(short)], "its window (13) is shorter than the speech model's (16)"),
         (["--lm-weight", "0.5"], "--lm-weight weighs the language model of --lm"),
         (["--lm", str(ours), "--ctc-only"], "--ctc-only decodes without one"),
     ]:

@@ -457,7 +457,7 @@ def test_translate_cli_ensemble(tmp_path, capsys) -> None:
     expected = beam_translate(Ensemble((first, second)), vocab, lines, beam_size=3)
     assert together == expected
     assert main([*base, "--model", str(a), "--ensemble", str(other)]) == 2
-    assert "its tokenizer differs" in capsys.readouterr().err
+    assert "its tokenizer, or how it reads sources (data.source_as_transcript), differs" in capsys.readouterr().err
 
 
 SEPARATE = ["data.vocab=separate", "model.share_embeddings=false", "data.src_vocab_size=40", "data.tgt_vocab_size=30"]

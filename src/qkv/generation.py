@@ -654,7 +654,8 @@ def beam_search(
     ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
     before the search and left out of every hypothesis (and of its length).
 
-    ``lm`` with ``lm_weight`` β: shallow fusion (Gulcehre et al., 2015; ESPnet's LM term) with a
+    ``lm`` with ``lm_weight`` β: shallow fusion (Gulcehre et al., 2015; ESPnet's LM term, though
+    the CTC pre-beam above ranks candidates by attention alone, not with the LM) with a
     decoder-only language model of the same vocabulary: every candidate's score gains
     β·log p_LM(c | g), the LM reading each beam's tokens after END (it learnt text as documents
     each ending with END: ``tasks/lm.py``), so END is scored as the end of a sentence too. Its

@@ -58,25 +58,34 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
     return model, vocab
 
 
-def load_fusion_lm(path: str, tokenizer, *, bf16: bool = False):
-    """The decoder-only language model of ``path``, for shallow fusion with a model whose
-    output tokenizer is ``tokenizer`` (``generation.beam_search``'s ``lm``); refused, naming
-    the way to train one, unless its tokenizer is that same one."""
+def load_fusion_lm(path: str, tokenizer, *, model, bf16: bool = False):
+    """The decoder-only language model of ``path``, prepared for decoding, to fuse into the
+    beam search of ``model``, whose output tokenizer is ``tokenizer`` (``beam_search``'s
+    ``lm``). Refused, naming how to train one (the lm task with ``data.tokenizer`` = the
+    model's directory, ``data.documents=lines``), unless it has that tokenizer, learnt where
+    a text ends (END after every line) and has a window as long as the model's."""
     import torch
 
     from qkv.checkpoint import load_model, model_dir, read_meta
+    from qkv.decoding_copies import for_decoding
 
     path = str(model_dir(path))
     kind = read_meta(path)["kind"]
     if kind != "decoder_only":
         raise UserError(f"--lm {path} holds a {kind} model; fusion needs a decoder-only language model")
     lm, meta = load_model(path, kind="decoder_only")
+    how = "train one with recipes/speech_en_lm.yaml (data.tokenizer: the speech model's directory)"
     theirs = matching_tokenizer(path, lm, files=meta.get("files", {}), use="--lm")
-    if not theirs.same_as(tokenizer):
+    if not theirs.same_as(tokenizer) or lm.config.vocab_size != model.config.vocab_size:
+        raise UserError(f"--lm {path}: its tokens are not the speech model's; {how}")
+    if ((meta.get("recipe") or {}).get("data") or {}).get("documents") != "lines":
+        raise UserError(f"--lm {path} never learnt where a text ends (data.documents=lines); {how}")
+    if lm.config.max_len < model.config.max_len:
         raise UserError(
-            f"--lm {path}: its tokenizer is not the speech model's; train it with the lm task and "
-            "data.tokenizer set to the speech model's directory (recipes/speech_en_lm.yaml)"
+            f"--lm {path}: its window ({lm.config.max_len}) is shorter than the speech model's "
+            f"({model.config.max_len}); {how}"
         )
+    lm = for_decoding(lm)  # one stacked Q/K/V product per self-attention, as the model has
     return lm.to(torch.bfloat16) if bf16 else lm
 
 

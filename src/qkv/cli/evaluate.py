@@ -83,17 +83,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from qkv.checkpoint import load_model
         from qkv.data import read_text, resolve
         from qkv.evaluation import lm_loss
-        from qkv.tasks.lm import documents_of, split_documents, token_stream
+        from qkv.tasks.lm import documents_in, documents_of, token_stream
 
         if args.model is None:
             raise UserError("--text needs --model DIR (a decoder-only model)")
         model, meta = load_model(args.model, kind="decoder_only")
         tokenizer = matching_tokenizer(args.model, model, files=meta["files"], use="--text")
         # The stream as training built its validation stream: a model that read one document
-        # per line (each ending with END) is scored the same way, so the loss is comparable.
-        documents = documents_of(meta)
+        # per line (each ending with END), or lines written as transcripts, is scored the same
+        # way, so the loss is comparable.
+        documents, transcripts = documents_of(meta)
         text = read_text(resolve(args.text))
-        ids = token_stream(tokenizer, split_documents(text, documents=documents), documents=documents)
+        docs = documents_in(text, documents=documents, transcripts=transcripts)
+        ids = token_stream(tokenizer, docs, documents=documents)
         if len(ids) < 2:
             raise UserError(f"{args.text} holds fewer than two tokens")
         start = time.perf_counter()

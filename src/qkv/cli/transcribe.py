@@ -64,7 +64,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     whisper = "whisper" in read_meta(model_dir(args.model))
     if args.lm_weight is not None and args.lm is None:
         raise UserError("--lm-weight weighs the language model of --lm; name one")
-    lm = None if args.lm is None else load_fusion_lm(args.lm, vocab.target, bf16=args.bf16)
+    lm = None if args.lm is None else load_fusion_lm(args.lm, vocab.target, model=model, bf16=args.bf16)
     if not whisper and (args.language is not None or args.task is not None):
         raise UserError("--language and --task apply to imported Whisper models only")
     out = Output(args.output)

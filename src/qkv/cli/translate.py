@@ -42,8 +42,8 @@ def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.ensemble.Ensemb
             raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
         if not theirs.same_as(vocab):
             raise UserError(
-                f"--ensemble {path}: its tokenizer differs from {args.model}'s; "
-                "ensembled models must share their vocabularies"
+                f"--ensemble {path}: its tokenizer, or how it reads sources (data.source_as_transcript), "
+                f"differs from {args.model}'s; ensembled models must share their vocabularies"
             )
         try:  # Ensemble's own checks (special ids, vocabulary sizes), this model against --model's
             Ensemble((model, other))

@@ -119,13 +119,22 @@ def _tokenizer_of(path: str) -> Tokenizer:
     return Tokenizer.load(directory / TOKENIZER_FILE)
 
 
-def documents_of(meta: dict) -> str:
-    """How the language model of a model directory's config.json read its text (the recipe's
-    ``data.documents``); "text" for a model saved without a recipe (imported, or older)."""
+def documents_of(meta: dict) -> tuple[str, bool]:
+    """How the language model of a model directory's config.json read its text: the recipe's
+    ``data.documents`` ("text" for a model saved without a recipe: imported, or older) and
+    ``data.transcripts`` (False without one)."""
     recipe = meta.get("recipe")
     data = recipe.get("data") if isinstance(recipe, dict) else None
-    documents = data.get("documents", "text") if isinstance(data, dict) else "text"
-    return documents if documents in ("text", "lines", "dailydialog") else "text"
+    data = data if isinstance(data, dict) else {}
+    documents = data.get("documents", "text")
+    return documents if documents in ("text", "lines", "dailydialog") else "text", data.get("transcripts") is True
+
+
+def documents_in(text: str, *, documents: str, transcripts: bool) -> list[str]:
+    """The documents of ``text`` (:func:`split_documents`); with ``transcripts`` written as a
+    speech recognizer writes them (``normalize_transcript``), those left without words left out."""
+    docs = split_documents(text, documents=documents)
+    return [t for t in map(normalize_transcript, docs) if t] if transcripts else docs
 
 
 def split_documents(text: str, *, documents: str) -> list[str]:
@@ -207,11 +216,12 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         if split < 2 or len(text) - split < 2:
             raise UserError(f"{path}: too short to split into training and validation text")
         train_text, valid_text = text[:split], text[split:]
-    train_docs = split_documents(train_text, documents=data["documents"])
-    valid_docs = split_documents(valid_text, documents=data["documents"])
-    if data["transcripts"]:
-        # The text a fused language model scores: what the recognizer writes (evaluation.py).
-        train_docs, valid_docs = ([t for t in map(normalize_transcript, d) if t] for d in (train_docs, valid_docs))
+    # data.transcripts: the text a fused language model scores is what the recognizer writes.
+    read = {"documents": data["documents"], "transcripts": bool(data["transcripts"])}
+    train_docs, valid_docs = documents_in(train_text, **read), documents_in(valid_text, **read)
+    wordless = len(split_documents(train_text, documents=data["documents"])) - len(train_docs)
+    if wordless:
+        problems.append(f"{wordless} training lines without words left out")
     if not train_docs or not valid_docs:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
