@@ -242,7 +242,7 @@ def test_fit_refuses_an_unknown_schedule() -> None:
         fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), steps=1, lr=1e-3, warmup=1, schedule="step")
 
 
-def test_shorten_ends_the_cosine_at_the_new_total():
+def test_replan_ends_the_cosine_at_the_new_total():
     model = nn.Linear(3, 5)
     trainer = Trainer(model, lr=0.1, warmup=2, total_steps=97, schedule="cosine", min_lr=0.01)
 
@@ -252,14 +252,19 @@ def test_shorten_ends_the_cosine_at_the_new_total():
     for _ in range(11):
         trainer.step([batch])
     before = trainer.lr
-    trainer.shorten(23)
+    trainer.replan(23)
     # The next step's rate is on the new curve (lower: less road left), and the curve ends at min_lr.
     assert trainer.lr == pytest.approx(0.1 * warmup_cosine(11, warmup=2, total=23, floor=0.1)) and trainer.lr < before
     for _ in range(12):
         trainer.step([batch])
     assert trainer.lr == pytest.approx(0.01)
-    trainer.shorten(200)  # never lengthened
-    assert trainer.total_steps == 23
+    trainer.replan(15)  # never before the steps taken: the schedule has ended
+    assert trainer.total_steps == 23 and trainer.lr == pytest.approx(0.01)
+    trainer.replan(61)  # the cap lets the run go further: the road comes back, gradually
+    assert trainer.total_steps == 61
+    assert trainer.lr == pytest.approx(0.1 * warmup_cosine(23, warmup=2, total=61, floor=0.1))
+    trainer.replan(200)  # never past the steps it was made for
+    assert trainer.total_steps == 97
 
 
 def test_time_cap_anneals_instead_of_stopping_at_a_high_rate():

@@ -411,15 +411,17 @@ class Trainer:
             fused=True,  # one kernel for all parameters: ~7 ms/step less on nanoGPT's CPU config
         )
         self.schedule, self.warmup, self.total_steps, self.floor = schedule, warmup, total_steps, min_lr / lr
+        self.planned_steps = total_steps  # the most a time cap's replan() may give back
         factor = lr_factor(schedule, warmup=warmup, total=total_steps, floor=self.floor)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.device_type = next(model.parameters()).device.type
 
-    def shorten(self, total_steps: int) -> None:
-        """End a decaying schedule (cosine) at ``total_steps`` instead: a run that must stop
-        sooner (a time cap) still anneals to ``min_lr``. The rate of the next step follows the
-        new curve at once."""
-        self.total_steps = max(min(total_steps, self.total_steps), self.steps)
+    def replan(self, total_steps: int) -> None:
+        """End a decaying schedule (cosine) at ``total_steps`` instead (never past the steps it
+        was made for, never before the steps taken): a run that must stop sooner (a time cap)
+        still anneals to ``min_lr``, and one the cap lets go further again gets that road
+        back. The rate of the next step follows the new curve at once."""
+        self.total_steps = max(min(total_steps, self.planned_steps), self.steps)
         factor = lr_factor(self.schedule, warmup=self.warmup, total=self.total_steps, floor=self.floor)
         self.scheduler.lr_lambdas = [factor] * len(self.optimizer.param_groups)
         for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
@@ -546,8 +548,8 @@ class Trainer:
         self.scheduler.load_state_dict({**meta["scheduler"], "lr_lambdas": [None] * len(groups)})
         self.steps = int(meta["steps"])
         self.skipped = int(meta.get("skipped", 0))
-        if int(meta.get("total_steps", self.total_steps)) < self.total_steps:  # a schedule a time cap shortened
-            self.shorten(int(meta["total_steps"]))
+        if int(meta.get("total_steps", self.total_steps)) != self.total_steps:  # a schedule a time cap replanned
+            self.replan(int(meta["total_steps"]))
         # This worker's RNG; a worker the saving run did not have takes rank 0's.
         torch.set_rng_state(tensors.get(f"rng.torch.{self.world.rank}", tensors["rng.torch"]).cpu())
         if self.device_type == "cuda" and "rng.cuda" in tensors:
@@ -703,9 +705,12 @@ def fit(
 
     With ``seconds``, a decaying schedule (cosine) ends where the time does: every
     ``RESCHEDULE_EVERY`` steps after warm-up the steps that still fit are estimated from the
-    rate so far, and when fewer than ``steps`` fit, the schedule is shortened to end there
-    (:meth:`Trainer.shorten`): a capped run on a busy machine anneals instead of stopping at
-    a high learning rate. On a machine fast enough for ``steps`` nothing changes.
+    rate so far, and when fewer than ``steps`` fit, the schedule is planned to end there
+    (:meth:`Trainer.replan`): a capped run on a busy machine anneals instead of stopping at
+    a high learning rate. The estimate follows the rate both ways, so a slow stretch early on
+    (another job beside it) does not anneal the run long before its time is up: the estimate
+    is always ahead of the step taken, and the schedule ends at the cap. On a machine fast
+    enough for ``steps`` nothing changes.
 
     With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the losses so
     far) is saved every ``checkpoint.every`` steps and when SIGTERM or Ctrl-C asks the run to
@@ -771,8 +776,8 @@ def fit(
                 break
             if seconds is not None and step >= warmup and (step + 1) % RESCHEDULE_EVERY == 0:
                 fit_in_time = int((step + 1) * seconds / result.seconds)
-                if fit_in_time < trainer.total_steps:
-                    trainer.shorten(fit_in_time)
+                if min(fit_in_time, steps) != trainer.total_steps:
+                    trainer.replan(fit_in_time)
             if (
                 checkpoint is not None
                 and checkpoint.every
