@@ -193,9 +193,10 @@ def main() -> int:
         alone = summary["without_lm"]
         metric = f"{metric}, language model fused (weight {args.lm_weight})"
         peer = "the same model without the language model"
-        peer_figure = {"speech_de_en": alone["bleu"], "fsdd": 100 * alone.get("accuracy", 0.0)}.get(
-            name, 100 * alone["wer"]
-        )
+        if name == "speech_de_en":
+            peer_figure = alone["bleu"]
+        else:
+            peer_figure = 100 * alone["accuracy" if name == "fsdd" else "wer"]
         details["language model"] = args.lm
     if name == "speech_de_en" and args.cascade:
         chained = cascade(Path(args.cascade[0]), Path(args.cascade[1]), summary["test_utterances"])
