@@ -34,6 +34,7 @@ from qkv.checkpoint import RUN_FILE, load_model, model_dir  # noqa: E402
 from qkv.data import read_parallel, resolve  # noqa: E402
 from qkv.ensemble import Ensemble  # noqa: E402
 from qkv.evaluation import corpus_scores  # noqa: E402
+from qkv.loading import reading_as_trained  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.recipes import override  # noqa: E402
 from qkv.seq2seq import beam_translate  # noqa: E402
@@ -132,15 +133,13 @@ def main() -> int:
         pairs = [(b, a) for a, b in pairs]  # the TSV is zh<TAB>en
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
     data = recipe["data"]
-    if data.get("source_as_transcript"):  # a cascade's translation model reads what a recognizer writes
-        from qkv.evaluation import normalize_transcript
-
-        sources = [normalize_transcript(a) for a in sources]
+    # A cascade's translation model (data.source_as_transcript) reads what a recognizer writes.
+    vocab = reading_as_trained(summary["tokenizer"], recipe)
 
     def translated(model) -> list[str]:
         return beam_translate(
             model,
-            summary["tokenizer"],
+            vocab,
             sources,
             beam_size=int(data["beam_size"]),
             length_penalty=float(data["length_penalty"]),

@@ -48,14 +48,20 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
     if int8:
         model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
     vocab = matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
-    if ((meta.get("recipe") or {}).get("data") or {}).get("source_as_transcript"):
-        # Trained on sources as a speech recognizer writes them (the translation task's
-        # data.source_as_transcript): every input is read so, typed text and transcripts alike.
-        from qkv.evaluation import normalize_transcript
-        from qkv.tokenization import Vocabularies
+    return model, reading_as_trained(vocab, meta.get("recipe"))
 
-        vocab = Vocabularies(vocab.source.reading(normalize_transcript), vocab.target)
-    return model, vocab
+
+def reading_as_trained(vocab, recipe: dict | None):
+    """``vocab`` (Vocabularies, or one joint Tokenizer) reading sources as the model learnt
+    them: a translation model trained with ``data.source_as_transcript`` reads every source
+    as a speech recognizer writes it, typed text and transcripts alike; others as given."""
+    from qkv.evaluation import normalize_transcript
+    from qkv.tokenization import Vocabularies
+
+    vocab = Vocabularies.of(vocab)
+    if not ((recipe or {}).get("data") or {}).get("source_as_transcript"):
+        return vocab
+    return Vocabularies(vocab.source.reading(normalize_transcript), vocab.target)
 
 
 def load_fusion_lm(path: str, tokenizer, *, model, bf16: bool = False):
