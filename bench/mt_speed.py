@@ -124,7 +124,7 @@ class TorchTransformer(nn.Module):
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         x = self.embed(src) * self.scale + self.pe[: src.shape[1]]  # (B, S, D)
         y = self.embed(tgt) * self.scale + self.pe[: tgt.shape[1]]  # (B, T, D)
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
         h = self.core(
             x,
             y,
