@@ -395,6 +395,46 @@ def test_fusion_with_weight_zero_equals_no_language_model() -> None:
             assert fused == plain
 
 
+def test_ctc_weight_zero_with_a_language_model_equals_no_ctc_with_it() -> None:
+    """The CTC pre-beam ranks candidates with the LM's term (ESPnet's "full" pre-beam), so with
+    λ = 0 every token the fused search without CTC would keep is a candidate: the same tokens
+    and scores, at a weight where the LM changes what is found."""
+    model, lm = make_model(seed=7), make_lm(seed=8)
+    inputs = _features([29, 13, 41], seed=7)
+    for width in (1, 3):
+        plain = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width)
+        fused = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, lm=lm, lm_weight=3.0)
+        assert fused != plain  # the LM matters here
+        joint = beam_search(
+            model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=0.0, lm=lm, lm_weight=3.0
+        )
+        assert joint == fused
+
+
+def test_the_memory_plan_counts_a_fused_language_models_cache(monkeypatch) -> None:
+    """inputs_per_batch plans for the LM's cache beside the decoder's (END and every new token
+    of every row): a budget that holds 4 inputs without an LM holds fewer with one, and the
+    search decoded in those parts finds what one batch finds."""
+    from qkv import generation
+
+    model, lm = make_model(seed=7), make_lm(seed=8)
+    inputs = _features([29, 13, 41, 23, 31, 17], seed=7)
+    caps = generation.check_inputs(model, inputs, max_new_tokens=8)
+    alone = generation.decoding_bytes(model, inputs=1, beam=3, source=41, steps=max(caps))
+    fused = alone + generation.decoding_bytes(lm, inputs=1, beam=3, source=1, steps=max(caps))
+    whole = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
+    monkeypatch.setenv("QKV_MAX_MEMORY", str(int(4.5 * alone / generation.DECODING_SHARE)))
+    assert generation.inputs_per_batch(model, inputs, caps, beam=3) == 4
+    fit = generation.inputs_per_batch(model, inputs, caps, beam=3, lm=lm)
+    assert 1 <= fit < 4 and fit == int(
+        int(4.5 * alone / generation.DECODING_SHARE) * generation.DECODING_SHARE // fused
+    )
+    parts = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
+    assert [[h.tokens for h in hs] for hs in parts] == [[h.tokens for h in hs] for hs in whole]
+    scores = [h.score for hs in parts for h in hs]
+    assert scores == pytest.approx([h.score for hs in whole for h in hs], abs=1e-5)  # other padding, same search
+
+
 @pytest.mark.parametrize("weight", [0.5, 2.0])
 @torch.no_grad()
 def test_fused_greedy_equals_the_explicit_sum_of_log_probabilities(weight: float) -> None:

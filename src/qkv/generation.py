@@ -1,10 +1,9 @@
 """Model-agnostic decoding: greedy, sampling and beam search, with an explicit KV cache.
 
-What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and
-:func:`filter_logits`), :func:`stream` (one token per step for every row; :func:`continuation`
-for a single input) and
-:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best), for a
-model or an :class:`~qkv.ensemble.Ensemble` (several models decoding as one).
+What is here: :func:`greedy`, :func:`sample` (with :func:`sampler` and :func:`filter_logits`),
+:func:`stream` (one token per step for every row; :func:`continuation` for a single input) and
+:func:`beam_search` (batched, length penalty, finished hypotheses kept aside, n-best, optional
+shallow fusion of a language model), for a model or an :class:`~qkv.ensemble.Ensemble`.
 Each works for an :class:`~qkv.models.encoder_decoder.EncoderDecoder` (inputs are source
 sentences; decoding starts from BEGIN, and cross-attention keys/values are computed
 once from the encoder output), a :class:`~qkv.models.speech.SpeechEncoderDecoder` (the same,
@@ -53,10 +52,10 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.speech import SpeechEncoderDecoder
 
 EncoderDecoders = EncoderDecoder | SpeechEncoderDecoder  # encode the inputs once, decode from BEGIN
-
-
 DecodingModel = EncoderDecoder | SpeechEncoderDecoder | DecoderOnly | Ensemble  # what generates text
 Inputs = list[list[int]] | list[Tensor]  # token ids, or (T, M) features for a speech model
+MaxNew = int | Sequence[int]  # one cap for all inputs, or one per input
+DONE = -1  # what :func:`stream` yields for a row that has already finished
 
 
 def member(model: DecodingModel) -> EncoderDecoder | SpeechEncoderDecoder | DecoderOnly:
@@ -114,12 +113,6 @@ def pad_rows(
             tokens[i, span] = torch.tensor(r, dtype=torch.long, device=device)
             valid[i, span] = True
     return tokens, valid
-
-
-DONE = -1  # what :func:`stream` yields for a row that has already finished
-
-
-MaxNew = int | Sequence[int]  # one cap for all inputs, or one per input
 
 
 def check_inputs(
@@ -213,22 +206,34 @@ def decoding_bytes(model: DecodingModel, *, inputs: int, beam: int, source: int,
 
 
 def inputs_per_batch(
-    model: DecodingModel, inputs: Inputs, caps: list[int], *, beam: int, prefix: Sequence[int] | None = None
+    model: DecodingModel,
+    inputs: Inputs,
+    caps: list[int],
+    *,
+    beam: int,
+    prefix: Sequence[int] | None = None,
+    lm: DecoderOnly | None = None,
 ) -> int:
     """How many of ``inputs`` to decode at a time (``caps``: their new-token caps, from
     :func:`check_inputs`; ``prefix``: an encoder-decoder's forced first tokens, held in the
-    cache beside the new ones) so that :func:`decoding_bytes` stays within :data:`DECODING_SHARE` of
-    the memory available: all of them when they fit (or when the system says nothing of its
-    memory), else as many as fit. One input that alone would not fit is a UserError saying how
-    much it needs and how much there is."""
+    cache beside the new ones; ``lm``: a fused language model, whose cache of END and every
+    new token of every row is held beside the decoder's) so that :func:`decoding_bytes` stays
+    within :data:`DECODING_SHARE` of the memory available: all of them when they fit (or when
+    the system says nothing of its memory), else as many as fit. One input that alone would not
+    fit is a UserError saying how much it needs and how much there is."""
     available = available_memory()
     if available is None or not inputs:
         return len(inputs)
     source = max(1, max(row.shape[0] if isinstance(row, Tensor) else len(row) for row in inputs))
     steps, budget = max(caps) + (len(prefix) - 1 if prefix else 0), available * DECODING_SHARE
-    if decoding_bytes(model, inputs=len(inputs), beam=beam, source=source, steps=steps) <= budget:
+
+    def need(n: int) -> int:
+        fused = 0 if lm is None else decoding_bytes(lm, inputs=n, beam=beam, source=1, steps=max(caps))
+        return decoding_bytes(model, inputs=n, beam=beam, source=source, steps=steps) + fused
+
+    if need(len(inputs)) <= budget:
         return len(inputs)
-    one = decoding_bytes(model, inputs=1, beam=beam, source=source, steps=steps)
+    one = need(1)
     if one > budget:
         raise UserError(
             f"decoding one input of {source} tokens with beam {beam} for up to {steps} new tokens would take "
@@ -642,20 +647,20 @@ def beam_search(
 
     ``ctc_weight`` λ (a speech model with a CTC head): joint CTC/attention decoding (Watanabe et
     al., 2017, as ESPnet scores it). Each step, END and the best max(⌊1.5·W⌋, W + 1) − 1
-    other tokens of a beam by attention are its candidates (END always: a beam can always
-    end, so every input gets a hypothesis); each is scored (1 − λ)·log p_attention(c | g) +
+    other tokens of a beam by attention (and the LM) are its candidates (END always: a beam can
+    always end, so every input gets a hypothesis); each is scored (1 − λ)·log p_attention(c | g) +
     λ·(log ψ(g + c) − log ψ(g)) with the CTC prefix probabilities ψ of
     :class:`CTCPrefixScorer` (so a hypothesis' score is (1 − λ)·log p_attention + λ·log ψ),
     every other token −∞. λ = 1 is CTC prefix beam search guided by the decoder's candidates.
     λ = 0 runs all of it with the CTC term weighted zero and returns exactly what ``None``
-    (attention only) returns: a beam's candidates always include END and the W others that
+    (attention only, with the same LM if any) returns: a beam's candidates always include END and the W others that
     its search could keep.
 
     ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
     before the search and left out of every hypothesis (and of its length).
 
-    ``lm`` with ``lm_weight`` β: shallow fusion (Gulcehre et al., 2015; ESPnet's LM term, though
-    the CTC pre-beam above ranks candidates by attention alone, not with the LM) with a
+    ``lm`` with ``lm_weight`` β: shallow fusion (Gulcehre et al., 2015; ESPnet's LM term; with
+    CTC, the pre-beam ranks candidates by (1 − λ)·log p_attention + β·log p_LM) with a
     decoder-only language model of the same vocabulary: every candidate's score gains
     β·log p_LM(c | g), the LM reading each beam's tokens after END (it learnt text as documents
     each ending with END: ``tasks/lm.py``), so END is scored as the end of a sentence too. Its
@@ -669,7 +674,7 @@ def beam_search(
         return []
     eos = _eos(model)
     caps = check_inputs(model, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
-    size = inputs_per_batch(model, inputs, caps, beam=beam_size, prefix=prefix)
+    size = inputs_per_batch(model, inputs, caps, beam=beam_size, prefix=prefix, lm=lm)
     if size < len(inputs):  # decoded in parts that fit in memory; each input's search is its own
         options = {
             "beam_size": beam_size,
@@ -707,12 +712,15 @@ def beam_search(
     done = [False] * b
     for step in range(max(caps)):
         logp = torch.log_softmax(logits.float(), dim=-1)  # (B*W, V)
+        fused = None
+        if lm is not None and lm_weight != 0.0:
+            fused = lm_weight * torch.log_softmax(lm_logits.float(), dim=-1)  # (B*W, V)
         if scorer is not None:
-            # END is always a candidate. Its CTC score is the whole hypothesis' probability, finite
-            # for every live beam; without it, a beam whose other candidates all have no CTC
-            # alignment left (a prefix as long as the frames allow) could neither end nor go on,
-            # and the input would finish with no hypothesis at all.
-            ranked = logp if end is None else logp.index_fill(1, end, float("inf"))  # (B*W, V)
+            # Ranked with the LM (ESPnet's "full" pre-beam), so λ = 0 equals no CTC with an LM too.
+            # END is always a candidate: its CTC score (the whole hypothesis') is finite for every
+            # live beam, so a beam whose other candidates have no CTC alignment left can end.
+            full = logp if fused is None else (1.0 - ctc_weight) * logp + fused  # (B*W, V)
+            ranked = full if end is None else full.index_fill(1, end, float("inf"))  # (B*W, V)
             ctc_candidates = ranked.topk(pre_beam, dim=-1).indices  # (B*W, C)
             psi, gamma = scorer.score(prefixes, ctc_candidates)  # (B*W, C), (S, 2, B*W, C)
             joint = (1.0 - ctc_weight) * logp.gather(1, ctc_candidates)  # (B*W, C)
@@ -720,8 +728,8 @@ def beam_search(
                 gain = psi - prefixes.score[:, None]  # (B*W, C); −∞ − (−∞) of an impossible prefix is NaN
                 joint = joint + ctc_weight * gain.nan_to_num(nan=float("-inf"), posinf=float("-inf"))
             logp = torch.full_like(logp, float("-inf")).scatter_(1, ctc_candidates, joint)  # (B*W, V)
-        if lm is not None and lm_weight != 0.0:
-            logp = logp + lm_weight * torch.log_softmax(lm_logits.float(), dim=-1)  # (B*W, V)
+        if fused is not None:
+            logp = logp + fused  # (B*W, V)
         v = logp.shape[-1]
         candidates = (scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
         top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
