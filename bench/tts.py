@@ -10,6 +10,9 @@ never trained on), each with its espeak-ng recording in the voice the model lear
 * WER of ASR(TTS(text)) against the text, beside the same ASR's WER on the recordings of the
   same sentences (the issue's target: ≤ 15% on TTS output). The ASR model is qkv's, trained on
   espeak-ng speech (``recipes/speech_en.yaml``), decoding with its recipe's settings.
+* The same ASR on copy synthesis: Griffin-Lim of each recording's own log-mel (the model's
+  features), what the vocoder alone costs: the WER a TTS model that wrote the recordings' mels
+  exactly would get, so the gap above splits into the model's share and the vocoder's.
 * Mel-cepstral distance between each synthesized waveform (vocoder included) and its
   recording, computed by the ``mel-cepstral-distance`` package with its defaults (Kubichek,
   1993: 20 log10 mel bands of 32 ms frames every 8 ms, cepstral coefficients 1–15, frames
@@ -96,6 +99,7 @@ def main() -> int:
     from qkv.tasks.asr import transcribe
     from qkv.tasks.tts import load_corpus, speak, speaking_of
     from qkv.tokenization import FILE, Tokenizer
+    from qkv.vocoder import GriffinLim
 
     tts_dir, asr_dir = model_dir(args.tts), model_dir(args.asr)
     tts, tts_meta = load_model(tts_dir, kind="tts")
@@ -123,13 +127,23 @@ def main() -> int:
     config = asr.config.features
     synthesized = [features(w.float(), config) for _, w in spoken]
     recorded = [features(load_audio(u.path, max_seconds=None), config) for u in test]
+    tts_features, vocoder = tts.config.features, GriffinLim(tts.config.features)
+    copied = [
+        features(vocoder(features(load_audio(u.path, sample_rate=rate, max_seconds=None), tts_features)), config)
+        for u in test
+    ]
     ours = [t.text for t in transcribe(asr, asr_tokens, synthesized, **options)]
     theirs = [t.text for t in transcribe(asr, asr_tokens, recorded, **options)]
+    vocoded = [t.text for t in transcribe(asr, asr_tokens, copied, **options)]
     wer_tts, wer_ref = error_rates(ours, texts)["wer"], error_rates(theirs, texts)["wer"]
+    wer_copy = error_rates(vocoded, texts)["wer"]
 
     mcd = [mel_cepstral_distance(w, rate, Path(u.path)) for (_, w), u in zip(spoken, test, strict=True)]
     mcd_mean = sum(mcd) / len(mcd)
-    print(f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the recordings: {100 * wer_ref:.2f}%")
+    print(
+        f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the recordings: {100 * wer_ref:.2f}%  |  "
+        f"on Griffin-Lim of the recordings' mels (the vocoder alone): {100 * wer_copy:.2f}%"
+    )
     print(
         f"mel-cepstral distance (DTW) {mcd_mean:.2f}; real-time factor {seconds / audio:.3f}; "
         f"{100 * stopped:.0f}% stopped"
@@ -178,6 +192,14 @@ def main() -> int:
                     "peer_figure": round(100 * wer_ref, 2),
                     "target": None if voices else {"max": 15},
                     "details": {**common, "stopped by the stop token": round(stopped, 4)},
+                },
+                {
+                    "metric": f"intelligibility: WER of qkv ASR on Griffin-Lim of the recordings' mels, {corpus}",
+                    "figure": round(100 * wer_copy, 2),
+                    "unit": "%",
+                    "peer": "the same ASR on the recordings",
+                    "peer_figure": round(100 * wer_ref, 2),
+                    "details": {**common, "what": "copy synthesis: the vocoder alone, no TTS model"},
                 },
                 {
                     "metric": "mel-cepstral distance (Kubichek; mel-cepstral-distance defaults, DTW) to the recordings",
