@@ -164,6 +164,8 @@ def test_phoneme_input_reads_ipa_from_espeak(tmp_path) -> None:
         pytest.skip("espeak-ng is not installed (scripts/setup.sh installs it as root)")
     ipa = readings(["A dog runs.", "2 cats"], symbols="phonemes")
     assert ipa[0].startswith("ɐ dˈɑːɡ") and "kˈæts" in ipa[1]  # espeak-ng's en-us IPA; numbers as words first
+    # A text with nothing to say keeps its place, empty; the others are still phonemes.
+    assert readings(["A dog runs.", " ", "2 cats"], symbols="phonemes") == [ipa[0], "", ipa[1]]
     tokenizer = Tokenizer.train_char_level(ipa)
     ids = symbol_ids(tokenizer, ["a dog runs"], symbols="phonemes")
     assert tokenizer.decode(ids[0]) == readings(["a dog runs"], symbols="phonemes")[0]

@@ -173,11 +173,13 @@ SYMBOLS_KINDS = ("chars", "phonemes")
 
 def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-us") -> list[str]:
     """What the model reads for each text: :func:`normalize_text`, then for ``symbols="phonemes"``
-    its IPA phonemes by ``espeak-ng --ipa`` (``voice``'s pronunciation)."""
+    its IPA phonemes by ``espeak-ng --ipa`` (``voice``'s pronunciation); a text with nothing to
+    say stays "" in its place (training leaves it out, :func:`symbol_ids` refuses it)."""
     normal = [normalize_text(t) for t in texts]
-    if symbols == "phonemes":
-        return espeak_phonemes([n for n in normal if n], voice=voice) if all(normal) else normal
-    return normal
+    if symbols != "phonemes":
+        return normal
+    said = iter(espeak_phonemes([n for n in normal if n], voice=voice))
+    return [next(said) if n else "" for n in normal]
 
 
 def speaking_of(meta: dict, *, stop_threshold: float | None = None) -> dict:
