@@ -13,6 +13,9 @@ never trained on), each with its espeak-ng recording in the voice the model lear
 * The same ASR on copy synthesis: Griffin-Lim of each recording's own log-mel (the model's
   features), what the vocoder alone costs: the WER a TTS model that wrote the recordings' mels
   exactly would get, so the gap above splits into the model's share and the vocoder's.
+* The same ASR on the model's teacher-forced frames (each step reading the recording's previous
+  frames, as in training) through the same vocoder: a model that predicts well here but not
+  when it reads its own frames suffers from exposure bias; one that fails here too is underfit.
 * Mel-cepstral distance between each synthesized waveform (vocoder included) and its
   recording, computed by the ``mel-cepstral-distance`` package with its defaults (Kubichek,
   1993: 20 log10 mel bands of 32 ms frames every 8 ms, cepstral coefficients 1–15, frames
@@ -59,6 +62,27 @@ def mel_cepstral_distance(waveform, rate: int, reference: Path) -> float:
         soundfile.write(path, waveform.float().numpy(), rate)
         distance, _penalty = compare_audio_files(str(reference), str(path))
     return float(distance)
+
+
+def teacher_forced(tts, tokenizer, utterance, reading: dict, voices: list[str]):
+    """The TTS model's post-net frames for a test recording under teacher forcing (each decoder
+    step reads the recording's previous frames, as in training; the pre-net's dropout on, as
+    always), as log-mels a vocoder inverts: (T, M) for the recording's T frames."""
+    import torch
+
+    from qkv.audio import features, load_audio
+    from qkv.tasks.tts import symbol_ids
+
+    c, r = tts.config.features, tts.config.reduction
+    mel = tts.scale(features(load_audio(utterance.path, sample_rate=c.sample_rate, max_seconds=None), c))  # (T, M)
+    frames = mel.shape[0]
+    mel = torch.nn.functional.pad(mel, (0, 0, 0, (-frames) % r))[None]  # (1, T', M): whole steps of r frames
+    valid = (torch.arange(mel.shape[1]) < frames)[None]  # (1, T')
+    text = torch.tensor(symbol_ids(tokenizer, [utterance.text], **reading))  # (1, S)
+    speakers = torch.tensor([voices.index(utterance.speaker)]) if voices else None
+    with torch.no_grad():
+        _, refined, _, _ = tts(text, torch.ones_like(text, dtype=torch.bool), mel, valid, speakers)
+    return tts.unscale(refined[0, :frames])
 
 
 def main() -> int:
@@ -132,17 +156,21 @@ def main() -> int:
         features(vocoder(features(load_audio(u.path, sample_rate=rate, max_seconds=None), tts_features)), config)
         for u in test
     ]
+    reading = {"symbols": settings["symbols"], "voice": settings["voice"]}
+    forced = [features(vocoder(teacher_forced(tts, tts_tokens, u, reading, voices)), config) for u in test]
     ours = [t.text for t in transcribe(asr, asr_tokens, synthesized, **options)]
     theirs = [t.text for t in transcribe(asr, asr_tokens, recorded, **options)]
     vocoded = [t.text for t in transcribe(asr, asr_tokens, copied, **options)]
+    guided = [t.text for t in transcribe(asr, asr_tokens, forced, **options)]
     wer_tts, wer_ref = error_rates(ours, texts)["wer"], error_rates(theirs, texts)["wer"]
-    wer_copy = error_rates(vocoded, texts)["wer"]
+    wer_copy, wer_forced = error_rates(vocoded, texts)["wer"], error_rates(guided, texts)["wer"]
 
     mcd = [mel_cepstral_distance(w, rate, Path(u.path)) for (_, w), u in zip(spoken, test, strict=True)]
     mcd_mean = sum(mcd) / len(mcd)
     print(
         f"WER of qkv ASR on qkv TTS: {100 * wer_tts:.2f}%  |  on the recordings: {100 * wer_ref:.2f}%  |  "
-        f"on Griffin-Lim of the recordings' mels (the vocoder alone): {100 * wer_copy:.2f}%"
+        f"on Griffin-Lim of the recordings' mels (the vocoder alone): {100 * wer_copy:.2f}%  |  "
+        f"on the model's teacher-forced frames: {100 * wer_forced:.2f}%"
     )
     print(
         f"mel-cepstral distance (DTW) {mcd_mean:.2f}; real-time factor {seconds / audio:.3f}; "
@@ -200,6 +228,14 @@ def main() -> int:
                     "peer": "the same ASR on the recordings",
                     "peer_figure": round(100 * wer_ref, 2),
                     "details": {**common, "what": "copy synthesis: the vocoder alone, no TTS model"},
+                },
+                {
+                    "metric": f"intelligibility: WER of qkv ASR on qkv TTS teacher-forced by the recordings, {corpus}",
+                    "figure": round(100 * wer_forced, 2),
+                    "unit": "%",
+                    "peer": "the same ASR on qkv TTS reading its own frames",
+                    "peer_figure": round(100 * wer_tts, 2),
+                    "details": {**common, "what": "each step reads the recording's previous frames, as in training"},
                 },
                 {
                     "metric": "mel-cepstral distance (Kubichek; mel-cepstral-distance defaults, DTW) to the recordings",
