@@ -50,17 +50,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def mel_cepstral_distance(waveform, rate: int, reference: Path) -> float:
     """The mel-cepstral distance (``mel-cepstral-distance``'s defaults, DTW) between a
-    synthesized waveform and a recording; the waveform passes through a WAV file, as the
-    package reads files."""
+    synthesized waveform and a recording; both pass through WAV files, the only kind the
+    package reads (the espeak-ng corpora are FLAC)."""
     import tempfile
 
     import soundfile
     from mel_cepstral_distance import compare_audio_files
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "synthesized.wav"
+        path, recording = Path(tmp) / "synthesized.wav", Path(tmp) / "recording.wav"
         soundfile.write(path, waveform.float().numpy(), rate)
-        distance, _penalty = compare_audio_files(str(reference), str(path))
+        samples, recorded_rate = soundfile.read(reference, dtype="float32")
+        soundfile.write(recording, samples, recorded_rate)
+        distance, _penalty = compare_audio_files(str(recording), str(path))
     return float(distance)
 
 
