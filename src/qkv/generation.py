@@ -653,8 +653,8 @@ def beam_search(
     :class:`CTCPrefixScorer` (so a hypothesis' score is (1 − λ)·log p_attention + λ·log ψ),
     every other token −∞. λ = 1 is CTC prefix beam search guided by the decoder's candidates.
     λ = 0 runs all of it with the CTC term weighted zero and returns exactly what ``None``
-    (attention only, with the same LM if any) returns: a beam's candidates always include END and the W others that
-    its search could keep.
+    (attention only, with the same LM if any) returns: a beam's candidates always include END
+    and the W others that its search could keep.
 
     ``prefix``: an encoder-decoder's forced first tokens (BEGIN first; None: BEGIN alone), read
     before the search and left out of every hypothesis (and of its length).
