@@ -87,6 +87,19 @@ def teacher_forced(tts, tokenizer, utterance, reading: dict, voices: list[str]):
     return tts.unscale(refined[0, :frames])
 
 
+def wer_record(metric: str, wer: float, peer: str, peer_wer: float, *, details: dict, target=None) -> dict:
+    """A bench record of a word error rate (fractions in, percentages recorded) beside a peer's."""
+    return {
+        "metric": metric,
+        "figure": round(100 * wer, 2),
+        "unit": "%",
+        "peer": peer,
+        "peer_figure": round(100 * peer_wer, 2),
+        "target": target,
+        "details": details,
+    }
+
+
 def main() -> int:
     from qkv.cli.common import number
 
@@ -214,31 +227,28 @@ def main() -> int:
             "tts",
             [
                 *per_speaker,
-                {
-                    "metric": f"intelligibility: WER of qkv ASR on qkv TTS, {corpus}",
-                    "figure": round(100 * wer_tts, 2),
-                    "unit": "%",
-                    "peer": "the same ASR on the recordings" if voices else "the same ASR on the espeak-ng recordings",
-                    "peer_figure": round(100 * wer_ref, 2),
-                    "target": None if voices else {"max": 15},
-                    "details": {**common, "stopped by the stop token": round(stopped, 4)},
-                },
-                {
-                    "metric": f"intelligibility: WER of qkv ASR on Griffin-Lim of the recordings' mels, {corpus}",
-                    "figure": round(100 * wer_copy, 2),
-                    "unit": "%",
-                    "peer": "the same ASR on the recordings",
-                    "peer_figure": round(100 * wer_ref, 2),
-                    "details": {**common, "what": "copy synthesis: the vocoder alone, no TTS model"},
-                },
-                {
-                    "metric": f"intelligibility: WER of qkv ASR on qkv TTS teacher-forced by the recordings, {corpus}",
-                    "figure": round(100 * wer_forced, 2),
-                    "unit": "%",
-                    "peer": "the same ASR on qkv TTS reading its own frames",
-                    "peer_figure": round(100 * wer_tts, 2),
-                    "details": {**common, "what": "each step reads the recording's previous frames, as in training"},
-                },
+                wer_record(
+                    f"intelligibility: WER of qkv ASR on qkv TTS, {corpus}",
+                    wer_tts,
+                    "the same ASR on the recordings" if voices else "the same ASR on the espeak-ng recordings",
+                    wer_ref,
+                    target=None if voices else {"max": 15},
+                    details={**common, "stopped by the stop token": round(stopped, 4)},
+                ),
+                wer_record(
+                    f"intelligibility: WER of qkv ASR on Griffin-Lim of the recordings' mels, {corpus}",
+                    wer_copy,
+                    "the same ASR on the recordings",
+                    wer_ref,
+                    details={**common, "what": "copy synthesis: the vocoder alone, no TTS model"},
+                ),
+                wer_record(
+                    f"intelligibility: WER of qkv ASR on qkv TTS teacher-forced by the recordings, {corpus}",
+                    wer_forced,
+                    "the same ASR on qkv TTS reading its own frames",
+                    wer_tts,
+                    details={**common, "what": "each step reads the recording's previous frames, as in training"},
+                ),
                 {
                     "metric": "mel-cepstral distance (Kubichek; mel-cepstral-distance defaults, DTW) to the recordings",
                     "figure": round(mcd_mean, 2),
