@@ -172,6 +172,11 @@ class FeatureConfig:
         f_min, f_max: the band the mel filters cover (Hz); f_max None = sample_rate / 2.
         normalize: utterance mean/variance normalisation (:func:`cmvn`) of every mel bin.
         chunk_seconds: Whisper only: every waveform is zero-padded or trimmed to this length.
+        floor: logmel only: the mel power is clamped to this before the log. 1e-10 (Whisper's
+            floor) keeps everything; a synthesis model's targets do better with 1e-6 (60 dB
+            under a full-scale tone): espeak-ng's digital silence otherwise puts a seventh of
+            all values at ln 1e-10 ≈ −23, a cliff the frame loss spends itself on, far below
+            anything audible (Whisper's own features fix their floor and ignore this).
 
     At 16 kHz the defaults are a 25 ms window and a 10 ms hop. :meth:`to_dict` writes every
     field, so a saved config never depends on these defaults.
@@ -187,6 +192,7 @@ class FeatureConfig:
     f_max: float | None = None
     normalize: bool = False
     chunk_seconds: float = 30.0
+    floor: float = LOG_FLOOR
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -197,16 +203,20 @@ class FeatureConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.normalize, bool):
             raise ValueError(f"normalize must be true or false, got {self.normalize!r}")
-        for name in ("f_min", "f_max", "chunk_seconds"):
+        for name in ("f_min", "f_max", "chunk_seconds", "floor"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name} must be a number, got {value!r}")
+        if self.floor is None or not 0 < self.floor < 1:
+            raise ValueError(f"floor must be a mel power between 0 and 1, got {self.floor!r}")
         if self.win_length > self.n_fft:
             raise ValueError(f"win_length {self.win_length} is longer than n_fft {self.n_fft}")
         top = self.sample_rate / 2 if self.f_max is None else self.f_max
         if not 0 <= self.f_min < top <= self.sample_rate / 2:
             raise ValueError(f"need 0 <= f_min < f_max <= sample_rate / 2, got f_min={self.f_min}, f_max={top}")
         if self.kind == "whisper":
+            if self.floor != LOG_FLOOR:
+                raise ValueError(f"whisper features fix their floor at {LOG_FLOOR:g}, got floor {self.floor!r}")
             if self.win_length != self.n_fft:
                 raise ValueError("whisper features need win_length == n_fft")
             if not self.chunk_seconds > 0 or self.chunk_seconds * self.sample_rate < self.n_fft:
@@ -421,7 +431,7 @@ def _logmel(batch: Tensor, c: FeatureConfig) -> Tensor:
     spec, fb = _stft(batch, c, pad_mode="constant")  # (B, E, T), (E, M)
     power = _power(spec)  # (B, T, E)
     mel = (power.reshape(-1, power.shape[-1]) @ fb).view(*power.shape[:2], -1)  # (B, T, M): one GEMM
-    return mel.clamp_(min=LOG_FLOOR).log_()
+    return mel.clamp_(min=c.floor).log_()
 
 
 def _whisper(batch: Tensor, c: FeatureConfig) -> Tensor:

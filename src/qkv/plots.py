@@ -128,8 +128,10 @@ def mel_comparison(
     return _save(fig, Path(path))
 
 
-def loss_curve(losses: list[float], path: str | Path, *, title: str) -> Path:
-    """Training loss per step (log scale), with a moving average."""
+def loss_curve(
+    losses: list[float], path: str | Path, *, title: str, ylabel: str = "cross-entropy (nats/token)"
+) -> Path:
+    """Training loss per step (log scale), with a moving average; ``ylabel`` says what the loss is."""
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     ax.plot(losses, alpha=0.35, label="loss")
@@ -139,7 +141,7 @@ def loss_curve(losses: list[float], path: str | Path, *, title: str) -> Path:
         ax.plot(range(window - 1, len(losses)), smooth, label=f"mean of {window}")
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend()
     return _save(fig, Path(path))

@@ -68,6 +68,7 @@ class Task:
     :data:`COMMON_RULES`. ``check``: rules across keys, run after the values are checked.
     ``tuning_fields``: the model fields a model fine-tuned from a pretrained one
     (``train.init``) may set for itself. ``rate_unit``: what the training rate counts.
+    ``loss_name``: what the training loss is, as the loss picture's axis says it.
     """
 
     name: str
@@ -79,6 +80,7 @@ class Task:
     check: Callable[[dict, str], None] | None = None
     tuning_fields: tuple[str, ...] = ()
     rate_unit: str = "tokens"
+    loss_name: str = "cross-entropy (nats/token)"
 
 
 def read_yaml(text: str):

@@ -66,7 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for problem in summary.get("problems", []):
         print(f"qkv train: note: {problem}", file=sys.stderr)
     score, said = task.report(summary, recipe)
-    loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}")
+    loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}", ylabel=task.loss_name)
     unit = task.rate_unit  # what the loss is over: examples (classify), masked tokens (mlm), tokens
     result = {
         "task": recipe["task"],

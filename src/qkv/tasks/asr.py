@@ -626,4 +626,5 @@ TASK = Task(
     },
     check=_check,
     rate_unit="audio_seconds",
+    loss_name="λ·CTC + (1 − λ)·cross-entropy",
 )

@@ -572,6 +572,7 @@ MLM = Task(
     rules=_RULES,
     check=_check,
     rate_unit="masked_tokens",
+    loss_name="cross-entropy (nats/masked token)",
 )
 
 
@@ -585,4 +586,5 @@ CLASSIFY = Task(
     check=_check,
     tuning_fields=ENCODER_HEAD_FIELDS,
     rate_unit="examples",
+    loss_name="cross-entropy (nats/example)",
 )

@@ -517,4 +517,5 @@ TASK = Task(
     },
     check=_check,
     rate_unit="audio_seconds",
+    loss_name="frames L1 + L2, stop, guided attention",
 )
