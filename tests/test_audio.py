@@ -233,6 +233,20 @@ def test_frame_count_and_batch_equals_one_by_one() -> None:
     torch.testing.assert_close(normed, cmvn(whisper[1]), atol=1e-4, rtol=1e-4)
 
 
+def test_the_floor_clamps_only_what_is_below_it() -> None:
+    """A higher floor (what TTS targets use) is the default features clamped at ln(floor): nothing
+    above it moves; digital silence, which sits at ln 1e-10 by default, rises to it."""
+    w = np.concatenate([np.zeros(1601, dtype=np.float32), noise(0.3, seed=7)])  # silence, then sound
+    base, floored = features(w, FeatureConfig()), features(w, FeatureConfig(floor=1e-6))
+    assert bool((base < np.log(1e-6)).any()) and bool((base > np.log(1e-6)).any())  # both sides exercised
+    torch.testing.assert_close(floored, base.clamp(min=float(np.log(1e-6))))
+    for bad in (0.0, 1.0, -1e-6, True):
+        with pytest.raises(ValueError, match="floor"):
+            FeatureConfig(floor=bad)
+    with pytest.raises(ValueError, match="whisper features fix their floor"):
+        FeatureConfig(kind="whisper", floor=1e-6)
+
+
 def test_features_refuse_non_mono_or_empty_waveforms() -> None:
     with pytest.raises(ValueError, match=r"mono waveform of shape \(N,\)"):
         features(torch.zeros(2, 100), FeatureConfig())
