@@ -7,7 +7,7 @@ beside the peer the issue names, with the wall time (corpus building included).
     python bench/asr.py speech_en                               # espeak-ng English, unseen voices
     python bench/asr.py speech_de_en                            # German speech -> English text
     python bench/asr.py speech_de                               # German speech recognition
-    python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en_asr
+    python bench/asr.py speech_de_en --model runs/speech_de_en --cascade runs/speech_de runs/de_en_mt
     python bench/asr.py speech_en --model runs/speech_en --lm runs/speech_en_lm --lm-weight 0.3
 
 ``fsdd``: ``recipes/fsdd_digits.yaml``; the figure is the share of the 300 test files (recordings
@@ -18,9 +18,9 @@ and its accuracy is the peer figure. ``digit_strings``: WER on the held-out spea
 ``speech_en``: WER on test2016 spoken by voice variants never trained on (≤ 10%).
 ``speech_de_en``: end-to-end BLEU (sacreBLEU 13a, lowercased; ≥ 25). With ``--cascade ASR MT``
 the same test utterances also go through the cascade, German speech recognition
-(``recipes/speech_de.yaml``) then qkv's de->en translation (``recipes/multi30k_de_en.yaml``,
-best trained with ``--set data.source_as_transcript=true``: on sources as the recognizer writes
-them), scored the same way and printed beside it (the German WER is recorded too). ``speech_de``: the
+(``recipes/speech_de.yaml``) then qkv's de->en translation (``recipes/speech_de_en_mt.yaml``,
+trained on sources as the recognizer writes them; the same model can start the end-to-end
+model's decoder), scored the same way and printed beside it (the German WER is recorded too). ``speech_de``: the
 cascade's German recognizer on its own, WER on test2016 spoken by unseen voice variants.
 
 With ``--lm DIR`` (and ``--model``) the test set is decoded with that language model fused into
@@ -87,7 +87,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
         summary["without_lm"] = score_model(model, tokenizer, recipe)
     else:
         summary = score_model(model, tokenizer, recipe)
-    summary["init_encoder"] = meta.get("init_encoder")
+    summary["init_encoder"], summary["init_decoder"] = meta.get("init_encoder"), meta.get("init_decoder")
     # A model saved before these were recorded has none: they are left out, never made up.
     for key, name in (("train_seconds", "train_seconds"), ("audio_seconds_per_second", "tokens_per_second")):
         if key in meta:
@@ -122,6 +122,13 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     # Whether the translation model learnt on sources like the transcripts it reads here.
     data = (read_meta(mt_dir).get("recipe") or {}).get("data", {})  # a run directory: its final model
     return {"bleu": bleu["bleu"], "wer": german["wer"], "mt_reads_transcripts": bool(data.get("source_as_transcript"))}
+
+
+def started_from(summary: dict) -> str:
+    """What a record's notes say of where the model's parts started."""
+    pairs = (("encoder", "init_encoder"), ("decoder", "init_decoder"))
+    said = [f"{part} from {summary[key]}" for part, key in pairs if summary.get(key)]
+    return ", " + ", ".join(said) if said else " from scratch"
 
 
 def main() -> int:
@@ -223,7 +230,7 @@ def main() -> int:
                 "target": target,
                 "details": details,
                 "notes": f"recipe recipes/{BENCHES[name][0]}.yaml, trained on this machine's CPU"
-                + (f", encoder from {init}" if (init := summary.get("init_encoder")) else " from scratch"),
+                + started_from(summary),
             },
         ]
         if "tokens_per_second" in summary:  # a model saved before it was recorded has none

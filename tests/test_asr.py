@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +17,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkv.checkpoint import build_model, load_model, read_meta
+from qkv.blocks import BlockConfig
+from qkv.checkpoint import build_model, load_model, read_meta, save_model
 from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.evaluation import error_rates, normalize_transcript
 from qkv.recipes import batch_of_step, length_batches
 from qkv.speech_corpora import read_manifest
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.asr import cross_attention, init_encoder
+from qkv.tasks.asr import DECODER_FIELDS, DECODER_PARTS, cross_attention, decoder_tokenizer, init_decoder, init_encoder
+from qkv.tokenization import Tokenizer, Vocabularies
 from speech_data import TONES, tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +119,16 @@ def test_the_shipped_speech_recipes_load() -> None:
         assert recipe["model"]["features"]["n_mels"] == 80
 
 
+def test_the_cascade_translator_recipe_has_the_speech_translation_decoder_shape() -> None:
+    """recipes/speech_de_en_mt.yaml exists to start speech_de_en's decoder: every decoder field
+    init_decoder compares agrees, and it reads sources as the recognizer writes them."""
+    mt, st = (load_recipe(ROOT / "recipes" / f"{name}.yaml") for name in ("speech_de_en_mt", "speech_de_en"))
+    writer = build_model("encoder_decoder", {**mt["model"], "src_vocab_size": 97, "tgt_vocab_size": 97}).config
+    speech = build_model("speech_encoder_decoder", {**st["model"], "vocab_size": 97}).config
+    assert [getattr(writer, n) for n in DECODER_FIELDS] == [getattr(speech, n) for n in DECODER_FIELDS]
+    assert mt["task"] == "translation" and mt["data"]["source_as_transcript"] is True
+
+
 @pytest.mark.parametrize(
     ("item", "named"),
     [
@@ -155,6 +168,67 @@ def test_a_translation_model_starts_from_a_recognizers_encoder(trained, tmp_path
     recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_encoder={source}"])
     summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
     assert summary["init_encoder"] == str(source) and read_meta(tmp_path / "st")["init_encoder"] == str(source)
+
+
+def translator(directory: Path, speech_config, *, separate: bool) -> Path:
+    """A tiny translation model directory (random weights) whose decoder has the shape of
+    ``speech_config``'s: one joint character vocabulary, or separate ones (a German-ish source,
+    a target that holds the tone words and more), each the size of neither the other's nor
+    the speech model's."""
+    target = Tokenizer.train_char_level([" ".join(TONES) + " xq"])
+    source = Tokenizer.train_char_level(["zwei hunde laufen"]) if separate else target
+    block = {f.name: getattr(speech_config, f.name) for f in dataclasses.fields(BlockConfig)}
+    fields = {
+        **block,
+        "src_vocab_size": source.vocab_size,
+        "tgt_vocab_size": target.vocab_size,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": speech_config.n_decoder_layers,
+        "share_embeddings": not separate,
+        **{name: getattr(target, name) for name in ("pad_id", "bos_id", "eos_id")},
+    }
+    torch.manual_seed(11)
+    model = build_model("encoder_decoder", fields)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(model, directory, files=Vocabularies(source, target).save(tmp), extra={"task": "translation"})
+    return directory
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["joint", "separate"])
+def test_a_translation_model_starts_from_a_translators_decoder(trained, tmp_path, separate) -> None:
+    source, manifest, _ = trained
+    recognizer, _ = load_model(source)
+    mt_dir = translator(tmp_path / "mt", recognizer.config, separate=separate)
+    mt, _ = load_model(mt_dir)
+    tokens = decoder_tokenizer(mt_dir)
+    assert tokens.vocab_size == mt.config.tgt_vocab_size  # the target's vocabulary, not the source's
+    assert (mt.config.src_vocab_size != mt.config.tgt_vocab_size) == separate
+    fields = {**dataclasses.asdict(recognizer.config), "vocab_size": tokens.vocab_size, "ctc": False}
+    model = build_model("speech_encoder_decoder", fields)
+    encoder_before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("encoder.")}
+    assert init_decoder(model, mt_dir) == mt_dir
+    ours, theirs = model.state_dict(), mt.state_dict()
+    copied = [(k, DECODER_PARTS[p] + k[len(p) :]) for k in theirs for p in DECODER_PARTS if k.startswith(p)]
+    assert copied and all(torch.equal(ours[mine], theirs[k]) for k, mine in copied)
+    assert {mine for _, mine in copied} >= {k for k in ours if k.startswith(("embed.", "decoder.", "output."))}
+    assert torch.equal(ours["embed.token.weight"], mt.tgt_embed.token.weight)  # the target side's table
+    assert all(torch.equal(ours[k], v) for k, v in encoder_before.items())  # the encoder is left alone
+    # A decoder that computes something else, or writes other pieces, is refused by name.
+    wider = build_model("speech_encoder_decoder", {**fields, "d_ff": 71})
+    with pytest.raises(UserError, match=r"train\.init_decoder: .* has model d_ff=64; the recipe says 71"):
+        init_decoder(wider, mt_dir)
+    other = build_model("speech_encoder_decoder", {**fields, "vocab_size": tokens.vocab_size + 2})
+    with pytest.raises(UserError, match=r"writes another vocabulary"):
+        init_decoder(other, mt_dir)
+    # A speech model is not a translator: named by the recipe key before any data is read.
+    wrong = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.init_decoder={source}"])
+    with pytest.raises(UserError, match=r"^train\.init_decoder: .* holds a speech_encoder_decoder model"):
+        TASKS["asr"].train(wrong, tmp_path / "never", progress=False)
+    # Through a recipe: the run writes the translator's target pieces and says where its decoder came from.
+    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_decoder={mt_dir}"])
+    summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
+    assert summary["init_decoder"] == str(mt_dir) and read_meta(tmp_path / "st")["init_decoder"] == str(mt_dir)
+    assert summary["tokenizer"].same_as(tokens) and tokens.vocab_size != recognizer.config.vocab_size
 
 
 # ------------------------------------------------------------------ qkv transcribe

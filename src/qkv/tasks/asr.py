@@ -64,7 +64,7 @@ from qkv.speech_corpora import (
     read_manifest,
 )
 from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import Tokenizer
+from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.training import seq2seq_batch, speech_loss
 
 CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manifests")
@@ -107,6 +107,7 @@ ASR_DEFAULTS: dict = {
         "time_ratio": 0.2,
         "time_warp": 0,
         "init_encoder": None,  # a speech model directory whose front-end and encoder start ours
+        "init_decoder": None,  # a translation model whose decoder (and target tokenizer) start ours
         **FIT_TRAIN_DEFAULTS,
         "label_smoothing": 0.1,
     },
@@ -367,6 +368,106 @@ def init_encoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
     return directory
 
 
+# The config fields that decide what the decoder computes from its tokens and the encoder output:
+# every per-block field but the dropouts and the window (a learned window is checked apart),
+# and the decoder's own fields. A translation model's names for its parts -> ours.
+_NOT_DECODER = ("max_len", "dropout", "attention_dropout")
+DECODER_FIELDS = (
+    *(f.name for f in dataclasses.fields(BlockConfig) if f.name not in _NOT_DECODER),
+    *("n_decoder_layers", "scale_embeddings", "tie_output"),
+)
+DECODER_PARTS = {"tgt_embed.": "embed.", "decoder.": "decoder.", "output.": "output."}
+IDS = ("pad_id", "bos_id", "eos_id")
+
+
+def decoder_source(source: str | Path) -> Path:
+    """The translation model directory ``train.init_decoder`` names (a run: its final
+    checkpoint), checked before any data is read: a UserError beginning with the key if it is
+    missing, unreadable or not a text encoder–decoder."""
+    try:
+        directory = model_dir(Path(source).expanduser())
+        kind = read_meta(directory)["kind"]
+    except UserError as e:
+        raise UserError(f"train.init_decoder: {e}") from None
+    if kind != "encoder_decoder":
+        raise UserError(f"train.init_decoder: {directory} holds a {kind} model; this needs a translation model")
+    return directory
+
+
+def decoder_tokenizer(directory: Path) -> Tokenizer:
+    """The target tokenizer of the translation model in ``directory`` (its own with separate
+    vocabularies, else the joint one; as the translation task reads them). A decoder started
+    from that model must write the same pieces, so the speech model takes this tokenizer in
+    place of ``data.tokenizer``."""
+    try:
+        return Vocabularies.load(directory, files=read_meta(directory)["files"]).target
+    except UserError as e:
+        raise UserError(f"train.init_decoder: {e}") from None
+
+
+def init_decoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
+    """Start ``model``'s token embedding, decoder stack and output layer from the translation
+    model in ``source``; the front-end, encoder and CTC head stay as they are. End-to-end speech
+    translation learns little from its few thousand steps if its decoder must also learn to
+    write the target language: starting the encoder from speech recognition and the decoder
+    from text translation is the standard remedy (Bérard et al., 2018, "End-to-End Automatic
+    Speech Translation of Audiobooks", section 3; ESPnet's ST recipes), and the cross-attention
+    then only has to learn to read sounds where it read words. The decoder fields
+    (:data:`DECODER_FIELDS`) and the vocabulary must agree, else a UserError names the first
+    that differs. Returns the model directory read."""
+    directory = model_dir(Path(source).expanduser())
+    try:  # load_model checks the kind and the file against its config
+        pretrained, _ = load_model(directory, kind="encoder_decoder")
+    except UserError as e:
+        raise UserError(f"train.init_decoder: {e}") from None
+    theirs, ours = pretrained.config, model.config
+    differ = [(n, getattr(theirs, n), getattr(ours, n)) for n in DECODER_FIELDS]
+    differ = [(name, t, o) for name, t, o in differ if t != o]
+    if differ:
+        name, t, o = differ[0]
+        raise UserError(f"train.init_decoder: {directory} has model {name}={t}; the recipe says {o}")
+    vocabulary = [(theirs.tgt_vocab_size, ours.vocab_size), *((getattr(theirs, n), getattr(ours, n)) for n in IDS)]
+    if any(t != o for t, o in vocabulary):
+        raise UserError(f"train.init_decoder: {directory} writes another vocabulary (size, padding, BEGIN, END ids)")
+    if ours.positions == "learned" and theirs.max_len < ours.max_len:
+        raise UserError(
+            f"train.init_decoder: {directory} learnt {theirs.max_len} positions; model.max_len is {ours.max_len}"
+        )
+    if theirs.output_bias:
+        raise UserError(f"train.init_decoder: {directory} has output_bias=true; a speech model's output layer has none")
+    if ours.bias and not ours.key_bias:
+        raise UserError(f"train.init_decoder: model.key_bias is false; {directory}'s decoder has key biases")
+    state = {}
+    for name, value in pretrained.state_dict().items():
+        for prefix, mine in DECODER_PARTS.items():
+            if name.startswith(prefix):
+                state[mine + name[len(prefix) :]] = value
+    if "embed.position.weight" in state:  # learned positions: our window is a prefix of theirs
+        state["embed.position.weight"] = state["embed.position.weight"][: ours.max_len]
+    # Equal decoder fields build equal decoder parameters; the loaded model names a shared or
+    # tied tensor under each of its names, so every one of ours is there (checked all the same).
+    loaded = model.load_state_dict(state, strict=False)
+    missing = [k for k in loaded.missing_keys if k.startswith(tuple(DECODER_PARTS.values()))]
+    if missing or loaded.unexpected_keys:
+        raise UserError(
+            f"train.init_decoder: {directory} lacks {missing[:1]} or has extra {loaded.unexpected_keys[:1]}"
+        )
+    return directory
+
+
+def _started(recipe: dict, tokenizer: Tokenizer, source: Path | None, writer: Path | None) -> SpeechEncoderDecoder:
+    """The recipe's model for ``tokenizer``'s vocabulary, seeded, its encoder started from
+    ``source``'s and its decoder from ``writer``'s where they are given."""
+    torch.manual_seed(int(recipe["train"]["seed"]))
+    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, **{n: getattr(tokenizer, n) for n in IDS}}
+    model = build_model("speech_encoder_decoder", fields)
+    if source is not None:
+        init_encoder(model, source)
+    if writer is not None:
+        init_decoder(model, writer)
+    return model
+
+
 def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
     if last is not None:
         return Tokenizer.load(last / TOKENIZER_FILE)
@@ -396,25 +497,23 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     # The encoder's source is checked before the corpus is read; resumed, the checkpoint holds
     # the encoder already and the source is only named (as the recipe gives it).
     source = encoder_source(train["init_encoder"]) if train["init_encoder"] is not None and last is None else None
-    encoder_from = train["init_encoder"]
+    writer = decoder_source(train["init_decoder"]) if train["init_decoder"] is not None and last is None else None
+    # Recorded as read where they are read now; resumed, as the recipe names them.
+    encoder_from = str(source) if source is not None else train["init_encoder"]
+    decoder_from = str(writer) if writer is not None else train["init_decoder"]
+    # With a translator's decoder the vocabulary is known at once: the model is built and checked
+    # against its sources before the corpus (which may take minutes to build) is read.
+    tokenizer = decoder_tokenizer(writer) if writer is not None else None
+    model = _started(recipe, tokenizer, source, writer) if tokenizer is not None else None
     corpus, test_split = load_corpus(data)
     translate, normalize = bool(data["translate"]), bool(data["normalize"])
     train_utts = corpus["train"]
     texts = [output_text(u, translate=translate, normalize=normalize) for u in train_utts]
-    tokenizer = _tokenizer(data, texts, last)
-    torch.manual_seed(seed)
-    fields = {
-        **recipe["model"],
-        "vocab_size": tokenizer.vocab_size,
-        "pad_id": tokenizer.pad_id,
-        "bos_id": tokenizer.bos_id,
-        "eos_id": tokenizer.eos_id,
-    }
-    model = build_model("speech_encoder_decoder", fields)
-    if source is not None:
-        encoder_from = str(init_encoder(model, source))
+    if tokenizer is None or model is None:
+        tokenizer = _tokenizer(data, texts, last)
+        model = _started(recipe, tokenizer, source, writer)
     config = model.config.features
-    targets = tokenizer.encode_batch(texts)
+    targets = tokenizer.encode_batch(texts, add_special_tokens=False)  # the batch adds BEGIN and END
     keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
     if len(keep) < len(targets):
         problems.append(
@@ -483,7 +582,8 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     train_feats.clear()  # the training features' memory, before the test set's
     # Saved before the test set is decoded (an hour's training is not lost to a failure or a
     # Ctrl-C while scoring), and again with the scores.
-    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, **audio_timing(result)}
+    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, "init_decoder": decoder_from}
+    extra.update(audio_timing(result))
     save_model_dir(model, tokenizer, out, extra=extra)
     evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
     scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
@@ -502,6 +602,7 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         **{k: v for k, v in evaluation.items() if not k.startswith("first_")},
         "problems": problems,
         "init_encoder": encoder_from,
+        "init_decoder": decoder_from,
         **fit_summary(result, model, tokenizer),
     }
 
@@ -623,6 +724,7 @@ TASK = Task(
         ("train", "time_ratio"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("train", "time_warp"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "init_encoder"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
+        ("train", "init_decoder"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
     },
     check=_check,
     rate_unit="audio_seconds",
