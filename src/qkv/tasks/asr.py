@@ -411,7 +411,7 @@ def init_decoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
     translation learns little from its few thousand steps if its decoder must also learn to
     write the target language: starting the encoder from speech recognition and the decoder
     from text translation is the standard remedy (Bérard et al., 2018, "End-to-End Automatic
-    Speech Translation of Audiobooks", section 3; ESPnet's ST recipes), and the cross-attention
+    Speech Translation of Audiobooks"; ESPnet's ST recipes do the same), and the cross-attention
     then only has to learn to read sounds where it read words. The decoder fields
     (:data:`DECODER_FIELDS`) and the vocabulary must agree, else a UserError names the first
     that differs. Returns the model directory read."""
