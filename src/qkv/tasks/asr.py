@@ -330,17 +330,28 @@ ENCODER_FIELDS = (
 ENCODER_PARTS = ("frontend.", "encoder.")  # the state-dict prefixes of the front-end and the encoder
 
 
-def encoder_source(source: str | Path) -> Path:
-    """The speech model directory ``train.init_encoder`` names (a training run: its final
-    checkpoint), checked before any data is read: a UserError beginning with the key if it is
-    missing, unreadable or not a speech encoder–decoder."""
+# What train.init_encoder and train.init_decoder read: a model of this kind, said so.
+SOURCES = {
+    "init_encoder": ("speech_encoder_decoder", "a speech model"),
+    "init_decoder": ("encoder_decoder", "a translation model"),
+}
+
+
+def pretrained_source(train: dict, key: str, last: Path | None) -> Path | None:
+    """The model directory ``train[key]`` (``init_encoder`` or ``init_decoder``) names (a
+    training run: its final checkpoint), checked before any data is read: a UserError beginning
+    with the key if it is missing, unreadable or not of the kind :data:`SOURCES` says. None when
+    the key is unset or the run resumes (its checkpoint holds those parts already)."""
+    if train[key] is None or last is not None:
+        return None
     try:
-        directory = model_dir(Path(source).expanduser())
+        directory = model_dir(Path(train[key]).expanduser())
         kind = read_meta(directory)["kind"]
     except UserError as e:
-        raise UserError(f"train.init_encoder: {e}") from None
-    if kind != "speech_encoder_decoder":
-        raise UserError(f"train.init_encoder: {directory} holds a {kind} model; this needs a speech model")
+        raise UserError(f"train.{key}: {e}") from None
+    wanted, what = SOURCES[key]
+    if kind != wanted:
+        raise UserError(f"train.{key}: {directory} holds a {kind} model; this needs {what}")
     return directory
 
 
@@ -378,20 +389,6 @@ DECODER_FIELDS = (
 )
 DECODER_PARTS = {"tgt_embed.": "embed.", "decoder.": "decoder.", "output.": "output."}
 IDS = ("pad_id", "bos_id", "eos_id")
-
-
-def decoder_source(source: str | Path) -> Path:
-    """The translation model directory ``train.init_decoder`` names (a run: its final
-    checkpoint), checked before any data is read: a UserError beginning with the key if it is
-    missing, unreadable or not a text encoder–decoder."""
-    try:
-        directory = model_dir(Path(source).expanduser())
-        kind = read_meta(directory)["kind"]
-    except UserError as e:
-        raise UserError(f"train.init_decoder: {e}") from None
-    if kind != "encoder_decoder":
-        raise UserError(f"train.init_decoder: {directory} holds a {kind} model; this needs a translation model")
-    return directory
 
 
 def decoder_tokenizer(directory: Path) -> Tokenizer:
@@ -494,10 +491,9 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
-    # The encoder's source is checked before the corpus is read; resumed, the checkpoint holds
-    # the encoder already and the source is only named (as the recipe gives it).
-    source = encoder_source(train["init_encoder"]) if train["init_encoder"] is not None and last is None else None
-    writer = decoder_source(train["init_decoder"]) if train["init_decoder"] is not None and last is None else None
+    # The sources of the encoder and decoder are checked before the corpus is read; resumed, the
+    # checkpoint holds those parts already and the sources are only named (as the recipe gives them).
+    source, writer = pretrained_source(train, "init_encoder", last), pretrained_source(train, "init_decoder", last)
     # Recorded as read where they are read now; resumed, as the recipe names them.
     encoder_from = str(source) if source is not None else train["init_encoder"]
     decoder_from = str(writer) if writer is not None else train["init_decoder"]
