@@ -176,7 +176,7 @@ class FeatureConfig:
             floor) keeps everything; a synthesis model's targets do better with 1e-6 (60 dB
             under a full-scale tone): espeak-ng's digital silence otherwise puts a seventh of
             all values at ln 1e-10 ≈ −23, a cliff the frame loss spends itself on, far below
-            anything audible (Whisper's own features fix their floor and ignore this).
+            anything audible (Whisper's features fix theirs at 1e-10 and refuse another).
 
     At 16 kHz the defaults are a 25 ms window and a 10 ms hop. :meth:`to_dict` writes every
     field, so a saved config never depends on these defaults.
