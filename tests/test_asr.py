@@ -160,14 +160,26 @@ def test_a_translation_model_starts_from_a_recognizers_encoder(trained, tmp_path
     wider = build_model("speech_encoder_decoder", {**fields, "d_ff": 71})
     with pytest.raises(UserError, match=r"train\.init_encoder: .* has model d_ff=64; the recipe says 71"):
         init_encoder(wider, source)
-    # A source that is missing is named by its recipe key before any data is read.
-    missing = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.init_encoder={tmp_path / 'none'}"])
-    with pytest.raises(UserError, match=r"^train\.init_encoder: model directory .*none does not exist"):
-        TASKS["asr"].train(missing, tmp_path / "never", progress=False)
-    # Through a recipe: the run says where its encoder came from.
-    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_encoder={source}"])
+    # A source that is missing is named by its recipe key before any data is read; through a
+    # recipe, the run says where its encoder came from.
+    started_from(tmp_path, manifest, "init_encoder", tmp_path / "none", r"model directory .*none does not exist")
+    started_from(tmp_path, manifest, "init_encoder", source)
+
+
+def started_from(tmp_path: Path, manifest: Path, key: str, source: Path, refused: str | None = None) -> dict:
+    """Train 2 steps of the tiny recipe with ``train.<key>=source`` and return the summary, after
+    checking that the run and the saved model name the source; with ``refused``, check instead
+    that the key and that message are the error raised before any data is read (the manifest
+    given does not exist)."""
+    if refused is not None:
+        recipe = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.{key}={source}"])
+        with pytest.raises(UserError, match=rf"^train\.{key}: {refused}"):
+            TASKS["asr"].train(recipe, tmp_path / "never", progress=False)
+        return {}
+    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.{key}={source}"])
     summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
-    assert summary["init_encoder"] == str(source) and read_meta(tmp_path / "st")["init_encoder"] == str(source)
+    assert summary[key] == str(source) and read_meta(tmp_path / "st")[key] == str(source)
+    return summary
 
 
 def translator(directory: Path, speech_config, *, separate: bool) -> Path:
@@ -221,13 +233,9 @@ def test_a_translation_model_starts_from_a_translators_decoder(trained, tmp_path
     with pytest.raises(UserError, match=r"writes another vocabulary"):
         init_decoder(other, mt_dir)
     # A speech model is not a translator: named by the recipe key before any data is read.
-    wrong = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.init_decoder={source}"])
-    with pytest.raises(UserError, match=r"^train\.init_decoder: .* holds a speech_encoder_decoder model"):
-        TASKS["asr"].train(wrong, tmp_path / "never", progress=False)
+    started_from(tmp_path, manifest, "init_decoder", source, r".* holds a speech_encoder_decoder model")
     # Through a recipe: the run writes the translator's target pieces and says where its decoder came from.
-    recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.init_decoder={mt_dir}"])
-    summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
-    assert summary["init_decoder"] == str(mt_dir) and read_meta(tmp_path / "st")["init_decoder"] == str(mt_dir)
+    summary = started_from(tmp_path, manifest, "init_decoder", mt_dir)
     assert summary["tokenizer"].same_as(tokens) and tokens.vocab_size != recognizer.config.vocab_size
 
 

@@ -24,14 +24,14 @@ def test_loss_curve_writes_a_png_and_replaces_an_old_one(tmp_path):
     path = tmp_path / "loss.png"
     path.write_bytes(b"old")
     losses = [3.0 / (1 + 0.1 * i) for i in range(120)]
-    assert loss_curve(losses, path, title="loss") == path
+    assert loss_curve(losses, path, title="loss", ylabel="cross-entropy (nats/token)") == path
     data = path.read_bytes()
     assert data.startswith(PNG) and len(data) > 1000
     assert [p.name for p in tmp_path.iterdir()] == ["loss.png"]
 
 
 def test_loss_curve_with_a_single_step(tmp_path):
-    path = loss_curve([2.5], tmp_path / "one.png", title="one step")
+    path = loss_curve([2.5], tmp_path / "one.png", title="one step", ylabel="loss")
     assert path.read_bytes().startswith(PNG)
     assert [p.name for p in tmp_path.iterdir()] == ["one.png"]
 

@@ -128,9 +128,7 @@ def mel_comparison(
     return _save(fig, Path(path))
 
 
-def loss_curve(
-    losses: list[float], path: str | Path, *, title: str, ylabel: str = "cross-entropy (nats/token)"
-) -> Path:
+def loss_curve(losses: list[float], path: str | Path, *, title: str, ylabel: str) -> Path:
     """Training loss per step (log scale), with a moving average; ``ylabel`` says what the loss is."""
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()

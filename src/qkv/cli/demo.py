@@ -34,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from qkv.plots import attention_heatmap, loss_curve
     from qkv.seq2seq import cross_attention
     from qkv.tasks import load_recipe
-    from qkv.tasks.numbers import train_numbers
+    from qkv.tasks.numbers import TASK, train_numbers
 
     overrides = [f"train.seed={args.seed}", f"train.seconds={args.seconds}"]
     if args.steps is not None:
@@ -80,7 +80,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         path=out / "cross_attention.png",
         title=f"cross-attention of the last decoder layer while writing {source!r}",
     )
-    loss_png = loss_curve(summary["losses"], out / "loss.png", title="qkv demo: training loss")
+    loss_png = loss_curve(summary["losses"], out / "loss.png", title="qkv demo: training loss", ylabel=TASK.loss_name)
     print(
         f"qkv demo: exact match {summary['exact_match']:.1%} on {len(held_out)} held-out numbers | "
         f"{summary['steps']} steps in {summary['train_seconds']:.0f}s "
