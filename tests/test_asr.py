@@ -333,14 +333,19 @@ def test_bad_audio_files_are_all_named_and_skipped_only_when_asked(trained, caps
     missing = tmp_path / "missing.flac"
     short = tmp_path / "click.wav"  # 40 ms: shorter than the conv2d front-end's first window (70 ms)
     soundfile.write(short, 0.3 * np.sin(np.arange(640) * 0.2), 16000)
-    argv = [good, str(empty), str(text), str(missing), str(short)]
+    more = [tmp_path / f"empty{i}.wav" for i in range(3)]  # seven bad files: every one is named
+    for path in more:
+        path.write_bytes(b"")
+    bad = [empty, text, missing, short, *more]
+    argv = [good, *map(str, bad)]
     rc, out, err = run(capsys, "transcribe", "--model", str(model), *argv)
     assert rc == 2 and out == ""
-    assert len(err.strip().splitlines()) == 1
-    for path in (empty, text, missing, short):
-        assert str(path) in err
-    assert "40 ms is too short for this model" in err
-    assert "--skip-bad" in err
+    lines = err.strip().splitlines()
+    assert len(lines) == len(bad) + 1  # a line per bad file, then the refusal
+    for path in bad:
+        assert sum(line.startswith(f"qkv transcribe: {path}: ") for line in lines[:-1]) == 1
+    assert any(str(short) in line and "40 ms is too short for this model" in line for line in lines)
+    assert "7 of 8 files" in lines[-1] and "--skip-bad" in lines[-1]
     rc, out, err = run(capsys, "transcribe", "--model", str(model), good, str(empty), "--skip-bad")
     assert rc == 0 and out.splitlines()[0].startswith(good + "\t")
     assert f"skipped {empty}" in err

@@ -17,6 +17,7 @@ from qkv.checkpoint import load_model, save_model
 from qkv.models.tts import TransformerTTS, TTSConfig, decoder_inputs, group_frames, ungroup_frames
 from qkv.synthesis import synthesize
 from qkv.training import Trainer, guided_attention_loss, guided_attention_weights, tts_loss
+from qkv.vocoder import GriffinLim
 
 M, V, PAD = 13, 17, 0
 ATOL = 1e-5
@@ -158,6 +159,26 @@ def test_stop_token_ends_a_sentence_and_the_cap_is_reported() -> None:
     assert capped.hit_cap and capped.mel.shape[0] == 6
 
 
+def test_prenet_dropout_stays_on_at_inference_unless_switched_off() -> None:
+    """Li et al. (2019) keep the mel pre-net's dropout at inference; eval() must not switch it off."""
+    model = make_model(prenet_dropout=0.5)
+    assert not model.training
+    frames = torch.randn(2, 5, M)
+    torch.manual_seed(1)
+    first = model.decoder_prenet(frames)  # (B, U, D)
+    second = model.decoder_prenet(frames)  # (B, U, D)
+    assert not torch.equal(first, second)  # a fresh dropout mask on each call, in eval mode
+    assert torch.equal(model.decoder_prenet(frames, always=False), model.decoder_prenet(frames, always=False))
+    with torch.no_grad():
+        model.stop_head.bias.fill_(-30.0)  # never stops: both runs write the same number of frames
+    (a,) = synthesize(model, [[3, 4, 5]], max_frames=9)
+    (b,) = synthesize(model, [[3, 4, 5]], max_frames=9)
+    assert a.mel.shape == b.mel.shape and not torch.equal(a.mel, b.mel)
+    (c,) = synthesize(model, [[3, 4, 5]], max_frames=9, prenet_dropout=False)
+    (d,) = synthesize(model, [[3, 4, 5]], max_frames=9, prenet_dropout=False)
+    assert torch.equal(c.mel, d.mel)
+
+
 def test_guided_attention_penalty_on_a_hand_computed_case() -> None:
     w = guided_attention_weights(torch.tensor([2, 1]), torch.tensor([2, 2]), sigma=0.2)
     off = 1 - math.exp(-(0.5**2) / (2 * 0.2**2))
@@ -226,3 +247,5 @@ def test_a_tiny_model_learns_one_utterance() -> None:
     (out,) = synthesize(model, [[3, 5, 7, 9, 11]], max_frames=3 * target.shape[0])
     assert not out.hit_cap and abs(out.mel.shape[0] - target.shape[0]) <= 3
     assert (out.mel - target[: out.mel.shape[0]]).abs().mean() < 0.25 * (target - target.mean()).abs().mean()
+    wave_out = GriffinLim(config, iterations=4)(out.mel)  # (N,)
+    assert abs(wave_out.numel() - len(wave)) <= 4 * config.hop_length  # the utterance's length, within 3 frames

@@ -105,12 +105,15 @@ def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_pat
     assert speaking_of(read_meta(model))["stop_threshold"] == 0.5  # the recipe default
     assert speaking_of({"recipe": {"data": {"stop_threshold": 0.2}}})["stop_threshold"] == 0.2
     assert speaking_of({"recipe": {"data": {"stop_threshold": 0.2}}}, stop_threshold=0.7)["stop_threshold"] == 0.7
-    seconds = {}
+    seconds, errs = {}, {}
     for threshold in ("0.000001", "0.999999"):  # at once, and (almost) never: the --max-seconds cap
         argv = ["speak", "--model", str(model), "--speaker", "tones", "--text", "do mi so", "--max-seconds", "0.6"]
         assert main([*argv, "--stop-threshold", threshold, "--output", str(tmp_path / f"{threshold}.wav")]) == 0
-        seconds[threshold] = float(capsys.readouterr().out.split("\t")[1])
+        out, errs[threshold] = capsys.readouterr()
+        seconds[threshold] = float(out.split("\t")[1])
     assert seconds["0.000001"] < 0.1 < 0.55 < seconds["0.999999"]
+    capped = f"{tmp_path / '0.999999.wav'}: 'do mi so' did not end within 0.6 s (--max-seconds)"
+    assert capped in errs["0.999999"] and "did not end" not in errs["0.000001"]  # the cap hit is said, once
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         good = [(p, w) for p, w in good if not too_short(model, config.frames(w.numel()))]
         bad += [(p, f"{1000 * w.numel() / config.sample_rate:.0f} ms is too short for this model") for p, w in short]
     if bad and not args.skip_bad:
-        named = "; ".join(f"{p}: {why}" for p, why in bad[:5]) + ("; ..." if len(bad) > 5 else "")
-        raise UserError(f"{len(bad)} of {len(paths)} files cannot be transcribed ({named}); --skip-bad does the rest")
+        for path, why in bad:  # every bad file named, a line each, however many there are
+            print(f"qkv transcribe: {path}: {why}", file=sys.stderr)
+        raise UserError(
+            f"{len(bad)} of {len(paths)} files cannot be transcribed (each named above); "
+            "--skip-bad transcribes the rest"
+        )
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()
