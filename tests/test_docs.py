@@ -309,6 +309,27 @@ def test_results_page_is_current():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_the_readme_table_is_each_headlines_latest_record(tmp_path):
+    """A newer record replaces its row; a headline no record has, or a README without the markers,
+    is refused by name (not rendered as a blank row)."""
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    benches = render.load()
+    name, metric, label = render.HEADLINES[0]
+    newer = {**benches[name][-1], "metric": metric, "figure": 99.25, "peer": None, "peer_figure": None}
+    table = render.headline({**benches, name: [*benches[name], newer]})
+    row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+    assert "99.25" in row
+    with pytest.raises(SystemExit, match="no record has"):
+        render.headline({k: v for k, v in benches.items() if k != name})
+    with pytest.raises(SystemExit, match="mark where the results table goes"):
+        render.with_headline("# a README without the markers\n", table)
+    assert render.with_headline(f"a\n{render.START}\nold\n{render.END}\nb\n", table) == (
+        f"a\n{render.START}\n{table}{render.END}\nb\n"
+    )
+
+
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 # A measured figure: a number with a unit of measurement after it (not "32 × 128", a shape), a
 # decimal percentage, or a decimal with a score named before it ("chrF 66.41", "scored 40.50").
