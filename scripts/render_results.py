@@ -163,7 +163,8 @@ def with_headline(readme: str, table: str) -> str:
     start, end = readme.find(START), readme.find(END)
     if start < 0 or end < start:
         raise SystemExit(f"README.md: the lines {START!r} and {END!r} mark where the results table goes")
-    return readme[: start + len(START)] + "\n" + table + readme[end:]
+    # Blank lines around the table: Markdown ends a table at a blank line, not at an HTML comment.
+    return readme[: start + len(START)] + "\n\n" + table + "\n" + readme[end:]
 
 
 def _section(name: str, runs: list[dict]) -> list[str]:

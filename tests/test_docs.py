@@ -326,7 +326,7 @@ def test_the_readme_table_is_each_headlines_latest_record(tmp_path):
     with pytest.raises(SystemExit, match="mark where the results table goes"):
         render.with_headline("# a README without the markers\n", table)
     assert render.with_headline(f"a\n{render.START}\nold\n{render.END}\nb\n", table) == (
-        f"a\n{render.START}\n{table}{render.END}\nb\n"
+        f"a\n{render.START}\n\n{table}\n{render.END}\nb\n"
     )
 
 
