@@ -248,4 +248,5 @@ def test_a_tiny_model_learns_one_utterance() -> None:
     assert not out.hit_cap and abs(out.mel.shape[0] - target.shape[0]) <= 3
     assert (out.mel - target[: out.mel.shape[0]]).abs().mean() < 0.25 * (target - target.mean()).abs().mean()
     wave_out = GriffinLim(config, iterations=4)(out.mel)  # (N,)
-    assert abs(wave_out.numel() - len(wave)) <= 4 * config.hop_length  # the utterance's length, within 3 frames
+    # N = (T - 1) hops: the utterance's length within the 3 frames allowed above, plus that one
+    assert abs(wave_out.numel() - len(wave)) <= 4 * config.hop_length
