@@ -1,15 +1,14 @@
-"""Render docs/results.md, and the README's table of headline figures, from bench/results/*.json.
+"""Render docs/results.md from the benchmark records in bench/results/*.json.
 
-    python scripts/render_results.py            # write docs/results.md and the README's table
-    python scripts/render_results.py --check    # exit 1 if either is not what it would render
+    python scripts/render_results.py            # write docs/results.md
+    python scripts/render_results.py --check    # exit 1 if docs/results.md is not what it would render
 
 Each bench/results/NAME.json is a JSON list of records, oldest first (bench/record.py writes
 them). The page has one section per benchmark: a table with the latest run of each metric
 (figure, peer's figure, ratio, target, date, commit, run), the runs behind that table
 (command, date, commit, machine), the notes of those runs, and the earlier runs in a
-collapsible list. The README's table (between its ``<!-- results -->`` markers) shows the latest
-record of each metric in ``HEADLINES``, beside its peer and target, so the README's figures are
-the records' too. The output depends on the records only (no clock, no git), so it is the same
+collapsible list. Above them, a table of headline figures: the latest record of each metric in
+``HEADLINES``, beside its peer and target. The output depends on the records only (no clock, no git), so it is the same
 on every machine.
 """
 
@@ -24,8 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PAGE = ROOT / "docs" / "results.md"
-README = ROOT / "README.md"
-START, END = "<!-- results: rendered by scripts/render_results.py, do not edit by hand -->", "<!-- /results -->"
 REQUIRED = ("metric", "figure", "unit", "command", "commit", "date", "machine")
 
 # Known benchmarks in reading order: (title, what produces the records). Others follow by name.
@@ -60,7 +57,7 @@ BENCHMARKS = {
 }
 
 
-# The README's table: (benchmark, metric, what the row is called), one row per application.
+# The headline table: (benchmark, metric, what the row is called), one row per application.
 HEADLINES = [
     ("mt", "Multi30k de→en, test2016: BLEU, lowercased tokenized", "Translation, Multi30k de→en"),
     ("mt", "Multi30k en→de (en-de-lc), test2016: BLEU, lowercased tokenized", "Translation, Multi30k en→de"),
@@ -135,6 +132,12 @@ def render(benches: dict[str, list[dict]]) -> str:
         "commit that reported the run (records transcribed from the README's measurement log of 2026-11-29 to",
         "2026-12-02); a commit marked + had changes in the working tree.",
         "",
+        "## Headlines",
+        "",
+        "The headline figure of each application, beside the peer measured in the same run or the published",
+        "figure it is compared with; each row's run, budget and notes are in its section below.",
+        "",
+        headline(benches),
         f"{total} records from {len(order)} benchmarks:",
         "",
     ]
@@ -147,24 +150,20 @@ def render(benches: dict[str, list[dict]]) -> str:
 
 
 def headline(benches: dict[str, list[dict]]) -> str:
-    """The README's table: the latest record of each of ``HEADLINES``, its peer and its target."""
+    """The headline table: the latest record of each of ``HEADLINES``, its peer and its target.
+
+    A benchmark with no records at all is left out; one whose records lack a headline's metric
+    (renamed, say) is refused by name."""
     out = ["| what | qkv | beside it | target |", "| --- | --- | --- | --- |"]
     for name, metric, label in HEADLINES:
-        runs = [r for r in benches.get(name, []) if r["metric"] == metric]
+        if name not in benches:  # a folder of some benchmarks' records only (tests, --results)
+            continue
+        runs = [r for r in benches[name] if r["metric"] == metric]
         if not runs:
             raise SystemExit(f"render_results.py: HEADLINES names {name!r} metric {metric!r}, which no record has")
         r = runs[-1]
         out.append(f"| {_cell(label)} | {_cell(_figure(r['figure'], r['unit']))} | {_cell(_peer(r))} | {_target(r)} |")
     return "\n".join(out) + "\n"
-
-
-def with_headline(readme: str, table: str) -> str:
-    """The README's text with ``table`` between its markers (which must both be there, in order)."""
-    start, end = readme.find(START), readme.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README.md: the lines {START!r} and {END!r} mark where the results table goes")
-    # Blank lines around the table: Markdown ends a table at a blank line, not at an HTML comment.
-    return readme[: start + len(START)] + "\n\n" + table + "\n" + readme[end:]
 
 
 def _section(name: str, runs: list[dict]) -> list[str]:
@@ -345,29 +344,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the page is not current")
     parser.add_argument("--results", type=Path, default=RESULTS, help="records folder (default bench/results)")
     parser.add_argument("--page", type=Path, default=PAGE, help="page to write or check (default docs/results.md)")
-    parser.add_argument("--readme", type=Path, default=README, help="README to write or check (default README.md)")
     args = parser.parse_args(argv)
     benches = load(args.results)
-    readme = args.readme.read_text(encoding="utf-8")
-    wanted = {args.page: render(benches), args.readme: with_headline(readme, headline(benches))}
+    page = render(benches)
     if args.check:
-        stale = 0
-        for path, text in wanted.items():
-            current = path.read_text(encoding="utf-8") if path.is_file() else ""
-            if current != text:
-                diff = difflib.unified_diff(
-                    current.splitlines(), text.splitlines(), str(path), "rendered", n=0, lineterm=""
-                )
-                print("\n".join(list(diff)[:40]), file=sys.stderr)
-                print(f"{path} is not current: run python scripts/render_results.py", file=sys.stderr)
-                stale += 1
-        return 1 if stale else 0
+        current = args.page.read_text(encoding="utf-8") if args.page.is_file() else ""
+        if current == page:
+            return 0
+        diff = difflib.unified_diff(
+            current.splitlines(), page.splitlines(), str(args.page), "rendered", n=0, lineterm=""
+        )
+        print("\n".join(list(diff)[:40]), file=sys.stderr)
+        print(f"{args.page} is not current: run python scripts/render_results.py", file=sys.stderr)
+        return 1
     args.page.parent.mkdir(parents=True, exist_ok=True)
-    for path, text in wanted.items():  # atomic: a reader sees the old file or the new one
-        part = path.with_name(path.name + ".part")
-        part.write_text(text, encoding="utf-8")
-        part.replace(path)
-    print(f"wrote {args.page} ({sum(len(r) for r in benches.values())} records) and the table in {args.readme}")
+    part = args.page.with_name(args.page.name + ".part")  # atomic: a reader sees the old page or the new one
+    part.write_text(page, encoding="utf-8")
+    part.replace(args.page)
+    print(f"wrote {args.page} ({sum(len(r) for r in benches.values())} records)")
     return 0
 
 

@@ -6,8 +6,7 @@
   `python bench/X.py ...` with the script's own parser (and `--help`), `bash scripts/X.sh ...`
   with the parser of the command the script runs; the numbers-task examples run for real on a
   tiny model, and `qkv evaluate --hyp --ref` on tiny files;
-- a figure quoted in a guide is a figure of docs/results.md, and the README quotes them only in
-  the table scripts/render_results.py writes from the records;
+- a figure quoted in a guide is a figure of docs/results.md, and the README quotes none;
 - every relative link resolves (files, and #anchors to headings).
 
 A line is left out only with a trailing `# doc-test: skip (why)` comment; there are at most
@@ -309,25 +308,20 @@ def test_results_page_is_current():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_readme_table_is_each_headlines_latest_record(tmp_path):
-    """A newer record replaces its row; a headline no record has, or a README without the markers,
-    is refused by name (not rendered as a blank row)."""
+def test_the_headline_table_is_each_headlines_latest_record():
+    """A newer record replaces its row on the results page; a headline no record has is refused by
+    name (not rendered as a blank row)."""
     spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
     benches = render.load()
     name, metric, label = render.HEADLINES[0]
     newer = {**benches[name][-1], "metric": metric, "figure": 99.25, "peer": None, "peer_figure": None}
-    table = render.headline({**benches, name: [*benches[name], newer]})
-    row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+    page = render.render({**benches, name: [*benches[name], newer]})
+    row = next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
     assert "99.25" in row
     with pytest.raises(SystemExit, match="no record has"):
-        render.headline({k: v for k, v in benches.items() if k != name})
-    with pytest.raises(SystemExit, match="mark where the results table goes"):
-        render.with_headline("# a README without the markers\n", table)
-    assert render.with_headline(f"a\n{render.START}\nold\n{render.END}\nb\n", table) == (
-        f"a\n{render.START}\n\n{table}\n{render.END}\nb\n"
-    )
+        render.headline({**benches, name: [r for r in benches[name] if r["metric"] != metric]})
 
 
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
@@ -355,17 +349,10 @@ def _value(number: str) -> float:
     return float(number.replace(",", ""))
 
 
-def test_the_readme_quotes_figures_only_in_its_rendered_table():
-    """The README's figures sit in the table render_results.py writes (test_results_page_is_current
-    checks it against the records); its prose quotes none."""
-    text = README.read_text(encoding="utf-8")
-    start, end = text.index("<!-- results: rendered"), text.index("<!-- /results -->")
-    table = text[start:end]
-    assert table.count("\n| ") >= 10, "README.md: the rendered results table is missing"
-    prose = _prose(README).replace(table, "")
-    found = _figures(prose)
-    assert not found, f"README.md quotes measured figures {found} outside its rendered table"
-    assert "docs/results.md" in text
+def test_the_readme_quotes_no_figures():
+    found = _figures(_prose(README))
+    assert not found, f"README.md quotes measured figures {found}: link to docs/results.md instead"
+    assert "docs/results.md" in README.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("page", GUIDES, ids=[p.name for p in GUIDES])
