@@ -8,8 +8,8 @@ them). The page has one section per benchmark: a table with the latest run of ea
 (figure, peer's figure, ratio, target, date, commit, run), the runs behind that table
 (command, date, commit, machine), the notes of those runs, and the earlier runs in a
 collapsible list. Above them, a table of headline figures: the latest record of each metric in
-``HEADLINES``, beside its peer and target. The output depends on the records only (no clock, no git), so it is the same
-on every machine.
+``HEADLINES``, beside its peer and target. The output depends on the records only (no clock, no
+git), so it is the same on every machine.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
   `python bench/X.py ...` with the script's own parser (and `--help`), `bash scripts/X.sh ...`
   with the parser of the command the script runs; the numbers-task examples run for real on a
   tiny model, and `qkv evaluate --hyp --ref` on tiny files;
-- a figure quoted in a guide is a figure of docs/results.md, and the README quotes none;
+- a figure quoted in a guide or a recipe's comment is a figure of docs/results.md, and the README
+  quotes none;
 - every relative link resolves (files, and #anchors to headings).
 
 A line is left out only with a trailing `# doc-test: skip (why)` comment; there are at most
@@ -353,6 +354,20 @@ def test_the_readme_quotes_no_figures():
     found = _figures(_prose(README))
     assert not found, f"README.md quotes measured figures {found}: link to docs/results.md instead"
     assert "docs/results.md" in README.read_text(encoding="utf-8")
+
+
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[p.name for p in RECIPES])
+def test_figures_in_recipe_comments_come_from_the_records(recipe):
+    """A recipe's comments quote what it measured; those figures are on the results page too, so a
+    re-measured recipe whose comment was not brought up to date fails here."""
+    known = {_value(n) for n in re.findall(NUMBER, RESULTS_PAGE.read_text(encoding="utf-8"))}
+    lines = recipe.read_text(encoding="utf-8").splitlines()
+    comments = "\n".join(line.split("#", 1)[1] for line in lines if "#" in line)
+    missing = [n for n in _figures(comments) if _value(n) not in known]
+    assert not missing, f"{recipe.name} quotes figures in its comments that no record holds: {missing}"
 
 
 @pytest.mark.parametrize("page", GUIDES, ids=[p.name for p in GUIDES])
