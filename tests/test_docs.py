@@ -325,6 +325,27 @@ def test_the_headline_table_is_each_headlines_latest_record():
         render.headline({**benches, name: [r for r in benches[name] if r["metric"] != metric]})
 
 
+def test_a_pinned_headline_shows_its_run_not_a_newer_variant():
+    """A headline naming a run (a piece of its command) keeps showing that run's latest record when a
+    newer record of the same metric is a different run; a newer record of the pinned run replaces it."""
+    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    benches = render.load()
+    name, metric, label, pin = next(h for h in render.HEADLINES if len(h) == 4)
+
+    def row(runs):
+        page = render.headline({**benches, name: runs})
+        return next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
+
+    pinned = [r for r in benches[name] if r["metric"] == metric and pin in r["command"] + " "][-1]
+    other = {**pinned, "command": "python bench/other.py", "figure": 99.25, "peer": None, "peer_figure": None}
+    assert "99.25" not in row([*benches[name], other])
+    assert "99.25" in row([*benches[name], {**other, "command": pinned["command"]}])
+    with pytest.raises(SystemExit, match="no record has"):
+        render.headline({**benches, name: [r for r in benches[name] if pin not in r["command"] + " "]})
+
+
 NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
 # A measured figure: a number with a unit of measurement after it (not "32 × 128", a shape), a
 # decimal percentage, or a decimal with a score named before it ("chrF 66.41", "scored 40.50").
