@@ -8,8 +8,8 @@ them). The page has one section per benchmark: a table with the latest run of ea
 (figure, peer's figure, ratio, target, date, commit, run), the runs behind that table
 (command, date, commit, machine), the notes of those runs, and the earlier runs in a
 collapsible list. Above them, a table of headline figures: the latest record of each metric in
-``HEADLINES``, beside its peer and target. The output depends on the records only (no clock, no
-git), so it is the same on every machine.
+``HEADLINES`` (or of the run a row pins), beside its peer and target. The output depends on the
+records only (no clock, no git), so it is the same on every machine.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def render(benches: dict[str, list[dict]]) -> str:
         "## Headlines",
         "",
         "The headline figure of each application, beside the peer measured in the same run or the published",
-        "figure it is compared with; each row's run, budget and notes are in its section below.",
+        "figure it is compared with; each row's run, budget and notes are in its section below. A row shows",
+        "what the recipes ship: where a later run measured a variant, that run is in the section, not here.",
         "",
         headline(benches),
         f"{total} records from {len(order)} benchmarks:",
