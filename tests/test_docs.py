@@ -309,12 +309,18 @@ def test_results_page_is_current():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_headline_table_is_each_headlines_latest_record():
-    """A newer record replaces its row on the results page; a headline no record has is refused by
-    name (not rendered as a blank row)."""
+def _render_module():
+    """scripts/render_results.py as a module (scripts/ is not a package)."""
     spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
     render = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render)
+    return render
+
+
+def test_the_headline_table_is_each_headlines_latest_record():
+    """A newer record replaces its row on the results page; a headline no record has is refused by
+    name (not rendered as a blank row)."""
+    render = _render_module()
     benches = render.load()
     name, metric, label = render.HEADLINES[0]
     newer = {**benches[name][-1], "metric": metric, "figure": 99.25, "peer": None, "peer_figure": None}
@@ -328,9 +334,7 @@ def test_the_headline_table_is_each_headlines_latest_record():
 def test_a_pinned_headline_shows_its_run_not_a_newer_variant():
     """A headline naming a run (a piece of its command) keeps showing that run's latest record when a
     newer record of the same metric is a different run; a newer record of the pinned run replaces it."""
-    spec = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
+    render = _render_module()
     benches = render.load()
     name, metric, label, pin = next(h for h in render.HEADLINES if len(h) == 4)
 
@@ -447,9 +451,7 @@ def _bench(name: str, monkeypatch, tmp_path):
 
 
 def _rendered(tmp_path: Path, name: str) -> list[dict]:
-    render = importlib.util.spec_from_file_location("render_results", ROOT / "scripts" / "render_results.py")
-    module = importlib.util.module_from_spec(render)
-    render.loader.exec_module(module)
+    module = _render_module()
     module.render(module.load(tmp_path))  # renders without error
     return module.load(tmp_path)[name]
 
