@@ -570,3 +570,23 @@ def test_mt_records_continue_the_existing_metrics(monkeypatch, tmp_path):
     assert de_en["peer_figure"] == 36.5 and de_en["target"] == {"min": 38.0} and de_en["details"]["sacreBLEU"] == 40.1
     assert zh_en["peer_figure"] == 26.95 and "sacreBLEU" not in zh_en["details"]
     assert runs[-1]["metric"].endswith("ensemble of 2") and runs[-1]["details"]["member 1"] == 41.6
+
+
+def test_asr_pipelines_load_and_fit_their_90_minutes(monkeypatch, tmp_path):
+    """bench/asr.py --pipeline: every stage is a recipe that loads with its overrides, a "{name}"
+    in an override names an earlier stage, and the training budgets leave a quarter hour of the
+    90 minutes for building the corpus, its features and scoring (the bench measures the rest)."""
+    from qkv.tasks import load_recipe
+
+    bench = _bench("asr", monkeypatch, tmp_path)
+    assert set(bench.PIPELINES) <= set(bench.BENCHES)
+    for name, stages in bench.PIPELINES.items():
+        done: dict[str, str] = {}
+        budget = 0.0
+        for stage, recipe_name, overrides in stages:
+            names = set(re.findall(r"\{(\w+)\}", " ".join(overrides)))
+            assert names <= set(done), f"{name}: stage {stage} uses a later stage's directory"
+            recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", [o.format(**done) for o in overrides])
+            budget += recipe["train"]["seconds"]
+            done[stage] = str(tmp_path / stage)
+        assert budget <= (90 - 15) * 60, f"{name}: {budget / 60:.0f} min of training leaves too little of 90"
