@@ -31,7 +31,8 @@ so that the wall time is the whole cost of the figure: for English the recognize
 language model in its tokens, scored with and without it fused; for speech translation the
 German recognizer, then the translator, then the end-to-end model started from both, scored
 beside the cascade of the first two. ``--set`` then applies to every stage (``train.seconds=30``
-for a quick check).
+for a quick check), or, written ``STAGE:KEY=VALUE``, to that stage alone
+(``speech_en:data.test_limit=50``).
 
 With ``--lm DIR`` (and ``--model``) the test set is decoded with that language model fused into
 the beam search (``recipes/speech_en_lm.yaml``) and, as the peer, by the same model without it.
@@ -90,10 +91,22 @@ PIPELINES = {
 }
 
 
+def stage_sets(stage: str, items: list[str]) -> list[str]:
+    """The ``--set`` items of a pipeline stage: those without a stage, and ``STAGE:KEY=VALUE``'s."""
+    chosen = []
+    for item in items:
+        head, colon, rest = item.partition(":")
+        if not colon or "=" in head:  # no stage named (a colon after "=" is the value's)
+            chosen.append(item)
+        elif head == stage:
+            chosen.append(rest)
+    return chosen
+
+
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float]:
     """Train the stages of ``PIPELINES[name]`` into ``args.out``, one after another (``--set``
-    applies to each), and point ``args`` at what they made (``--model`` and ``--lm`` or
-    ``--cascade``) for scoring. Returns each stage's wall seconds."""
+    applies to each, ``STAGE:KEY=VALUE`` to one), and point ``args`` at what they made
+    (``--model`` and ``--lm`` or ``--cascade``) for scoring. Returns each stage's wall seconds."""
     from qkv.tasks import TASKS, load_recipe
 
     out = Path(args.out or ROOT / "runs" / f"bench_{name}_pipeline")
@@ -102,7 +115,7 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float]:
     for stage, recipe_name, overrides in PIPELINES[name]:
         began = time.perf_counter()
         filled = [override.format(**dirs) for override in overrides]
-        recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", [*filled, *args.set])
+        recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", [*filled, *stage_sets(stage, args.set)])
         print(f"pipeline stage {stage}: recipes/{recipe_name}.yaml {' '.join(filled)}", flush=True)
         TASKS[recipe["task"]].train(recipe, Path(dirs[stage]), progress=True, resume=args.resume)
         seconds[stage] = round(time.perf_counter() - began, 1)
@@ -228,6 +241,12 @@ def main() -> int:
     print(f"allocator: {choose_allocator()}", flush=True)
     if args.pipeline and (args.bench not in PIPELINES or args.model or args.lm or args.cascade):
         p.error(f"--pipeline trains every model itself: {' or '.join(PIPELINES)}, without --model, --lm, --cascade")
+    if args.pipeline:
+        stages = [stage for stage, _, _ in PIPELINES[args.bench]]
+        for item in args.set:
+            head, colon, _ = item.partition(":")
+            if colon and "=" not in head and head not in stages:
+                p.error(f"--set {item}: {head} is not a stage of the {args.bench} pipeline ({', '.join(stages)})")
     if args.lm and not args.model:
         p.error("--lm scores a trained model: give --model too")
     if args.lm_weight is not None and (not args.lm or args.lm_weight < 0):

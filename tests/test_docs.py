@@ -590,3 +590,6 @@ def test_asr_pipelines_load_and_fit_their_90_minutes(monkeypatch, tmp_path):
             budget += recipe["train"]["seconds"]
             done[stage] = str(tmp_path / stage)
         assert budget <= (90 - 15) * 60, f"{name}: {budget / 60:.0f} min of training leaves too little of 90"
+    # --set: every stage's, or one stage's (STAGE:KEY=VALUE); a colon in a value names no stage.
+    items = ["train.seconds=30", "lm:train.seconds=9", "asr:data.test_limit=5", "data.tokenizer=c:/x"]
+    assert bench.stage_sets("lm", items) == ["train.seconds=30", "train.seconds=9", "data.tokenizer=c:/x"]
