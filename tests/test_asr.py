@@ -137,6 +137,8 @@ def test_the_cascade_translator_recipe_has_the_speech_translation_decoder_shape(
         ("data.translate=true", "data.translate"),
         ("model.features.kind=mfcc", "kind"),
         ("model.frontend=lstm", "frontend"),
+        ("data.speed_perturb=[]", "data.speed_perturb"),
+        ("data.speed_perturb=[0.9, 3]", "data.speed_perturb"),
     ],
 )
 def test_bad_speech_recipe_values_are_named(item, named) -> None:

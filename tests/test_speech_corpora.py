@@ -135,6 +135,25 @@ def test_digit_strings_same_bytes_whatever_the_workers(fake_fsdd, tmp_path) -> N
     assert other.root != one.root and [u.text for u in other["train"]] != [u.text for u in one["train"]]
 
 
+def test_speed_perturbation_shortens_training_strings_only(fake_fsdd, tmp_path) -> None:
+    settings = dict(held_out="cy", train_utterances=7, test_utterances=3, seed=2, data_dir=fake_fsdd, workers=1)
+    plain = fsdd_digit_strings(**settings, cache=tmp_path)
+    assert fsdd_digit_strings(**settings, speeds=[1.0], cache=tmp_path).root == plain.root  # the key as before
+    fast = fsdd_digit_strings(**settings, speeds=(1.25,), cache=tmp_path)
+    assert fast.root != plain.root
+    assert [u.text for u in fast["train"]] == [u.text for u in plain["train"]]  # the same strings, sped up
+    for f, p in zip(fast["train"], plain["train"], strict=True):
+        assert abs(f.seconds - p.seconds / 1.25) <= 2 / SAMPLE_RATE
+    for f, p in zip(fast["test"], plain["test"], strict=True):  # the test strings untouched
+        assert f.path.read_bytes() == p.path.read_bytes()
+    mixed = fsdd_digit_strings(**settings, speeds=(0.8, 1.0, 1.25), cache=tmp_path)
+    ratios = {round(p.seconds / m.seconds, 2) for m, p in zip(mixed["train"], plain["train"], strict=True)}
+    assert ratios <= {0.8, 1.0, 1.25} and len(ratios) > 1
+    for bad in ((), (0.3,), (1.0, True)):
+        with pytest.raises(UserError, match="speeds must be"):
+            fsdd_digit_strings(**settings, speeds=bad, cache=tmp_path)
+
+
 def test_a_build_killed_midway_is_never_used_and_is_rebuilt(fake_fsdd, tmp_path) -> None:
     cache = tmp_path / "cache"
     script = (

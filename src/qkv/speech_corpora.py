@@ -346,6 +346,7 @@ def fsdd_digit_strings(
     test_utterances: int,
     seed: int,
     snr_db: float = 30.0,
+    speeds: Sequence[float] = (1.0,),
     cache: str | Path | None = None,
     data_dir: str | Path | None = None,
     workers: int | None = None,
@@ -358,7 +359,10 @@ def fsdd_digit_strings(
     that speaker's recordings of it, and joins them with silences of 0.05–0.4 s (also before the
     first and after the last). The 8 kHz signal is resampled to 16 kHz with soxr (as
     ``qkv.audio`` does) and white noise is added at ``snr_db`` below the speech's power. The
-    transcript is the digits' words: "three one four". ``workers``: processes, default one per core.
+    transcript is the digits' words: "three one four". ``speeds``: each training string is
+    played at one of these speeds, drawn at random (speed perturbation, Ko et al., 2015: 0.9, 1.0,
+    1.1; a faster string is shorter and higher, as a smaller speaker's would be); test strings
+    never. ``workers``: processes, default one per core.
     """
     recordings = _fsdd(data_dir)
     speakers = sorted({r.speaker for r in recordings})
@@ -369,6 +373,9 @@ def fsdd_digit_strings(
     _check_seed(seed)
     if not isinstance(snr_db, (int, float)) or isinstance(snr_db, bool) or not 0 < snr_db < 200:
         raise UserError(f"snr_db must be a number of decibels above 0, got {snr_db!r}")
+    speeds = tuple(speeds)
+    if not speeds or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0.5 <= f <= 2 for f in speeds):
+        raise UserError(f"speeds must be one or more numbers from 0.5 to 2, got {list(speeds)!r}")
     import numpy
     import soundfile
     import soxr
@@ -387,6 +394,8 @@ def fsdd_digit_strings(
             "digits": DIGIT_STRING_LENGTHS,
             "silence_seconds": SILENCE_SECONDS,
             "sample_rate": SAMPLE_RATE,
+            # Named only when used, so that the corpora built before speeds existed keep their key.
+            **({"speeds": [float(f) for f in speeds]} if speeds != (1.0,) else {}),
         },
         "tools": {
             "numpy": numpy.__version__,
@@ -411,8 +420,10 @@ def fsdd_digit_strings(
                 parts = [rng.choice(by_speaker[speaker][d]) for d in digits]
                 silences = [rng.uniform(*SILENCE_SECONDS) for _ in range(len(digits) + 1)]
                 noise_seed = (seed, _SPLIT_CODES[split], index)
+                # Drawn last, so that every other draw is the same whatever the speeds.
+                speed = float(rng.choice(speeds)) if split == "train" and speeds != (1.0,) else 1.0
                 out = tmp / "audio" / split / f"{index:06d}.flac"
-                jobs.append((split, speaker, digits, parts, silences, snr_db, noise_seed, out))
+                jobs.append((split, speaker, digits, parts, silences, snr_db, noise_seed, speed, out))
         n = _workers(workers)
         context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         executor = ProcessPoolExecutor(n, mp_context=context) if n > 1 and jobs else None
@@ -426,10 +437,15 @@ def fsdd_digit_strings(
 
 
 def _digit_string(
-    parts: list[Path], silences: list[float], snr_db: float, noise_seed: tuple[int, int, int], out: Path
+    parts: list[Path],
+    silences: list[float],
+    snr_db: float,
+    noise_seed: tuple[int, int, int],
+    speed: float,
+    out: Path,
 ) -> float:
     """Write one digit string (a worker's job): the recordings ``parts`` with ``silences`` around
-    and between them, at 16 kHz with noise; its length in seconds."""
+    and between them, at 16 kHz with noise, played at ``speed``; its length in seconds."""
     import numpy as np
     import soundfile
     import soxr
@@ -447,8 +463,9 @@ def _digit_string(
         speech.append(mono)
     pieces.append(np.zeros(round(silences[-1] * rate), dtype=np.float32))
     signal = np.concatenate(pieces)
-    if rate != SAMPLE_RATE:
-        signal = soxr.resample(signal, rate, SAMPLE_RATE)
+    if rate * speed != SAMPLE_RATE:
+        # Read as if sampled speed times faster: 1/speed of the length, every frequency times speed.
+        signal = soxr.resample(signal, rate * speed, SAMPLE_RATE)
     power = float(np.mean(np.square(np.concatenate(speech), dtype=np.float64)))
     rng = np.random.default_rng(list(noise_seed))
     noisy = signal.astype(np.float64) + rng.standard_normal(len(signal)) * np.sqrt(power / 10 ** (snr_db / 10))

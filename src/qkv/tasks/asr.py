@@ -118,6 +118,7 @@ ASR_DEFAULTS: dict = {
         "held_out": "theo",  # fsdd_digit_strings: the speaker only the test set holds
         "train_utterances": 6000,  # fsdd_digit_strings
         "test_utterances": 500,  # fsdd_digit_strings
+        "speed_perturb": [1.0],  # fsdd_digit_strings: each training string at one of these speeds
         "sentences": None,  # espeak corpora: the first N sentences of every split (null: all)
         "corpus_seed": 0,
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text[, target])
@@ -165,6 +166,7 @@ def load_corpus(data: dict) -> tuple[Corpus, str]:
             train_utterances=int(data["train_utterances"]),
             test_utterances=int(data["test_utterances"]),
             seed=int(data["corpus_seed"]),
+            speeds=tuple(float(f) for f in data["speed_perturb"]),
         )
         return corpus, "test"
     if kind in ("espeak_en", "espeak_de"):
@@ -689,6 +691,10 @@ def _corpus_name(v: object) -> bool:
     return v in CORPORA
 
 
+def _speeds(value: list) -> bool:
+    return bool(value) and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0.5 <= f <= 2 for f in value)
+
+
 TASK = Task(
     name="asr",
     defaults=ASR_DEFAULTS,
@@ -702,6 +708,7 @@ TASK = Task(
         ("data", "held_out"): (str, lambda v: bool(v), "an FSDD speaker's name"),
         ("data", "train_utterances"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "test_utterances"): (int, lambda v: v > 0, "a positive integer"),
+        ("data", "speed_perturb"): (list, _speeds, "a list of speeds from 0.5 to 2, such as [0.9, 1.0, 1.1]"),
         ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
