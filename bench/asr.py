@@ -249,8 +249,9 @@ def main() -> int:
                 p.error(f"--set {item}: {head} is not a stage of the {args.bench} pipeline ({', '.join(stages)})")
     if args.lm and not args.model:
         p.error("--lm scores a trained model: give --model too")
-    if args.lm_weight is not None and (not args.lm or args.lm_weight < 0):
-        p.error("--lm-weight is a weight >= 0 of an --lm")
+    fused = args.lm or (args.pipeline and args.bench == "speech_en")  # the English pipeline trains its LM
+    if args.lm_weight is not None and (not fused or args.lm_weight < 0):
+        p.error("--lm-weight is a weight >= 0 of an --lm (or of the speech_en pipeline's)")
     args.lm_weight = LM_WEIGHT if args.lm_weight is None else args.lm_weight
     if args.lm and (args.cascade or args.whisper):
         p.error("--lm has the model without it as its peer: not with --cascade or --whisper")
