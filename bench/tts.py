@@ -124,6 +124,13 @@ def main() -> int:
         type=number(float, lambda v: 0 < v < 1, "a probability between 0 and 1"),
         help="end a sentence when its stop probability passes this (default: the recipe's)",
     )
+    p.add_argument(
+        "--attention-window",
+        nargs=2,
+        type=number(int, lambda v: v >= 0, "an integer >= 0"),
+        metavar=("BACK", "AHEAD"),
+        help="keep cross-attention near its peak while speaking (default: the recipe's data.attention_window)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
     args = p.parse_args()
     from qkv.memory import choose_allocator
@@ -154,7 +161,7 @@ def main() -> int:
     speakers = [voices.index(u.speaker) for u in test] if voices else None  # each in its speaker's voice
     torch.manual_seed(0)
     start = time.perf_counter()
-    settings = speaking_of(tts_meta, stop_threshold=args.stop_threshold)
+    settings = speaking_of(tts_meta, stop_threshold=args.stop_threshold, attention_window=args.attention_window)
     spoken = speak(tts, tts_tokens, texts, speakers=speakers, **settings)
     seconds = time.perf_counter() - start
     rate = tts.config.features.sample_rate
@@ -196,6 +203,7 @@ def main() -> int:
         "tts": str(tts_dir),
         "asr": str(asr_dir),
         "stop threshold": settings["stop_threshold"],
+        **({"attention window": list(settings["attention_window"])} if settings["attention_window"] else {}),
     }
     per_speaker = []
     for name in voices:

@@ -112,6 +112,11 @@ def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_pat
         out, errs[threshold] = capsys.readouterr()
         seconds[threshold] = float(out.split("\t")[1])
     assert seconds["0.000001"] < 0.1 < 0.55 < seconds["0.999999"]
+    # The attention window: the recipe's unless given, and a command's wins.
+    assert speaking_of(read_meta(model))["attention_window"] is None
+    windowed = {"recipe": {"data": {"attention_window": [1, 3]}}}
+    assert speaking_of(windowed)["attention_window"] == (1, 3)
+    assert speaking_of(windowed, attention_window=[0, 2])["attention_window"] == (0, 2)
     capped = f"{tmp_path / '0.999999.wav'}: 'do mi so' did not end within 0.6 s (--max-seconds)"
     assert capped in errs["0.999999"] and "did not end" not in errs["0.000001"]  # the cap hit is said, once
 
@@ -125,6 +130,7 @@ def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_pat
         (["--speaker", "nobody", "--text", "do", "--output", "x.wav"], "nobody"),
         (["--speaker", "tones", "--text", "do"], "--output"),
         (["--speaker", "tones", "--text", "do", "--output", "no/such/dir/x.wav"], "does not exist"),
+        (["--speaker", "tones", "--text", "do", "--output", "x.wav", "--attention-window", "1", "0"], "AHEAD"),
     ],
 )
 def test_speak_refuses_bad_input_in_one_line(trained, capsys, tmp_path, monkeypatch, extra, message) -> None:
@@ -152,6 +158,8 @@ def test_the_shipped_tts_recipe_loads_and_bad_values_are_named() -> None:
         ("data.speakers=true", "data.speakers"),
         ("train.guided_weight=-1", "train.guided_weight"),
         ("model.reduction=0", "reduction"),
+        ("data.attention_window=[1]", "data.attention_window"),
+        ("data.attention_window=[1, 0]", "data.attention_window"),
     ]:
         with pytest.raises(UserError, match=named.replace(".", r"\.")):
             load_recipe(ROOT / "recipes" / "tts_en.yaml", [item])

@@ -47,6 +47,7 @@ def synthesize(
     stop_threshold: float = 0.5,
     prenet_dropout: bool = True,
     alignments: bool = False,
+    attention_window: tuple[int, int] | None = None,
 ) -> list[Synthesis]:
     """Synthesize the log-mel frames of every text (symbol ids, no padding) at once.
 
@@ -54,6 +55,11 @@ def synthesize(
     caps it too); a sentence still going there is returned with ``hit_cap``. The pre-net's
     dropout draws from torch's global generator: seed it (``torch.manual_seed``) for
     repeatable audio. ``prenet_dropout=False`` turns it off (for tests; the speech is worse).
+
+    ``attention_window=(back, ahead)`` keeps each step's cross-attention (every block's) on the
+    text positions from ``back`` before to ``ahead`` after the furthest peak so far, the mean of
+    the blocks' heads (attention windowing at inference, Ping et al., 2018, "Deep Voice 3", §4):
+    an alignment can then neither return to a word it has said, saying it twice, nor skip ahead.
 
     Shapes: texts B lists of ids -> B :class:`Synthesis`.
     """
@@ -74,11 +80,25 @@ def synthesize(
     written: list[Tensor] = []  # per step (B, r, M)
     attention: list[Tensor] = []  # per step (B, S)
     ends = torch.full((b,), -1, dtype=torch.long, device=device)  # (B,): frames of a finished sentence
+    peak = torch.zeros(b, dtype=torch.long, device=device)  # (B,): the furthest attention peak so far
+    where = torch.arange(text.shape[1], device=device)  # (S,)
     for step in range(steps):
+        allowed = valid  # (B, S)
+        if attention_window is not None:
+            back, ahead = attention_window
+            allowed = valid & (where >= (peak - back)[:, None]) & (where <= (peak + ahead)[:, None])  # (B, S)
         out = model.decode(
-            frame, memory, memory_valid=valid, cache=cache, need_weights=alignments, prenet_dropout=prenet_dropout
+            frame,
+            memory,
+            memory_valid=allowed,
+            cache=cache,
+            need_weights=alignments or attention_window is not None,
+            prenet_dropout=prenet_dropout,
         )
         cache = out.cache
+        if attention_window is not None:
+            mean = torch.stack([w[:, :, -1] for w in out.weights]).float().mean((0, 2))  # (B, S): blocks, heads
+            peak = torch.maximum(peak, mean.argmax(-1))  # (B,)
         written.append(out.mel)  # (B, r, M)
         if alignments:
             attention.append(out.weights[-1][:, :, -1].mean(1))  # (B, S): the heads' mean

@@ -70,7 +70,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
     # How the model reads text and when it stops, as trained (or as --stop-threshold says).
-    settings = speaking_of(meta, stop_threshold=args.stop_threshold)
+    settings = speaking_of(meta, stop_threshold=args.stop_threshold, attention_window=args.attention_window)
     start = time.perf_counter()
     results = speak(
         model,
@@ -137,6 +137,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--stop-threshold",
         type=number(float, lambda v: 0 < v < 1, "a probability between 0 and 1"),
         help="end a sentence when its stop probability passes this (default: the model's recipe, data.stop_threshold)",
+    )
+    p.add_argument(
+        "--attention-window",
+        nargs=2,
+        type=number(int, lambda v: v >= 0, "an integer >= 0"),
+        metavar=("BACK", "AHEAD"),
+        help="keep cross-attention within BACK symbols before and AHEAD after its furthest peak "
+        "(default: the model's recipe, data.attention_window)",
     )
     p.add_argument("--batch-size", type=positive_int, default=16, help="sentences synthesized at once (default 16)")
     p.add_argument("--seed", type=seed, default=0, help="the pre-net dropout's draws (default 0)")

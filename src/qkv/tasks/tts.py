@@ -123,6 +123,7 @@ TTS_DEFAULTS: dict = {
         "symbols": "chars",  # what the model reads: "chars", or "phonemes" (IPA from espeak-ng --ipa, data.voice)
         "test_sentences": 20,  # synthesized into OUT/samples when training ends
         "stop_threshold": 0.5,
+        "attention_window": None,  # [back, ahead]: synthesis keeps cross-attention near its peak
         "seed": 0,  # the pre-net's dropout draws when synthesizing the samples
     },
 }
@@ -182,13 +183,24 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
     return [next(said) if n else "" for n in normal]
 
 
-def speaking_of(meta: dict, *, stop_threshold: float | None = None) -> dict:
+def speaking_of(
+    meta: dict, *, stop_threshold: float | None = None, attention_window: Sequence[int] | None = None
+) -> dict:
     """How the model of a directory reads text and when it stops, from the recipe it was trained
-    with: ``symbols``, ``voice`` and ``stop_threshold`` (keyword arguments of :func:`speak`);
-    ``stop_threshold`` given (a command's ``--stop-threshold``) replaces the recipe's."""
+    with: ``symbols``, ``voice``, ``stop_threshold`` and ``attention_window`` (keyword arguments
+    of :func:`speak`); either of the last two given (a command's ``--stop-threshold``,
+    ``--attention-window``) replaces the recipe's."""
     data = {**TTS_DEFAULTS["data"], **((meta.get("recipe") or {}).get("data") or {})}
     stop = float(data["stop_threshold"]) if stop_threshold is None else stop_threshold
-    return {"symbols": data["symbols"], "voice": data["voice"], "stop_threshold": stop}
+    window = data["attention_window"] if attention_window is None else attention_window
+    if window is not None and window[1] < 1:
+        raise UserError(f"attention window {list(window)}: AHEAD must be at least 1, or speech can never move on")
+    return {
+        "symbols": data["symbols"],
+        "voice": data["voice"],
+        "stop_threshold": stop,
+        "attention_window": None if window is None else (int(window[0]), int(window[1])),
+    }
 
 
 def symbol_ids(
@@ -269,11 +281,13 @@ def speak(
     on_batch: Callable[[int], None] | None = None,
     symbols: str = "chars",
     voice: str = "en-us",
+    attention_window: tuple[int, int] | None = None,
 ) -> list[tuple[Synthesis, Tensor]]:
     """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
     Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (N,) at the model's
     rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
-    dropout stays on. ``symbols``, ``voice``, ``stop_threshold``: the model's (:func:`speaking_of`)."""
+    dropout stays on. ``symbols``, ``voice``, ``stop_threshold``, ``attention_window``: the
+    model's (:func:`speaking_of`)."""
     ids = symbol_ids(tokenizer, texts, symbols=symbols, voice=voice)
     c = model.config.features
     max_frames = int(max_seconds * c.sample_rate / c.hop_length)
@@ -290,6 +304,7 @@ def speak(
             max_frames=max_frames,
             stop_threshold=stop_threshold,
             alignments=alignments,
+            attention_window=attention_window,
         )
         for i, s in zip(rows, done, strict=True):
             mel = s.mel.float()
@@ -434,6 +449,7 @@ def speak_test_sentences(
         on_batch=bar.update,
         symbols=data["symbols"],
         voice=data["voice"],
+        attention_window=speaking_of({"recipe": {"data": data}})["attention_window"],
     )
     seconds = time.perf_counter() - start
     bar.close()
@@ -508,6 +524,18 @@ TASK = Task(
         ("data", "symbols"): (str, lambda v: v in SYMBOLS_KINDS, f"one of {', '.join(SYMBOLS_KINDS)}"),
         ("data", "test_sentences"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("data", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+        ("data", "attention_window"): (
+            (list, type(None)),
+            lambda v: (
+                v is None
+                or (
+                    len(v) == 2
+                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)
+                    and v[1] >= 1
+                )
+            ),
+            "null or [back, ahead]: two integers >= 0, ahead >= 1",
+        ),
         ("data", "seed"): (int, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
         ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (frames per batch)"),
         ("train", "guided_weight"): ((int, float), lambda v: v >= 0, "a number >= 0"),
