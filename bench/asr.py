@@ -47,6 +47,7 @@ reported. ``--set`` overrides recipe keys (a shorter run, say). Records go to
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,16 @@ PIPELINES = {
 }
 
 
+def finished(directory: Path) -> bool:
+    """Whether a pipeline stage's directory holds a finished run: a model saved by the end of a
+    run (config.json, no ``last/`` checkpoint left), or a translation run whose run.json has its
+    final scores."""
+    if (directory / "config.json").is_file() and not (directory / "last").exists():
+        return True
+    run = directory / "run.json"
+    return run.is_file() and "final_scores" in json.loads(run.read_text(encoding="utf-8"))
+
+
 def stage_sets(stage: str, items: list[str]) -> list[str]:
     """The ``--set`` items of a pipeline stage: those without a stage, and ``STAGE:KEY=VALUE``'s."""
     chosen = []
@@ -103,10 +114,11 @@ def stage_sets(stage: str, items: list[str]) -> list[str]:
     return chosen
 
 
-def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float]:
+def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float | None]:
     """Train the stages of ``PIPELINES[name]`` into ``args.out``, one after another (``--set``
     applies to each, ``STAGE:KEY=VALUE`` to one), and point ``args`` at what they made
-    (``--model`` and ``--lm`` or ``--cascade``) for scoring. Returns each stage's wall seconds."""
+    (``--model`` and ``--lm`` or ``--cascade``) for scoring. Returns each stage's wall seconds
+    (None: a stage ``--resume`` found finished, trained by an earlier run)."""
     from qkv.tasks import TASKS, load_recipe
 
     out = Path(args.out or ROOT / "runs" / f"bench_{name}_pipeline")
@@ -116,8 +128,13 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float]:
         began = time.perf_counter()
         filled = [override.format(**dirs) for override in overrides]
         recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", [*filled, *stage_sets(stage, args.set)])
+        directory = Path(dirs[stage])
+        if args.resume and finished(directory):  # --resume continues where the pipeline stopped
+            print(f"pipeline stage {stage}: trained already in {directory}", flush=True)
+            seconds[stage] = None  # its cost is not in this run's wall time
+            continue
         print(f"pipeline stage {stage}: recipes/{recipe_name}.yaml {' '.join(filled)}", flush=True)
-        TASKS[recipe["task"]].train(recipe, Path(dirs[stage]), progress=True, resume=args.resume)
+        TASKS[recipe["task"]].train(recipe, directory, progress=True, resume=args.resume and directory.exists())
         seconds[stage] = round(time.perf_counter() - began, 1)
     if name == "speech_en":
         args.model, args.lm = dirs["speech_en"], dirs["speech_en_lm"]
@@ -135,7 +152,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     from qkv.tokenization import FILE, Tokenizer
 
     recipe_name = BENCHES[name][0]
-    overrides = list(args.set)
+    overrides = [] if args.pipeline else list(args.set)  # a pipeline's went to its stages
     if name == "digit_strings":
         overrides.append(f"data.held_out={args.held_out}")
     recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", overrides)
