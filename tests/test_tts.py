@@ -131,32 +131,25 @@ def test_synthesis_in_a_batch_equals_one_by_one_and_is_the_teacher_forced_pass()
 def test_attention_window_keeps_each_step_near_the_furthest_peak() -> None:
     model = make_model(seed=2)
     texts = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [8, 9, 10, 11, 12, 13, 14]]
-    free = synthesize(model, texts, max_frames=30, stop_threshold=2.0, prenet_dropout=False, alignments=True)
-    wide = synthesize(
-        model,
-        texts,
-        max_frames=30,
-        stop_threshold=2.0,
-        prenet_dropout=False,
-        alignments=True,
-        attention_window=(11, 11),
-    )
+
+    def run(batch: list[list[int]], window: tuple[int, int] | None) -> list:  # 10 steps: it never stops
+        return synthesize(
+            model,
+            batch,
+            max_frames=30,
+            stop_threshold=2.0,
+            prenet_dropout=False,
+            alignments=True,
+            attention_window=window,
+        )
+
+    free, wide = run(texts, None), run(texts, (11, 11))
     for a, b in zip(free, wide, strict=True):  # a window wider than the text changes nothing
         assert torch.equal(a.mel, b.mel) and torch.equal(a.alignment, b.alignment)
     back, ahead = 1, 2
-    held = synthesize(
-        model,
-        texts,
-        max_frames=30,
-        stop_threshold=2.0,
-        prenet_dropout=False,
-        alignments=True,
-        attention_window=(back, ahead),
-    )
+    held = run(texts, (back, ahead))
     for ids, one in zip(texts, held, strict=True):
-        (alone,) = synthesize(
-            model, [ids], max_frames=30, stop_threshold=2.0, prenet_dropout=False, attention_window=(back, ahead)
-        )
+        (alone,) = run([ids], (back, ahead))
         assert (one.mel - alone.mel).abs().max() <= ATOL  # each sentence's peak is its own
         support = [torch.nonzero(row > 0).flatten() for row in one.alignment]  # attended positions per step
         assert support[0].max() <= ahead  # the first step: the text's start
