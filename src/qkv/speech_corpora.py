@@ -339,6 +339,13 @@ def fsdd_digits(data_dir: str | Path | None = None) -> Corpus:
     return Corpus("fsdd-digits", recordings[0].path.parent, splits)
 
 
+def valid_speeds(speeds: Sequence[float]) -> bool:
+    """Whether ``speeds`` can perturb digit strings: one or more numbers from 0.5 to 2."""
+    return bool(speeds) and all(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and 0.5 <= f <= 2 for f in speeds
+    )
+
+
 def fsdd_digit_strings(
     *,
     held_out: str | None,
@@ -374,7 +381,7 @@ def fsdd_digit_strings(
     if not isinstance(snr_db, (int, float)) or isinstance(snr_db, bool) or not 0 < snr_db < 200:
         raise UserError(f"snr_db must be a number of decibels above 0, got {snr_db!r}")
     speeds = tuple(speeds)
-    if not speeds or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0.5 <= f <= 2 for f in speeds):
+    if not valid_speeds(speeds):
         raise UserError(f"speeds must be one or more numbers from 0.5 to 2, got {list(speeds)!r}")
     import numpy
     import soundfile

@@ -62,6 +62,7 @@ from qkv.speech_corpora import (
     fsdd_digit_strings,
     fsdd_digits,
     read_manifest,
+    valid_speeds,
 )
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
@@ -691,10 +692,6 @@ def _corpus_name(v: object) -> bool:
     return v in CORPORA
 
 
-def _speeds(value: list) -> bool:
-    return bool(value) and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0.5 <= f <= 2 for f in value)
-
-
 TASK = Task(
     name="asr",
     defaults=ASR_DEFAULTS,
@@ -708,7 +705,7 @@ TASK = Task(
         ("data", "held_out"): (str, lambda v: bool(v), "an FSDD speaker's name"),
         ("data", "train_utterances"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "test_utterances"): (int, lambda v: v > 0, "a positive integer"),
-        ("data", "speed_perturb"): (list, _speeds, "a list of speeds from 0.5 to 2, such as [0.9, 1.0, 1.1]"),
+        ("data", "speed_perturb"): (list, valid_speeds, "a list of speeds from 0.5 to 2, such as [0.9, 1.0, 1.1]"),
         ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
