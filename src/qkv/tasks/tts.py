@@ -183,6 +183,17 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
     return [next(said) if n else "" for n in normal]
 
 
+def valid_attention_window(window: object) -> bool:
+    """Whether ``window`` can be a ``data.attention_window``: null, or [back, ahead], two integers
+    >= 0 with ahead >= 1 (with ahead 0 the window could never move past its first symbol)."""
+    return window is None or (
+        isinstance(window, list)
+        and len(window) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in window)
+        and window[1] >= 1
+    )
+
+
 def speaking_of(
     meta: dict, *, stop_threshold: float | None = None, attention_window: Sequence[int] | None = None
 ) -> dict:
@@ -192,9 +203,9 @@ def speaking_of(
     ``--attention-window``) replaces the recipe's."""
     data = {**TTS_DEFAULTS["data"], **((meta.get("recipe") or {}).get("data") or {})}
     stop = float(data["stop_threshold"]) if stop_threshold is None else stop_threshold
-    window = data["attention_window"] if attention_window is None else attention_window
-    if window is not None and window[1] < 1:
-        raise UserError(f"attention window {list(window)}: AHEAD must be at least 1, or speech can never move on")
+    window = data["attention_window"] if attention_window is None else list(attention_window)
+    if not valid_attention_window(window):
+        raise UserError(f"attention window {window}: AHEAD must be at least 1, or speech can never move on")
     return {
         "symbols": data["symbols"],
         "voice": data["voice"],
@@ -444,12 +455,9 @@ def speak_test_sentences(
         tokenizer,
         [u.text for u in test],
         speakers=speakers,
-        stop_threshold=float(data["stop_threshold"]),
         alignments=True,
         on_batch=bar.update,
-        symbols=data["symbols"],
-        voice=data["voice"],
-        attention_window=speaking_of({"recipe": {"data": data}})["attention_window"],
+        **speaking_of({"recipe": {"data": data}}),  # as qkv speak would read this recipe
     )
     seconds = time.perf_counter() - start
     bar.close()
@@ -526,14 +534,7 @@ TASK = Task(
         ("data", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
         ("data", "attention_window"): (
             (list, type(None)),
-            lambda v: (
-                v is None
-                or (
-                    len(v) == 2
-                    and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)
-                    and v[1] >= 1
-                )
-            ),
+            valid_attention_window,
             "null or [back, ahead]: two integers >= 0, ahead >= 1",
         ),
         ("data", "seed"): (int, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
