@@ -55,9 +55,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import transformers  # noqa: E402
 
 from qkv.checkpoint import load_model  # noqa: E402
+from qkv.decoding import greedy  # noqa: E402
 from qkv.embedding import EmbeddingSettings, choose, frame, pool, sentence_embeddings  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
-from qkv.generation import greedy  # noqa: E402
 from qkv.hf.convert import import_hf  # noqa: E402
 from qkv.hf.sentence_transformers import read_sentence_transformers  # noqa: E402
 from qkv.tokenization import Tokenizer  # noqa: E402

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from qkv.decoding import greedy  # noqa: E402
 from qkv.decoding_copies import for_decoding, int8_linears  # noqa: E402
-from qkv.generation import greedy  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig  # noqa: E402

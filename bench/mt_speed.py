@@ -35,8 +35,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from qkv.decoding import beam_search, greedy  # noqa: E402
 from qkv.decoding_copies import for_decoding, int8_linears  # noqa: E402
-from qkv.generation import beam_search, greedy  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
 from qkv.training import Trainer, seq2seq_loss  # noqa: E402
@@ -252,7 +252,7 @@ def main() -> int:
                 )
         if args.only != "train":
             ours = qkv_model(size, dropout=0.0).eval()
-            # Forced length: with no END id the search never stops early (generation.py treats None as "no END").
+            # Forced length: with no END id the search never stops early (qkv.decoding treats None as "no END").
             object.__setattr__(ours.config, "eos_id", None)
             # As qkv translate decodes: a decoding copy with one stacked Q/K/V product per self-attention.
             ours = for_decoding(ours)

@@ -1145,7 +1145,7 @@ def test_a_beam_that_would_not_fit_in_memory_is_refused_with_the_number():
 
 
 def test_a_batch_that_would_not_fit_is_decoded_in_parts_with_the_same_outputs(monkeypatch):
-    from qkv import generation
+    from qkv import decoding as generation
     from qkv.checkpoint import load_model
 
     model, _ = load_model(bases()["s2s"])
@@ -1155,8 +1155,10 @@ def test_a_batch_that_would_not_fit_is_decoded_in_parts_with_the_same_outputs(mo
     whole = generation.beam_search(model, inputs, beam_size=4, max_new_tokens=9, nbest=2)
     greedy = generation.greedy(model, inputs, max_new_tokens=9)
     calls = []
-    real = generation._start
-    monkeypatch.setattr(generation, "_start", lambda m, rows: calls.append(len(rows)) or real(m, rows))
+    real = model.encode  # each part of the search reads its sources once
+    monkeypatch.setattr(
+        model, "encode", lambda src, src_mask=None: calls.append(len(src)) or real(src, src_mask=src_mask)
+    )
     # Room for about 7 inputs at a time: the 40 are decoded in 6 parts.
     monkeypatch.setenv("QKV_MAX_MEMORY", str(int(7.5 * one / generation.DECODING_SHARE)))
     assert generation.inputs_per_batch(model, inputs, caps, beam=4) == 7
@@ -1170,7 +1172,7 @@ def test_a_batch_that_would_not_fit_is_decoded_in_parts_with_the_same_outputs(mo
 
 def test_the_decoding_estimate_grows_with_what_decoding_holds():
     from qkv.checkpoint import skeleton
-    from qkv.generation import decoding_bytes
+    from qkv.decoding import decoding_bytes
 
     gpt2 = skeleton("decoder_only", {"vocab_size": 50257, "d_model": 768, "n_heads": 12, "d_ff": 3072, "n_layers": 12})
     small = decoding_bytes(gpt2, inputs=1, beam=1, source=10, steps=10)

@@ -1,4 +1,4 @@
-"""Tests of qkv.generation: KV cache, greedy, sampling, filtering and beam search.
+"""Tests of qkv.decoding: the Decoder protocol, KV cache, greedy, sampling, filtering and beam search.
 
 Two kinds of models are used: random tiny models (any positions scheme), and two tiny
 models trained for a moment to reproduce fixed sequences followed by END, so that END
@@ -8,6 +8,7 @@ really occurs and search decisions have clear margins.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 
 import pytest
@@ -16,20 +17,17 @@ import torch.nn.functional as F
 
 from qkv.attention import KVBuffer
 from qkv.blocks import cache_length
-from qkv.decoding_copies import for_decoding, int8_linears
-from qkv.generation import (
-    Ensemble,
-    _advance,
-    _growable,
-    _select,
-    _start,
+from qkv.decoding import (
     beam_search,
     continuation,
+    decoder_for,
     filter_logits,
     greedy,
     most_likely,
     sample,
 )
+from qkv.decoding_copies import for_decoding, int8_linears
+from qkv.ensemble import Ensemble
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -192,34 +190,35 @@ def test_decoder_only_cached_equals_uncached(positions: str, extra: dict) -> Non
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
 def test_start_and_advance_match_full_forward(positions: str) -> None:
-    """_start/_advance on left-padded prompts of different lengths give each prompt's own full-pass logits."""
+    """A decoder-only Decoder's start/step on left-padded prompts of different lengths give each
+    prompt's own full-pass logits."""
     model = make_do(positions, seed=4)
     prompts = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
     new = [[5, 6, 7], [8, 9, 10], [11, 12, 3]]
     with torch.no_grad():
-        logits, state = _start(model, prompts)
+        logits, state = decoder_for(model).start(prompts)
         for step in range(len(new[0]) + 1):
             for i, p in enumerate(prompts):
                 seq = p + new[i][:step]
                 expected = model(torch.tensor([seq]))[0, -1]
                 assert (logits[i] - expected).abs().max() <= ATOL
             if step < len(new[0]):
-                logits, state = _advance(model, state, torch.tensor([n[step] for n in new]))
+                logits, state = decoder_for(model).step(state, torch.tensor([n[step] for n in new]))
 
 
 def test_start_and_advance_encoder_decoder() -> None:
-    """_start/_advance for the encoder-decoder (right-padded sources) match each source's full pass."""
+    """The encoder-decoder Decoder's start/step (right-padded sources) match each source's full pass."""
     model = make_ed("rope", seed=5)
     sources = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
     new = [[5, 6], [8, 9], [11, 12]]
     with torch.no_grad():
-        logits, state = _start(model, sources)
+        logits, state = decoder_for(model).start(sources)
         for step in range(3):
             for i, src in enumerate(sources):
                 expected = model(torch.tensor([src]), torch.tensor([[BOS, *new[i][:step]]]))[0, -1]
                 assert (logits[i] - expected).abs().max() <= ATOL
             if step < 2:
-                logits, state = _advance(model, state, torch.tensor([n[step] for n in new]))
+                logits, state = decoder_for(model).step(state, torch.tensor([n[step] for n in new]))
 
 
 # ------------------------------------------------------------------- greedy
@@ -493,32 +492,52 @@ def test_beam_search_waits_for_a_better_live_beam(monkeypatch) -> None:
     A scripted decoder (vocabulary pad, bos, END=2, a=3) makes "a a a END" likely and END
     before that improbable but still within the top W of a tiny vocabulary.
     """
-    import types
-
-    import qkv.generation as generation
-
-    def logits(length: int) -> torch.Tensor:
-        row = torch.full((4,), -20.0)
-        row[3], row[2] = (-0.01, -5.0) if length < 3 else (-5.0, -0.01)
-        return row
-
-    def state_of(lengths: torch.Tensor) -> generation._State:
-        # One "block" whose self-attention cache holds each row's length (no cross-attention).
-        return generation._State(cache=[((lengths, lengths), None)])
-
-    def start(model, inputs):
-        return torch.stack([logits(0)] * len(inputs)), state_of(torch.zeros(len(inputs), 1))
-
-    def advance(model, state, tokens):
-        lengths = state.cache[0][0][0] + 1
-        return torch.stack([logits(int(n)) for n in lengths[:, 0]]), state_of(lengths)
-
-    monkeypatch.setattr(generation, "_start", start)
-    monkeypatch.setattr(generation, "_advance", advance)
-    scripted = types.SimpleNamespace(config=types.SimpleNamespace(eos_id=2, max_len=50))
+    scripted = ScriptedDecoder(lambda tokens: _scripted_row(len(tokens)))
     for width in (2, 3):
         best = beam_search(scripted, [[5], [6, 7]], beam_size=width, max_new_tokens=10)
         assert [hyps[0].tokens for hyps in best] == [[3, 3, 3], [3, 3, 3]]
+
+
+def _scripted_row(length: int) -> torch.Tensor:
+    """Vocabulary pad, bos, END=2, a=3: "a" likely until three have been written, then END."""
+    row = torch.full((4,), -20.0)
+    row[3], row[2] = (-0.01, -5.0) if length < 3 else (-5.0, -0.01)
+    return row
+
+
+class ScriptedDecoder:
+    """A Decoder (qkv.decoding's protocol) whose next-token logits depend only on how many tokens
+    a row has written: a mock with known log-probabilities. Its state is each row's tokens."""
+
+    def __init__(self, logits_of, *, vocab_size: int = 4, eos_id: int | None = 2, window: int = 50) -> None:
+        self.logits_of, self.vocab_size, self.eos_id, self.window = logits_of, vocab_size, eos_id, window
+        self.prompted, self.device = False, torch.device("cpu")
+
+    def _logits(self, rows: list[list[int]]) -> torch.Tensor:
+        return torch.stack([self.logits_of(r) for r in rows])
+
+    def start(self, inputs):
+        rows = [[] for _ in inputs]
+        return self._logits(rows), rows
+
+    def step(self, state, tokens):
+        rows = [[*r, int(t)] for r, t in zip(state, tokens.tolist(), strict=True)]
+        return self._logits(rows), rows
+
+    def reorder(self, state, rows, *, within_inputs=False):
+        return [list(state[i]) for i in rows.tolist()]
+
+    def reserve(self, state, room):
+        return state
+
+    def caps(self, inputs, wanted, prefix):
+        return [min(n, self.window) for n in wanted]
+
+    def source_length(self, row):
+        return len(row)
+
+    def bytes_needed(self, *, inputs, beam, source, steps):
+        return 0
 
 
 def test_each_prompt_gets_its_own_window_cap() -> None:
@@ -590,7 +609,7 @@ def test_int8_linears_decode_like_float32(copy_model, lm_model) -> None:
 @pytest.mark.parametrize("attention", ["softmax", "sigmoid"])
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi"])
 def test_decoding_without_masks_equals_all_true_masks(positions: str, attention: str) -> None:
-    """The fast path (no mask when nothing is padded: ``_start`` passes None) equals the explicit
+    """The fast path (no mask when nothing is padded: a decoder's start passes None) equals the explicit
     path with all-True masks, step by step with the cache, for both normalizations; sigmoid
     attention's bias counts the keys, so a None mask must count all of them."""
     ed = make_ed(positions, seed=5, attention=attention)
@@ -626,20 +645,23 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
     prompts = _random_rows([3, 5, 1], V, seed=8)
     for model in (make_ed(positions, seed=5), make_do(positions, seed=6)):
         with torch.no_grad():
-            a, state_a = _start(model, prompts)  # (N, V)
-            state_b = _growable(state_a, room=6)
+            a, state_a = decoder_for(model).start(prompts)  # (N, V)
+            state_b = decoder_for(model).reserve(state_a, 6)
             b = a
             for _ in range(6):
                 torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
                 tokens = a.argmax(-1)  # (N,)
-                (a, state_a), (b, state_b) = _advance(model, state_a, tokens), _advance(model, state_b, tokens)
+                (a, state_a), (b, state_b) = (
+                    decoder_for(model).step(state_a, tokens),
+                    decoder_for(model).step(state_b, tokens),
+                )
             torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
         self_kv = state_b.cache[0][0]
         assert isinstance(self_kv, KVBuffer) and self_kv.length == state_a.cache[0][0][0].shape[2]
         assert cache_length(state_b.cache) == cache_length(state_a.cache)
         # Reordering rows (beam search) would read the shared buffers' old rows: refused.
         with pytest.raises(TypeError, match="cannot be reordered"):
-            _select(state_b, torch.tensor([1, 0, 2]))
+            decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])
@@ -654,11 +676,14 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
         fast = for_decoding(model)
         assert hasattr(model.decoder.blocks[0].self_attn, "w_q") and model.decoder.blocks[0].self_attn.w_qkv is None
         assert all(not hasattr(b.self_attn, "w_q") for b in fast.decoder.blocks)
-        (a, state_a), (b, state_b) = _start(model, prompts), _start(fast, prompts)  # (N, V) each
+        (a, state_a), (b, state_b) = decoder_for(model).start(prompts), decoder_for(fast).start(prompts)  # (N, V) each
         for _ in range(6):
             torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
             tokens = a.argmax(-1)  # (N,)
-            (a, state_a), (b, state_b) = _advance(model, state_a, tokens), _advance(fast, state_b, tokens)
+            (a, state_a), (b, state_b) = (
+                decoder_for(model).step(state_a, tokens),
+                decoder_for(fast).step(state_b, tokens),
+            )
         assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
         beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
         assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
@@ -724,8 +749,8 @@ def test_ensemble_decodes_the_mean_distribution(family: str, copy_model, lm_mode
     assert len({str(x) for x in singles}) > 1  # the models disagree: the mean decides
     three = Ensemble((a, b, c))
     assert greedy(three, inputs, max_new_tokens=7) == _ref_ensemble_greedy([a, b, c], inputs, 7)
-    logits, _ = _start(three, inputs)
-    first = [_start(m, inputs)[0].log_softmax(-1) for m in (a, b, c)]
+    logits, _ = decoder_for(three).start(inputs)
+    first = [decoder_for(m).start(inputs)[0].log_softmax(-1) for m in (a, b, c)]
     assert torch.allclose(logits.exp(), torch.stack(first).exp().mean(0), atol=1e-6)
 
 
@@ -758,3 +783,123 @@ def test_ensemble_refuses_models_that_do_not_fit_together() -> None:
     with pytest.raises(ValueError, match="ensemble model 1 has tgt_vocab_size=11, model 0 tgt_vocab_size=13"):
         Ensemble((make_ed(), make_ed(tgt_vocab_size=11)))
     assert Ensemble((make_ed(max_len=40), make_ed(max_len=9))).config.max_len == 9
+
+
+# ------------------------------------------------------------------- the protocol, by mocks
+
+
+def _table_logits(tokens: list[int], *, vocab: int = 5, seed: int = 0) -> torch.Tensor:
+    """Fixed random logits for every history: a mock decoder with known log-probabilities."""
+    g = torch.Generator().manual_seed(hash((seed, *tokens)) % 2**31)
+    return torch.randn(vocab, generator=g) * 2.0
+
+
+def _brute_force(logp_of, *, vocab: int, eos: int, cap: int, length_penalty: float) -> list[tuple[list[int], float]]:
+    """Every output of at most ``cap`` tokens (ending at END, or at the cap without it), scored
+    as beam search scores a finished hypothesis (log p / length^penalty, END counted), best first."""
+    found, frontier = [], [([], 0.0)]
+    for step in range(1, cap + 1):
+        grown = []
+        for tokens, score in frontier:
+            logp = logp_of(tokens)
+            for t in range(vocab):
+                s = score + float(logp[t])
+                if t == eos:
+                    found.append((tokens, s / step**length_penalty))
+                elif step == cap:
+                    found.append(([*tokens, t], s / step**length_penalty))
+                else:
+                    grown.append(([*tokens, t], s))
+        frontier = grown
+    return sorted(found, key=lambda x: -x[1])
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 0.7, 1.0])
+def test_beam_search_is_exhaustive_when_the_beam_holds_every_prefix(length_penalty: float) -> None:
+    """With a beam as wide as every prefix there is (V^(cap-1)), beam search finds exactly the
+    brute-force ranking of every output of a mock decoder: same tokens, same scores."""
+    vocab, eos, cap = 5, 2, 3
+    decoder = ScriptedDecoder(lambda tokens: _table_logits(tokens, vocab=vocab), vocab_size=vocab, eos_id=eos)
+    best = beam_search(
+        decoder, [[7]], beam_size=vocab ** (cap - 1), max_new_tokens=cap, length_penalty=length_penalty, nbest=6
+    )[0]
+    expected = _brute_force(
+        lambda t: _table_logits(t, vocab=vocab).log_softmax(-1),
+        vocab=vocab,
+        eos=eos,
+        cap=cap,
+        length_penalty=length_penalty,
+    )[:6]
+    assert [h.tokens for h in best] == [tokens for tokens, _ in expected]
+    assert [h.score for h in best] == pytest.approx([score for _, score in expected], abs=1e-5)
+
+
+def test_beam_one_on_a_mock_decoder_is_greedy_and_the_hook_sees_every_step() -> None:
+    """Beam width 1 picks what greedy picks on the mock; ``on_step`` sees one BeamStep per step,
+    whose live hypothesis is the output so far, whose parents chain, and whose last step ends it."""
+    decoder = ScriptedDecoder(lambda tokens: _table_logits(tokens, seed=3), vocab_size=5, eos_id=None)
+    steps = []
+    best = beam_search(decoder, [[1]], beam_size=1, max_new_tokens=6, on_step=steps.append)[0][0]
+    assert best.tokens == greedy(decoder, [[1]], max_new_tokens=6)[0]
+    assert [s.step for s in steps] == list(range(6)) and steps[-1].capped
+    assert [s.live[0].tokens for s in steps[:-1]] == [best.tokens[: i + 1] for i in range(5)]
+    assert steps[0].live[0].parent is None and all(s.live[0].parent == 0 for s in steps[1:-1])
+    assert steps[-1].ended[0].tokens == best.tokens
+
+
+class NoRepeats:
+    """A custom scorer (qkv.decoding's Scorer protocol): a token may not follow itself."""
+
+    weight, partial = 1.0, False
+
+    def start(self, decoder, state, rows, steps):
+        return torch.full((len(rows),), -1)  # (N,): each hypothesis' last token (-1: none yet)
+
+    def score(self, last, candidates):
+        banned = torch.zeros(len(last), 5)  # (N, V)
+        banned[last >= 0, last[last >= 0]] = float("-inf")
+        return banned, last
+
+    def advance(self, last, rows, tokens):
+        return tokens
+
+    def bytes_needed(self, decoder, *, inputs, beam, source, steps):
+        return 0
+
+
+def test_a_custom_scorer_is_one_class_and_every_search_takes_it() -> None:
+    """A scorer written here (no edit to any search) steers greedy and beam search alike; with
+    weight 0 it changes nothing. The mock decoder always prefers to repeat its last token."""
+
+    def repeat_last(tokens: list[int]) -> torch.Tensor:
+        row = torch.zeros(5)
+        row[tokens[-1] if tokens else 3] = 5.0
+        return row
+
+    decoder = ScriptedDecoder(repeat_last, vocab_size=5, eos_id=None)
+    assert greedy(decoder, [[1]], max_new_tokens=4) == [[3, 3, 3, 3]]
+    steered = greedy(decoder, [[1]], max_new_tokens=4, scorers=[NoRepeats()])[0]
+    beamed = beam_search(decoder, [[1]], beam_size=3, max_new_tokens=4, scorers=[NoRepeats()])[0][0].tokens
+    for out in (steered, beamed):
+        assert len(out) == 4 and all(a != b for a, b in itertools.pairwise(out))
+    silent = NoRepeats()
+    silent.weight = 0.0
+    assert beam_search(decoder, [[1]], beam_size=3, max_new_tokens=4, scorers=[silent])[0][0].tokens == [3, 3, 3, 3]
+
+
+def test_banned_tokens_never_appear_and_bad_ids_are_refused() -> None:
+    """BannedTokens keeps its tokens out of every output of a real model, greedy and beam; an id
+    outside the vocabulary is refused."""
+    from qkv.decoding import BannedTokens
+
+    model = make_ed("rope", seed=6)
+    sources = _random_rows([4, 6, 3], SRC_V, seed=6)
+    plain = greedy(model, sources, max_new_tokens=8)
+    banned = sorted({t for out in plain for t in out})[:3]
+    assert banned, "the model wrote nothing to ban"
+    for out in greedy(model, sources, max_new_tokens=8, scorers=[BannedTokens(banned)]):
+        assert not set(out) & set(banned)
+    for hyps in beam_search(model, sources, beam_size=3, max_new_tokens=8, nbest=3, scorers=[BannedTokens(banned)]):
+        assert all(not set(h.tokens) & set(banned) for h in hyps)
+    with pytest.raises(ValueError, match="banned tokens"):
+        greedy(model, sources, max_new_tokens=8, scorers=[BannedTokens([TGT_V])])

@@ -36,8 +36,8 @@ from transformers import (  # noqa: E402
 
 from qkv.checkpoint import load_model, save_model  # noqa: E402
 from qkv.cli.main import main  # noqa: E402
+from qkv.decoding import greedy  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
-from qkv.generation import greedy  # noqa: E402
 from qkv.hf.common import HFConfig, load_state  # noqa: E402
 from qkv.hf.convert import export_hf, import_hf  # noqa: E402
 from qkv.hf.gpt2 import gpt2_fields  # noqa: E402

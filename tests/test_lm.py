@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from qkv.checkpoint import load_model
 from qkv.cli.main import main
 from qkv.data import read_text, resolve
+from qkv.decoding import continuation, most_likely
 from qkv.errors import UserError
 from qkv.evaluation import lm_loss, span_loss
-from qkv.generation import continuation, most_likely
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.tasks import load_recipe
 from qkv.tasks.lm import reply_spans, token_stream, train_lm

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 
 from qkv.chat import reply
 from qkv.cli.main import main
+from qkv.decoding import beam_search
 from qkv.embedding import sentence_embeddings
-from qkv.generation import beam_search
 from qkv.inspection import attention_maps, beam_trace
 from qkv.seq2seq import translate
 from qkv.serve.app import create_app

@@ -22,13 +22,15 @@ import torch.nn.functional as F
 from qkv.audio import FeatureConfig, pad_features
 from qkv.checkpoint import load_model, save_model
 from qkv.ctc import CTCPrefixScorer, ctc_best_path, ctc_collapse
-from qkv.decoding_copies import for_decoding
-from qkv.generation import (
-    Ensemble,
+from qkv.decoding import (
+    LanguageModelScore,
     beam_search,
     ctc_greedy,
     greedy,
+    joint_scorers,
 )
+from qkv.decoding_copies import for_decoding
+from qkv.ensemble import Ensemble
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder, whisper_sinusoids
 from qkv.training import ctc_loss, seq2seq_batch, speech_loss
@@ -36,6 +38,22 @@ from qkv.training import ctc_loss, seq2seq_batch, speech_loss
 V, M = 7, 11
 PAD, BOS, EOS = 0, 1, 2
 ATOL = 1e-5
+
+
+def joint_beam_search(
+    model, inputs, *, beam_size, max_new_tokens, nbest=1, ctc_weight=None, lm=None, lm_weight=0.0
+) -> list:
+    """beam_search with the scorers of joint CTC/attention decoding and shallow fusion."""
+    decoder_weight, scorers = joint_scorers(ctc_weight=ctc_weight, lm=lm, lm_weight=lm_weight)
+    return beam_search(
+        model,
+        inputs,
+        beam_size=beam_size,
+        max_new_tokens=max_new_tokens,
+        nbest=nbest,
+        decoder_weight=decoder_weight,
+        scorers=scorers,
+    )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -354,7 +372,7 @@ def test_joint_decoding_with_weight_zero_equals_attention_only() -> None:
     inputs = _features([29, 13, 41, 23], seed=5)
     for width in (1, 2, 3, 4):
         plain = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width)
-        joint = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=0.0)
+        joint = joint_beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=0.0)
         assert joint == plain
 
 
@@ -369,7 +387,7 @@ def test_joint_decoding_gives_every_input_a_hypothesis() -> None:
         frames = [int(n) for n in model.subsampled(torch.tensor([f.shape[0] for f in inputs]))]
         for width in (1, 3):
             for weight in (0.3, 1.0):
-                found = beam_search(model, inputs, beam_size=width, max_new_tokens=13, ctc_weight=weight)
+                found = joint_beam_search(model, inputs, beam_size=width, max_new_tokens=13, ctc_weight=weight)
                 assert all(hyps for hyps in found)
                 assert all(len(hyps[0].tokens) <= s for hyps, s in zip(found, frames, strict=True))
                 assert all(hyps[0].score > float("-inf") for hyps in found)
@@ -388,8 +406,8 @@ def test_fusion_with_weight_zero_equals_no_language_model() -> None:
     inputs = _features([29, 13, 41], seed=7)
     for width in (1, 3):
         for ctc in (None, 0.3):
-            plain = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=ctc)
-            fused = beam_search(
+            plain = joint_beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=ctc)
+            fused = joint_beam_search(
                 model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=ctc, lm=lm, lm_weight=0.0
             )
             assert fused == plain
@@ -403,9 +421,9 @@ def test_ctc_weight_zero_with_a_language_model_equals_no_ctc_with_it() -> None:
     inputs = _features([29, 13, 41], seed=7)
     for width in (1, 3):
         plain = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width)
-        fused = beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, lm=lm, lm_weight=3.0)
+        fused = joint_beam_search(model, inputs, beam_size=width, max_new_tokens=8, nbest=width, lm=lm, lm_weight=3.0)
         assert fused != plain  # the LM matters here
-        joint = beam_search(
+        joint = joint_beam_search(
             model, inputs, beam_size=width, max_new_tokens=8, nbest=width, ctc_weight=0.0, lm=lm, lm_weight=3.0
         )
         assert joint == fused
@@ -415,21 +433,21 @@ def test_the_memory_plan_counts_a_fused_language_models_cache(monkeypatch) -> No
     """inputs_per_batch plans for the LM's cache beside the decoder's (END and every new token
     of every row): a budget that holds 4 inputs without an LM holds fewer with one, and the
     search decoded in those parts finds what one batch finds."""
-    from qkv import generation
+    from qkv import decoding as generation
 
     model, lm = make_model(seed=7), make_lm(seed=8)
     inputs = _features([29, 13, 41, 23, 31, 17], seed=7)
     caps = generation.check_inputs(model, inputs, max_new_tokens=8)
     alone = generation.decoding_bytes(model, inputs=1, beam=3, source=41, steps=max(caps))
     fused = alone + generation.decoding_bytes(lm, inputs=1, beam=3, source=1, steps=max(caps))
-    whole = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
+    whole = joint_beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
     monkeypatch.setenv("QKV_MAX_MEMORY", str(int(4.5 * alone / generation.DECODING_SHARE)))
     assert generation.inputs_per_batch(model, inputs, caps, beam=3) == 4
-    fit = generation.inputs_per_batch(model, inputs, caps, beam=3, lm=lm)
+    fit = generation.inputs_per_batch(model, inputs, caps, beam=3, scorers=[LanguageModelScore(lm, 0.5)])
     assert 1 <= fit < 4 and fit == int(
         int(4.5 * alone / generation.DECODING_SHARE) * generation.DECODING_SHARE // fused
     )
-    parts = beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
+    parts = joint_beam_search(model, inputs, beam_size=3, max_new_tokens=8, nbest=2, lm=lm, lm_weight=0.5)
     assert [[h.tokens for h in hs] for hs in parts] == [[h.tokens for h in hs] for hs in whole]
     scores = [h.score for hs in parts for h in hs]
     assert scores == pytest.approx([h.score for hs in whole for h in hs], abs=1e-5)  # other padding, same search
@@ -443,7 +461,7 @@ def test_fused_greedy_equals_the_explicit_sum_of_log_probabilities(weight: float
     tokens, and the score is that sum over the tokens and END."""
     model, lm = make_model(seed=9), make_lm(seed=10)
     inputs = _features([31, 17], seed=9)
-    found = beam_search(model, inputs, beam_size=1, max_new_tokens=12, lm=lm, lm_weight=weight)
+    found = joint_beam_search(model, inputs, beam_size=1, max_new_tokens=12, lm=lm, lm_weight=weight)
     memory, valid = model.encode(*pad_features(inputs))  # (B, S, D), (B, S)
     for b in range(len(inputs)):
         tokens: list[int] = []
@@ -468,10 +486,10 @@ def test_a_language_model_that_does_not_fit_is_refused() -> None:
     takes the first position, and the last token chosen is never read)."""
     model, inputs = make_model(seed=7), _features([29], seed=7)
     with pytest.raises(ValueError, match="the language model has 11 tokens, the decoder 7"):
-        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(vocab_size=11), lm_weight=0.3)
+        joint_beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(vocab_size=11), lm_weight=0.3)
     with pytest.raises(ValueError, match=r"window \(7\) is shorter than the outputs \(8\)"):
-        beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=7), lm_weight=0.3)
-    beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=8), lm_weight=0.3)  # fits
+        joint_beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=7), lm_weight=0.3)
+    joint_beam_search(model, inputs, beam_size=2, max_new_tokens=8, lm=make_lm(max_len=8), lm_weight=0.3)  # fits
 
 
 def test_speech_decoding_inputs_and_ensembles() -> None:
@@ -484,17 +502,17 @@ def test_speech_decoding_inputs_and_ensembles() -> None:
     assert [h[0].tokens for h in beam_search(model, inputs, beam_size=1, max_new_tokens=6)] == batch
     assert greedy(Ensemble((model,)), inputs, max_new_tokens=6) == batch
     assert greedy(for_decoding(model), inputs, max_new_tokens=6) == batch
-    joint = beam_search(model, inputs, beam_size=2, max_new_tokens=6, ctc_weight=0.4)
-    assert joint == beam_search(Ensemble((model,)), inputs, beam_size=2, max_new_tokens=6, ctc_weight=0.4)
+    joint = joint_beam_search(model, inputs, beam_size=2, max_new_tokens=6, ctc_weight=0.4)
+    assert joint == joint_beam_search(Ensemble((model,)), inputs, beam_size=2, max_new_tokens=6, ctc_weight=0.4)
     assert ctc_greedy(Ensemble((model,)), inputs) == ctc_greedy(model, inputs)
     with pytest.raises(ValueError, match="feature tensor"):
         greedy(model, [[3, 4, 5]], max_new_tokens=3)
     with pytest.raises(ValueError, match=r"\(T, 11\)"):
         beam_search(model, [torch.randn(20, M + 2)], beam_size=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="ctc_weight"):
-        beam_search(model, inputs, beam_size=2, max_new_tokens=3, ctc_weight=1.5)
+        joint_beam_search(model, inputs, beam_size=2, max_new_tokens=3, ctc_weight=1.5)
     with pytest.raises(ValueError, match="CTC head"):
-        beam_search(make_model("whisper"), [torch.randn(9, M)], beam_size=2, max_new_tokens=3, ctc_weight=0.3)
+        joint_beam_search(make_model("whisper"), [torch.randn(9, M)], beam_size=2, max_new_tokens=3, ctc_weight=0.3)
     with pytest.raises(ValueError, match="features"):
         Ensemble((model, make_model(seed=7, features=FeatureConfig(n_mels=M, normalize=True))))
 
@@ -530,7 +548,7 @@ def test_a_tiny_model_learns_three_utterances(trained) -> None:
     assert greedy(model, utterances, max_new_tokens=6) == TRANSCRIPTS
     assert [h[0].tokens for h in beam_search(model, utterances, beam_size=3, max_new_tokens=6)] == TRANSCRIPTS
     for weight in (0.3, 1.0):
-        best = beam_search(model, utterances, beam_size=3, max_new_tokens=6, ctc_weight=weight)
+        best = joint_beam_search(model, utterances, beam_size=3, max_new_tokens=6, ctc_weight=weight)
         assert [h[0].tokens for h in best] == TRANSCRIPTS
     assert ctc_greedy(model, utterances) == TRANSCRIPTS
 
@@ -566,7 +584,7 @@ def test_a_joint_hypothesis_scores_attention_and_ctc_of_the_whole_sequence(train
     probability."""
     model, utterances, _ = trained
     weight, checked = 0.4, 0
-    found = beam_search(model, utterances, beam_size=3, max_new_tokens=6, nbest=3, ctc_weight=weight)
+    found = joint_beam_search(model, utterances, beam_size=3, max_new_tokens=6, nbest=3, ctc_weight=weight)
     for f, hyps in zip(utterances, found, strict=True):
         with torch.no_grad():
             memory, _ = model.encode(f[None])

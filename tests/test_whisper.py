@@ -31,8 +31,8 @@ from transformers import (  # noqa: E402
 from qkv.audio import FeatureConfig, features  # noqa: E402
 from qkv.checkpoint import load_model, save_model  # noqa: E402
 from qkv.cli.main import main  # noqa: E402
+from qkv.decoding import beam_search, greedy  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
-from qkv.generation import beam_search, greedy  # noqa: E402
 from qkv.hf.convert import export_hf, import_hf  # noqa: E402
 from qkv.hf.whisper import detect_language, start_tokens  # noqa: E402
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig  # noqa: E402

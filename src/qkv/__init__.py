@@ -7,7 +7,7 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     attention.py layers.py audio.py           primitives: shape legend, attention, FFN, norms; audio features
     blocks.py                                 encoder and decoder blocks and stacks
     models/                                   one file per family (config dataclass at the top)
-    checkpoint.py generation.py training.py   model-agnostic: model directories, decoding, training,
+    checkpoint.py decoding/ training.py      model-agnostic: model directories, decoding, training,
     evaluation.py tokenization.py data.py     scores, tokenizers, corpora, pictures
     plots.py
     hf/ runs.py chat.py seq2seq.py            model-agnostic, built on those: Hugging Face checkpoints, run

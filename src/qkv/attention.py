@@ -63,7 +63,7 @@ class KVBuffer:
 
     Appending to a ``(k, v)`` tuple concatenates, which copies the whole cache every step;
     decoding a token at a time is bound by such per-step work, so a decoding loop that never
-    branches (``generation.stream``) preallocates its caches once with :meth:`holding`. An
+    branches (``decoding.stream``) preallocates its caches once with :meth:`holding`. An
     append writes positions ``length..`` of the buffers and returns a new ``KVBuffer`` over the
     same buffers. The old one still reads its own positions, but appending to it again would
     overwrite the new one's: that is refused (``filled`` is shared by every KVBuffer of one

@@ -10,7 +10,7 @@ The window rule: the newest turns are kept whole, oldest dropped first; a single
 longer than the room left is cut from its start (its end is what the reply answers). A
 decoder-only model keeps room for ``max_new_tokens`` of reply.
 
-What is not here: the prompt loop and terminal handling (``cli.py``), decoding (``generation.py``).
+What is not here: the prompt loop and terminal handling (``cli.py``), decoding (``decoding/``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from qkv.generation import DecodingModel, beam_search, continuation, member, most_likely
+from qkv.decoding import DecodingModel, beam_search, continuation, member, most_likely
 from qkv.models.decoder_only import DecoderOnly
 from qkv.tokenization import Tokenizer, Vocabularies
 
@@ -58,7 +58,7 @@ def reply(
 ) -> str:
     """The model's next turn after ``turns`` (the dialogue so far, oldest first).
 
-    ``choose`` picks each token (e.g. a :func:`~qkv.generation.sampler`); without it a
+    ``choose`` picks each token (e.g. a :func:`~qkv.decoding.sampler`); without it a
     decoder-only model is greedy and an encoder-decoder model uses beam search.
     """
     vocab = Vocabularies.of(tokenizers)

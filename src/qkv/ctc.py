@@ -7,7 +7,7 @@ a beam's hypotheses) and :class:`CTCPrefixScorer`. Pure functions of per-frame l
 no model, no search.
 
 What is not here: the CTC head (``models/speech.py``), the CTC loss (``training.py``), beam
-search and CTC-only decoding of a model (``generation.py``: ``beam_search(ctc_weight=)``,
+search and CTC-only decoding of a model (``decoding/``: the scorer ``CTCPrefixScore``,
 ``ctc_greedy``).
 
 Shapes use the legend of ``attention.py``: B utterances, S encoder frames, V vocabulary, N

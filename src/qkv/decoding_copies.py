@@ -2,14 +2,14 @@
 self-attention) and :func:`int8_linears` (int8 linear layers, PyTorch's dynamic quantization).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
-What is not here: the searches that run them (``generation.py``), loading a model directory for
+What is not here: the searches that run them (``decoding/``), loading a model directory for
 decoding (``loading.py``, which applies them).
 """
 
 from __future__ import annotations
 
+from qkv.decoding import DecodingModel
 from qkv.ensemble import Ensemble
-from qkv.generation import DecodingModel
 
 
 def for_decoding(model: DecodingModel) -> DecodingModel:

@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv.decoding import pad_rows
 from qkv.errors import UserError
-from qkv.generation import pad_rows
 from qkv.models.encoder_only import EncoderOnly, masked_mean
 from qkv.tokenization import Tokenizer
 

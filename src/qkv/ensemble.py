@@ -2,7 +2,7 @@
 
 What is here: the ensemble's definition only. How it decodes (the mean of its members'
 next-token distributions, each member with its own encoder output and KV cache) is
-``generation.py``'s, which takes an ensemble wherever it takes a model.
+``decoding/``'s, which takes an ensemble wherever it takes a model.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 class Ensemble:
     """Models of one vocabulary and family that decode as one: at every step the next-token
     distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
-    keeps its own encoder output and KV cache). ``generation.py``'s ``greedy``, ``sample``,
+    keeps its own encoder output and KV cache). ``decoding/``'s ``greedy``, ``sample``,
     ``stream``, ``continuation`` and ``beam_search`` take one wherever they take a model, and
     an ensemble of one model decodes exactly as that model (tested);
     ``decoding_copies.for_decoding`` and ``int8_linears`` apply to each member. Its ``config`` is the

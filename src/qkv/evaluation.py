@@ -9,7 +9,7 @@ model's cross-entropy on a token stream, in non-overlapping windows), :func:`mas
 never re-implemented; the signature it prints says exactly how a score was computed
 (tokenization, casing, version), so scores compare across papers.
 
-What is not here: decoding (``generation.py``), reading files (``cli.py``).
+What is not here: decoding (``decoding/``), reading files (``cli.py``).
 """
 
 from __future__ import annotations

@@ -10,12 +10,10 @@ What is here:
     kernel, stacked projections, int8 weights). The model itself is not changed.
   * :func:`beam_trace`: the beam search of one source written out step by step, with what
     each step kept (the live hypotheses, their scores and the beam each extends), what ended
-    (reached END) and what was dropped (in the best 2W candidates of the step but not kept).
-    It follows :func:`~qkv.generation.beam_search`'s rules (tested to end with the same
-    hypotheses and scores) but for one input, keeping everything a reader may want to see.
+    (reached END) and what was dropped (in the best 2W candidates of the step but not kept):
+    :func:`~qkv.decoding.beam_search` itself, recorded by its ``on_step`` hook.
 
-What is not here: pictures (``plots.py``, the server's page), decoding for use
-(``generation.py``, which keeps nothing it does not need).
+What is not here: pictures (``plots.py``, the server's page), the search (``decoding/``).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import torch
 from torch import Tensor
 
 from qkv.attention import MultiHeadAttention
-from qkv.generation import check_inputs
+from qkv.decoding import BeamStep, Candidate, beam_search
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
@@ -129,28 +127,18 @@ def attention_maps(
 
 
 @dataclass(frozen=True)
-class Traced:
-    """One hypothesis in a :class:`TraceStep`: its tokens so far (END not included), its
-    score and the live hypothesis of the step before that it extends (its index there; None
-    at the first step). ``score`` is the summed log-probability for a live or dropped one,
-    and log p / length^penalty (the score beam search ranks by) for one that ended."""
-
-    tokens: list[int]
-    score: float
-    parent: int | None
-
-
-@dataclass(frozen=True)
 class TraceStep:
     """What one step of beam search did: ``live`` (the W hypotheses kept, best first),
     ``ended`` (extensions by END among the step's best W, set aside as finished, or the live
     ones finished where the output reached its cap: ``capped``) and ``dropped`` (other
-    extensions among the step's best 2W candidates that were not kept)."""
+    extensions among the step's best 2W candidates that were not kept). Each is a
+    :class:`~qkv.decoding.Candidate`: its tokens (END not included), its score (summed; for one
+    that ended, log p / length^penalty, the score beam search ranks by) and its parent."""
 
     step: int
-    live: list[Traced] = field(default_factory=list)
-    ended: list[Traced] = field(default_factory=list)
-    dropped: list[Traced] = field(default_factory=list)
+    live: list[Candidate] = field(default_factory=list)
+    ended: list[Candidate] = field(default_factory=list)
+    dropped: list[Candidate] = field(default_factory=list)
     capped: bool = False
 
 
@@ -159,87 +147,27 @@ class BeamTrace:
     """A beam search of one source: its steps, and the finished hypotheses, best first."""
 
     steps: list[TraceStep]
-    hypotheses: list[Traced]
+    hypotheses: list[Candidate]
 
 
-def _pick(cache: list, rows: Tensor) -> list:
-    """The decoder cache with row i taken from row ``rows[i]`` (every tensor of it)."""
-    return [tuple(tuple(t.index_select(0, rows) for t in kv) for kv in block) for block in cache]
-
-
-@torch.no_grad()
 def beam_trace(
     model: EncoderDecoder, src: list[int], *, beam_size: int, max_new_tokens: int, length_penalty: float = 1.0
 ) -> BeamTrace:
-    """Beam search of the source ``src`` (token ids), as :func:`~qkv.generation.beam_search`
-    searches it (the same candidates, ranking, stopping rule and cap), recording every step.
-    Finished hypotheses are returned best first, all of them (beam search's n-best are the
-    first ``nbest``)."""
+    """Beam search of the source ``src`` (token ids), recorded step by step: the search is
+    :func:`~qkv.decoding.beam_search` itself, and the record its ``on_step`` hook. Finished
+    hypotheses are returned best first, all of them (beam search's n-best are the first
+    ``nbest``)."""
     if not isinstance(model, EncoderDecoder):
         raise TypeError("a beam trace needs an encoder-decoder model")
     if not src:
         raise ValueError("the source is empty")
-    c, w = model.config, beam_size
-    cap = check_inputs(model, [src], max_new_tokens=max_new_tokens)[0]
-    device = next(model.parameters()).device
-    source = torch.tensor([src], device=device)  # (1, S)
-    memory = model.encode(source, src_mask=torch.ones_like(source, dtype=torch.bool))  # (1, S, D)
-    out = model.decode(torch.full((1, 1), c.bos_id, dtype=torch.long, device=device), memory, src_mask=None)
-    rows = torch.zeros(w, dtype=torch.long, device=device)  # (W,): every beam starts from BEGIN
-    logits, cache = out.logits[:, -1].index_select(0, rows), _pick(out.cache, rows)  # (W, V), W rows
-    memory = memory.index_select(0, rows)  # (W, S, D)
-    scores = torch.full((w,), float("-inf"), device=device)
-    scores[0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
-    history: list[list[int]] = [[] for _ in range(w)]
-    live_index: list[int | None] = [None] * w  # each row's place among the previous step's live ones
-    finished: list[Traced] = []
     steps: list[TraceStep] = []
-    for step in range(cap):
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (W, V)
-        v = logp.shape[-1]
-        candidates = (scores.view(-1, 1) + logp).view(w * v)  # (W*V,)
-        top_scores, top_index = candidates.topk(min(2 * w, w * v))  # (2W,)
-        length_norm = (step + 1) ** length_penalty
-        record = TraceStep(step)
-        kept: list[tuple[int, int, float]] = []
-        for j, (index, score) in enumerate(zip(top_index.tolist(), top_scores.tolist(), strict=True)):
-            if score == float("-inf"):
-                break
-            row, token = index // v, index % v
-            traced = Traced([*history[row], token], score, live_index[row])
-            if len(kept) == w:
-                record.dropped.append(traced)
-            elif token == c.eos_id:
-                if j < w:
-                    ended = Traced(history[row], score / length_norm, live_index[row])
-                    finished.append(ended)
-                    record.ended.append(ended)
-                else:
-                    record.dropped.append(Traced(history[row], score, live_index[row]))
-            else:
-                kept.append((row, token, score))
-                record.live.append(traced)
-        done = False
-        if len(finished) >= w:
-            wth_best = sorted((h.score for h in finished), reverse=True)[w - 1]
-            done = not kept or kept[0][2] / length_norm <= wth_best
-        if not done and step + 1 >= cap:
-            for (row, token, score), traced in zip(kept, record.live, strict=True):
-                capped = Traced([*history[row], token], score / length_norm, traced.parent)
-                finished.append(capped)
-                record.ended.append(capped)
-            record.live.clear()
-            steps.append(TraceStep(step, [], record.ended, record.dropped, capped=True))
-            break
-        steps.append(record)
-        if done or not kept:
-            break
-        kept += [(*kept[-1][:2], float("-inf"))] * (w - len(kept))  # fillers, never chosen again
-        rows = torch.tensor([row for row, _, _ in kept], device=device)  # (W,)
-        tokens = torch.tensor([token for _, token, _ in kept], device=device)  # (W,)
-        history = [[*history[row], token] for row, token, _ in kept]
-        live_index = list(range(w))
-        scores = torch.tensor([score for _, _, score in kept], device=device)  # (W,)
-        out = model.decode(tokens[:, None], memory, src_mask=None, cache=_pick(cache, rows))
-        logits, cache = out.logits[:, -1], out.cache  # (W, V)
+
+    def record(event: BeamStep) -> None:
+        steps.append(TraceStep(event.step, event.live, event.ended, event.dropped, event.capped))
+
+    beam_search(
+        model, [src], beam_size=beam_size, max_new_tokens=max_new_tokens, length_penalty=length_penalty, on_step=record
+    )
+    finished = [h for step in steps for h in step.ended]
     return BeamTrace(steps, sorted(finished, key=lambda h: -h.score))

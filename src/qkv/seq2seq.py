@@ -8,7 +8,7 @@ decoder layer's cross-attention weights). What takes the model's tokenizers take
 source tokenizer, decodes outputs with the target one. Every encoder-decoder task (numbers,
 translation, and speech translation to come) and the command line decode through here.
 
-What is not here: the decoding algorithms (``generation.py``, which knows no tokenizer), the
+What is not here: the decoding algorithms (``decoding/``, which knows no tokenizer), the
 task runners (``tasks/``).
 """
 
@@ -18,8 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from qkv.decoding import beam_search
 from qkv.ensemble import Ensemble
-from qkv.generation import beam_search
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tokenization import Tokenizer, Vocabularies
 

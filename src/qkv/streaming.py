@@ -1,7 +1,7 @@
 """A language model's continuation of a prompt as text, piece by piece as it is made.
 
 What is here: :func:`continuation_text`, which ``qkv generate --prompt`` prints and the server
-streams: the new tokens of :func:`~qkv.generation.continuation` (sliding the window past
+streams: the new tokens of :func:`~qkv.decoding.continuation` (sliding the window past
 ``max_len``, the window rule of ``docs/textbook.md``) decoded into the pieces of text they add;
 :func:`decoded_after`, the text some new tokens add after a prompt (the first rule below).
 
@@ -12,7 +12,7 @@ Two rules make the pieces add up to the text a reader expects:
   * while the text ends in U+FFFD, a character whose bytes span several tokens (byte-level
     BPE) is incomplete, and nothing is given until its last byte arrives.
 
-What is not here: the decoding loop (``generation.py``), printing or sending (the adapters).
+What is not here: the decoding loop (``decoding/``), printing or sending (the adapters).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 
 from torch import Tensor
 
-from qkv.generation import DecodingModel, continuation
+from qkv.decoding import DecodingModel, continuation
 from qkv.tokenization import Tokenizer, Vocabularies
 
 INCOMPLETE = "\ufffd"  # what a tokenizer decodes a character's first bytes to
@@ -47,7 +47,7 @@ def continuation_text(
     """The pieces of text the continuation of ``prompt`` (token ids; empty: BEGIN) adds, in
     order, each as soon as it is whole; joined, they are the continuation's text. A prompt
     longer than the window keeps its newest ``max_len`` tokens, and the output slides on past
-    the window (:func:`~qkv.generation.continuation` with ``slide=True``)."""
+    the window (:func:`~qkv.decoding.continuation` with ``slide=True``)."""
     vocab = Vocabularies.of(tokenizers)
     target = vocab.target
     prompt = prompt or [vocab.source.bos_id]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkv.generation import pad_rows
+from qkv.decoding import pad_rows
 from qkv.models.tts import TransformerTTS
 
 

@@ -45,7 +45,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if wants_sampling(args):
         import torch
 
-        from qkv.generation import sampler
+        from qkv.decoding import sampler
 
         generator = torch.Generator()
         if args.seed is not None:

@@ -33,7 +33,7 @@ EPILOG_GENERATE = """examples:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from qkv.generation import beam_search, greedy, most_likely, sample, sampler
+    from qkv.decoding import beam_search, greedy, most_likely, sample, sampler
     from qkv.models.decoder_only import DecoderOnly
     from qkv.seq2seq import cut_source
     from qkv.streaming import continuation_text
@@ -86,7 +86,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     if streaming:
         # One prompt continued by a language model: print each piece of text as it is made,
-        # sliding the window past max_len (generation.continuation).
+        # sliding the window past max_len (decoding.continuation).
         if sampling:
             choose = sampler(
                 temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, generator=generator

@@ -9,7 +9,7 @@ by :func:`whisper_settings`), the HF files export writes where an import kept no
 (:func:`whisper_generation_config`, :func:`whisper_preprocessor_config`), and what transcription
 uses: :func:`start_tokens` and :func:`detect_language`. What is not: import and export
 themselves (``convert.py``), what the families share (``common.py``), the features
-(``audio.py``), the model (``models/speech.py``) and decoding (``generation.py``, whose
+(``audio.py``), the model (``models/speech.py``) and decoding (``decoding/``, whose
 ``prefix`` takes :func:`start_tokens`).
 
 The model (Radford et al., 2022): two Conv1d with GELU, Whisper's sinusoids on the encoder,
@@ -52,7 +52,7 @@ masks are stored there but not applied (a note says so when there are any). Not 
 timestamp rules, previous-text prompts (<|startofprev|>), temperature fallback, audio longer
 than one chunk.
 
-Shapes: features (T, M) per input, as ``generation.py`` takes them.
+Shapes: features (T, M) per input, as ``decoding/`` takes them.
 """
 
 from __future__ import annotations
@@ -570,7 +570,7 @@ def start_tokens(
     directory: str | Path, *, language: str | None = None, task: str = "transcribe", timestamps: bool = False
 ) -> list[int]:
     """The tokens an imported Whisper model in ``directory`` starts decoding from (``prefix`` of
-    :func:`~qkv.generation.greedy` and :func:`~qkv.generation.beam_search`).
+    :func:`~qkv.decoding.greedy` and :func:`~qkv.decoding.beam_search`).
 
     <|startoftranscript|>; for a multilingual model the language's token (``language``: a code
     such as "de" or the token "<|de|>"; required: :func:`detect_language` finds one) and the

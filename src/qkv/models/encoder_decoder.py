@@ -7,7 +7,7 @@ output, logits over the target vocabulary; with an explicit KV cache) and ``forw
 (both, for teacher-forced training).
 
 What is not here: losses (``training.py``), decoding loops that start from the BEGIN token
-and stop at END (``generation.py``). Shapes use the legend of ``attention.py``.
+and stop at END (``decoding/``). Shapes use the legend of ``attention.py``.
 """
 
 from __future__ import annotations

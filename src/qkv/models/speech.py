@@ -17,7 +17,7 @@ so a checkpoint says how its input frames must be computed, and the model's mel 
 features' ``n_mels``. The model does not compute features: callers run ``qkv.audio``.
 
 What is not here: features (``audio.py``), the CTC and joint losses (``training.py``:
-``ctc_loss``, ``speech_loss``), decoding and CTC prefix scores (``generation.py``).
+``ctc_loss``, ``speech_loss``), decoding and CTC prefix scores (``decoding/``).
 
 Shapes use the legend of ``attention.py``: features (B, T, M) with T frames and M mel bins;
 the encoder output (B, S, D) with S frames after subsampling; T' and M' are the frames and

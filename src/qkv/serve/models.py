@@ -125,7 +125,7 @@ class TooLong(ValueError):
 def chooser(*, seed: int | None, options: dict):
     """The ``choose`` of a decoding loop: the most likely token, or a draw from the filtered
     distribution (``options``: temperature, top_k, top_p, sampling), seeded when asked."""
-    from qkv.generation import most_likely, sampler
+    from qkv.decoding import most_likely, sampler
 
     if not options["sampling"]:
         return most_likely
@@ -148,20 +148,12 @@ def fits_without_sliding(served: Served, prompt: list[int], max_new_tokens: int)
 def generate_batch(served: Served, prompts: list[list[int]], *, max_new_tokens: int, options: dict):
     """Continuations of prompts that fit the window (:func:`fits_without_sliding`), decoded as
     one batch (greedy, or one unseeded sampler): per prompt, (text, tokens made)."""
-    from qkv.generation import DONE, stream
+    from qkv.decoding import generate
     from qkv.streaming import decoded_after
 
     rows = [p or [served.vocab.source.bos_id] for p in prompts]
-    made: list[list[int]] = [[] for _ in rows]
-    ended = [False] * len(rows)
-    eos = served.model.config.eos_id
     choose = chooser(seed=None, options=options)
-    for tokens in stream(served.model, rows, max_new_tokens=max_new_tokens, choose=choose):
-        for i, t in enumerate(tokens.tolist()):
-            if ended[i] or t in (eos, DONE):
-                ended[i] = True
-                continue
-            made[i].append(t)
+    made = generate(served.model, rows, max_new_tokens=max_new_tokens, choose=choose)
     return [(decoded_after(served.vocab.target, row, ids), len(ids)) for row, ids in zip(rows, made, strict=True)]
 
 
@@ -251,8 +243,8 @@ def attention_view(
     """For the one text of ``texts``: the tokens, every attention map (``inspection.attention_maps``)
     and, for an encoder-decoder asked for it, the beam search's trace (``inspection.beam_trace``),
     as the fields of :class:`~qkv.serve.schemas.AttentionResponse` (but the model's name and kind)."""
+    from qkv.decoding import beam_search
     from qkv.embedding import frame
-    from qkv.generation import beam_search
     from qkv.inspection import attention_maps, beam_trace
 
     (text,) = texts
@@ -317,7 +309,7 @@ def attention_view(
 
 def generate_tokens(served: Served, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Greedy continuations (token ids) of prompts that fit the window."""
-    from qkv.generation import greedy
+    from qkv.decoding import greedy
 
     return greedy(served.model, prompts, max_new_tokens=max_new_tokens)
 

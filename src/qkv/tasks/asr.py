@@ -14,7 +14,7 @@ test split is decoded by beam search, joint with the CTC prefix score when ``dat
 > 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
 
 What is not here: features (``audio.py``), the corpora (``speech_corpora.py``), the model
-(``models/speech.py``), decoding and CTC scoring (``generation.py``), the command line
+(``models/speech.py``), decoding and CTC scoring (``decoding/``), the command line
 (``cli/transcribe.py``).
 """
 
@@ -33,10 +33,10 @@ from torch import Tensor
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
+from qkv.decoding import beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
-from qkv.generation import beam_search, ctc_greedy
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
@@ -245,7 +245,7 @@ def transcribe(
     decoder. ``prefix``: the decoder's forced first tokens (an imported Whisper's start
     tokens); None: BEGIN alone. ``on_batch(n)`` is called after each batch of n. ``lm``,
     ``lm_weight``: a language model of the same tokens fused into the beam search
-    (``loading.load_fusion_lm``; ``generation.beam_search``).
+    (``loading.load_fusion_lm``; ``decoding.LanguageModelScore``).
 
     Shapes: feats: N tensors (T_n, M) -> N transcriptions.
     """
@@ -258,6 +258,9 @@ def transcribe(
     for i, f in enumerate(feats):
         if too_short(model, f.shape[0]):
             raise UserError(f"input {i + 1} is too short for the model: {f.shape[0]} frames leave its front-end none")
+    decoder_weight, scorers = joint_scorers(
+        ctc_weight=ctc_weight if ctc_weight > 0 else None, lm=lm, lm_weight=lm_weight
+    )
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
     results: list[Transcription | None] = [None] * len(feats)
     dtype = next(model.parameters()).dtype
@@ -273,10 +276,9 @@ def transcribe(
                 beam_size=beam_size,
                 max_new_tokens=model.config.max_len,
                 length_penalty=length_penalty,
-                ctc_weight=ctc_weight if ctc_weight > 0 else None,
                 prefix=prefix,
-                lm=lm,
-                lm_weight=lm_weight,
+                decoder_weight=decoder_weight,
+                scorers=scorers,
             )
             outputs = [hyps[0].tokens for hyps in best]
         for i, ids in zip(rows, outputs, strict=True):

@@ -29,6 +29,7 @@ from qkv.data import (
     read_lines,
     resolve,
 )
+from qkv.decoding import pad_rows
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import (
@@ -36,7 +37,6 @@ from qkv.evaluation import (
     macro_f1,
     masked_lm_scores,
 )
-from qkv.generation import pad_rows
 from qkv.models.encoder_only import EncoderOnly
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,

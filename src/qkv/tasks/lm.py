@@ -6,7 +6,7 @@ Character-level or subword vocabularies, one text stream or one document per lin
 DailyDialog dialogue, contiguous-block batches, scored by validation loss in nats per token.
 
 What is not here: recipe loading and the shared runner pieces (``recipes.py``), sampling and
-the KV cache (``generation.py``).
+the KV cache (``decoding/``).
 """
 
 from __future__ import annotations

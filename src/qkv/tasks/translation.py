@@ -6,7 +6,7 @@ validation loss and BLEU, a resumable run directory, best/last/averaged checkpoi
 stopping, subword regularization), :func:`teacher_forced_loss`, :func:`over_long_note`.
 
 What is not here: translating text with a trained model (``seq2seq.py``), recipe loading and
-the shared runner pieces (``recipes.py``), the decoding algorithms (``generation.py``), run
+the shared runner pieces (``recipes.py``), the decoding algorithms (``decoding/``), run
 directories (``runs.py``).
 """
 

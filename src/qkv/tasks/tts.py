@@ -32,10 +32,10 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import build_model
+from qkv.decoding import pad_rows
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.files import write_atomic
-from qkv.generation import pad_rows
 from qkv.models.tts import TransformerTTS
 from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar

@@ -1,0 +1,447 @@
+"""The decoding protocol and the one adapter each model family implements it with.
+
+A search (``search.py``) asks a model for three things and nothing else, whatever its family
+(openai/whisper's ``Inference``, ESPnet's decoder-as-scorer):
+
+  * ``start(inputs)``: read the inputs (encode the sources, or read the prompts); return the
+    logits of the first new token (B, V) and a state;
+  * ``step(state, tokens)``: feed one chosen token per row (N,); return the next logits (N, V)
+    and the new state;
+  * ``reorder(state, rows)``: keep, repeat or reorder the rows (hypotheses) of a state.
+
+Beside them, what memory planning and input checks need: ``caps`` (each input's new-token cap
+within the window), ``bytes_needed`` (an estimate of what decoding holds), ``source_length``,
+``reserve`` (preallocate the self-attention cache of a loop that never reorders).
+
+What is here: :class:`Decoder` (the protocol), :class:`TextEncoderDecoder`,
+:class:`SpeechEncoderDecoderDecoder`, :class:`DecoderOnlyDecoder`, :class:`EnsembleDecoder`
+(the mean of its members' distributions) and :func:`decoder_for`, which picks the adapter of a
+model once, when a search is given a model. The states are each adapter's own: a search never
+looks inside one. What is not here: the searches, scorers, memory planning (their own modules),
+the models (``models/``).
+
+Shapes use the legend of ``attention.py``: B inputs, N hypotheses (rows: B times the beam),
+S source positions, P prompt positions, V vocabulary, D model width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from qkv.attention import KVBuffer
+from qkv.audio import pad_features
+from qkv.ensemble import Ensemble
+from qkv.models.decoder_only import DecoderOnly
+from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.models.speech import SpeechEncoderDecoder
+
+DecodingModel = EncoderDecoder | SpeechEncoderDecoder | DecoderOnly | Ensemble  # what generates text
+Inputs = list[list[int]] | list[Tensor]  # token ids, or (T, F) features for a speech model
+
+
+class Decoder(Protocol):
+    """What every search needs of a model; one adapter per family implements it.
+
+    Attributes:
+        eos_id: END (None: the model has none, and outputs run to their cap).
+        window: the positions a target (or a prompt and its continuation) may take (max_len).
+        vocab_size: V, the size of every step's logits.
+        prompted: True when the output continues the input in one window (decoder-only).
+    """
+
+    eos_id: int | None
+    window: int
+    vocab_size: int
+    prompted: bool
+    device: torch.device
+
+    def start(self, inputs: Inputs) -> tuple[Tensor, object]:
+        """Logits of the first new token (B, V) and the state after reading ``inputs``."""
+        ...
+
+    def step(self, state: object, tokens: Tensor) -> tuple[Tensor, object]:
+        """Logits (N, V) after feeding ``tokens`` (N,), and the new state."""
+        ...
+
+    def reorder(self, state: object, rows: Tensor, *, within_inputs: bool = False) -> object:
+        """Row i of the new state is row ``rows[i]`` (N',). ``within_inputs``: every row comes
+        from a row of its own input, so what is the same for an input's rows is kept as is."""
+        ...
+
+    def reserve(self, state: object, room: int) -> object:
+        """The state with room for ``room`` more steps written in place (never reordered)."""
+        ...
+
+    def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
+        """Each input's new-token cap: ``wanted`` cut so the output fits the window; a
+        ValueError naming an input that does not fit or a ``prefix`` the model cannot take."""
+        ...
+
+    def source_length(self, row: list[int] | Tensor) -> int:
+        """The tokens (or feature frames) of one input."""
+        ...
+
+    def bytes_needed(self, *, inputs: int, beam: int, source: int, steps: int) -> int:
+        """An estimate of the bytes decoding holds at most beyond the weights (planning.py)."""
+        ...
+
+
+def pad_rows(
+    rows: list[list[int]], value: int, *, left: bool = False, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """Pad token lists into a (B, L) tensor and its (B, L) validity mask (True at real tokens)."""
+    length = max(1, max(len(r) for r in rows))
+    tokens = torch.full((len(rows), length), value, dtype=torch.long, device=device)
+    valid = torch.zeros((len(rows), length), dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):
+        if r:
+            span = slice(length - len(r), length) if left else slice(0, len(r))
+            tokens[i, span] = torch.tensor(r, dtype=torch.long, device=device)
+            valid[i, span] = True
+    return tokens, valid
+
+
+def map_tensors(obj, fn: Callable[[Tensor], Tensor]):
+    """Apply ``fn`` to every tensor in nested lists/tuples (a KV cache)."""
+    if isinstance(obj, KVBuffer):
+        # Its buffers are shared and written in place: picking rows of them would either copy
+        # nothing (wrong rows afterwards) or break the one-writer rule. Only reserve() makes them.
+        raise TypeError("a KVBuffer cache cannot be reordered: beam search keeps (k, v) tuples")
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(o, fn) for o in obj)
+    return obj
+
+
+def _reserved(cache: list, room: int) -> list:
+    """Every block's self-attention keys and values preallocated with ``room`` more positions
+    (:class:`KVBuffer`), so steps write in place instead of concatenating."""
+    return [(KVBuffer.holding(self_kv, capacity=self_kv[0].shape[2] + room), cross_kv) for self_kv, cross_kv in cache]
+
+
+def _kv_width(c) -> int:
+    """The width of one position's keys (or values) in a self-attention cache."""
+    return c.d_model // c.n_heads * (getattr(c, "n_kv_heads", None) or c.n_heads)
+
+
+# ---------------------------------------------------------------------------- encoder-decoders
+
+
+@dataclass(frozen=True)
+class _Sourced:
+    """An encoder-decoder's state: the decoder cache and the encoder output it attends to."""
+
+    cache: list
+    memory: Tensor  # (N, S, D)
+    src_mask: Tensor | None  # (N, S); None: every source position is real
+
+
+class _EncoderDecoderBase:
+    """What the text and speech encoder-decoders share: decoding from BEGIN (or forced first
+    tokens) over an encoder output read once, its cross-attention keys and values cached."""
+
+    def __init__(self, model: EncoderDecoder | SpeechEncoderDecoder, *, window: int | None = None) -> None:
+        c = model.config
+        self.model = model
+        self.eos_id, self.bos_id = c.eos_id, c.bos_id
+        self.window = window or c.max_len
+        self.vocab_size = getattr(c, "tgt_vocab_size", None) or c.vocab_size
+        self.prompted = False  # inputs are sources: the output is a new sequence
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def read(self, inputs: Inputs) -> tuple[Tensor, Tensor]:
+        """The encoder output of ``inputs`` and its valid positions: (B, S, D), (B, S)."""
+        raise NotImplementedError
+
+    def start(self, inputs: Inputs) -> tuple[Tensor, _Sourced]:
+        memory, src_mask = self.read(inputs)  # (B, S, D), (B, S)
+        # Without padding (e.g. one input) no key is ever masked: a None mask spares every
+        # cross-attention call of every step its mask work (decoding is per-op overhead bound).
+        src_mask = None if bool(src_mask.all()) else src_mask
+        bos = torch.full((len(inputs), 1), self.bos_id, dtype=torch.long, device=memory.device)  # (B, 1)
+        out = self.model.decode(bos, memory, src_mask=src_mask)
+        return out.logits[:, -1], _Sourced(out.cache, memory, src_mask)  # (B, V)
+
+    def step(self, state: _Sourced, tokens: Tensor) -> tuple[Tensor, _Sourced]:
+        out = self.model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
+        return out.logits[:, -1], replace(state, cache=out.cache)  # (N, V)
+
+    def reorder(self, state: _Sourced, rows: Tensor, *, within_inputs: bool = False) -> _Sourced:
+        def pick(t: Tensor) -> Tensor:
+            return t.index_select(0, rows)  # (N', ...)
+
+        if within_inputs:  # an input's rows share the encoder output and cross-attention keys/values
+            return replace(state, cache=[(map_tensors(self_kv, pick), cross_kv) for self_kv, cross_kv in state.cache])
+        return _Sourced(map_tensors(state.cache, pick), pick(state.memory), map_tensors(state.src_mask, pick))
+
+    def reserve(self, state: _Sourced, room: int) -> _Sourced:
+        return replace(state, cache=_reserved(state.cache, room))
+
+    def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
+        self.check_rows(inputs)
+        forced = self.prefix_length(prefix)
+        return [min(n, self.window - forced + 1) for n in wanted]
+
+    def check_rows(self, inputs: Inputs) -> None:
+        raise NotImplementedError
+
+    def prefix_length(self, prefix: Sequence[int] | None) -> int:
+        """The target positions the forced first tokens take (1: BEGIN alone); a ValueError
+        for a prefix that does not start with BEGIN, is outside the vocabulary or does not fit."""
+        if prefix is None:
+            return 1
+        vocab = self.vocab_size
+        if not prefix or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prefix):
+            raise ValueError(f"prefix must be one or more token ids in [0, {vocab}), got {list(prefix)!r}")
+        if prefix[0] != self.bos_id:
+            raise ValueError(f"prefix must start with BEGIN (bos_id={self.bos_id}), got {list(prefix)!r}")
+        if len(prefix) > self.window:
+            raise ValueError(f"a prefix of {len(prefix)} tokens does not fit the window max_len={self.window}")
+        return len(prefix)
+
+    def bytes_needed(self, *, inputs: int, beam: int, source: int, steps: int) -> int:
+        c = self.model.config
+        rows, layers = inputs * beam, c.n_decoder_layers
+        cross = (2 * layers + 1) * rows * source * c.d_model  # encoder output + cross keys/values per row
+        reading = inputs * source * (c.n_heads * source + max(c.d_ff, c.d_model))
+        return 4 * (2 * 2 * layers * rows * steps * _kv_width(c) + cross + reading + 4 * rows * self.vocab_size)
+
+
+class TextEncoderDecoder(_EncoderDecoderBase):
+    """An :class:`~qkv.models.encoder_decoder.EncoderDecoder`: inputs are source token ids,
+    right-padded into one batch."""
+
+    def read(self, inputs: Inputs) -> tuple[Tensor, Tensor]:
+        device = self.device
+        src, src_mask = pad_rows(inputs, self.model.config.pad_id, left=False, device=device)  # (B, S)
+        return self.model.encode(src, src_mask=src_mask), src_mask  # (B, S, D), (B, S)
+
+    def check_rows(self, inputs: Inputs) -> None:
+        for i, row in enumerate(inputs):
+            if len(row) > self.window:
+                raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={self.window}")
+
+    def source_length(self, row: list[int]) -> int:
+        return len(row)
+
+
+class SpeechEncoderDecoderDecoder(_EncoderDecoderBase):
+    """A :class:`~qkv.models.speech.SpeechEncoderDecoder`: inputs are (T, F) log-mel feature
+    tensors (any T: the encoder positions are computed), padded into one batch. A model with a
+    CTC head also gives its per-frame log-probabilities (:meth:`ctc_log_probs`), which the CTC
+    prefix scorer reads; ``blank`` is its blank label."""
+
+    def __init__(self, model: SpeechEncoderDecoder, *, window: int | None = None) -> None:
+        super().__init__(model, window=window)
+        self.blank = model.config.blank
+
+    def read(self, inputs: Inputs) -> tuple[Tensor, Tensor]:
+        device = self.device
+        features, valid = pad_features([f.to(device) for f in inputs])  # (B, T, F), (B, T)
+        return self.model.encode(features, valid)  # (B, S, D), (B, S)
+
+    def check_rows(self, inputs: Inputs) -> None:
+        n_mels = self.model.config.features.n_mels
+        for i, row in enumerate(inputs):
+            if not isinstance(row, Tensor) or row.dim() != 2 or row.shape[1] != n_mels:
+                shape = tuple(row.shape) if isinstance(row, Tensor) else type(row).__name__
+                raise ValueError(f"input {i} must be a (T, {n_mels}) feature tensor, got {shape}")
+
+    def source_length(self, row: Tensor) -> int:
+        return row.shape[0]
+
+    def encoded(self, inputs: Inputs) -> _Sourced:
+        """A state holding only the encoder output of ``inputs`` (no decoder step yet)."""
+        memory, valid = self.read(inputs)  # (B, S, D), (B, S)
+        return _Sourced([], memory, valid)
+
+    def ctc_log_probs(self, state: _Sourced) -> tuple[Tensor, Tensor]:
+        """The CTC head's per-frame log-probabilities over the encoder output ``state`` holds,
+        and the real frames. Shapes: returns (N, S, V) and (N, S) bool."""
+        if self.model.ctc is None:
+            raise ValueError("CTC decoding needs a speech model with a CTC head (ctc=True)")
+        logits = self.model.ctc_logits(state.memory)  # (N, S, V)
+        valid = state.src_mask
+        if valid is None:
+            valid = torch.ones(logits.shape[:2], dtype=torch.bool, device=logits.device)  # (N, S)
+        return torch.log_softmax(logits.float(), dim=-1), valid
+
+
+# ---------------------------------------------------------------------------- decoder-only
+
+
+@dataclass(frozen=True)
+class _Prompted:
+    """A decoder-only model's state: its cache, the real tokens so far and the next position."""
+
+    cache: list
+    key_mask: Tensor | None  # (N, P): False at left padding (None: all real)
+    next_position: Tensor  # (N,)
+
+
+class DecoderOnlyDecoder:
+    """A :class:`~qkv.models.decoder_only.DecoderOnly`: inputs are prompts (an empty one starts
+    from BEGIN), left-padded into one batch, each row counting positions from its first token."""
+
+    def __init__(self, model: DecoderOnly, *, window: int | None = None) -> None:
+        c = model.config
+        self.model = model
+        self.eos_id, self.bos_id, self.pad_id = c.eos_id, c.bos_id, c.pad_id or 0
+        self.window = window or c.max_len
+        self.vocab_size = c.vocab_size
+        self.prompted = True  # inputs are prompts the output continues, in one window
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def start(self, inputs: Inputs) -> tuple[Tensor, _Prompted]:
+        if not all(inputs):
+            if self.bos_id is None:
+                raise ValueError("an empty prompt needs a model with a bos_id")
+            inputs = [r or [self.bos_id] for r in inputs]
+        device = self.device
+        prompt, valid = pad_rows(inputs, self.pad_id, left=True, device=device)  # (B, P)
+        positions = (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, P): each row counts from its first token
+        out = self.model.decode(prompt, key_mask=valid, positions=positions)
+        # Prompts of one length need no key mask, so the steps need no self-attention mask.
+        state = _Prompted(out.cache, None if bool(valid.all()) else valid, valid.sum(1))
+        return out.logits[:, -1], state  # (B, V)
+
+    def step(self, state: _Prompted, tokens: Tensor) -> tuple[Tensor, _Prompted]:
+        key_mask = state.key_mask
+        if key_mask is not None:
+            key_mask = torch.cat([key_mask, torch.ones_like(tokens[:, None], dtype=torch.bool)], dim=1)  # (N, P+1)
+        # A row past its cap keeps being fed, its output ignored; clamping its position keeps a
+        # learned position table from being indexed past its end.
+        positions = state.next_position.clamp(max=self.model.config.max_len - 1)[:, None]  # (N, 1)
+        out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
+        return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + 1)  # (N, V)
+
+    def reorder(self, state: _Prompted, rows: Tensor, *, within_inputs: bool = False) -> _Prompted:
+        def pick(t: Tensor) -> Tensor:
+            return t.index_select(0, rows)  # (N', ...)
+
+        return _Prompted(map_tensors(state.cache, pick), map_tensors(state.key_mask, pick), pick(state.next_position))
+
+    def reserve(self, state: _Prompted, room: int) -> _Prompted:
+        return replace(state, cache=_reserved(state.cache, room))
+
+    def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
+        if prefix is not None:
+            raise ValueError(
+                "prefix is for encoder-decoder and speech models; a decoder-only model's prompt is its input"
+            )
+        for i, row in enumerate(inputs):
+            if len(row) > self.window:
+                raise ValueError(f"input {i} has {len(row)} tokens; the model takes at most max_len={self.window}")
+        # A prompt and its continuation share the window; an empty prompt starts from BEGIN.
+        return [max(1, min(n, self.window - max(1, len(row)) + 1)) for n, row in zip(wanted, inputs, strict=True)]
+
+    def source_length(self, row: list[int]) -> int:
+        return len(row)
+
+    def bytes_needed(self, *, inputs: int, beam: int, source: int, steps: int) -> int:
+        c = self.model.config
+        rows, layers = inputs * beam, c.n_layers
+        reading = inputs * source * (c.n_heads * source + max(c.d_ff, c.d_model))
+        return 4 * (2 * 2 * layers * rows * (source + steps) * _kv_width(c) + reading + 4 * rows * self.vocab_size)
+
+
+# ---------------------------------------------------------------------------- ensembles
+
+
+def mean_of_distributions(logits: list[Tensor]) -> Tensor:
+    """log((1/E) Σₑ softmax(logitsₑ)): log-probabilities of the mean distribution of E models,
+    which every caller may treat as logits (softmax of log-probabilities gives them back).
+
+    Shapes: E tensors (N, V) -> (N, V).
+    """
+    if len(logits) == 1:
+        return logits[0]
+    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (E, N, V)
+    return torch.logsumexp(logp, dim=0) - math.log(len(logits))  # (N, V)
+
+
+class EnsembleDecoder:
+    """An :class:`~qkv.ensemble.Ensemble` as one decoder: each member keeps its own state, and
+    every step's distribution is the mean of theirs (fairseq's ensemble rule)."""
+
+    def __init__(self, ensemble: Ensemble) -> None:
+        window = ensemble.config.max_len  # the smallest of the members'
+        self.members = tuple(decoder_for(m, window=window) for m in ensemble.models)
+        first = self.members[0]
+        self.eos_id, self.window, self.vocab_size = first.eos_id, window, first.vocab_size
+        self.prompted, self.blank = first.prompted, getattr(first, "blank", None)
+
+    @property
+    def device(self) -> torch.device:
+        return self.members[0].device
+
+    def start(self, inputs: Inputs) -> tuple[Tensor, tuple]:
+        started = [m.start(inputs) for m in self.members]
+        return mean_of_distributions([x for x, _ in started]), tuple(st for _, st in started)
+
+    def step(self, state: tuple, tokens: Tensor) -> tuple[Tensor, tuple]:
+        stepped = [m.step(st, tokens) for m, st in zip(self.members, state, strict=True)]
+        return mean_of_distributions([x for x, _ in stepped]), tuple(st for _, st in stepped)
+
+    def reorder(self, state: tuple, rows: Tensor, *, within_inputs: bool = False) -> tuple:
+        return tuple(
+            m.reorder(st, rows, within_inputs=within_inputs) for m, st in zip(self.members, state, strict=True)
+        )
+
+    def reserve(self, state: tuple, room: int) -> tuple:
+        return tuple(m.reserve(st, room) for m, st in zip(self.members, state, strict=True))
+
+    def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
+        return self.members[0].caps(inputs, wanted, prefix)
+
+    def source_length(self, row: list[int] | Tensor) -> int:
+        return self.members[0].source_length(row)
+
+    def bytes_needed(self, *, inputs: int, beam: int, source: int, steps: int) -> int:
+        return sum(m.bytes_needed(inputs=inputs, beam=beam, source=source, steps=steps) for m in self.members)
+
+    def encoded(self, inputs: Inputs) -> tuple:
+        return tuple(m.encoded(inputs) for m in self.members)
+
+    def ctc_log_probs(self, state: tuple) -> tuple[Tensor, Tensor]:
+        """The log of the members' mean CTC distribution per frame, and the real frames."""
+        parts = [m.ctc_log_probs(st) for m, st in zip(self.members, state, strict=True)]
+        valid = parts[0][1]
+        if any(lp.shape != parts[0][0].shape or not torch.equal(v, valid) for lp, v in parts):
+            raise ValueError("ensemble members subsample frames differently: their CTC outputs cannot be averaged")
+        logp = torch.stack([lp for lp, _ in parts])  # (E, N, S, V)
+        return torch.logsumexp(logp, dim=0) - math.log(len(parts)), valid
+
+
+def decoder_for(model: DecodingModel | Decoder, *, window: int | None = None) -> Decoder:
+    """The :class:`Decoder` of ``model``, chosen once by its family (a Decoder is returned as
+    is, so every search takes a model or its decoder); a ValueError for anything else."""
+    if isinstance(model, Ensemble):
+        return EnsembleDecoder(model)
+    if isinstance(model, SpeechEncoderDecoder):
+        return SpeechEncoderDecoderDecoder(model, window=window)
+    if isinstance(model, EncoderDecoder):
+        return TextEncoderDecoder(model, window=window)
+    if isinstance(model, DecoderOnly):
+        return DecoderOnlyDecoder(model, window=window)
+    if all(hasattr(model, name) for name in ("start", "step", "reorder", "caps")):
+        return model
+    raise ValueError(f"{type(model).__name__} does not generate text (no decoder for it)")
+
+
+def member(model: DecodingModel) -> EncoderDecoder | SpeechEncoderDecoder | DecoderOnly:
+    """``model`` itself, or an ensemble's first member (every member is of its family)."""
+    return model.models[0] if isinstance(model, Ensemble) else model
