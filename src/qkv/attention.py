@@ -20,22 +20,27 @@ What is not here: feed-forward layers, embeddings, norms and dropout (``layers.p
 :func:`~qkv.layers.dropout` the explicit path uses on A'), blocks
 (``blocks.py``), anything about a particular model family.
 
-Shape legend (every ``# (...)`` comment in qkv uses these letters):
-    B  batch                      S  source (key/value) length
-    T  target (query) length      D  model width, d_model
+Shape legend, the one for all of qkv: every ``# (...)`` shape comment and ``Shapes:`` section
+uses these letters, each with one meaning in every file. A dimension too rare for a letter is
+named by a word, e.g. ``(B, channels, T)``, ``(B, G, capacity, K)``, ``(B, classes)``. Letters
+in an equation name tensors, not dimensions (Q, K, V, A, A', O below).
+    B  batch                      S  source (key/value) positions
+    T  target (query) positions   D  model width, d_model
     H  query heads                G  key/value heads (grouped-query; G divides H)
     K  head width, D // H         F  feed-forward width, d_ff
-    V  vocabulary size            N  rows picked or flattened (e.g. N = only.sum(), B·W hypotheses)
+    V  vocabulary size            N  rows picked or flattened: hypotheses (B·W), the
+                                     positions ``only`` selects (only.sum()), texts, windows
   decoding and training:
-    P  positions already cached   C  capacity of a KVBuffer
-    W  beam width                 R  token ids to draw from
+    P  positions already cached (S = P + T)
+    W  beam width                 C  candidate tokens scored per row
     L  tokens so far: a hypothesis, or a speech model's target (T counts its frames)
-  speech (audio.py, models/speech.py):
-    N  samples of a mono waveform (in audio.py)
-    T  frames of a feature sequence (the positions a speech encoder reads)
+    R  token ids to draw from
+  speech (audio.py, vocoder.py, models/speech.py, models/tts.py), where T and S count frames:
+    Y  samples of a mono waveform (librosa's y)
+    T  frames of a feature sequence (what a speech encoder reads, or a TTS model writes)
     S  frames after a speech front-end's subsampling (the positions the decoder attends to)
     M  mel bins, n_mels           E  STFT frequency bins, n_fft // 2 + 1
-    C  channels of the conv2d front-end (in models/speech.py)
+    U  text-to-speech decoder steps, one per group of r frames (U = T / r)
 
 The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
 *row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.
@@ -75,7 +80,7 @@ class KVBuffer:
     buffer holding tensors that require gradients is refused.
 
     Shapes:
-        k, v: (B, G, C, K) with capacity C; the first ``length`` positions are filled.
+        k, v: (B, G, capacity, K); the first ``length`` positions are filled.
     """
 
     k: Tensor
@@ -91,8 +96,8 @@ class KVBuffer:
         b, g, s, d = k.shape
         if capacity < s:
             raise ValueError(f"capacity {capacity} is below the cache's {s} positions")
-        buf_k = k.new_empty(b, g, capacity, d)  # (B, G, C, K)
-        buf_v = v.new_empty(b, g, capacity, v.shape[-1])  # (B, G, C, K)
+        buf_k = k.new_empty(b, g, capacity, d)  # (B, G, capacity, K)
+        buf_v = v.new_empty(b, g, capacity, v.shape[-1])  # (B, G, capacity, K)
         buf_k[:, :, :s] = k
         buf_v[:, :, :s] = v
         return KVBuffer(buf_k, buf_v, s, [s])

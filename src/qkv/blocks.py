@@ -276,7 +276,7 @@ def cache_length(cache: list[BlockCache] | None) -> int:
 
 
 class EncoderStack(nn.Module):
-    """N encoder blocks over an embedded sequence; same length out as in.
+    """``n_layers`` encoder blocks over an embedded sequence; same length out as in.
 
     Builds the padding mask (and the ALiBi bias) once for all blocks and ends with the
     final norm of a pre-norm stack (Xiong et al., 2020), whose residual stream would
@@ -304,7 +304,7 @@ class EncoderStack(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """N decoder blocks: causal self-attention (with a KV cache) and, when built with
+    """``n_layers`` decoder blocks: causal self-attention (with a KV cache) and, when built with
     ``cross_attention=True``, attention to the encoder output ``memory``. ``key_bias`` goes to
     every block.
 

@@ -461,7 +461,7 @@ def _digit_string(
     pieces, speech = [], []
     rate = None
     for i, path in enumerate(parts):
-        samples, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (N, channels)
+        samples, file_rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (Y, channels)
         mono = samples.mean(axis=1)
         rate = rate or file_rate
         if file_rate != rate:
