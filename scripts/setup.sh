@@ -43,7 +43,7 @@ if ! has_tcmalloc; then
   fi
 fi
 
-# espeak-ng and sox: they speak and convert the synthetic speech corpora (src/qkv/speech_corpora.py).
+# espeak-ng and sox: they speak and convert the synthetic speech corpora (src/qkv/speech_corpora/).
 # Optional: qkv runs without them and names the missing one when such a corpus must be built.
 if ! command -v espeak-ng >/dev/null 2>&1 || ! command -v sox >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

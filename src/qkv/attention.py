@@ -8,31 +8,39 @@ What is here:
     through ``torch.nn.functional.scaled_dot_product_attention`` (:func:`attention_fused`),
     tested equal to each other;
   * rotary (RoPE) and ALiBi position maths, since they act inside attention;
-  * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo, serves self- and
-    cross-attention, grouped-query attention, and an explicit KV cache (a ``(k, v)`` tuple,
-    or a preallocated :class:`KVBuffer` written in place); ``fuse_qkv`` stacks Wq, Wk, Wv
+  * the two small steps around it: repeating grouped-query heads for the explicit path
+    (:func:`repeat_kv_heads`) and growing a KV cache (:func:`extend_cache`: a ``(k, v)``
+    tuple, or a preallocated :class:`KVBuffer` written in place);
+  * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo and serves self- and
+    cross-attention; its forward reads as the textbook (project, attend, merge the heads)
+    and leaves each of the steps above to its own function; ``fuse_qkv`` stacks Wq, Wk, Wv
     into one product for decoding.
 
 What is not here: feed-forward layers, embeddings, norms and dropout (``layers.py``, whose
 :func:`~qkv.layers.dropout` the explicit path uses on A'), blocks
 (``blocks.py``), anything about a particular model family.
 
-Shape legend (every ``# (...)`` comment in qkv uses these letters):
-    B  batch                      S  source (key/value) length
-    T  target (query) length      D  model width, d_model
+Shape legend, the one for all of qkv: every ``# (...)`` shape comment and ``Shapes:`` section
+uses these letters, each with one meaning in every file. A dimension too rare for a letter is
+named by a word, e.g. ``(B, channels, T)``, ``(B, G, capacity, K)``, ``(B, classes)``. Letters
+in an equation name tensors, not dimensions (Q, K, V, A, A', O below).
+    B  batch                      S  source (key/value) positions
+    T  target (query) positions   D  model width, d_model
     H  query heads                G  key/value heads (grouped-query; G divides H)
     K  head width, D // H         F  feed-forward width, d_ff
-    V  vocabulary size            N  rows picked or flattened (e.g. N = only.sum(), B·W hypotheses)
+    V  vocabulary size            N  rows picked or flattened: hypotheses (B·W), the
+                                     positions ``only`` selects (only.sum()), texts, windows
   decoding and training:
-    P  positions already cached   C  capacity of a KVBuffer
-    W  beam width                 R  token ids to draw from
+    P  positions already cached (S = P + T)
+    W  beam width                 C  candidate tokens scored per row
     L  tokens so far: a hypothesis, or a speech model's target (T counts its frames)
-  speech (audio.py, models/speech.py):
-    N  samples of a mono waveform (in audio.py)
-    T  frames of a feature sequence (the positions a speech encoder reads)
+    R  token ids to draw from
+  speech (audio.py, vocoder.py, models/speech.py, models/tts.py), where T and S count frames:
+    Y  samples of a mono waveform (librosa's y)
+    T  frames of a feature sequence (what a speech encoder reads, or a TTS model writes)
     S  frames after a speech front-end's subsampling (the positions the decoder attends to)
     M  mel bins, n_mels           E  STFT frequency bins, n_fft // 2 + 1
-    C  channels of the conv2d front-end (in models/speech.py)
+    U  text-to-speech decoder steps, one per group of r frames (U = T / r)
 
 The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
 *row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.
@@ -72,7 +80,7 @@ class KVBuffer:
     buffer holding tensors that require gradients is refused.
 
     Shapes:
-        k, v: (B, G, C, K) with capacity C; the first ``length`` positions are filled.
+        k, v: (B, G, capacity, K); the first ``length`` positions are filled.
     """
 
     k: Tensor
@@ -88,8 +96,8 @@ class KVBuffer:
         b, g, s, d = k.shape
         if capacity < s:
             raise ValueError(f"capacity {capacity} is below the cache's {s} positions")
-        buf_k = k.new_empty(b, g, capacity, d)  # (B, G, C, K)
-        buf_v = v.new_empty(b, g, capacity, v.shape[-1])  # (B, G, C, K)
+        buf_k = k.new_empty(b, g, capacity, d)  # (B, G, capacity, K)
+        buf_v = v.new_empty(b, g, capacity, v.shape[-1])  # (B, G, capacity, K)
         buf_k[:, :, :s] = k
         buf_v[:, :, :s] = v
         return KVBuffer(buf_k, buf_v, s, [s])
@@ -157,13 +165,36 @@ def rope_rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tenso
         x: (B, H, T, K); positions: (B, T) or (T,) integer positions.
         returns: (B, H, T, K).
     """
-    k = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, k, 2, device=x.device, dtype=torch.float32) / k)
+    cos, sin = rope_cos_sin(positions, width=x.shape[-1], dtype=x.dtype, device=x.device, base=base)
+    return rope_apply(x, cos, sin)
+
+
+def rope_cos_sin(
+    positions: Tensor, *, width: int, dtype: torch.dtype, device: torch.device, base: float = 10000.0
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of RoPE's angles pos * base^(-2i/K) for heads of ``width`` K, each angle twice
+    (rotate-half layout). Computed once, they rotate queries and keys alike (:func:`rope_apply`).
+
+    Shapes:
+        positions: (B, T) or (T,); returns: cos, sin, each (B, 1, T, K) (B = 1 for (T,) positions).
+    """
+    inv_freq = base ** (-torch.arange(0, width, 2, device=device, dtype=torch.float32) / width)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, K/2)
     if angles.dim() == 2:
         angles = angles[None]  # (1, T, K/2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None].to(x.dtype)  # (B, 1, T, K)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None].to(x.dtype)  # (B, 1, T, K)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None].to(dtype)  # (B, 1, T, K)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None].to(dtype)  # (B, 1, T, K)
+    return cos, sin
+
+
+def rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each pair (x[i], x[i + K/2]) by the angles whose ``cos`` and ``sin`` are given
+    (:func:`rope_cos_sin`): x·cos + rotate_half(x)·sin.
+
+    Shapes:
+        x: (B, H, T, K); cos, sin: (B, 1, T, K). returns: (B, H, T, K).
+    """
+    k = x.shape[-1]
     x1, x2 = x[..., : k // 2], x[..., k // 2 :]  # (B, H, T, K/2)
     rotated = torch.cat([-x2, x1], dim=-1)  # (B, H, T, K)
     return x * cos + rotated * sin
@@ -329,6 +360,38 @@ def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
     )
 
 
+def repeat_kv_heads(k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention on the explicit path (Ainslie et al., 2023, section 2.2): each of
+    the G key/value heads repeated for the H / G query heads it serves. The fused kernel shares
+    them itself (:func:`attention_fused`), without this copy.
+
+    Shapes:
+        k, v: (B, G, S, K), G dividing ``n_heads`` H. returns: (B, H, S, K) each.
+    """
+    repeat = n_heads // k.shape[1]
+    if repeat == 1:
+        return k, v
+    return k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # (B, H, S, K) each
+
+
+def extend_cache(cache: KVCache | KVBuffer | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVCache | KVBuffer]:
+    """Self-attention's keys and values so far, ``cache``'s positions then the new ``k``, ``v``,
+    and the cache to return: a :class:`KVBuffer` is written in place, a ``(k, v)`` tuple is
+    concatenated (a copy), no cache is just the new keys and values.
+
+    Shapes:
+        cache: (B, G, P, K) twice, or a KVBuffer holding P positions; k, v: (B, G, T, K).
+        returns: (B, G, P + T, K) twice, and the grown cache.
+    """
+    if cache is None:
+        return k, v, (k, v)
+    if isinstance(cache, KVBuffer):
+        return cache.append(k, v)  # (B, G, P + T, K) views, written in place
+    k = torch.cat([cache[0], k], dim=2)  # (B, G, P + T, K)
+    v = torch.cat([cache[1], v], dim=2)  # (B, G, P + T, K)
+    return k, v, (k, v)
+
+
 # --------------------------------------------------------- multi-head attention
 
 STACK_MIN_ROWS = 256  # B*T from which self-attention's Q, K, V are one stacked product (see below)
@@ -389,6 +452,8 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
         self.w_qkv: nn.Linear | None = None  # [Wq; Wk; Wv] stacked, after fuse_qkv (decoding)
+        # Q, K, V's widths in a stacked product's output: H*K, G*K, G*K.
+        self.qkv_widths = [n_heads * self.head_dim, n_kv_heads * self.head_dim, n_kv_heads * self.head_dim]
 
     def fuse_qkv(self) -> None:
         """Stack Wq, Wk and Wv into one projection ``w_qkv`` (they are removed): self-attention
@@ -450,7 +515,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | KVBuffer | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, KVCache | KVBuffer, Tensor | None]:
-        """Attend from ``x`` to itself (plus the cache) or to ``context``.
+        """Attend from ``x`` to itself (plus the cache) or to ``context``: project, attend, merge.
 
         For self-attention, ``cache`` holds the keys/values of earlier positions and the
         returned cache appends this call's. For cross-attention, a given ``cache`` holds
@@ -462,59 +527,84 @@ class MultiHeadAttention(nn.Module):
             mask: bool, broadcastable to (B, H, T, S) where S counts cached keys too.
             bias: float, broadcastable to (B, H, T, S) (ALiBi).
             positions: (B, T) or (T,) positions of x, used by RoPE.
-            cache: two (B, G, S_past, K) tensors, or a :class:`KVBuffer` (self-attention).
+            cache: two (B, G, P, K) tensors, or a :class:`KVBuffer` (self-attention).
             returns: output (B, T, D), new cache (two (B, G, S, K), or the grown
             :class:`KVBuffer` when one was given), and the weights
             (B, H, T, S) when ``need_weights`` (else None).
         """
-        stacked: Tensor | None = None  # [Q | K | V] of self-attention from one product, when it is one
+        if context is None:  # self-attention: Q = x·Wq, K = x·Wk, V = x·Wv
+            q, k, v = self._project_self(x)  # (B, H, T, K), (B, G, T, K), (B, G, T, K)
+            if self.rope:
+                q, k = self._rotate(q, k, positions)  # (B, H, T, K), (B, G, T, K)
+            k, v, cache = extend_cache(cache, k, v)  # (B, G, S, K) each: cached positions, then x's
+        else:  # cross-attention: Q = x·Wq, K = context·Wk, V = context·Wv
+            k, v = self._project_context(context, cache)  # (B, G, S, K) each
+            cache = (k, v)
+            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
+        out, weights = self._attend(q, k, v, mask, bias, need_weights)  # (B, H, T, K), (B, H, T, S) or None
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*K): heads concatenated
+        return self.w_o(out), cache, weights  # (B, T, D)
+
+    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries, keys and values, split into heads: one product of the stacked
+        [Wq; Wk; Wv] when fused (:meth:`fuse_qkv`) or when stacking pays (:meth:`_stack_projections`),
+        else three products.
+
+        Shapes:
+            x: (B, T, D). returns: (B, H, T, K), (B, G, T, K), (B, G, T, K).
+        """
         if self.w_qkv is not None:
-            if context is not None:
-                raise ValueError("this attention's projections are fused for self-attention; it takes no context")
             stacked = self.w_qkv(x)  # (B, T, (H + 2G) * K)
-        elif context is None and self._stack_projections(x):
+        elif self._stack_projections(x):
             stacked = F.linear(x, *self._stacked_weights())  # (B, T, (H + 2G) * K)
-        if stacked is not None:
-            width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-            q, k, v = stacked.split([width, kv_width, kv_width], dim=-1)  # (B, T, H*K), 2 x (B, T, G*K)
-            q = self._split(q, self.n_heads)  # (B, H, T, K)
         else:
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
-        new_cache: KVCache | KVBuffer | None = None
-        if context is not None and cache is not None:
-            if isinstance(cache, KVBuffer):
-                raise ValueError("a KVBuffer is a self-attention cache; cross-attention takes a (k, v) tuple")
-            k, v = cache  # (B, G, S, K) each: cross-attention keys computed earlier
-        else:
-            if stacked is None:
-                source = x if context is None else context
-                k, v = self.w_k(source), self.w_v(source)  # (B, S_new, G*K) each
-            k = self._split(k, self.n_kv_heads)  # (B, G, S_new, K)
-            v = self._split(v, self.n_kv_heads)  # (B, G, S_new, K)
-            if self.rope and context is None:
-                assert positions is not None, "RoPE needs the positions of x"
-                k = rope_rotate(k, positions)
-            if isinstance(cache, KVBuffer):
-                k, v, new_cache = cache.append(k, v)  # (B, G, S, K) each, written in place
-            elif context is None and cache is not None:
-                k = torch.cat([cache[0], k], dim=2)  # (B, G, S, K)
-                v = torch.cat([cache[1], v], dim=2)  # (B, G, S, K)
-        if self.rope and context is None:
-            q = rope_rotate(q, positions)
-        if new_cache is None:
-            new_cache = (k, v)
+            return q, self._split(self.w_k(x), self.n_kv_heads), self._split(self.w_v(x), self.n_kv_heads)
+        q, k, v = stacked.split(self.qkv_widths, dim=-1)  # (B, T, H*K), (B, T, G*K), (B, T, G*K)
+        return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+
+    def _project_context(self, context: Tensor, cache: KVCache | KVBuffer | None) -> KVCache:
+        """Cross-attention's keys and values: ``context`` projected by Wk and Wv, or, given a
+        cache, the ones an earlier call projected (the context is the same at every step).
+
+        Shapes:
+            context: (B, S, D); cache: two (B, G, S, K). returns: (B, G, S, K) twice.
+        """
+        if self.w_qkv is not None:
+            raise ValueError("this attention's projections are fused for self-attention; it takes no context")
+        if isinstance(cache, KVBuffer):
+            raise ValueError("a KVBuffer is a self-attention cache; cross-attention takes a (k, v) tuple")
+        if cache is not None:
+            return cache
+        return self._split(self.w_k(context), self.n_kv_heads), self._split(self.w_v(context), self.n_kv_heads)
+
+    def _rotate(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
+        """RoPE (:func:`rope_rotate`) on queries and keys, the angles computed once for both.
+
+        Shapes:
+            q: (B, H, T, K); k: (B, G, T, K); positions: (B, T) or (T,). returns: q, k rotated.
+        """
+        assert positions is not None, "RoPE needs the positions of x"
+        cos, sin = rope_cos_sin(positions, width=self.head_dim, dtype=q.dtype, device=q.device)  # (B, 1, T, K)
+        return rope_apply(q, cos, sin), rope_apply(k, cos, sin)
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Every head's attention O = A'·V, and A' when ``need_weights`` (else None): the fused
+        kernel unless the weights are wanted, the normalization is sigmoid (the kernel only knows
+        softmax), or it is the slower one (:func:`_explicit_is_faster`). The two are tested equal.
+
+        Shapes:
+            q: (B, H, T, K); k, v: (B, G, S, K); mask, bias as in :func:`attention_explicit`.
+            returns: (B, H, T, K) and (B, H, T, S) or None.
+        """
         dropout = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights or self.normalization != "softmax" or _explicit_is_faster(q, k):
-            if self.n_kv_heads != self.n_heads:
-                repeat = self.n_heads // self.n_kv_heads
-                k = k.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
-                v = v.repeat_interleave(repeat, dim=1)  # (B, H, S, K)
-            out, weights = attention_explicit(
-                q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout
-            )  # (B, H, T, K), (B, H, T, S)
-        else:
-            out = attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout)  # (B, H, T, K)
-        b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*K)
-        return self.w_o(out), new_cache, (weights if need_weights else None)  # (B, T, D)
+        if not need_weights and self.normalization == "softmax" and not _explicit_is_faster(q, k):
+            return attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout), None  # (B, H, T, K)
+        k, v = repeat_kv_heads(k, v, self.n_heads)  # (B, H, S, K) each
+        out, weights = attention_explicit(
+            q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout
+        )  # (B, H, T, K), (B, H, T, S)
+        return out, (weights if need_weights else None)

@@ -32,10 +32,8 @@ References: Slaney (1998), Auditory Toolbox v2, Interval Research tech. report 1
 scale and filter normalisation); Park et al. (2019), SpecAugment, arXiv:1904.08779; Radford et
 al. (2022), Robust Speech Recognition via Large-Scale Weak Supervision (Whisper), arXiv:2212.04356.
 
-Shape letters (besides ``B`` batch of attention.py's legend; ``T`` keeps its legend meaning of
-a sequence length: here the frames, the positions an encoder attends over):
-    N  samples of a mono waveform        T  frames
-    M  mel bins (n_mels)                 E  STFT frequency bins, n_fft // 2 + 1
+Shapes use the legend of ``attention.py``: B batch, Y samples of a mono waveform, T frames,
+M mel bins (n_mels), E STFT frequency bins (n_fft // 2 + 1).
 """
 
 from __future__ import annotations
@@ -74,7 +72,7 @@ def load_audio(
     max_seconds: float | None = 60.0,
     silence_db: float = -80.0,
 ) -> Tensor:
-    """Read one audio file as a mono float32 waveform at ``sample_rate``: shape (N,).
+    """Read one audio file as a mono float32 waveform at ``sample_rate``: shape (Y,).
 
     Any format and rate ``soundfile`` reads (WAV, FLAC, OGG/Vorbis, ...); channels are averaged,
     then the signal is resampled with ``soxr`` (its default high quality). Refused with
@@ -99,7 +97,7 @@ def load_many(
 ) -> tuple[list[tuple[Path, Tensor]], list[tuple[Path, str]]]:
     """Read many files as :func:`load_audio` does: ``(good, bad)``.
 
-    ``good`` holds ``(path, waveform (N,))`` in input order. Without ``skip_bad`` the first bad
+    ``good`` holds ``(path, waveform (Y,))`` in input order. Without ``skip_bad`` the first bad
     file raises its UserError (``bad`` is then always empty); with it, every bad file is
     listed in ``bad`` as ``(path, reason)`` and the rest are read, so a batch job can name all
     of them at once and go on only when asked to.
@@ -134,13 +132,13 @@ def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: f
         seconds = info.frames / info.samplerate
         if max_seconds is not None and seconds > max_seconds:
             raise _BadFile(f"{seconds:.1f} s long, over the limit of {max_seconds:g} s")
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (N, channels)
+        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (Y, channels)
     except soundfile.SoundFileError as err:
         reason = getattr(err, "error_string", "") or str(err)
         raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
     if data.shape[0] == 0:
         raise _BadFile("no audio in it (0 samples)")
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]  # (N,) at the file's rate
+    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]  # (Y,) at the file's rate
     if not np.isfinite(mono).all():
         raise _BadFile("holds non-finite samples (NaN or infinity)")
     peak = float(np.abs(mono).max())
@@ -148,7 +146,7 @@ def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: f
         level = "every sample is zero" if peak == 0.0 else f"peak {20 * math.log10(peak):.1f} dBFS"
         raise _BadFile(f"silent ({level})")
     if rate != sample_rate:
-        mono = soxr.resample(mono, rate, sample_rate)  # (N',) float32
+        mono = soxr.resample(mono, rate, sample_rate)  # (Y',) float32
     return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
 
 
@@ -342,12 +340,12 @@ def _cached_window(win_length: int) -> Tensor:
 
 
 def features(waveform: Tensor | np.ndarray, config: FeatureConfig) -> Tensor:
-    """The features of one mono waveform (N,) at ``config.sample_rate``: (T, M) float32.
+    """The features of one mono waveform (Y,) at ``config.sample_rate``: (T, M) float32.
 
-    T = 1 + N // hop_length for ``"logmel"``; chunk_seconds · sample_rate // hop_length
+    T = 1 + Y // hop_length for ``"logmel"``; chunk_seconds · sample_rate // hop_length
     (3,000) for ``"whisper"``. The same as row 0 of :func:`batch_features` on a batch of one.
     """
-    x = _as_waveform(waveform)  # (N,)
+    x = _as_waveform(waveform)  # (Y,)
     feats = _compute(x[None], config)[0]  # (T, M)
     return cmvn(feats) if config.normalize else feats
 
@@ -376,7 +374,7 @@ def batch_features(waveforms: Sequence[Tensor | np.ndarray], config: FeatureConf
 
 
 def _compute(batch: Tensor, c: FeatureConfig) -> Tensor:
-    """Features of zero-padded waveforms, before normalisation: (B, N) -> (B, T, M)."""
+    """Features of zero-padded waveforms, before normalisation: (B, Y) -> (B, T, M)."""
     if c.kind == "whisper":
         n = round(c.chunk_seconds * c.sample_rate)  # every waveform is zero-padded or trimmed to the chunk
         batch = torch.nn.functional.pad(batch[:, :n], (0, max(0, n - batch.shape[1])))  # (B, n)
@@ -394,7 +392,7 @@ def _as_waveform(waveform: Tensor | np.ndarray) -> Tensor:
 
 
 def _stft(batch: Tensor, c: FeatureConfig, *, pad_mode: str) -> tuple[Tensor, Tensor]:
-    """The centred STFT (B, N) -> (B, E, T) complex, and the mel filters (E, M) on its device.
+    """The centred STFT (B, Y) -> (B, E, T) complex, and the mel filters (E, M) on its device.
 
     Frame t is centred on sample t·hop: the signal is padded by n_fft // 2 on both sides first
     (here rather than by ``torch.stft(center=True)``, whose zero padding is several times slower
@@ -402,7 +400,7 @@ def _stft(batch: Tensor, c: FeatureConfig, *, pad_mode: str) -> tuple[Tensor, Te
     """
     window = _cached_window(c.win_length).to(batch.device)  # (win_length,)
     half = c.n_fft // 2
-    padded = torch.nn.functional.pad(batch[:, None], (half, half), mode=pad_mode)[:, 0]  # (B, N + 2·half)
+    padded = torch.nn.functional.pad(batch[:, None], (half, half), mode=pad_mode)[:, 0]  # (B, Y + 2·half)
     spec = torch.stft(  # (B, E, T)
         padded,
         c.n_fft,
@@ -427,7 +425,7 @@ def _power(spec: Tensor) -> Tensor:
 
 
 def _logmel(batch: Tensor, c: FeatureConfig) -> Tensor:
-    """ln(mel power) with zero padding at both ends, as librosa's default: (B, N) -> (B, T, M)."""
+    """ln(mel power) with zero padding at both ends, as librosa's default: (B, Y) -> (B, T, M)."""
     spec, fb = _stft(batch, c, pad_mode="constant")  # (B, E, T), (E, M)
     power = _power(spec)  # (B, T, E)
     mel = (power.reshape(-1, power.shape[-1]) @ fb).view(*power.shape[:2], -1)  # (B, T, M): one GEMM
@@ -435,9 +433,9 @@ def _logmel(batch: Tensor, c: FeatureConfig) -> Tensor:
 
 
 def _whisper(batch: Tensor, c: FeatureConfig) -> Tensor:
-    """Whisper's log-mel (Radford et al., 2022, section 2.2; openai/whisper audio.py): (B, N) -> (B, T, M).
+    """Whisper's log-mel (Radford et al., 2022, section 2.2; openai/whisper audio.py): (B, Y) -> (B, T, M).
 
-    Reflect-padded centred STFT, the last frame dropped (T = N // hop), log10 of the mel power
+    Reflect-padded centred STFT, the last frame dropped (T = Y // hop), log10 of the mel power
     floored at 1e-10, each utterance clipped to at most 8 below its maximum (a dynamic range of
     80 dB), then scaled by (x + 4) / 4 to lie roughly in [-1, 1].
     """
@@ -490,15 +488,16 @@ def spec_augment(
 ) -> Tensor:
     """SpecAugment (Park et al., 2019, section 2), for training only; returns a new tensor.
 
-    For each utterance (row) independently, over its valid frames L:
-      * time warping (off unless ``time_warp`` = W > 0): a point c drawn from [W, L − W) moves to
-        c + w, w drawn from [−W, W]; frames on either side are stretched linearly to follow;
-      * ``freq_masks`` frequency masks: width f drawn from [0, F] (F = ``freq_width``), start
-        f0 from [0, M − f]; bins [f0, f0 + f) are set to ``value``;
-      * ``time_masks`` time masks: width t drawn from [0, min(T_w, ⌊p·L⌋)] (T_w = ``time_width``,
-        p = ``time_ratio``), start t0 from [0, L − t]; frames [t0, t0 + t) are set to ``value``.
-    The defaults are the paper's LibriSpeech "LD" policy without warping (F = 27, m_F = 2,
-    T = 100, p = 1.0, m_T = 2). ``value`` 0 is the mean of normalised features (section 2).
+    For each utterance (row) independently, over its T_b valid frames:
+      * time warping (off unless ``time_warp`` = ω > 0): a point c drawn from [ω, T_b − ω) moves
+        to c + w, w drawn from [−ω, ω]; frames on either side are stretched linearly to follow;
+      * ``freq_masks`` frequency masks: width f drawn from [0, ``freq_width``], start f0 from
+        [0, M − f]; bins [f0, f0 + f) are set to ``value``;
+      * ``time_masks`` time masks: width t drawn from [0, min(``time_width``, ⌊p·T_b⌋)]
+        (p = ``time_ratio``), start t0 from [0, T_b − t]; frames [t0, t0 + t) are set to ``value``.
+    The defaults are the paper's LibriSpeech "LD" policy without warping (``freq_width`` 27,
+    ``freq_masks`` 2, ``time_width`` 100, ``time_ratio`` 1.0, ``time_masks`` 2; the paper's F,
+    m_F, T, p, m_T). ``value`` 0 is the mean of normalised features (section 2).
     Padding frames are left as they are. Every draw comes from ``generator`` (a CPU
     generator), so the same generator state gives the same masks.
 
@@ -533,18 +532,18 @@ def spec_augment(
 
 
 def _time_warp(x: Tensor, centre: int, shift: int) -> Tensor:
-    """Move frame ``centre`` to ``centre + shift``, stretching both sides linearly: (L, M) -> (L, M)."""
+    """Move frame ``centre`` to ``centre + shift``, stretching both sides linearly: (T, M) -> (T, M)."""
     length = x.shape[0]
     target = min(max(centre + shift, 1), length - 2)
-    t = torch.arange(length, dtype=torch.float64)  # (L,) output frames
-    source = torch.where(  # (L,): where each output frame reads from
+    t = torch.arange(length, dtype=torch.float64)  # (T,) output frames
+    source = torch.where(  # (T,): where each output frame reads from
         t <= target,
         t * (centre / target),
         centre + (t - target) * ((length - 1 - centre) / (length - 1 - target)),
     )
-    lo = source.floor().long().clamp(max=length - 1)  # (L,)
-    hi = (lo + 1).clamp(max=length - 1)  # (L,)
-    frac = (source - lo).to(x.device, x.dtype)[:, None]  # (L, 1)
+    lo = source.floor().long().clamp(max=length - 1)  # (T,)
+    hi = (lo + 1).clamp(max=length - 1)  # (T,)
+    frac = (source - lo).to(x.device, x.dtype)[:, None]  # (T, 1)
     lo, hi = lo.to(x.device), hi.to(x.device)
     return x[lo] * (1 - frac) + x[hi] * frac  # linear interpolation between neighbouring frames
 

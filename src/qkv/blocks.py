@@ -6,7 +6,9 @@ What is here: :class:`BlockConfig` (the per-block settings every model config in
 :class:`DecoderStack`, which build masks once and end with the final norm of a pre-norm
 stack. Each sub-layer is wrapped in a residual connection and a norm, either
 after the residual (post-norm, Vaswani et al., 2017, section 3.1: LayerNorm(x + Sublayer(x)))
-or before the sub-layer (pre-norm, Xiong et al., 2020: x + Sublayer(LayerNorm(x))).
+or before the sub-layer (pre-norm, Xiong et al., 2020: x + Sublayer(LayerNorm(x))). A block's
+forward picks one of the two once and calls its sub-layers, ``_sa_block``, ``_ca_block`` and
+``_ff_block``, as PyTorch's ``TransformerDecoderLayer`` does.
 
 What is not here: embeddings and output heads (they belong to each model file), masks
 (callers build them once per forward, ``attention.py``). Shapes use the legend of
@@ -161,17 +163,20 @@ class EncoderBlock(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor, *, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
-        h = self.norm_1(x) if self.norm_first else x
-        h, _, _ = self.self_attn(h, mask=mask, bias=bias, positions=positions)  # (B, S, D)
-        x = x + self.dropout(h)
-        if not self.norm_first:
-            x = self.norm_1(x)
-
-        h = self.norm_2(x) if self.norm_first else x
-        x = x + self.dropout(self.ffn(h))  # (B, S, D)
-        if not self.norm_first:
-            x = self.norm_2(x)
+        if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
+            x = x + self._sa_block(self.norm_1(x), mask, bias, positions)  # (B, S, D)
+            x = x + self._ff_block(self.norm_2(x))  # (B, S, D)
+        else:  # post-norm: Norm(x + Sublayer(x))
+            x = self.norm_1(x + self._sa_block(x, mask, bias, positions))  # (B, S, D)
+            x = self.norm_2(x + self._ff_block(x))  # (B, S, D)
         return x
+
+    def _sa_block(self, x: Tensor, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
+        h, _, _ = self.self_attn(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
+        return self.dropout(h)
+
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout(self.ffn(x))  # (B, S, D)
 
 
 class DecoderBlock(nn.Module):
@@ -211,34 +216,55 @@ class DecoderBlock(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, BlockCache, Tensor | None]:
         self_cache, cross_cache = cache if cache is not None else (None, None)
+        if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
+            h, self_cache, weights = self._sa_block(
+                self.norm_1(x), self_mask, self_bias, positions, self_cache, need_weights
+            )  # (B, T, D)
+            x = x + h
+            if self.cross_attn is not None:
+                h, cross_cache, weights = self._ca_block(self.norm_2(x), memory, memory_mask, cross_cache, need_weights)
+                x = x + h
+            x = x + self._ff_block(self.norm_3(x))  # (B, T, D)
+        else:  # post-norm: Norm(x + Sublayer(x))
+            h, self_cache, weights = self._sa_block(x, self_mask, self_bias, positions, self_cache, need_weights)
+            x = self.norm_1(x + h)  # (B, T, D)
+            if self.cross_attn is not None:
+                h, cross_cache, weights = self._ca_block(x, memory, memory_mask, cross_cache, need_weights)
+                x = self.norm_2(x + h)
+            x = self.norm_3(x + self._ff_block(x))  # (B, T, D)
+        return x, (self_cache, cross_cache), weights
 
-        h = self.norm_1(x) if self.norm_first else x
-        h, self_cache, weights = self.self_attn(
-            h,
-            mask=self_mask,
-            bias=self_bias,
+    def _sa_block(
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        bias: Tensor | None,
+        positions: Tensor,
+        cache: KVCache | KVBuffer | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, KVCache | KVBuffer, Tensor | None]:
+        """Masked self-attention, its grown cache, and its weights when they are the block's
+        (``need_weights`` without cross-attention)."""
+        h, cache, weights = self.self_attn(
+            x,
+            mask=mask,
+            bias=bias,
             positions=positions,
-            cache=self_cache,
+            cache=cache,
             need_weights=need_weights and self.cross_attn is None,
         )  # (B, T, D)
-        x = x + self.dropout(h)
-        if not self.norm_first:
-            x = self.norm_1(x)
+        return self.dropout(h), cache, weights
 
-        if self.cross_attn is not None:
-            h = self.norm_2(x) if self.norm_first else x
-            h, cross_cache, weights = self.cross_attn(
-                h, context=memory, mask=memory_mask, cache=cross_cache, need_weights=need_weights
-            )  # (B, T, D)
-            x = x + self.dropout(h)
-            if not self.norm_first:
-                x = self.norm_2(x)
+    def _ca_block(
+        self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: KVCache | None, need_weights: bool
+    ) -> tuple[Tensor, KVCache, Tensor | None]:
+        """Cross-attention to the encoder output ``memory`` (its keys and values projected on the
+        first call, then taken from ``cache``), and its weights when ``need_weights``."""
+        h, cache, weights = self.cross_attn(x, context=memory, mask=mask, cache=cache, need_weights=need_weights)
+        return self.dropout(h), cache, weights  # (B, T, D)
 
-        h = self.norm_3(x) if self.norm_first else x
-        x = x + self.dropout(self.ffn(h))  # (B, T, D)
-        if not self.norm_first:
-            x = self.norm_3(x)
-        return x, (self_cache, cross_cache), weights
+    def _ff_block(self, x: Tensor) -> Tensor:
+        return self.dropout(self.ffn(x))  # (B, T, D)
 
 
 def cache_length(cache: list[BlockCache] | None) -> int:
@@ -250,7 +276,7 @@ def cache_length(cache: list[BlockCache] | None) -> int:
 
 
 class EncoderStack(nn.Module):
-    """N encoder blocks over an embedded sequence; same length out as in.
+    """``n_layers`` encoder blocks over an embedded sequence; same length out as in.
 
     Builds the padding mask (and the ALiBi bias) once for all blocks and ends with the
     final norm of a pre-norm stack (Xiong et al., 2020), whose residual stream would
@@ -278,7 +304,7 @@ class EncoderStack(nn.Module):
 
 
 class DecoderStack(nn.Module):
-    """N decoder blocks: causal self-attention (with a KV cache) and, when built with
+    """``n_layers`` decoder blocks: causal self-attention (with a KV cache) and, when built with
     ``cross_attention=True``, attention to the encoder output ``memory``. ``key_bias`` goes to
     every block.
 

@@ -26,7 +26,6 @@ What is not here: training state (optimizer, schedule; ``training.py``), tokeniz
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from qkv import __version__
 from qkv.errors import UserError
-from qkv.files import atomic_directory, check_writable, read_json_object, storage_errno
+from qkv.files import atomic_directory, check_writable, read_json_object, sha256_file, storage_errno
 from qkv.memory import available_memory, human_bytes
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
@@ -191,14 +190,6 @@ def state_once(model: nn.Module) -> dict[str, torch.Tensor]:
             seen.add(id(tensor))
             state[name] = tensor.detach()
     return state
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_output(directory: str | Path, *, models: bool = True) -> None:

@@ -17,7 +17,7 @@ from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 @dataclass(frozen=True)
 class Ensemble:
     """Models of one vocabulary and family that decode as one: at every step the next-token
-    distribution is the mean of theirs, p = (1/M) Σₘ pₘ (fairseq's ensemble rule; each model
+    distribution is the mean of theirs, p = (1/n) Σᵢ pᵢ over the n models (fairseq's ensemble rule; each model
     keeps its own encoder output and KV cache). ``decoding/``'s ``greedy``, ``sample``,
     ``stream``, ``continuation`` and ``beam_search`` take one wherever they take a model, and
     an ensemble of one model decodes exactly as that model (tested);

@@ -148,8 +148,8 @@ def lm_loss(model: DecoderOnly, ids: Tensor, *, context: int, batch_size: int = 
     model.eval()
     n = len(ids) - 1  # tokens that get predicted
     full = n // context
-    x = ids[: full * context].view(full, context)  # (W, T): W whole windows
-    y = ids[1 : full * context + 1].view(full, context)  # (W, T)
+    x = ids[: full * context].view(full, context)  # (N, T): N whole windows
+    y = ids[1 : full * context + 1].view(full, context)  # (N, T)
     batches = [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, full, batch_size)]
     if n % context:
         batches.append((ids[full * context : n][None], ids[full * context + 1 :][None]))  # (1, T'): the rest

@@ -4,14 +4,15 @@ the new one, never half of one.
 
 What is here: :func:`write_atomic` (one file), :func:`atomic_directory` (a directory: model
 directories, ``checkpoint.py``; Hugging Face exports, ``hf.py``), :func:`check_writable` (refuse
-an output the process may not write, before the work that makes it) and :func:`read_json_object`
-(a JSON object, with the file named in every error). What is not here: what goes into the
-files.
+an output the process may not write, before the work that makes it), :func:`read_json_object`
+(a JSON object, with the file named in every error) and :func:`sha256_file` (a file's digest, for
+model directories and the keys of cached corpora). What is not here: what goes into the files.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -173,3 +174,12 @@ def read_json_object(path: str | Path) -> dict:
     if not isinstance(value, dict):
         raise UserError(f"{path} must hold a JSON object")
     return value
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -40,9 +40,9 @@ class AttentionMaps:
     first; a part the model does not have is None.
 
     Shapes:
-        encoder: L × (H, S, S), the encoder's self-attention over the source (or the text).
-        decoder: L × (H, T, T), the decoder's masked self-attention (zero above the diagonal).
-        cross: L × (H, T, S), the decoder's attention to the encoder output.
+        encoder: one (H, S, S) per layer, the encoder's self-attention over the source (or the text).
+        decoder: one (H, T, T) per layer, the decoder's masked self-attention (zero above the diagonal).
+        cross: one (H, T, S) per layer, the decoder's attention to the encoder output.
     """
 
     encoder: list[Tensor] | None
@@ -122,7 +122,7 @@ def attention_maps(
         else:
             raise TypeError(f"not a qkv model: {type(model).__name__}")
     return AttentionMaps(
-        **{part: [w[0].float() for w in found[part]] or None for part in PARTS}  # L x (H, T, S)
+        **{part: [w[0].float() for w in found[part]] or None for part in PARTS}  # one (H, T, S) per layer
     )
 
 

@@ -28,8 +28,8 @@ IEEE Trans. ASSP 32(2); Perraudin, Balazs & Søndergaard (2013), A fast Griffin-
 IEEE WASPAA, doi:10.1109/WASPAA.2013.6701851; librosa's ``feature.inverse.mel_to_audio``
 (McFee et al., librosa 0.11).
 
-Shape letters (attention.py's legend): B batch, T frames, M mel bins, E STFT frequency bins
-(n_fft // 2 + 1), N samples.
+Shapes use the legend of ``attention.py``: B batch, T frames, M mel bins, E STFT frequency bins
+(n_fft // 2 + 1), Y samples.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Vocoder(Protocol):
     natural log of the mel power spectrogram as :func:`qkv.audio.features` computes it
     (``kind="logmel"``, ``normalize=False``), to float32 waveforms.
 
-    Shapes: log_mel (T, M) -> (N,); (B, T, M) -> (B, N).
+    Shapes: log_mel (T, M) -> (Y,); (B, T, M) -> (B, Y).
     """
 
     @property
@@ -121,9 +121,9 @@ def _window(win_length: int) -> Tensor:
 
 def _stft(x: Tensor, c: FeatureConfig, window: Tensor) -> Tensor:
     """audio.py's STFT: zero padding of n_fft // 2 at both ends, frame t centred on sample t·hop:
-    (B, N) -> (B, E, T) complex (librosa's ``center=True, pad_mode="constant"``)."""
+    (B, Y) -> (B, E, T) complex (librosa's ``center=True, pad_mode="constant"``)."""
     half = c.n_fft // 2
-    padded = torch.nn.functional.pad(x, (half, half))  # (B, N + 2·half), zeros
+    padded = torch.nn.functional.pad(x, (half, half))  # (B, Y + 2·half), zeros
     return torch.stft(
         padded,
         c.n_fft,
@@ -137,7 +137,7 @@ def _stft(x: Tensor, c: FeatureConfig, window: Tensor) -> Tensor:
 
 def _istft(spec: Tensor, c: FeatureConfig, window: Tensor, length: int) -> Tensor:
     """The least-squares inverse of :func:`_stft` (Griffin & Lim, 1984: overlap-add of the
-    windowed frames divided by the summed squared window): (B, E, T) complex -> (B, N)."""
+    windowed frames divided by the summed squared window): (B, E, T) complex -> (B, Y)."""
     return torch.istft(
         spec, c.n_fft, hop_length=c.hop_length, win_length=c.win_length, window=window, center=True, length=length
     )
@@ -168,7 +168,7 @@ def griffin_lim(
     iterations always use that length, so that the STFT gives back T frames; the last inverse
     is cut or zero-padded to ``length``).
 
-    Shapes: magnitude (T, E) -> (N,); (B, T, E) -> (B, N).
+    Shapes: magnitude (T, E) -> (Y,); (B, T, E) -> (B, Y).
     """
     c = config
     if magnitude.dim() not in (2, 3) or magnitude.shape[-1] != c.n_freqs:
@@ -179,7 +179,7 @@ def griffin_lim(
         raise ValueError(f"momentum must be ≥ 0, got {momentum!r}")
     single = magnitude.dim() == 2
     target = (magnitude[None] if single else magnitude).to(torch.float32).transpose(1, 2)  # (B, E, T)
-    frames_length = (target.shape[-1] - 1) * c.hop_length  # N whose STFT has exactly the T frames
+    frames_length = (target.shape[-1] - 1) * c.hop_length  # Y whose STFT has exactly the T frames
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
         raise ValueError(f"length must be a positive integer or None, got {length!r}")
     window = _window(c.win_length).to(target.device)  # (win_length,)
@@ -197,7 +197,7 @@ def griffin_lim(
         angles = rebuilt if previous is None else rebuilt - blend * previous
         angles = angles / (angles.abs() + tiny) * target  # c_n: the phase of t_n, the magnitude of S
         previous = rebuilt
-    waveform = _istft(angles, c, window, frames_length if length is None else length)  # (B, N)
+    waveform = _istft(angles, c, window, frames_length if length is None else length)  # (B, Y)
     return waveform[0] if single else waveform
 
 
@@ -214,7 +214,7 @@ class GriffinLim:
         seed: the initial phase is drawn from ``torch.Generator().manual_seed(seed)`` on every
             call, so the same frames give the same samples.
 
-    Shapes: log_mel (T, M) -> (N,); (B, T, M) -> (B, N); N = (T − 1)·hop_length.
+    Shapes: log_mel (T, M) -> (Y,); (B, T, M) -> (B, Y); Y = (T − 1)·hop_length.
     """
 
     config: FeatureConfig
@@ -246,7 +246,7 @@ class GriffinLim:
         return self.config.sample_rate
 
     def __call__(self, log_mel: Tensor) -> Tensor:
-        """Waveforms of log-mel frames: (T, M) -> (N,), (B, T, M) -> (B, N) float32."""
+        """Waveforms of log-mel frames: (T, M) -> (Y,), (B, T, M) -> (B, Y) float32."""
         if log_mel.dim() not in (2, 3):
             raise UserError(f"the vocoder expects frames of shape (T, M) or (B, T, M), got {tuple(log_mel.shape)}")
         if log_mel.shape[-2] < 2:
@@ -274,9 +274,9 @@ def write_wav(path: str | Path, waveform: Tensor | np.ndarray, sample_rate: int,
     scaled down to peak 1, so nothing clips; a quieter one is left as it is, never scaled up.
     The file is written whole or not at all (a temporary sibling renamed into place,
     :func:`qkv.files.write_atomic`); missing parent folders are made. An empty waveform, one
-    with non-finite samples, one that is not (N,), or a bad rate is a one-line UserError.
+    with non-finite samples, one that is not (Y,), or a bad rate is a one-line UserError.
 
-    Shapes: waveform (N,) at sample_rate; the file holds ⌊N · rate / sample_rate + ½⌋ samples (soxr's count).
+    Shapes: waveform (Y,) at sample_rate; the file holds ⌊Y · rate / sample_rate + ½⌋ samples (soxr's count).
     """
     import soundfile  # imported on use: only writing and reading audio need libsndfile
     import soxr
@@ -300,11 +300,11 @@ def write_wav(path: str | Path, waveform: Tensor | np.ndarray, sample_rate: int,
     if not np.isfinite(x).all():
         raise UserError(f"cannot write {path}: the waveform holds non-finite samples (NaN or infinity)")
     if out_rate != sample_rate:
-        x = soxr.resample(x, sample_rate, out_rate)  # (N',) float32
+        x = soxr.resample(x, sample_rate, out_rate)  # (Y',) float32
     peak = float(np.abs(x).max(initial=0.0))
     if peak > 1.0:
         x = x / peak  # down to full scale; a quieter waveform keeps its level
-    pcm = np.round(x * 32767.0).astype(np.int16)  # (N',): |x| ≤ 1, so within int16
+    pcm = np.round(x * 32767.0).astype(np.int16)  # (Y',): |x| ≤ 1, so within int16
     data = io.BytesIO()
     soundfile.write(data, pcm, out_rate, format="WAV", subtype="PCM_16")
     path.parent.mkdir(parents=True, exist_ok=True)

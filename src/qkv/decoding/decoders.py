@@ -42,7 +42,7 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.speech import SpeechEncoderDecoder
 
 DecodingModel = EncoderDecoder | SpeechEncoderDecoder | DecoderOnly | Ensemble  # what generates text
-Inputs = list[list[int]] | list[Tensor]  # token ids, or (T, F) features for a speech model
+Inputs = list[list[int]] | list[Tensor]  # token ids, or (T, M) features for a speech model
 
 
 class Decoder(Protocol):
@@ -236,7 +236,7 @@ class TextEncoderDecoder(_EncoderDecoderBase):
 
 
 class SpeechEncoderDecoderDecoder(_EncoderDecoderBase):
-    """A :class:`~qkv.models.speech.SpeechEncoderDecoder`: inputs are (T, F) log-mel feature
+    """A :class:`~qkv.models.speech.SpeechEncoderDecoder`: inputs are (T, M) log-mel feature
     tensors (any T: the encoder positions are computed), padded into one batch. A model with a
     CTC head also gives its per-frame log-probabilities (:meth:`ctc_log_probs`), which the CTC
     prefix scorer reads; ``blank`` is its blank label."""
@@ -247,7 +247,7 @@ class SpeechEncoderDecoderDecoder(_EncoderDecoderBase):
 
     def read(self, inputs: Inputs) -> tuple[Tensor, Tensor]:
         device = self.device
-        features, valid = pad_features([f.to(device) for f in inputs])  # (B, T, F), (B, T)
+        features, valid = pad_features([f.to(device) for f in inputs])  # (B, T, M), (B, T)
         return self.model.encode(features, valid)  # (B, S, D), (B, S)
 
     def check_rows(self, inputs: Inputs) -> None:
@@ -362,14 +362,14 @@ class DecoderOnlyDecoder:
 
 
 def mean_of_distributions(logits: list[Tensor]) -> Tensor:
-    """log((1/E) Σₑ softmax(logitsₑ)): log-probabilities of the mean distribution of E models,
+    """log((1/n) Σᵢ softmax(logitsᵢ)) over n models: log-probabilities of the mean distribution,
     which every caller may treat as logits (softmax of log-probabilities gives them back).
 
-    Shapes: E tensors (N, V) -> (N, V).
+    Shapes: one (N, V) tensor per model -> (N, V).
     """
     if len(logits) == 1:
         return logits[0]
-    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (E, N, V)
+    logp = torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits])  # (models, N, V)
     return torch.logsumexp(logp, dim=0) - math.log(len(logits))  # (N, V)
 
 
@@ -422,7 +422,7 @@ class EnsembleDecoder:
         valid = parts[0][1]
         if any(lp.shape != parts[0][0].shape or not torch.equal(v, valid) for lp, v in parts):
             raise ValueError("ensemble members subsample frames differently: their CTC outputs cannot be averaged")
-        logp = torch.stack([lp for lp, _ in parts])  # (E, N, S, V)
+        logp = torch.stack([lp for lp, _ in parts])  # (models, N, S, V)
         return torch.logsumexp(logp, dim=0) - math.log(len(parts)), valid
 
 

@@ -28,7 +28,7 @@ def check_inputs(
     ``max_new_tokens`` is one cap for every input or one per input (e.g. a translation
     length rule relative to each source's length).
     A source (encoder-decoder) or prompt (decoder-only) longer than ``max_len`` is refused
-    with a ValueError naming its index; a speech model's inputs must be (T, F) feature tensors
+    with a ValueError naming its index; a speech model's inputs must be (T, M) feature tensors
     (its encoder positions are computed, so any T fits). Each row's new tokens are capped so
     none of its positions reaches ``max_len``: a target has ``max_len`` positions (BEGIN
     first); a prompt and its continuation share them (an empty prompt starts from BEGIN, one

@@ -4,7 +4,7 @@ Each takes a model (or its :class:`~qkv.decoding.decoders.Decoder`, the adapter 
 :func:`~qkv.decoding.decoders.decoder_for` picks once) and optional scorers
 (``scorers.py``), and asks the decoder only ``start`` / ``step`` / ``reorder``: no search knows
 which family it runs. Inputs are lists of token-id lists, or for a speech model a list of
-(T, F) feature tensors (``qkv.audio.features``); outputs are lists of token ids, the new tokens
+(T, M) feature tensors (``qkv.audio.features``); outputs are lists of token ids, the new tokens
 only, without BEGIN and END. An encoder-decoder's decoding may start from forced tokens instead
 of BEGIN alone (``prefix``, BEGIN first: Whisper's ``<|startoftranscript|>``, language, task and
 ``<|notimestamps|>``); they are fed as if chosen and are not part of the output.
@@ -529,7 +529,7 @@ def ctc_greedy(model: DecodingModel | Decoder, inputs: list[Tensor]) -> list[lis
     """CTC-only decoding of a speech model with a CTC head (or an ensemble of them): the encoder
     runs once, the decoder never; each input's best path (:func:`~qkv.ctc.ctc_best_path`).
 
-    Shapes: inputs B tensors (T_b, F) -> B token lists.
+    Shapes: inputs B tensors (T_b, M) -> B token lists.
     """
     if not inputs:
         return []

@@ -221,8 +221,8 @@ def marian_positions(tensors: Mapping[str, Tensor], config: EncoderDecoderConfig
     for stack in ("encoder", "decoder"):
         name = f"model.{stack}.embed_positions.weight"
         if name in tensors:
-            stored = tensors[name].float()  # (P, D)
-            computed = sinusoidal_encoding(torch.arange(stored.shape[0]), config.d_model, halves=True)  # (P, D)
+            stored = tensors[name].float()  # (positions, D)
+            computed = sinusoidal_encoding(torch.arange(stored.shape[0]), config.d_model, halves=True)  # (positions, D)
             if stored.shape != computed.shape or (stored - computed).abs().max() > 1e-3:
                 raise UserError(f"{file}: tensor {name!r} is not Marian's sinusoids, which qkv computes itself")
             found.add(name)

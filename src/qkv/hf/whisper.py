@@ -238,7 +238,7 @@ def qkv_to_whisper(state: Mapping[str, Tensor], config: SpeechConfig) -> State:
     (a parameter in HF's model, which it loads rather than computes)."""
     tensors = {theirs: state[mine] for mine, theirs in _whisper_names(config)}
     positions = _source_positions(config)
-    tensors[ENCODER_POSITIONS] = whisper_sinusoids(torch.arange(positions), config.d_model)  # (P, D)
+    tensors[ENCODER_POSITIONS] = whisper_sinusoids(torch.arange(positions), config.d_model)  # (S, D)
     return tensors
 
 
@@ -250,8 +250,8 @@ def _source_positions(config: SpeechConfig) -> int:
 def whisper_positions(tensors: Mapping[str, Tensor], file: Path) -> None:
     """The checkpoint's encoder positions must be Whisper's sinusoids, which qkv computes itself
     (to within fp16 rounding: checkpoints are often stored in half precision)."""
-    stored = tensors[ENCODER_POSITIONS].float()  # (P, D)
-    computed = whisper_sinusoids(torch.arange(stored.shape[0]), stored.shape[1])  # (P, D)
+    stored = tensors[ENCODER_POSITIONS].float()  # (S, D)
+    computed = whisper_sinusoids(torch.arange(stored.shape[0]), stored.shape[1])  # (S, D)
     if (stored - computed).abs().max() > 1e-3:
         raise UserError(f"{file}: tensor {ENCODER_POSITIONS!r} is not Whisper's sinusoids, which qkv computes itself")
 
@@ -602,5 +602,5 @@ def detect_language(model: SpeechEncoderDecoder, inputs: list[Tensor], directory
     start = torch.full((len(inputs), 1), model.config.bos_id, dtype=torch.long, device=memory.device)  # (B, 1)
     logits = model.decode(start, memory, src_mask=memory_valid).logits[:, -1]  # (B, V)
     codes = list(settings.languages)
-    ids = torch.tensor([settings.languages[c] for c in codes], device=logits.device)  # (L,)
+    ids = torch.tensor([settings.languages[c] for c in codes], device=logits.device)  # (languages,)
     return [codes[i] for i in logits[:, ids].argmax(-1).tolist()]

@@ -1,7 +1,7 @@
 """The encoder–decoder Transformer (Vaswani et al., 2017): sequence in, sequence out.
 
 What is here: :class:`EncoderDecoderConfig` and :class:`EncoderDecoder`, with
-``encode(src)`` (the source read by N encoder blocks, same length out), ``decode(tgt,
+``encode(src)`` (the source read by the encoder blocks, same length out), ``decode(tgt,
 memory)`` (masked self-attention over the target so far, cross-attention to the encoder
 output, logits over the target vocabulary; with an explicit KV cache) and ``forward``
 (both, for teacher-forced training).
@@ -35,7 +35,7 @@ class EncoderDecoderConfig(BlockConfig):
 
     Attributes:
         src_vocab_size, tgt_vocab_size: vocabulary sizes (V).
-        n_encoder_layers, n_decoder_layers: blocks in each stack (N).
+        n_encoder_layers, n_decoder_layers: blocks in each stack.
         share_embeddings: one embedding table for source and target (needs one vocabulary).
         tie_output: the output projection reuses the target embedding (Press & Wolf, 2017).
         scale_embeddings: multiply embeddings by √D (Vaswani et al., section 3.4).

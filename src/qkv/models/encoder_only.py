@@ -1,7 +1,7 @@
 """The encoder-only Transformer (BERT; Devlin et al., 2019): read a sequence both ways.
 
 What is here: :class:`EncoderOnlyConfig` and :class:`EncoderOnly`: token (+ optional
-token-type) embedding, optionally normalized (BERT), N encoder blocks, an optional masked-LM
+token-type) embedding, optionally normalized (BERT), a stack of encoder blocks, an optional masked-LM
 head (dense, GELU, norm, projection to the vocabulary) and a sequence-classification head
 over the pooled first token or the mean of the real tokens, optionally through BERT's pooler
 (dense + tanh).

@@ -151,8 +151,8 @@ def _frames_mask(lengths: Tensor, frames: int) -> Tensor:
 class Conv2dSubsampling(nn.Module):
     """ESPnet's Conv2dSubsampling (Dong et al., 2018, "Speech-Transformer"): frames ÷ 4.
 
-    Two Conv2d over (time, mel) with C channels (ESPnet: C = D), kernel 3, stride 2, no padding,
-    each followed by ReLU; the C channels × M'' remaining mel bins of a frame are mapped to D by
+    Two Conv2d over (time, mel) with ``channels`` channels (ESPnet: D), kernel 3, stride 2, no
+    padding, each followed by ReLU; the channels × M'' remaining mel bins of a frame are mapped to D by
     one linear layer. An output frame is real when all 7 input frames it reads are: S_b =
     ((T_b − 1) // 2 − 1) // 2 of T_b real frames, so padding never reaches a real output.
 
@@ -176,8 +176,8 @@ class Conv2dSubsampling(nn.Module):
         if features.shape[1] < CONV2D_MIN_FRAMES:
             raise ValueError(f"the conv2d front-end needs at least {CONV2D_MIN_FRAMES} frames, got {features.shape[1]}")
         x = features.to(self.conv_1.weight.dtype)[:, None]  # (B, 1, T, M)
-        x = F.relu(self.conv_1(x))  # (B, C, T', M')
-        x = F.relu(self.conv_2(x))  # (B, C, S, M'')
+        x = F.relu(self.conv_1(x))  # (B, channels, T', M')
+        x = F.relu(self.conv_2(x))  # (B, channels, S, M'')
         b, c, s, m = x.shape
         x = self.proj(x.transpose(1, 2).reshape(b, s, c * m))  # (B, S, D)
         return x, _frames_mask(self.lengths(valid.sum(1)), s)  # (B, S, D), (B, S)

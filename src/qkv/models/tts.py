@@ -18,7 +18,7 @@ What is not here: losses (``training.py``: ``tts_loss``, ``guided_attention_loss
 autoregressive synthesis with the KV cache (``synthesis.py``), the vocoder (``vocoder.py``).
 
 Shapes use the legend of ``attention.py``: text (B, S) token ids, S positions; mel (B, T, M);
-U = T / r decoder steps; r = ``reduction``.
+U = T / r decoder steps, r = ``reduction``.
 """
 
 from __future__ import annotations
@@ -189,8 +189,8 @@ class DecoderPrenet(nn.Module):
 
     def forward(self, frames: Tensor, *, always: bool = True) -> Tensor:
         on = always or self.training
-        h = dropout(F.relu(self.fc_1(frames)), self.p, training=on)  # (B, U, P)
-        h = dropout(F.relu(self.fc_2(h)), self.p, training=on)  # (B, U, P)
+        h = dropout(F.relu(self.fc_1(frames)), self.p, training=on)  # (B, U, prenet_dim)
+        h = dropout(F.relu(self.fc_2(h)), self.p, training=on)  # (B, U, prenet_dim)
         return self.proj(h)  # (B, U, D)
 
 
@@ -211,7 +211,7 @@ class Postnet(nn.Module):
         keep = valid[:, None, :].to(mel.dtype)  # (B, 1, T)
         h = mel.transpose(1, 2)  # (B, M, T)
         for i, conv in enumerate(self.convs):
-            h = conv(h * keep)  # (B, C, T)
+            h = conv(h * keep)  # (B, channels, T) or, the last, (B, M, T)
             if i < len(self.convs) - 1:
                 h = self.dropout(torch.tanh(h))
         return mel + h.transpose(1, 2) * keep.transpose(1, 2)  # (B, T, M)

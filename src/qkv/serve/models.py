@@ -231,7 +231,7 @@ def classify(served: Served, texts: list[str]):
 
 
 def _rounded(maps) -> list | None:
-    """L x (H, T, S) tensors as nested lists, 4 decimals (the page draws 256 shades)."""
+    """One (H, T, S) tensor per layer as nested lists, 4 decimals (the page draws 256 shades)."""
     if maps is None:
         return None
     return [((w * 10_000).round() / 10_000).tolist() for w in maps]

@@ -6,14 +6,14 @@ A recipe names a corpus (``data.corpus``): FSDD's spoken digits (the standard sp
 strings with one speaker held out), Multi30k captions spoken by espeak-ng in English (speech
 recognition) or German (with ``data.translate``: English text out, speech translation), or
 manifests of the user's own recordings. The corpus is built and cached by
-``speech_corpora.py``; every utterance's log-mel features are computed once, kept in memory
+``speech_corpora/``; every utterance's log-mel features are computed once, kept in memory
 (float16) and batched by length under a budget of feature frames. Each step draws its batch and
 its SpecAugment masks from (seed, step) alone, so a resumed run trains exactly as an
 uninterrupted one. The loss is the joint CTC/attention loss (``training.speech_loss``); the
 test split is decoded by beam search, joint with the CTC prefix score when ``data.ctc_weight``
 > 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
 
-What is not here: features (``audio.py``), the corpora (``speech_corpora.py``), the model
+What is not here: features (``audio.py``), the corpora (``speech_corpora/``), the model
 (``models/speech.py``), decoding and CTC scoring (``decoding/``), the command line
 (``cli/transcribe.py``).
 """

@@ -457,8 +457,8 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         pick = pick[mine]
         x, valid_tokens = pad_rows([rows[i] for i in pick.tolist()], model.config.pad_id)  # (B, S), (B, S)
         x, valid_tokens, wanted = on_model(m, x, valid_tokens, targets[pick])  # train.device
-        logits = m.classify(x, mask=valid_tokens)  # (B, C)
-        loss = sequence_loss(  # one "token" per example: (B, 1, C) against (B, 1)
+        logits = m.classify(x, mask=valid_tokens)  # (B, classes)
+        loss = sequence_loss(  # one "token" per example: (B, 1, classes) against (B, 1)
             logits[:, None], wanted[:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
         )
         return loss, len(pick) if counted else 0

@@ -295,7 +295,7 @@ def speak(
     attention_window: tuple[int, int] | None = None,
 ) -> list[tuple[Synthesis, Tensor]]:
     """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
-    Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (N,) at the model's
+    Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (Y,) at the model's
     rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
     dropout stays on. ``symbols``, ``voice``, ``stop_threshold``, ``attention_window``: the
     model's (:func:`speaking_of`)."""
