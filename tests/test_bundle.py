@@ -168,7 +168,7 @@ def test_speak_gives_waveforms_and_leaves_the_global_generator_alone(models, tmp
     assert soundfile.info(written).samplerate == m.sample_rate
 
 
-def test_the_metadata_is_read_once(models, monkeypatch, sound) -> None:
+def test_the_metadata_is_read_once(models, monkeypatch, sound, capsys) -> None:
     from qkv import checkpoint
     from qkv.hf import whisper
 
@@ -200,6 +200,9 @@ def test_the_metadata_is_read_once(models, monkeypatch, sound) -> None:
         else:
             m.speak("do")
         assert reads == [models[name]], (name, reads)
+    reads.clear()  # qkv transcribe too: the command reads the model's config.json once
+    assert main(["transcribe", "--model", str(models["asr"]), str(sound[0]), "--beam", "1", "--quiet"]) == 0
+    assert reads == [models["asr"]] and capsys.readouterr().out.startswith(f"{sound[0]}\t")
 
 
 @pytest.mark.parametrize(
