@@ -329,7 +329,7 @@ def require(path: Path, kind: str, job: str) -> None:
         return
     does = _and([DOES[j] for j in JOBS[kind]])
     doers = " or ".join(KIND_NAMES[k] for k, jobs in JOBS.items() if job in jobs)
-    raise UserError(f"{path} holds {KIND_NAMES[kind]}: it {does}; it cannot {job} ({doers} does)")
+    raise UserError(f"{path} holds {KIND_NAMES[kind]}: it {does}; it cannot {job}: {doers} does")
 
 
 # ----------------------------------------------------------------------------- translate
