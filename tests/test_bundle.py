@@ -20,6 +20,7 @@ from qkv import bundle as bundles
 from qkv.audio import FeatureConfig, features, load_audio
 from qkv.chat import reply
 from qkv.checkpoint import save_model
+from qkv.cli import transcribe as transcribe_command
 from qkv.cli.main import main
 from qkv.decoding import greedy
 from qkv.embedding import sentence_embeddings
@@ -231,6 +232,7 @@ def test_options_that_do_not_apply_are_refused_in_one_line(models, sound, capsys
     with pytest.raises(OptionError, match="lm_weight weighs the language model of lm") as refused:
         bundles.transcriptions(asr, [sound[0]], lm_weight=0.5)
     assert refused.value.said({}) == "--lm-weight weighs the language model of --lm; name one"
+    assert transcribe_command.LM_WEIGHT == bundles.LM_WEIGHT  # the default --help names is the library's
     with pytest.raises(OptionError, match="speaker 'anna': the model's speakers are none"):
         tts.speak("do", speaker="anna")
     with pytest.raises(OptionError, match="nbest 3 needs beam_size of at least 3"):
