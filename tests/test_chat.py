@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import qkv.bundle
 import qkv.chat
 from qkv.chat import dialogue_context, reply
 from qkv.checkpoint import load_model
@@ -136,11 +137,11 @@ def test_chat_separator_escapes_and_non_ascii_text(chat_model, capsys, monkeypat
     backslash) reaches the model as typed, so a reply can stop at it."""
     seen = []
 
-    def fake_reply(model, tokenizer, turns, *, separator, **options):
+    def fake_reply(bundle, turns, *, separator, **options):
         seen.append(separator)
         return "ok"
 
-    monkeypatch.setattr(qkv.chat, "reply", fake_reply)
+    monkeypatch.setattr(qkv.bundle, "reply", fake_reply)  # the library's chat job, which qkv chat calls
     cases = {"。": "。", " __eou__ ": " __eou__ ", "\\n": "\n", "a\\tb": "a\tb", "\\\\n": "\\n", "x\\": "x\\"}
     cases["\\d é"] = "\\d é"
     for given, meant in cases.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -35,18 +36,48 @@ def _run(code: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+def demo_model(directory: Path) -> Path:
+    """A tiny numbers model (random weights, the demo's kind of tokenizer) saved where
+    ``bash scripts/demo.sh`` saves its own: ``directory/qkv-demo/model``."""
+    import torch
+
+    from qkv.checkpoint import save_model
+    from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+    from qkv.tasks.numbers import numbers_pairs
+    from qkv.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.train_word_level(text for pair in numbers_pairs(500, seed=0, held_out=False) for text in pair)
+    v = tokenizer.vocab_size
+    specials = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    torch.manual_seed(0)
+    model = EncoderDecoder(
+        EncoderDecoderConfig(
+            src_vocab_size=v, tgt_vocab_size=v, d_model=15, n_heads=3, d_ff=7, n_encoder_layers=1,
+            n_decoder_layers=1, max_len=23, **specials,
+        )
+    )  # fmt: skip
+    tokenizer.save(directory / "tokenizer.json")
+    return save_model(model, directory / "qkv-demo" / "model", files={"tokenizer.json": directory / "tokenizer.json"})
+
+
 def test_readme_python_example_runs(tmp_path):
+    """The README's first Python example, as written, on a model where the demo saves its own:
+    it prints one text per number."""
     match = BLOCK.search(README.read_text(encoding="utf-8"))
     assert match, "README.md has no ```python block"
     code = match.group(1)
-    assert "import qkv" in code or "from qkv" in code
+    assert 'qkv.load("qkv-demo/model")' in code and "import qkv" in code
+    demo_model(tmp_path)
     result = _run(code, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    # save_model(gpt, "my-gpt") wrote a model directory in the working directory.
-    assert {p.name for p in (tmp_path / "my-gpt").iterdir()} >= {"config.json", "model.safetensors"}
+    printed = ast.literal_eval(result.stdout.strip())
+    numbers = ast.literal_eval(re.search(r"translate\((\[.*?\])\)", code).group(1))
+    assert isinstance(printed, list) and len(printed) == len(numbers) and all(isinstance(t, str) for t in printed)
 
 
 @pytest.mark.parametrize("where,code", EXAMPLES[1:], ids=[w for w, _ in EXAMPLES[1:]])
 def test_every_python_example_runs(where, code, tmp_path):
     result = _run(code, tmp_path)
     assert result.returncode == 0, f"{where}: {result.stderr[-3000:]}"
+    if 'save_model(gpt, "my-gpt")' in code:  # the README's models example wrote a model directory here
+        assert {p.name for p in (tmp_path / "my-gpt").iterdir()} >= {"config.json", "model.safetensors"}

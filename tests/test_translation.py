@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from qkv import bundle as bundles
 from qkv.checkpoint import load_model, model_dir, read_meta, sha256_file
-from qkv.cli import translate as translate_command
 from qkv.cli.main import main
 from qkv.data import data_root, read_parallel
 from qkv.ensemble import Ensemble
@@ -377,16 +377,14 @@ def test_translate_cli_keeps_order_empty_lines_nbest_and_alignments(tmp_path, ca
     assert all(out[i] for i in (0, 2, 4))
     argv = ["translate", "--model", str(run), "--input", str(tmp_path / "in.de"), "--beam", "3", "--quiet", "--bf16"]
     loaded = []
-    real = translate_command.load_for_generation
-    monkeypatch.setattr(
-        translate_command, "load_for_generation", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1]
-    )
+    real = bundles.load
+    monkeypatch.setattr(bundles, "load", lambda *a, **k: loaded.append(real(*a, **k)) or loaded[-1])
     assert main(argv) == 0
-    assert next(loaded[0][0].parameters()).dtype == torch.bfloat16
+    assert next(loaded[0].model.parameters()).dtype == torch.bfloat16
     half = capsys.readouterr().out.split("\n")[:-1]  # bfloat16 weights: same lines, order and empty lines
     assert len(half) == 5 and half[1] == half[3] == "" and all(half[i] for i in (0, 2, 4))
     assert main([*argv[:-1], "--int8"]) == 0
-    assert not any(type(m) is torch.nn.Linear for m in loaded[1][0].modules())  # int8 linear layers
+    assert not any(type(m) is torch.nn.Linear for m in loaded[1].model.modules())  # int8 linear layers
     small = capsys.readouterr().out.split("\n")[:-1]
     assert small == out  # int8 linear layers: the float32 translations (clear margins, as the library test)
     with pytest.raises(SystemExit) as exit_info:  # one precision at a time
@@ -582,7 +580,7 @@ def test_separate_vocabularies_resume_fine_tune_and_refuse_mismatched_files(tmp_
         train_translation(load_recipe(RECIPE, overrides), run, progress=False, resume=True)
     (run / "best" / "target_tokenizer.json").write_bytes((run / "best" / "tokenizer.json").read_bytes())
     with pytest.raises(UserError, match=r"best/target_tokenizer\.json does not match the SHA-256"):
-        translate_command.load_for_generation(str(run / "best"))
+        bundles.load(run / "best")
 
 
 def test_separate_vocabularies_recipe_errors(tmp_path) -> None:
@@ -744,8 +742,7 @@ def test_sources_as_transcripts_are_lowercase_without_punctuation(tmp_path, caps
     assert target == plain_target and any("." in p for p in target)
     # Loaded for use (qkv translate, qkv serve), such a model reads every source as it learnt:
     # typed text and a transcript of it are the same ids; the target side is untouched.
-    _, plain = translate_command.load_for_generation(str(tmp_path / "run0"))
-    _, reads = translate_command.load_for_generation(str(tmp_path / "run1"))
+    plain, reads = bundles.load(tmp_path / "run0").vocab, bundles.load(tmp_path / "run1").vocab
     typed, spoken = "Ein Hund, ja.", "ein hund ja"
     assert reads.source.encode(typed) == reads.source.encode_batch([spoken])[0]
     assert reads.source.tokens(typed) == reads.source.tokens(spoken)

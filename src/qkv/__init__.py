@@ -16,10 +16,27 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
                                               every attention map and the beam trace
     recipes.py                                recipes, and what every task shares
     tasks/                                    one module per task: its recipe defaults and runner
+    bundle.py                                 a model directory loaded once, and one function per job
     serve/                                    the HTTP server and its page (an adapter, as cli/ is)
     cli/                                      the command line: the composition root (qkv serve starts serve/)
 
-This file holds only the version; importing qkv loads nothing else.
+This file holds the version and :func:`load`, which imports ``bundle.py`` when it is called:
+importing qkv loads nothing else.
+
+    import qkv
+    m = qkv.load("runs/de_en")
+    m.translate(["Ein Hund läuft."])
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+
+def load(path, *, bf16: bool = False, int8: bool = False, device: str = "cpu"):
+    """The model directory (or training run) ``path``, loaded once for every job its model does:
+    a :class:`qkv.bundle.Bundle`, whose methods ``translate``, ``transcribe``, ``speak``,
+    ``embed``, ``generate`` and ``chat`` do them (:func:`qkv.bundle.load`)."""
+    from qkv.bundle import load as load_bundle
+
+    return load_bundle(path, bf16=bf16, int8=int8, device=device)

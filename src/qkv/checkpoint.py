@@ -327,17 +327,19 @@ def read_meta(directory: str | Path) -> dict:
     return meta
 
 
-def load_model(directory: str | Path, *, kind: str | None = None) -> tuple[Model, dict]:
+def load_model(directory: str | Path, *, kind: str | None = None, meta: dict | None = None) -> tuple[Model, dict]:
     """Load a model directory; returns the model (in eval mode) and its config.json contents.
 
-    ``kind`` refuses a model of another kind. Nothing is unpickled: weights come from
+    ``kind`` refuses a model of another kind. ``meta``: the directory's config.json as
+    :func:`read_meta` gave it, where the caller has read it already (it hashes every listed
+    file, so it is read once). Nothing is unpickled: weights come from
     safetensors. Before anything is allocated, the file's header (names, shapes, dtypes) is
     checked against the model the config describes, built on the meta device, so a config
     or a file that disagrees, however large the sizes it claims, is refused without trying;
     then the weights are read and must be finite floating-point numbers.
     """
     directory = model_dir(directory)
-    meta = read_meta(directory)
+    meta = read_meta(directory) if meta is None else meta
     if kind is not None and meta["kind"] != kind:
         raise UserError(f"{directory} holds a {meta['kind']} model; this needs a {kind} model")
     config_path = directory / "config.json"

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from qkv.decoding import pad_rows
-from qkv.errors import UserError
+from qkv.errors import OptionError, UserError
 from qkv.models.encoder_only import EncoderOnly, masked_mean
 from qkv.tokenization import Tokenizer
 
@@ -97,15 +97,16 @@ def sentence_embeddings(
     if window > model.config.max_len:
         raise UserError(f"a window of {window} tokens is longer than the model's {model.config.max_len} positions")
     model.eval()
+    device = next(model.parameters()).device
     todo = [i for i, text in enumerate(texts) if text.strip()]
     rows, cut = frame(tokenizer, [texts[i] for i in todo], max_len=window)
     vectors = torch.zeros(len(texts), model.config.d_model)  # (N, D)
     order = sorted(range(len(todo)), key=lambda k: len(rows[k]))
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id)  # (B, S), (B, S)
+        x, valid = pad_rows([rows[k] for k in chunk], model.config.pad_id, device=device)  # (B, S), (B, S)
         h = model.encode(x, mask=valid)  # (B, S, D)
-        vectors[[todo[k] for k in chunk]] = pool(h, valid, pooling).float()  # (B, D)
+        vectors[[todo[k] for k in chunk]] = pool(h, valid, pooling).float().cpu()  # (B, D)
     if normalize:
         vectors = torch.nn.functional.normalize(vectors, dim=-1)  # zero rows stay zero
     return vectors, cut
@@ -179,7 +180,9 @@ def choose(
     if pooling is not None and pooling not in POOLINGS:
         raise UserError(f"unknown pooling {pooling!r}; known: {', '.join(POOLINGS)}")
     if max_len is not None and not 1 <= max_len <= model_max_len:
-        raise UserError(f"--max-len {max_len}: the model has {model_max_len} positions; give 1 to {model_max_len}")
+        raise OptionError(
+            f"max_len {max_len}: the model has {model_max_len} positions; give 1 to {model_max_len}", "max_len"
+        )
     origins: dict[str, list[str]] = {}
     values = []
     for name, option, flag, kept, default in (

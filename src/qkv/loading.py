@@ -1,53 +1,101 @@
 """A model directory loaded for use: the model prepared for decoding and its tokenizers.
 
-What is here: :func:`load_for_generation` (a generating model, stacked for decoding and
-optionally in bfloat16 or int8, with its :class:`~qkv.tokenization.Vocabularies`),
+What is here: :func:`check_options` (which precisions and devices apply to which kind of
+model: the one rule :func:`qkv.bundle.load` and the server share), :func:`prepared` (a model as
+its jobs run it: stacked for decoding, bfloat16 or int8, on its device), :func:`load_for_generation`
+(a generating model, so prepared, with its :class:`~qkv.tokenization.Vocabularies`),
+:func:`load_fusion_lm` (a language model to fuse into a speech model's beam search),
 :func:`matching_vocabularies` and :func:`matching_tokenizer` (a model directory's tokenizers,
-refused when they do not fit the model). The command line and the server load models
-through here, so both refuse the same mistakes with the same words.
+refused when they do not fit the model). The command line and the server load models through
+here (or through ``bundle.py``, built on it), so both refuse the same mistakes with the same words.
 
 What is not here: reading and checking the directory itself (``checkpoint.py``), the decoding
-preparations (``decoding_copies.for_decoding``, ``decoding_copies.int8_linears``).
+preparations (``decoding_copies.for_decoding``, ``decoding_copies.int8_linears``), everything
+else a loaded model carries and the jobs it does (``bundle.py``).
 """
 
 from __future__ import annotations
 
-from qkv.errors import UserError
+from qkv.errors import OptionError, UserError
+
+# The kinds that write tokens step by step over a KV cache: stacked Q/K/V and int8 linear
+# layers are decoding copies (decoding_copies.py), for these alone.
+DECODING_KINDS = ("encoder_decoder", "decoder_only", "speech_encoder_decoder")
+KIND_NAMES = {  # each kind as a message names it
+    "encoder_decoder": "an encoder_decoder model",
+    "decoder_only": "a decoder_only model",
+    "encoder_only": "an encoder_only model",
+    "speech_encoder_decoder": "a speech model (speech_encoder_decoder)",
+    "tts": "a text-to-speech model (tts)",
+}
+
+
+def check_options(path: object, kind: str, *, bf16: bool = False, int8: bool = False, device: object = "cpu") -> None:
+    """Refuse, in one line naming the option and the kind, a precision that does not apply to a
+    ``kind`` model in ``path``: int8 linear layers speed up decoding, so only the kinds that
+    decode take them (and only on the CPU, where PyTorch's dynamic quantization runs); a
+    text-to-speech model synthesizes in float32; one precision at a time."""
+    import torch
+
+    if bf16 and int8:
+        raise OptionError("bf16 and int8 are exclusive: one precision at a time", "bf16", "int8")
+    if int8 and kind not in DECODING_KINDS:
+        raise OptionError(
+            f"int8 does not apply to {path}: it holds {KIND_NAMES[kind]}, which decodes nothing "
+            "(int8 linear layers speed up decoding)",
+            "int8",
+        )
+    if bf16 and kind == "tts":
+        raise OptionError(f"bf16 does not apply to {path}: {KIND_NAMES[kind]} synthesizes in float32", "bf16")
+    if int8 and torch.device(device).type != "cpu":
+        raise OptionError(f"int8 runs on the CPU only (PyTorch's dynamic quantization), not on {device}", "int8")
+
+
+def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device: object = "cpu"):
+    """A copy of ``model``, a ``kind`` model, as its jobs run it (:func:`check_options` first): a
+    decoding kind with one stacked Q/K/V product per self-attention (tested equal); in bfloat16
+    (half the bytes per weight: batched decoding reads every weight once per step, and the CPU's
+    bf16 matmul units, AVX512-BF16 and AMX, do the rest; bench/mt_speed.py) or with int8 linear
+    layers (a quarter of the bytes: faster at every batch size); on ``device``."""
+    import torch
+
+    from qkv.decoding_copies import for_decoding, int8_linears
+
+    if kind in DECODING_KINDS:
+        model = for_decoding(model)
+    if bf16:
+        model = model.to(torch.bfloat16)
+    if int8:
+        model = int8_linears(model)
+    return model.to(device).eval()
 
 
 def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, speech: bool = False):
     """The model of ``path`` and its Vocabularies (a decoder-only model's: one tokenizer, joint).
 
-    ``speech``: the caller reads audio (``qkv transcribe``) and wants a speech encoder-decoder;
-    otherwise text in, and a speech model is refused as a text-to-speech model always is,
-    naming the command that runs it. A translation model trained with
-    ``data.source_as_transcript`` reads every source lowercased without punctuation, as it
-    learnt (the source tokenizer prepares each text: ``Tokenizer.reading``).
+    ``speech``: the caller reads audio and wants a speech encoder-decoder; otherwise text in,
+    and a speech model is refused as a text-to-speech model always is, naming what it does.
+    A translation model trained with ``data.source_as_transcript`` reads every source
+    lowercased without punctuation, as it learnt (the source tokenizer prepares each text:
+    ``Tokenizer.reading``). Its config.json is read once.
     """
-    import torch
-
     from qkv.checkpoint import load_model, model_dir, read_meta
-    from qkv.decoding_copies import for_decoding, int8_linears
 
     path = str(model_dir(path))  # a training run: its final checkpoint
-    kind = read_meta(path)["kind"]
+    meta = read_meta(path)
+    kind = meta["kind"]
     if kind == "tts":
-        raise UserError(f"{path} holds a text-to-speech model: it speaks text (qkv speak) and writes none")
+        raise UserError(f"{path} holds a text-to-speech model: it speaks text and writes none")
     if speech and kind != "speech_encoder_decoder":
         raise UserError(f"{path} holds a {kind} model, which reads text; this needs a speech model")
     if not speech and kind == "speech_encoder_decoder":
-        raise UserError(f"{path} holds a speech model, which reads audio: use qkv transcribe")
-    model, meta = load_model(path)
-    if meta["kind"] == "encoder_only":
+        raise UserError(f"{path} holds a speech model, which reads audio and transcribes it")
+    if kind == "encoder_only":
         raise UserError(f"{path} holds an encoder_only model, which does not generate text")
-    model = for_decoding(model)  # one stacked Q/K/V product per self-attention (tested equal)
-    if bf16:
-        # Half the bytes per weight: batched decoding reads every weight once per step, and
-        # the CPU's bf16 matmul units (AVX512-BF16, AMX) do the rest (bench/mt_speed.py).
-        model = model.to(torch.bfloat16)
-    if int8:
-        model = int8_linears(model)  # a quarter of the bytes: faster at every batch size
-    vocab = matching_vocabularies(path, model, files=meta.get("files", {}), use="generate")
+    check_options(path, kind, bf16=bf16, int8=int8)
+    model, meta = load_model(path, meta=meta)
+    model = prepared(model, kind, bf16=bf16, int8=int8)
+    vocab = matching_vocabularies(path, model, files=meta.get("files", {}), use="generating")
     return model, reading_as_trained(vocab, meta.get("recipe"))
 
 
@@ -64,35 +112,33 @@ def reading_as_trained(vocab, recipe: dict | None):
     return Vocabularies(vocab.source.reading(normalize_transcript), vocab.target)
 
 
-def load_fusion_lm(path: str, tokenizer, *, model, bf16: bool = False):
+def load_fusion_lm(path: str, tokenizer, *, model, bf16: bool = False, device: object = "cpu"):
     """The decoder-only language model of ``path``, prepared for decoding, to fuse into the
     beam search of ``model``, whose output tokenizer is ``tokenizer`` (``beam_search``'s
-    ``lm``). Refused, naming how to train one (the lm task with ``data.tokenizer`` = the
-    model's directory, ``data.documents=lines``), unless it has that tokenizer, learnt where
-    a text ends (END after every line) and has a window as long as the model's."""
-    import torch
-
+    ``lm``). Refused (an :class:`~qkv.errors.OptionError` about ``lm``), naming how to train one
+    (the lm task with ``data.tokenizer`` = the model's directory, ``data.documents=lines``),
+    unless it has that tokenizer, learnt where a text ends (END after every line) and has a
+    window as long as the model's."""
     from qkv.checkpoint import load_model, model_dir, read_meta
-    from qkv.decoding_copies import for_decoding
 
     path = str(model_dir(path))
-    kind = read_meta(path)["kind"]
-    if kind != "decoder_only":
-        raise UserError(f"--lm {path} holds a {kind} model; fusion needs a decoder-only language model")
-    lm, meta = load_model(path, kind="decoder_only")
+    meta = read_meta(path)
+    if meta["kind"] != "decoder_only":
+        raise OptionError(f"lm {path} holds a {meta['kind']} model; fusion needs a decoder-only language model", "lm")
+    lm, meta = load_model(path, kind="decoder_only", meta=meta)
     how = "train one with recipes/speech_en_lm.yaml (data.tokenizer: the speech model's directory)"
-    theirs = matching_tokenizer(path, lm, files=meta.get("files", {}), use="--lm")
+    theirs = matching_tokenizer(path, lm, files=meta.get("files", {}), use="fusion")
     if not theirs.same_as(tokenizer) or lm.config.vocab_size != model.config.vocab_size:
-        raise UserError(f"--lm {path}: its tokens are not the speech model's; {how}")
+        raise OptionError(f"lm {path}: its tokens are not the speech model's; {how}", "lm")
     if ((meta.get("recipe") or {}).get("data") or {}).get("documents") != "lines":
-        raise UserError(f"--lm {path} never learnt where a text ends (data.documents=lines); {how}")
+        raise OptionError(f"lm {path} never learnt where a text ends (data.documents=lines); {how}", "lm")
     if lm.config.max_len < model.config.max_len:
-        raise UserError(
-            f"--lm {path}: its window ({lm.config.max_len}) is shorter than the speech model's "
-            f"({model.config.max_len}); {how}"
+        raise OptionError(
+            f"lm {path}: its window ({lm.config.max_len}) is shorter than the speech model's "
+            f"({model.config.max_len}); {how}",
+            "lm",
         )
-    lm = for_decoding(lm)  # one stacked Q/K/V product per self-attention, as the model has
-    return lm.to(torch.bfloat16) if bf16 else lm
+    return prepared(lm, "decoder_only", bf16=bf16, device=device)  # stacked Q/K/V, as the model has
 
 
 def matching_tokenizer(path: str, model, *, files, use: str):

@@ -1,6 +1,7 @@
 """``qkv chat``: a multi-turn chat in a terminal (line editing, history) or over a pipe.
 
-What is here: the command's arguments (``add_parser``) beside its handler.
+What is here: the command's arguments (``add_parser``) beside its handler: the turns read and
+printed here, each reply the library's (``bundle.reply``).
 """
 
 from __future__ import annotations
@@ -12,15 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from qkv.cli.common import (
-    add_precision,
-    load_for_generation,
-    positive_int,
-    probability,
-    seed,
-    temperature,
-    wants_sampling,
-)
+from qkv.cli.common import add_precision, positive_int, probability, sampling_of, seed, temperature
 from qkv.errors import UserError
 
 EPILOG_CHAT = """examples:
@@ -40,27 +33,18 @@ def _unescape(text: str) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
-    choose = None
-    if wants_sampling(args):
-        import torch
+    from qkv.bundle import load
 
-        from qkv.decoding import sampler
-
-        generator = torch.Generator()
-        if args.seed is not None:
-            generator.manual_seed(args.seed)
-        else:
-            generator.seed()
-        temperature = args.temperature or 1.0
-        choose = sampler(temperature=temperature, top_k=args.top_k, top_p=args.top_p, generator=generator)
+    bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="chat")
+    sampling = sampling_of(args)
+    choose = None if sampling is None else sampling.chooser(bundle.device)  # one generator for the whole chat
     separator = _unescape(args.separator)
     interactive = sys.stdin.isatty()
     save_history = _chat_history() if interactive else None
     if interactive:
         print(f"qkv chat with {args.model}; an empty line or Ctrl-D ends the chat", file=sys.stderr)
     try:
-        _chat_loop(args, model, vocab, separator=separator, choose=choose, interactive=interactive)
+        _chat_loop(args, bundle, separator=separator, choose=choose, interactive=interactive)
     finally:
         if save_history is not None:
             save_history()
@@ -104,9 +88,9 @@ def _chat_history() -> Callable[[], None]:
     return save
 
 
-def _chat_loop(args: argparse.Namespace, model, vocab, *, separator: str, choose, interactive: bool) -> None:
+def _chat_loop(args: argparse.Namespace, bundle, *, separator: str, choose, interactive: bool) -> None:
     """Read a turn, print the reply, until an empty line (a terminal), Ctrl-D or the end of stdin."""
-    from qkv.chat import reply
+    from qkv.bundle import reply
     from qkv.data import decode_lines
 
     turns: list[str] = []
@@ -133,7 +117,7 @@ def _chat_loop(args: argparse.Namespace, model, vocab, *, separator: str, choose
                 break
             continue
         turns.append(line)
-        answer = reply(model, vocab, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
+        answer = reply(bundle, turns, separator=separator, max_new_tokens=args.max_new_tokens, choose=choose)
         turns.append(answer)
         print(f"bot> {answer}" if interactive else answer, flush=True)
 

@@ -125,6 +125,16 @@ def wants_sampling(args: argparse.Namespace) -> bool:
     return args.sample or any(getattr(args, name) is not None for name in SAMPLING_OPTIONS)
 
 
+def sampling_of(args: argparse.Namespace):  # -> qkv.bundle.Sampling | None
+    """The sampling the flags ask for (:func:`wants_sampling`: the temperature 1 unless given),
+    else None: a search."""
+    if not wants_sampling(args):
+        return None
+    from qkv.bundle import Sampling
+
+    return Sampling(temperature=args.temperature or 1.0, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
 def sampling_flags(args: argparse.Namespace) -> str:
     """The flags that asked for sampling, as typed (for an error message)."""
     given = [f"--{name.replace('_', '-')}" for name in SAMPLING_OPTIONS if getattr(args, name) is not None]

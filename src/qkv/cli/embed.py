@@ -1,6 +1,7 @@
 """``qkv embed``: sentence vectors from an encoder-only model.
 
-What is here: the command's arguments (``add_parser``) beside its handler.
+What is here: the command's arguments (``add_parser``) beside its handler, which parses, calls
+the library's job (``bundle.embeddings``: the settings chosen, the vectors) and writes them.
 """
 
 from __future__ import annotations
@@ -10,12 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from qkv.cli.common import (
-    Output,
-    matching_tokenizer,
-    positive_int,
-    read_input_lines,
-)
+from qkv.cli.common import Output, positive_int, read_input_lines
 from qkv.embedding import POOLINGS
 from qkv.errors import UserError
 from qkv.files import write_atomic
@@ -42,34 +38,22 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from qkv.checkpoint import load_model, model_dir
-    from qkv.embedding import EmbeddingSettings, choose, sentence_embeddings
+    from qkv.bundle import embeddings, load
 
     suffix = Path(args.output).suffix
     if suffix not in (".npy", ".jsonl"):
         raise UserError(f"--output {args.output}: the name must end in .npy (NumPy float32) or .jsonl (JSON lines)")
     out = Output(args.output)  # checks the directory before any work
-    model, meta = load_model(args.model, kind="encoder_only")
-    tokenizer = matching_tokenizer(args.model, model, files=meta["files"], use="embed")
-    positions = model.config.max_len
-    recorded = EmbeddingSettings.read(meta, model_dir(args.model) / "config.json", model_max_len=positions)
-    chosen = choose(
-        recorded, model_max_len=positions, pooling=args.pooling, normalize=args.normalize, max_len=args.max_len
-    )
-    print(f"qkv embed: {chosen.said}", file=sys.stderr)
+    bundle = load(args.model, job="embed")
     lines = read_input_lines(args.input)
-    vectors, cut = sentence_embeddings(
-        model,
-        tokenizer,
-        lines,
-        pooling=chosen.pooling,
-        normalize=chosen.normalize,
-        max_len=chosen.max_len,
-        batch_size=args.batch_size,
+    found = embeddings(
+        bundle, lines, pooling=args.pooling, normalize=args.normalize, max_len=args.max_len, batch_size=args.batch_size
     )
-    if cut:
-        print(f"qkv embed: note: {cut} line(s) cut to the window of {chosen.max_len} tokens", file=sys.stderr)
-    array = vectors.numpy().astype(np.float32)  # (N, D)
+    chosen = found.settings
+    print(f"qkv embed: {chosen.said}", file=sys.stderr)
+    if found.cut:
+        print(f"qkv embed: note: {found.cut} line(s) cut to the window of {chosen.max_len} tokens", file=sys.stderr)
+    array = found.vectors.numpy().astype(np.float32)  # (N, D)
     if suffix == ".jsonl":
         for row in array.tolist():
             out.write(json.dumps({"embedding": row}))

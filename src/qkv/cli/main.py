@@ -16,8 +16,11 @@ import sys
 from qkv import __version__
 from qkv.cli import chat, demo, embed, evaluate, generate, hf, serve, speak, train, transcribe, translate
 from qkv.cli.common import Parser
-from qkv.errors import Stopped, UserError
+from qkv.errors import OptionError, Stopped, UserError
 from qkv.memory import choose_allocator
+
+# The library's options whose flag is not the option with dashes (ctc_weight: --ctc-weight).
+FLAGS = {"beam_size": "--beam", "sampling": "--sample"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except UserError as e:
-        print(f"qkv {args.command}: error: {one_line(str(e))}", file=sys.stderr)
+    except UserError as e:  # a library's OptionError names its options as flags here
+        said = e.said(FLAGS) if isinstance(e, OptionError) else str(e)
+        print(f"qkv {args.command}: error: {one_line(said)}", file=sys.stderr)
         return 2
     except Stopped as e:
         print(f"qkv {args.command}: {e}", file=sys.stderr)

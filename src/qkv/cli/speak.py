@@ -1,7 +1,8 @@
 """``qkv speak``: text in, speech out, with a text-to-speech model trained with a ``tts`` recipe.
 
-What is here: the command's arguments (``add_parser``) beside its handler. Synthesis and the
-vocoder are ``tasks.tts.speak``'s.
+What is here: the command's arguments (``add_parser``) beside its handler, which parses, calls
+the library's job (``bundle.speeches``: voices, the recipe's reading and stop, synthesis and the
+vocoder) and writes the files.
 """
 
 from __future__ import annotations
@@ -27,13 +28,8 @@ a sentence that ran into --max-seconds before the model ended it is named on std
 
 
 def cmd_speak(args: argparse.Namespace) -> int:
-    import torch
-
-    from qkv.checkpoint import load_model, model_dir
+    from qkv.bundle import load, speeches
     from qkv.progress import progress
-    from qkv.tasks.tts import speak, speaking_of
-    from qkv.tokenization import FILE, Tokenizer
-    from qkv.vocoder import write_wav
 
     if args.text is not None and args.input is not None:
         raise UserError("give --text or --input, not both")
@@ -44,20 +40,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
         raise UserError(f"--output names one file but there are {len(texts)} sentences; use --output-dir")
     if args.output is None and args.output_dir is None:
         raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
-    directory = model_dir(args.model)
-    model, meta = load_model(directory, kind="tts")
-    if FILE not in meta["files"]:
-        raise UserError(f"{directory} has no {FILE}; qkv speak needs the model's symbols")
-    tokenizer = Tokenizer.load(directory / FILE)
-    speakers = meta.get("speakers") or []
-    who = None
-    if args.speaker is not None:
-        if args.speaker not in speakers:
-            known = ", ".join(speakers) if speakers else "none: it has one voice"
-            raise UserError(f"--speaker {args.speaker!r}: the model's speakers are {known}")
-        who = [speakers.index(args.speaker)] * len(texts)
-    elif speakers:
-        raise UserError(f"{directory} speaks in several voices: choose one with --speaker ({', '.join(speakers)})")
+    bundle = load(args.model, job="speak")
     paths = [Path(args.output)] if args.output is not None else []
     if args.output_dir is not None:
         folder = Path(args.output_dir)
@@ -67,30 +50,26 @@ def cmd_speak(args: argparse.Namespace) -> int:
         paths = [folder / f"{n:04d}.wav" for n in range(1, len(texts) + 1)]
     if not paths[0].parent.is_dir():
         raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
-    torch.manual_seed(args.seed)
     bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
-    # How the model reads text and when it stops, as trained (or as --stop-threshold says).
-    settings = speaking_of(meta, stop_threshold=args.stop_threshold, attention_window=args.attention_window)
     start = time.perf_counter()
-    results = speak(
-        model,
-        tokenizer,
+    results = speeches(
+        bundle,
         texts,
-        speakers=who,
-        batch_size=args.batch_size,
+        speaker=args.speaker,
         max_seconds=args.max_seconds,
+        stop_threshold=args.stop_threshold,  # None: as trained (the recipe's)
+        attention_window=args.attention_window,
+        batch_size=args.batch_size,
+        seed=args.seed,
         on_batch=bar.update,
-        **settings,
     )
     bar.close()
     elapsed = time.perf_counter() - start
-    rate = model.config.features.sample_rate
-    c = model.config
-    cap = min(args.max_seconds, c.max_len * c.reduction * c.features.hop_length / rate)  # what synthesis stops at
+    cap = min(args.max_seconds, bundle.longest_speech)  # what synthesis stops at
     total = 0.0
     for path, text, (synthesis, wave) in zip(paths, texts, results, strict=True):
-        write_wav(path, wave, rate, rate=args.rate)
-        seconds = wave.numel() / rate
+        bundle.write_wav(path, wave, rate=args.rate)
+        seconds = wave.numel() / bundle.sample_rate
         total += seconds
         if synthesis.hit_cap:
             why = "--max-seconds" if cap == args.max_seconds else "the model's window (model.max_len steps)"

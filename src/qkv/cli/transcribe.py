@@ -1,8 +1,9 @@
 """``qkv transcribe``: audio files in, text out, with a speech model (trained with an ``asr``
 recipe, or an imported Whisper).
 
-What is here: the command's arguments (``add_parser``) beside its handler. The decoding is
-``tasks.asr.transcribe``'s; reading audio and features ``qkv.audio``'s.
+What is here: the command's arguments (``add_parser``) beside its handler, which parses, calls
+the library's job (``bundle.read_audio``, ``bundle.transcriptions``: reading, features, an
+imported Whisper's start tokens and languages, decoding) and prints.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from qkv.cli.common import Output, add_precision, number, positive_int, read_input_lines
 from qkv.errors import UserError
 
-LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
+LM_WEIGHT = 0.3  # bundle.LM_WEIGHT, the library's default (the help says it without importing torch)
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif")
 
 EPILOG_TRANSCRIBE = """examples:
@@ -53,30 +54,13 @@ def audio_paths(files: list[str], listing: str | None) -> list[Path]:
 
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
-    from qkv.audio import features, load_many
-    from qkv.checkpoint import model_dir, read_meta
-    from qkv.loading import load_for_generation, load_fusion_lm
+    from qkv.bundle import load, read_audio, transcriptions
     from qkv.progress import progress
-    from qkv.tasks.asr import too_short, transcribe
 
     paths = audio_paths(args.files, args.input)
-    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8, speech=True)
-    whisper = "whisper" in read_meta(model_dir(args.model))
-    if args.lm_weight is not None and args.lm is None:
-        raise UserError("--lm-weight weighs the language model of --lm; name one")
-    lm = None if args.lm is None else load_fusion_lm(args.lm, vocab.target, model=model, bf16=args.bf16)
-    if not whisper and (args.language is not None or args.task is not None):
-        raise UserError("--language and --task apply to imported Whisper models only")
+    bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="transcribe")
     out = Output(args.output)
-    config = model.config.features
-    longest = args.max_seconds
-    if config.kind == "whisper":  # one chunk is all a Whisper encoder reads
-        longest = min(longest, config.chunk_seconds)
-    good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
-    short = [(p, w) for p, w in good if too_short(model, config.frames(w.numel()))]
-    if short:  # a file too short for the front-end is a bad file like the rest
-        good = [(p, w) for p, w in good if not too_short(model, config.frames(w.numel()))]
-        bad += [(p, f"{1000 * w.numel() / config.sample_rate:.0f} ms is too short for this model") for p, w in short]
+    good, bad = read_audio(bundle, paths, max_seconds=args.max_seconds)
     if bad and not args.skip_bad:
         for path, why in bad:  # every bad file named, a line each, however many there are
             print(f"qkv transcribe: {path}: {why}", file=sys.stderr)
@@ -87,60 +71,41 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()
-    feats, load_seconds = [], []
-    for _, wave in good:
-        t = time.perf_counter()
-        feats.append(features(wave, config))
-        load_seconds.append(time.perf_counter() - t)
-    groups = _prefix_groups(args, model, feats) if whisper else {None: list(range(len(feats)))}
     bar = progress(len(good), desc="qkv transcribe", unit="file", disable=args.quiet or len(good) < 2)
-    results: list = [None] * len(feats)
-    decode_seconds = [0.0] * len(feats)
-    for prefix, rows in groups.items():
-        batch_seconds: list[float] = []
-        last = [time.perf_counter()]
-
-        def done(n: int, batch_seconds=batch_seconds, last=last) -> None:  # a batch's files share its time
-            now = time.perf_counter()
-            batch_seconds.extend([(now - last[0]) / n] * n)
-            last[0] = now
-            bar.update(n)
-
-        texts = transcribe(
-            model,
-            vocab.target,
-            [feats[i] for i in rows],
-            beam_size=args.beam,
-            ctc_weight=args.ctc_weight,
-            ctc_only=args.ctc_only,
-            batch_size=args.batch_size if args.batch_size else 32,
-            prefix=list(prefix) if prefix is not None else None,
-            on_batch=done,
-            lm=lm,
-            lm_weight=LM_WEIGHT if args.lm_weight is None else args.lm_weight,
-        )
-        # transcribe decodes in length order: the batch times, in that order, map back to the files.
-        order = sorted(range(len(rows)), key=lambda j: feats[rows[j]].shape[0])
-        for j, seconds in zip(order, batch_seconds, strict=True):
-            decode_seconds[rows[j]] = seconds
-        for j, text in enumerate(texts):
-            results[rows[j]] = text
+    found = transcriptions(
+        bundle,
+        [wave for _, wave in good],
+        beam_size=args.beam,
+        ctc_weight=args.ctc_weight,
+        ctc_only=args.ctc_only,
+        lm=args.lm,
+        lm_weight=args.lm_weight,
+        language=args.language,
+        task=args.task,
+        batch_size=args.batch_size if args.batch_size else 32,
+        on_batch=bar.update,
+    )
     bar.close()
     elapsed = time.perf_counter() - start
-    audio_seconds = [wave.numel() / config.sample_rate for _, wave in good]
-    for i, ((path, _), result) in enumerate(zip(good, results, strict=True)):
-        text = result.text.strip()
+    detected = sorted({t.language for t in found if t.language is not None})
+    if args.language is None and detected:  # a multilingual Whisper's languages, as found
+        print(
+            f"qkv transcribe: detected language{'s' if len(detected) > 1 else ''} {', '.join(detected)}",
+            file=sys.stderr,
+        )
+    audio_seconds = [wave.numel() / bundle.sample_rate for _, wave in good]
+    for (path, _), heard, seconds in zip(good, found, audio_seconds, strict=True):
         if args.json:
             record = {
                 "path": str(path),
-                "text": text,
-                "audio_seconds": round(audio_seconds[i], 3),
-                "load_seconds": round(load_seconds[i], 4),
-                "decode_seconds": round(decode_seconds[i], 4),
+                "text": heard.text,
+                "audio_seconds": round(seconds, 3),
+                "load_seconds": round(heard.feature_seconds, 4),
+                "decode_seconds": round(heard.decode_seconds, 4),
             }
             out.write(json.dumps(record, ensure_ascii=False))
         else:
-            out.write(f"{path}\t{text}")
+            out.write(f"{path}\t{heard.text}")
     if args.json:
         for path, why in bad:
             out.write(json.dumps({"path": str(path), "error": why}, ensure_ascii=False))
@@ -154,28 +119,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _prefix_groups(args: argparse.Namespace, model, feats: list) -> dict[tuple[int, ...], list[int]]:
-    """An imported Whisper's start tokens, and the files that take them: ``--language`` and
-    ``--task`` for all, or for a multilingual model without ``--language`` each file's own
-    language, detected as Whisper does (and named on stderr)."""
-    from qkv.checkpoint import model_dir, read_meta
-    from qkv.hf.whisper import detect_language, start_tokens
-
-    directory = model_dir(args.model)
-    task = args.task or "transcribe"
-    if args.language is not None or not read_meta(directory)["whisper"].get("multilingual"):
-        return {tuple(start_tokens(directory, language=args.language, task=task)): list(range(len(feats)))}
-    groups: dict[tuple[int, ...], list[int]] = {}
-    languages = [
-        code for i in range(0, len(feats), 16) for code in detect_language(model, feats[i : i + 16], directory)
-    ]
-    for i, code in enumerate(languages):
-        groups.setdefault(tuple(start_tokens(directory, language=code, task=task)), []).append(i)
-    found = sorted(set(languages))
-    print(f"qkv transcribe: detected language{'s' if len(found) > 1 else ''} {', '.join(found)}", file=sys.stderr)
-    return groups
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

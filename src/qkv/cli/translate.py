@@ -1,6 +1,7 @@
 """``qkv translate``: batched translation of lines (beam, n-best, alignments, ensembles).
 
-What is here: the command's arguments (``add_parser``) beside its handler.
+What is here: the command's arguments (``add_parser``) beside its handler, which parses, calls
+the library's job (``bundle.translations``) and prints.
 """
 
 from __future__ import annotations
@@ -10,14 +11,7 @@ import math
 import sys
 import time
 
-from qkv.cli.common import (
-    Output,
-    add_precision,
-    chunks,
-    load_for_generation,
-    number,
-    read_input_lines,
-)
+from qkv.cli.common import Output, add_precision, number, read_input_lines
 from qkv.errors import UserError
 
 EPILOG_TRANSLATE = """examples:
@@ -28,70 +22,38 @@ EPILOG_TRANSLATE = """examples:
 """
 
 
-def _ensemble(args: argparse.Namespace, model, vocab):  # -> qkv.ensemble.Ensemble
-    """--model's model and the --ensemble ones as one :class:`~qkv.ensemble.Ensemble`; each
-    must be an encoder-decoder with the same vocabularies as --model's (the same tokenizers,
-    special tokens and settings)."""
-    from qkv.ensemble import Ensemble
-    from qkv.models.encoder_decoder import EncoderDecoder
-
-    models = [model]
-    for path in args.ensemble:
-        other, theirs = load_for_generation(path, bf16=args.bf16, int8=args.int8)
-        if not isinstance(other, EncoderDecoder):
-            raise UserError(f"--ensemble {path} holds a decoder-only model; translate needs encoder-decoders")
-        if not theirs.same_as(vocab):
-            raise UserError(
-                f"--ensemble {path}: its tokenizer, or how it reads sources (data.source_as_transcript), "
-                f"differs from {args.model}'s; ensembled models must share their vocabularies"
-            )
-        try:  # Ensemble's own checks (special ids, vocabulary sizes), this model against --model's
-            Ensemble((model, other))
-        except ValueError as e:
-            raise UserError(f"--ensemble {path} does not fit {args.model} ({e})") from None
-        models.append(other)
-    return Ensemble(tuple(models))
-
-
 def cmd_translate(args: argparse.Namespace) -> int:
-    from qkv.models.encoder_decoder import EncoderDecoder
+    from qkv.bundle import load, translations, window_fit
     from qkv.progress import progress
-    from qkv.seq2seq import alignments, source_ids, translate
+    from qkv.seq2seq import alignments, source_ids
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
-    model, vocab = load_for_generation(args.model, bf16=args.bf16, int8=args.int8)
-    if not isinstance(model, EncoderDecoder):
-        raise UserError(f"{args.model} holds a decoder-only model; translate needs an encoder-decoder (see generate)")
-    aligner = model  # alignments come from --model's cross-attention, ensemble or not
-    if args.ensemble:
-        model = _ensemble(args, model, vocab)
+    bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="translate")
+    others = [load(path, bf16=args.bf16, int8=args.int8) for path in args.ensemble]
     out = Output(args.output)
     aligned = Output(args.alignments) if args.alignments else None
     lines = read_input_lines(args.input)
-    window = model.config.max_len
-    too_long = sum(len(ids) > window for ids in vocab.source.encode_batch(lines))
+    too_long = len(window_fit(bundle, lines).cut)
     if too_long:
         print(
-            f"qkv translate: note: {too_long} input line(s) cut to the model's window of {window} tokens",
+            f"qkv translate: note: {too_long} input line(s) cut to the model's window of {bundle.window} tokens",
             file=sys.stderr,
         )
     start = time.perf_counter()
-    found: list = []
     bar = progress(len(lines), desc="qkv translate", unit="line", disable=args.quiet or len(lines) < 100)
-    for chunk in chunks(lines, 1024):  # bounded memory; each chunk is batched by tokens inside
-        found += translate(
-            model,
-            vocab,
-            chunk,
-            beam_size=args.beam,
-            nbest=args.nbest,
-            length_penalty=args.length_penalty,
-            max_len_a=args.max_len_a,
-            max_len_b=args.max_len_b,
-            max_tokens=args.max_tokens,
-        )
-        bar.update(len(chunk))
+    found = translations(
+        bundle,
+        lines,
+        beam_size=args.beam,
+        nbest=args.nbest,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        max_tokens=args.max_tokens,
+        ensemble=others,
+        on_batch=bar.update,
+    )
     bar.close()
     seconds = time.perf_counter() - start
     for line, hyps in zip(lines, found, strict=True):
@@ -99,11 +61,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
             text = h.text.replace("\\", "\\\\").replace("\n", "\\n")  # one output per line
             # An empty input gives --nbest empty lines (no score: nothing was translated).
             out.write(f"{text}\t{h.score:.4f}" if args.nbest > 1 and line.strip() else text)
-    if aligned is not None:
-        sources = source_ids(vocab.source, lines, window=window)
+    if aligned is not None:  # from --model's cross-attention, ensemble or not
+        sources = source_ids(bundle.vocab.source, lines, window=bundle.window)
         for src, hyps in zip(sources, found, strict=True):
             for h in hyps:
-                pairs = alignments(aligner, src=[src], out=[h.tokens])[0]
+                pairs = alignments(bundle.model, src=[src], out=[h.tokens])[0]
                 aligned.write(" ".join(f"{j}-{t}" for j, t in pairs))
         aligned.close()
     out.close()

@@ -7,7 +7,8 @@ names), :func:`whisper_positions` (the stored encoder sinusoids, checked),
 :func:`whisper_tokenizer`, :class:`WhisperSettings` (the ids of the decoder's start tokens, read
 by :func:`whisper_settings`), the HF files export writes where an import kept none
 (:func:`whisper_generation_config`, :func:`whisper_preprocessor_config`), and what transcription
-uses: :func:`start_tokens` and :func:`detect_language`. What is not: import and export
+uses: :func:`start_tokens` and :func:`detect_language` (and, for settings already read with
+:func:`settings_in`, :meth:`WhisperSettings.prefix` and :func:`most_likely_languages`). What is not: import and export
 themselves (``convert.py``), what the families share (``common.py``), the features
 (``audio.py``), the model (``models/speech.py``) and decoding (``decoding/``, whose
 ``prefix`` takes :func:`start_tokens`).
@@ -556,6 +557,12 @@ def _settings_of(directory: str | Path) -> tuple[WhisperSettings, dict, Path]:
     """A model directory's Whisper settings, its config.json contents and that file's path."""
     directory = model_dir(directory)
     meta, path = read_meta(directory), directory / HF_CONFIG
+    return settings_in(meta, path), meta, path
+
+
+def settings_in(meta: dict, path: Path) -> WhisperSettings:
+    """The Whisper settings in ``meta``, the contents of a model directory's config.json (read
+    from ``path``, which errors name); a UserError where it holds none or bad ones."""
     if meta.get("kind") != "speech_encoder_decoder" or WHISPER_FIELD not in meta:
         raise UserError(
             f"{path} has no {WHISPER_FIELD!r} settings: it is not a Whisper model imported with qkv import-hf"
@@ -563,7 +570,7 @@ def _settings_of(directory: str | Path) -> tuple[WhisperSettings, dict, Path]:
     vocab = meta["config"].get("vocab_size")
     if type(vocab) is not int or vocab < 1:
         raise UserError(f"{path}: config field 'vocab_size' must be a positive integer")
-    return WhisperSettings.from_record(meta[WHISPER_FIELD], path, vocab), meta, path
+    return WhisperSettings.from_record(meta[WHISPER_FIELD], path, vocab)
 
 
 def start_tokens(
@@ -594,8 +601,19 @@ def detect_language(model: SpeechEncoderDecoder, inputs: list[Tensor], directory
     Shapes: inputs B tensors (T, M) -> B codes.
     """
     settings, _, path = _settings_of(directory)
+    return most_likely_languages(model, inputs, settings, where=path)
+
+
+@torch.no_grad()
+def most_likely_languages(
+    model: SpeechEncoderDecoder, inputs: list[Tensor], settings: WhisperSettings, *, where: Path
+) -> list[str]:
+    """:func:`detect_language` with the model's settings already read (``where``: their file).
+
+    Shapes: inputs B tensors (T, M) -> B codes.
+    """
     if not settings.multilingual or not settings.languages:
-        raise UserError(f"{path}: the model is English-only; it has no languages to detect")
+        raise UserError(f"{where}: the model is English-only; it has no languages to detect")
     device = next(model.parameters()).device
     features, valid = pad_features([f.to(device) for f in inputs])  # (B, T, M), (B, T)
     memory, memory_valid = model.encode(features, valid)  # (B, S, D), (B, S)

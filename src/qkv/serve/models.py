@@ -70,7 +70,7 @@ def load_served(paths: list[str], *, bf16: bool = False, int8: bool = False) -> 
     """The models of ``paths`` (model or training-run directories), named by their directory
     (a run: the run's directory), the second of one name with ``-2`` and so on."""
     from qkv.checkpoint import load_model, model_dir, read_meta
-    from qkv.loading import load_for_generation, matching_tokenizer
+    from qkv.loading import check_options, load_for_generation, matching_tokenizer
 
     served: dict[str, Served] = {}
     for path in paths:
@@ -80,6 +80,7 @@ def load_served(paths: list[str], *, bf16: bool = False, int8: bool = False) -> 
         meta = read_meta(directory)
         if meta["kind"] not in ENDPOINTS:
             raise UserError(f"--model {path}: the server does not serve {meta['kind']} models yet")
+        check_options(directory, meta["kind"], bf16=bf16, int8=int8)  # int8 for an encoder: refused, not ignored
         name = Path(path).resolve().name or "model"
         base, n = name, 1
         while name in served:

@@ -35,7 +35,7 @@ from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
 from qkv.decoding import beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
-from qkv.errors import UserError
+from qkv.errors import OptionError, UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
@@ -216,10 +216,12 @@ def too_short(model: SpeechEncoderDecoder, frames: int) -> bool:
 
 @dataclass(frozen=True)
 class Transcription:
-    """One decoded utterance: its text, its token ids."""
+    """One decoded utterance: its text, its token ids, and its share of its batch's decoding
+    time in seconds (the batch's time over its utterances)."""
 
     text: str
     ids: list[int]
+    seconds: float = 0.0
 
 
 @torch.no_grad()
@@ -250,11 +252,11 @@ def transcribe(
     Shapes: feats: N tensors (T_n, M) -> N transcriptions.
     """
     if ctc_weight and model.ctc is None:
-        raise UserError("--ctc-weight needs a model with a CTC head; this one has none")
+        raise OptionError("ctc_weight weighs a CTC prefix score: it needs a model with a CTC head", "ctc_weight")
     if ctc_only and model.ctc is None:
-        raise UserError("--ctc-only needs a model with a CTC head; this one has none")
+        raise OptionError("ctc_only decodes with the CTC head alone: this model has none", "ctc_only")
     if ctc_only and lm is not None:
-        raise UserError("--lm is fused into the beam search; --ctc-only decodes without one")
+        raise OptionError("lm is fused into the beam search; ctc_only decodes without one", "lm", "ctc_only")
     for i, f in enumerate(feats):
         if too_short(model, f.shape[0]):
             raise UserError(f"input {i + 1} is too short for the model: {f.shape[0]} frames leave its front-end none")
@@ -265,6 +267,7 @@ def transcribe(
     results: list[Transcription | None] = [None] * len(feats)
     dtype = next(model.parameters()).dtype
     for start in range(0, len(order), batch_size):
+        began = time.perf_counter()
         rows = order[start : start + batch_size]
         inputs = [feats[i].to(dtype) for i in rows]
         if ctc_only:
@@ -281,9 +284,10 @@ def transcribe(
                 scorers=scorers,
             )
             outputs = [hyps[0].tokens for hyps in best]
+        share = (time.perf_counter() - began) / len(rows)
         for i, ids in zip(rows, outputs, strict=True):
             ids = [t for t in ids if t != model.config.eos_id]
-            results[i] = Transcription(tokenizer.decode(ids), ids)
+            results[i] = Transcription(tokenizer.decode(ids), ids, share)
         if on_batch is not None:
             on_batch(len(rows))
     return [r for r in results if r is not None]

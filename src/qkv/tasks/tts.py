@@ -318,7 +318,7 @@ def speak(
             attention_window=attention_window,
         )
         for i, s in zip(rows, done, strict=True):
-            mel = s.mel.float()
+            mel = s.mel.float().cpu()  # Griffin-Lim runs on the CPU, whatever the model's device
             if mel.shape[0] < 2:  # a model that stopped at once: Griffin-Lim needs two frames
                 mel = torch.cat([mel, mel[-1:]])
             results[i] = (s, vocoder(mel))

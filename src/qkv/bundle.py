@@ -1,0 +1,812 @@
+"""A model directory loaded once, with everything known about it, and the jobs it does.
+
+What is here: :func:`load` (a model directory or training run -> a :class:`Bundle`: the model
+prepared for its jobs, its tokenizers, its config.json read once, and what that file records
+about using it: the audio features, the decoding defaults of its recipe (:class:`DecodeDefaults`),
+an imported Whisper's start tokens, an embedding's settings, a text-to-speech model's voices and
+reading), and one function per job, which the command line calls and the bundle's methods wrap
+for a Python user (``m = qkv.load("runs/de_en"); m.translate(["Ein Hund läuft."])``):
+:func:`translations`, :func:`transcriptions` (with :func:`read_audio`, files as the model reads
+them), :func:`speeches`, :func:`embeddings`, :func:`generations` (with :func:`window_fit`, the
+rule by which inputs fit the model's window, and :func:`continued`, a language model's
+continuation piece by piece) and :func:`reply`.
+
+A job the model cannot do, and an option that does not apply to it, is refused in one line
+(a :class:`~qkv.errors.UserError`; an :class:`~qkv.errors.OptionError` names the option as the
+library spells it, ``ctc_weight``, which a command names as its flag), never ignored.
+
+What is not here: what loading is built on (``checkpoint.py``, ``loading.py``), the decoding
+(``decoding/``, ``seq2seq.py``, ``chat.py``, ``streaming.py``), the tasks' own decoders
+(``tasks/asr.py``'s ``transcribe``, ``tasks/tts.py``'s ``speak``), flags and printing (``cli/``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from qkv.audio import FeatureConfig, features, load_audio, load_many
+from qkv.chat import reply as next_turn
+from qkv.checkpoint import load_model, model_dir, read_meta
+from qkv.decoding import beam_search, generate, greedy, most_likely, sampler
+from qkv.embedding import Choice, EmbeddingSettings, choose, sentence_embeddings
+from qkv.ensemble import Ensemble
+from qkv.errors import OptionError, UserError
+from qkv.hf.whisper import WhisperSettings, most_likely_languages, settings_in
+from qkv.loading import KIND_NAMES, check_options, load_fusion_lm, matching_vocabularies, prepared, reading_as_trained
+from qkv.seq2seq import Translation, cut_source, translate
+from qkv.streaming import continuation_text
+from qkv.synthesis import Synthesis
+from qkv.tasks.asr import too_short, transcribe
+from qkv.tasks.tts import speak, speaking_of
+from qkv.tokenization import Vocabularies
+from qkv.vocoder import write_wav
+
+JOBS = {  # what each kind of model does
+    "encoder_decoder": ("translate", "generate", "chat"),
+    "decoder_only": ("generate", "chat"),
+    "encoder_only": ("embed",),
+    "speech_encoder_decoder": ("transcribe",),
+    "tts": ("speak",),
+}
+DOES = {
+    "translate": "translates",
+    "generate": "generates",
+    "chat": "chats",
+    "embed": "embeds texts",
+    "transcribe": "transcribes audio",
+    "speak": "speaks",
+}
+NEEDING = {  # what a model directory without its tokenizer cannot do, by kind
+    "encoder_decoder": "translating",
+    "decoder_only": "generating",
+    "encoder_only": "embedding",
+    "speech_encoder_decoder": "transcribing",
+    "tts": "speaking",
+}
+LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
+TRANSLATE_CHUNK = 1024  # texts translated per call: bounded memory (each is batched by tokens inside)
+Audio = str | Path | Tensor | np.ndarray  # a file, or a mono waveform (N,) at the model's sample rate
+
+
+@dataclass(frozen=True)
+class DecodeDefaults:
+    """How a model's jobs decode unless told otherwise: its recipe's ``data`` settings where
+    it records them (what its test split was scored with), else qkv's.
+
+    Attributes:
+        beam_size: beam width (``data.beam_size``; else 4).
+        length_penalty: score = log p / length^penalty (``data.length_penalty``; else 1).
+        max_len_a, max_len_b: an output of a source of S tokens has at most a·S + b tokens
+            (``data.max_len_a``, ``data.max_len_b``; else 1.5 and 10, fairseq's rule).
+        ctc_weight: the CTC prefix score's weight in joint decoding, for a speech model with a
+            CTC head (``data.ctc_weight``; else 0: attention alone).
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 1.0
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    ctc_weight: float = 0.0
+
+    @classmethod
+    def of(cls, recipe: dict | None, *, ctc: bool) -> DecodeDefaults:
+        """The defaults ``recipe`` (a model directory's, or None) records; ``ctc``: the model has a CTC head."""
+        data, base = (recipe or {}).get("data") or {}, cls()
+        return cls(
+            beam_size=int(data.get("beam_size", base.beam_size)),
+            length_penalty=float(data.get("length_penalty", base.length_penalty)),
+            max_len_a=float(data.get("max_len_a", base.max_len_a)),
+            max_len_b=int(data.get("max_len_b", base.max_len_b)),
+            ctc_weight=float(data.get("ctc_weight", base.ctc_weight)) if ctc else 0.0,
+        )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Each token drawn from the model's distribution instead of searched for.
+
+    Attributes:
+        temperature: the logits are divided by it (at least 0.001; 1: as the model says).
+        top_k: draw among the k most likely tokens (None: all).
+        top_p: draw from the smallest set of tokens with this probability (None: all).
+        seed: the draws' seed (None: a fresh one): one call with a seed is reproducible.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 1e-3:  # below it the scaled logits overflow
+            raise OptionError(f"temperature {self.temperature}: give at least 0.001", "temperature")
+        if self.top_k is not None and self.top_k < 1:
+            raise OptionError(f"top_k {self.top_k}: give a positive number of tokens", "top_k")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise OptionError(f"top_p {self.top_p}: give a probability in (0, 1]", "top_p")
+
+    def chooser(self, device: torch.device) -> Callable[[Tensor], Tensor]:
+        """What picks each token (``decoding.sampler``), one generator for all its draws."""
+        generator = torch.Generator(device=device)
+        if self.seed is not None:
+            generator.manual_seed(self.seed)
+        else:
+            generator.seed()
+        return sampler(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=generator)
+
+
+@dataclass(frozen=True, eq=False)
+class Bundle:
+    """A model directory loaded for use (:func:`load`): the model and everything known about it.
+
+    Attributes:
+        path: the model directory (of a training run: its final checkpoint).
+        kind: the model's kind; :attr:`jobs` says what it does.
+        model: the model as its jobs run it (``loading.prepared``: the decoding copy, the
+            precision, the device).
+        vocab: its tokenizers (one joint tokenizer as both sides but for an encoder-decoder
+            with separate vocabularies; a text-to-speech model's symbols).
+        meta: its config.json, read once.
+        precision: "float32", "bf16" or "int8".
+        decode: the decoding defaults of its recipe.
+        features: the audio features a speech model reads or a text-to-speech model writes
+            (None for a text model).
+        whisper: an imported Whisper's start-token settings (else None).
+        embedding: what an encoder_only model records for embedding (else None).
+        speaking: how a text-to-speech model reads and when it stops, as its recipe says
+            (``tasks.tts.speaking_of``; else None).
+        speakers: a text-to-speech model's voices (empty: one voice).
+    """
+
+    path: Path
+    kind: str
+    model: nn.Module
+    vocab: Vocabularies
+    meta: dict
+    precision: str = "float32"
+    decode: DecodeDefaults = field(default_factory=DecodeDefaults)
+    features: FeatureConfig | None = None
+    whisper: WhisperSettings | None = None
+    embedding: EmbeddingSettings | None = None
+    speaking: dict | None = None
+    speakers: tuple[str, ...] = ()
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return JOBS[self.kind]
+
+    @property
+    def window(self) -> int:
+        """The model's window: its decoder's (or encoder's) positions, ``max_len``."""
+        return self.model.config.max_len
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def sample_rate(self) -> int:
+        """The rate of the audio a speech model reads or a text-to-speech model writes (Hz)."""
+        if self.features is None:
+            raise UserError(f"{self.path} holds {KIND_NAMES[self.kind]}, which neither reads nor writes audio")
+        return self.features.sample_rate
+
+    @property
+    def longest_speech(self) -> float:
+        """The seconds a text-to-speech model's window holds: ``max_len`` steps of r frames."""
+        self.require("speak")
+        c = self.model.config
+        return c.max_len * c.reduction * c.features.hop_length / c.features.sample_rate
+
+    def require(self, job: str) -> None:
+        """Refuse, in one line naming what the model does, a ``job`` it cannot do."""
+        require(self.path, self.kind, job)
+
+    def translate(self, texts: str | Sequence[str], *, beam_size: int | None = None) -> str | list[str]:
+        """Each text's best translation (a text: its translation), by :func:`translations`."""
+        found = [hyps[0].text for hyps in translations(self, _listed(texts), beam_size=beam_size)]
+        return found[0] if isinstance(texts, str) else found
+
+    def transcribe(
+        self,
+        audio: Audio | Sequence[Audio],
+        *,
+        beam_size: int | None = None,
+        language: str | None = None,
+        task: str | None = None,
+    ) -> str | list[str]:
+        """Each file's or waveform's text (one: its text), by :func:`transcriptions`; ``language``
+        and ``task`` ("transcribe" or "translate"): an imported Whisper's."""
+        one = _one_audio(audio)
+        found = transcriptions(self, [audio] if one else list(audio), beam_size=beam_size, language=language, task=task)
+        texts = [t.text for t in found]
+        return texts[0] if one else texts
+
+    def speak(
+        self, texts: str | Sequence[str], *, speaker: str | None = None, seed: int | None = 0
+    ) -> Tensor | list[Tensor]:
+        """Each text spoken: a waveform (N,) at :attr:`sample_rate` (a text: its waveform), by
+        :func:`speeches`; :meth:`write_wav` writes one."""
+        waves = [wave for _, wave in speeches(self, _listed(texts), speaker=speaker, seed=seed)]
+        return waves[0] if isinstance(texts, str) else waves
+
+    def write_wav(self, path: str | Path, waveform: Tensor, *, rate: int | None = None) -> Path:
+        """Write ``waveform`` (at :attr:`sample_rate`) as a 16-bit WAV file at ``rate`` (default: the model's)."""
+        return write_wav(path, waveform, self.sample_rate, rate=rate)
+
+    def embed(self, texts: str | Sequence[str], *, pooling: str | None = None, normalize: bool | None = None) -> Tensor:
+        """Each text's vector, by :func:`embeddings`. Shapes: texts N -> (N, D); a text -> (D,)."""
+        vectors = embeddings(self, _listed(texts), pooling=pooling, normalize=normalize).vectors  # (N, D)
+        return vectors[0] if isinstance(texts, str) else vectors
+
+    def generate(
+        self,
+        prompts: str | Sequence[str],
+        *,
+        max_new_tokens: int = 64,
+        beam_size: int = 1,
+        sampling: Sampling | None = None,
+    ) -> str | list[str]:
+        """Each input's output, by :func:`generations`: greedy, beam search or drawn. One
+        prompt to a language model, beam 1, is continued past the window as it slides
+        (:func:`continued`, as ``qkv generate --prompt`` streams it)."""
+        if isinstance(prompts, str) and self.kind == "decoder_only" and beam_size == 1:
+            return "".join(continued(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling))
+        found = generations(
+            self, _listed(prompts), max_new_tokens=max_new_tokens, beam_size=beam_size, sampling=sampling
+        )
+        texts = [outputs[0].text for outputs in found]
+        return texts[0] if isinstance(prompts, str) else texts
+
+    def chat(
+        self,
+        turns: Sequence[str],
+        *,
+        separator: str = " __eou__ ",
+        max_new_tokens: int = 60,
+        sampling: Sampling | None = None,
+    ) -> str:
+        """The next turn after ``turns`` (the dialogue so far, oldest first), by :func:`reply`."""
+        if isinstance(turns, str):
+            raise TypeError("turns is the dialogue so far: a list of turns, oldest first")
+        chosen = None if sampling is None else sampling.chooser(self.device)
+        return reply(self, turns, separator=separator, max_new_tokens=max_new_tokens, choose=chosen)
+
+
+def load(
+    path: str | Path, *, bf16: bool = False, int8: bool = False, device: str = "cpu", job: str | None = None
+) -> Bundle:
+    """The model directory (or training run) ``path``, loaded once for every job its model does.
+
+    Its config.json is read (and every file it lists checked against its SHA-256) once. The
+    model is prepared as its jobs run it: a decoding copy for the kinds that decode, in
+    bfloat16 (``bf16``) or with int8 linear layers (``int8``: the decoding kinds, on the CPU),
+    on ``device``; an option that does not apply to the kind is refused in one line. ``job``
+    (one of :data:`DOES`): what the caller means to do, refused before the weights are read
+    when the model cannot do it.
+    """
+    directory = model_dir(path)
+    meta = read_meta(directory)  # the one read
+    kind = meta["kind"]
+    if job is not None:
+        require(directory, kind, job)
+    check_options(directory, kind, bf16=bf16, int8=int8, device=device)
+    model, _ = load_model(directory, meta=meta)
+    model = prepared(model, kind, bf16=bf16, int8=int8, device=device)
+    vocab = matching_vocabularies(str(directory), model, files=meta.get("files", {}), use=NEEDING[kind])
+    config_file = directory / "config.json"
+    return Bundle(
+        path=directory,
+        kind=kind,
+        model=model,
+        vocab=reading_as_trained(vocab, meta.get("recipe")),
+        meta=meta,
+        precision="bf16" if bf16 else "int8" if int8 else "float32",
+        decode=DecodeDefaults.of(meta.get("recipe"), ctc=getattr(model, "ctc", None) is not None),
+        features=getattr(model.config, "features", None),
+        whisper=settings_in(meta, config_file) if "whisper" in meta else None,
+        embedding=EmbeddingSettings.read(meta, config_file, model_max_len=model.config.max_len)
+        if kind == "encoder_only"
+        else None,
+        speaking=speaking_of(meta) if kind == "tts" else None,
+        speakers=tuple(meta.get("speakers") or ()),
+    )
+
+
+def require(path: Path, kind: str, job: str) -> None:
+    """Refuse a ``job`` a ``kind`` model (in ``path``) cannot do: one line saying what it does
+    and which kind does the job."""
+    if job not in DOES:
+        raise ValueError(f"unknown job {job!r}; the jobs: {', '.join(DOES)}")
+    if job in JOBS[kind]:
+        return
+    does = _and([DOES[j] for j in JOBS[kind]])
+    doers = " or ".join(KIND_NAMES[k] for k, jobs in JOBS.items() if job in jobs)
+    raise UserError(f"{path} holds {KIND_NAMES[kind]}: it {does}; it cannot {job}: {doers} does")
+
+
+# ----------------------------------------------------------------------------- translate
+
+
+def translations(
+    bundle: Bundle,
+    texts: Sequence[str],
+    *,
+    beam_size: int | None = None,
+    nbest: int = 1,
+    length_penalty: float | None = None,
+    max_len_a: float | None = None,
+    max_len_b: int | None = None,
+    max_tokens: int = 8192,
+    ensemble: Sequence[Bundle] = (),
+    on_batch: Callable[[int], None] | None = None,
+) -> list[list[Translation]]:
+    """Each text's ``nbest`` best translations, in input order (``seq2seq.translate``: beam
+    search over batches of similar length, at most ``max_tokens`` source tokens times the beam
+    each; a source cut to the window; an empty text gives empty outputs). Unset settings are
+    the recipe's (:attr:`Bundle.decode`). ``ensemble``: other encoder_decoder models with the
+    same vocabularies, decoded with this one as one (the mean of their distributions).
+    ``on_batch(n)`` after every n texts (a progress bar)."""
+    bundle.require("translate")
+    d = bundle.decode
+    beam = d.beam_size if beam_size is None else beam_size
+    if nbest > beam:
+        raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
+    model = _ensemble(bundle, ensemble) if ensemble else bundle.model
+    found: list[list[Translation]] = []
+    for start in range(0, len(texts), TRANSLATE_CHUNK):
+        chunk = list(texts[start : start + TRANSLATE_CHUNK])
+        found += translate(
+            model,
+            bundle.vocab,
+            chunk,
+            beam_size=beam,
+            nbest=nbest,
+            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+            max_len_a=d.max_len_a if max_len_a is None else max_len_a,
+            max_len_b=d.max_len_b if max_len_b is None else max_len_b,
+            max_tokens=max_tokens,
+        )
+        if on_batch is not None:
+            on_batch(len(chunk))
+    return found
+
+
+def _ensemble(bundle: Bundle, others: Sequence[Bundle]) -> Ensemble:
+    """The bundle's model and the ``others``' as one :class:`~qkv.ensemble.Ensemble`; each must
+    be an encoder_decoder with the bundle's vocabularies (the same tokenizers, special tokens
+    and settings)."""
+    models = [bundle.model]
+    for other in others:
+        if other.kind != "encoder_decoder":
+            raise OptionError(
+                f"ensemble {other.path} holds {KIND_NAMES[other.kind]}; translating together needs encoder_decoder "
+                "models",
+                "ensemble",
+            )
+        if not other.vocab.same_as(bundle.vocab):
+            raise OptionError(
+                f"ensemble {other.path}: its tokenizer, or how it reads sources (data.source_as_transcript), "
+                f"differs from {bundle.path}'s; ensembled models must share their vocabularies",
+                "ensemble",
+            )
+        try:  # Ensemble's own checks (special ids, vocabulary sizes), this model against the bundle's
+            Ensemble((bundle.model, other.model))
+        except ValueError as e:
+            raise OptionError(f"ensemble {other.path} does not fit {bundle.path} ({e})", "ensemble") from None
+        models.append(other.model)
+    return Ensemble(tuple(models))
+
+
+# ----------------------------------------------------------------------------- transcribe
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One input's transcription: its text (stripped), its token ids, the language it was
+    decoded as (an imported multilingual Whisper's, given or detected; else None), the seconds
+    its features took, and its share of its batch's decoding seconds."""
+
+    text: str
+    ids: list[int]
+    language: str | None
+    feature_seconds: float
+    decode_seconds: float
+
+
+def read_audio(
+    bundle: Bundle, paths: Sequence[str | Path], *, max_seconds: float = 60.0
+) -> tuple[list[tuple[Path, Tensor]], list[tuple[Path, str]]]:
+    """Audio files as the speech model reads them, ``(good, bad)``: each good file's waveform
+    (N,) at the model's sample rate, in order; each bad one with why, never raised
+    (``audio.load_many``): unreadable, longer than ``max_seconds`` (an imported Whisper's
+    chunk at most, all its encoder reads), or too short for the model's front-end."""
+    bundle.require("transcribe")
+    config = bundle.features
+    longest = min(max_seconds, config.chunk_seconds) if config.kind == "whisper" else max_seconds
+    good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
+    short = [too_short(bundle.model, config.frames(wave.numel())) for _, wave in good]
+    bad += [
+        (path, f"{1000 * wave.numel() / config.sample_rate:.0f} ms is too short for this model")
+        for (path, wave), cut in zip(good, short, strict=True)
+        if cut
+    ]
+    return [g for g, cut in zip(good, short, strict=True) if not cut], bad
+
+
+def transcriptions(
+    bundle: Bundle,
+    audio: Sequence[Audio],
+    *,
+    beam_size: int | None = None,
+    ctc_weight: float | None = None,
+    ctc_only: bool = False,
+    length_penalty: float | None = None,
+    lm: str | Path | None = None,
+    lm_weight: float | None = None,
+    language: str | None = None,
+    task: str | None = None,
+    batch_size: int = 32,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Transcript]:
+    """Each input's transcript, in order: audio files (read at the model's rate) or mono
+    waveforms (N,) at :attr:`Bundle.sample_rate`.
+
+    Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
+    ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
+    the recipe's (:attr:`Bundle.decode`). ``lm``: a language model directory of the same
+    tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
+    Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
+    a multilingual one without ``language`` from each input's own language, detected as
+    Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar).
+    """
+    bundle.require("transcribe")
+    if lm_weight is not None and lm is None:
+        raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
+    if bundle.whisper is None and (language is not None or task is not None):
+        raise OptionError("language and task apply to imported Whisper models only", "language", "task")
+    fused = None
+    if lm is not None:
+        bf16 = bundle.precision == "bf16"
+        fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
+    d = bundle.decode
+    feats, seconds = [], []
+    for i, item in enumerate(audio):
+        wave = _waveform(bundle, item, i)
+        began = time.perf_counter()
+        feats.append(features(wave, bundle.features))  # (T, M)
+        seconds.append(time.perf_counter() - began)
+    prefixes, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
+    groups: dict[tuple[int, ...] | None, list[int]] = {}
+    for i, prefix in enumerate(prefixes):
+        groups.setdefault(prefix, []).append(i)
+    found: list[Transcript | None] = [None] * len(feats)
+    for prefix, rows in groups.items():
+        heard = transcribe(
+            bundle.model,
+            bundle.vocab.target,
+            [feats[i] for i in rows],
+            beam_size=d.beam_size if beam_size is None else beam_size,
+            ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
+            ctc_only=ctc_only,
+            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+            batch_size=batch_size,
+            prefix=None if prefix is None else list(prefix),
+            on_batch=on_batch,
+            lm=fused,
+            lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
+        )
+        for i, h in zip(rows, heard, strict=True):
+            found[i] = Transcript(h.text.strip(), h.ids, languages[i], seconds[i], h.seconds)
+    return [t for t in found if t is not None]
+
+
+def _waveform(bundle: Bundle, item: Audio, i: int) -> Tensor:
+    """Input ``i``: a file read at the model's rate, or a mono waveform as given; longer than
+    an imported Whisper's chunk is refused (its encoder reads one chunk, and no more)."""
+    config = bundle.features
+    chunk = config.chunk_seconds if config.kind == "whisper" else None
+    if isinstance(item, str | Path):
+        return load_audio(item, sample_rate=config.sample_rate, max_seconds=chunk)
+    wave = torch.as_tensor(item, dtype=torch.float32)
+    if wave.ndim != 1:
+        raise UserError(f"input {i + 1}: a waveform is one channel of samples (N,), not {tuple(wave.shape)}")
+    if chunk is not None and wave.numel() > chunk * config.sample_rate:
+        seconds = wave.numel() / config.sample_rate
+        raise UserError(f"input {i + 1} is {seconds:.1f} s long; the model reads at most {chunk:g} s")
+    return wave
+
+
+def _start_tokens(
+    bundle: Bundle, feats: list[Tensor], *, language: str | None, task: str
+) -> tuple[list[tuple[int, ...] | None], list[str | None]]:
+    """Each input's forced start tokens and language: None and None for a model of qkv's own
+    (BEGIN alone); an imported Whisper's for ``language`` and ``task``, or, for a multilingual
+    one without ``language``, for each input's own language, detected 16 inputs at a time."""
+    settings, n = bundle.whisper, len(feats)
+    if settings is None:
+        return [None] * n, [None] * n
+    where, start = bundle.path / "config.json", bundle.model.config.bos_id
+
+    def prefix(code: str | None) -> tuple[int, ...]:
+        return tuple(settings.prefix(start, language=code, task=task, timestamps=False, where=where))
+
+    if language is not None or not settings.multilingual:
+        return [prefix(language)] * n, [language] * n
+    dtype = next(bundle.model.parameters()).dtype
+    codes = [
+        code
+        for i in range(0, n, 16)
+        for code in most_likely_languages(bundle.model, [f.to(dtype) for f in feats[i : i + 16]], settings, where=where)
+    ]
+    return [prefix(code) for code in codes], codes
+
+
+# ----------------------------------------------------------------------------- speak
+
+
+def speeches(
+    bundle: Bundle,
+    texts: Sequence[str],
+    *,
+    speaker: str | None = None,
+    max_seconds: float = 20.0,
+    stop_threshold: float | None = None,
+    attention_window: Sequence[int] | None = None,
+    batch_size: int = 16,
+    seed: int | None = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[tuple[Synthesis, Tensor]]:
+    """Each text spoken (``tasks.tts.speak``): its synthesis (frames, whether it hit the cap)
+    and waveform (N,) at :attr:`Bundle.sample_rate`, in order. ``speaker``: the voice, for a
+    model of several (required there); ``stop_threshold`` and ``attention_window``: the
+    recipe's unless given; ``seed``: the pre-net dropout's draws (None: fresh ones), without
+    touching torch's global generator."""
+    bundle.require("speak")
+    voices = _voices(bundle, speaker, len(texts))
+    how = speaking_of(bundle.meta, stop_threshold=stop_threshold, attention_window=attention_window)
+    devices = [bundle.device] if bundle.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        return speak(
+            bundle.model,
+            bundle.vocab.source,
+            list(texts),
+            speakers=voices,
+            batch_size=batch_size,
+            max_seconds=max_seconds,
+            on_batch=on_batch,
+            symbols=how["symbols"],
+            voice=how["voice"],
+            stop_threshold=how["stop_threshold"],
+            attention_window=how["attention_window"],
+        )
+
+
+def _voices(bundle: Bundle, speaker: str | None, n: int) -> list[int] | None:
+    """The speaker ids of ``n`` sentences in ``speaker``'s voice (None: the one voice)."""
+    if speaker is None:
+        if bundle.speakers:
+            names = ", ".join(bundle.speakers)
+            raise OptionError(f"{bundle.path} speaks in several voices: choose one as speaker ({names})", "speaker")
+        return None
+    if speaker not in bundle.speakers:
+        known = ", ".join(bundle.speakers) if bundle.speakers else "none: it has one voice"
+        raise OptionError(f"speaker {speaker!r}: the model's speakers are {known}", "speaker")
+    return [bundle.speakers.index(speaker)] * n
+
+
+# ----------------------------------------------------------------------------- embed
+
+
+@dataclass(frozen=True)
+class Embedded:
+    """What :func:`embeddings` gives: ``vectors`` (N, D) float32, one row per text; ``cut``:
+    how many texts were cut to the window; ``settings``: the pooling, normalization and
+    window used, and which came from where (``embedding.Choice``)."""
+
+    vectors: Tensor
+    cut: int
+    settings: Choice
+
+
+def embeddings(
+    bundle: Bundle,
+    texts: Sequence[str],
+    *,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+    max_len: int | None = None,
+    batch_size: int = 64,
+) -> Embedded:
+    """Each text's vector (``embedding.sentence_embeddings``): each setting as given, else as
+    the model directory records it, else qkv's (mean pooling, not normalized, the whole
+    window). An empty text gives a zero row."""
+    bundle.require("embed")
+    chosen = choose(
+        bundle.embedding, model_max_len=bundle.window, pooling=pooling, normalize=normalize, max_len=max_len
+    )
+    vectors, cut = sentence_embeddings(
+        bundle.model,
+        bundle.vocab.source,
+        list(texts),
+        pooling=chosen.pooling,
+        normalize=chosen.normalize,
+        max_len=chosen.max_len,
+        batch_size=batch_size,
+    )
+    return Embedded(vectors, cut, chosen)
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One output of :func:`generations`: its text, its tokens, and its beam score (None: not
+    from a beam search, or an empty input's)."""
+
+    text: str
+    tokens: list[int]
+    score: float | None
+
+
+@dataclass(frozen=True)
+class WindowFit:
+    """How :func:`generations` fits inputs to the model's window (``docs/textbook.md``, "The
+    window"): ``cut``, the inputs longer than it (0-based); ``kept``, what each of them keeps,
+    in words; ``room``, the most new tokens an output can have (the longest input's)."""
+
+    cut: list[int]
+    kept: str
+    room: int
+
+
+def window_cut(bundle: Bundle, ids: list[int]) -> list[int]:
+    """An input's tokens within the window: a source keeps its first ``max_len`` (what a
+    translation starts from; a final END stays, ``seq2seq.cut_source``), a prompt its newest
+    ``max_len // 2`` (what a continuation follows, with room left to write)."""
+    window = bundle.window
+    if len(ids) <= window:
+        return ids
+    if bundle.kind == "decoder_only":
+        return ids[-(window // 2) :]
+    return cut_source(bundle.vocab.source, ids, window=window)
+
+
+def window_fit(bundle: Bundle, texts: Sequence[str]) -> WindowFit:
+    """What :func:`window_cut` does to ``texts``, and the room it leaves for outputs: an
+    encoder-decoder writes up to its window whatever the source; a language model's output
+    shares the window with its prompt."""
+    window = bundle.window
+    encoded = bundle.vocab.source.encode_batch(list(texts))
+    cut = [i for i, ids in enumerate(encoded) if len(ids) > window]
+    if bundle.kind != "decoder_only":
+        return WindowFit(cut, f"their first {window}", window)
+    longest = max((len(window_cut(bundle, ids)) for ids in encoded), default=0)
+    return WindowFit(cut, f"their newest {window // 2}", window - max(1, longest) + 1)
+
+
+def generations(
+    bundle: Bundle,
+    texts: Sequence[str],
+    *,
+    max_new_tokens: int = 64,
+    beam_size: int = 1,
+    nbest: int = 1,
+    sampling: Sampling | None = None,
+    batch_size: int = 64,
+) -> list[list[Generated]]:
+    """Each input's outputs, in order: an encoder-decoder's for the text as its source, a
+    language model's continuation of it as a prompt; greedy, the ``nbest`` best of a beam
+    search of ``beam_size``, or drawn (``sampling``, one generator for the whole call: the same
+    seed and ``batch_size`` give the same outputs). An input is cut to the window
+    (:func:`window_cut`) and an output stops where the window is full; an empty input gives
+    ``nbest`` empty outputs in its place."""
+    bundle.require("generate")
+    if nbest > beam_size:
+        raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
+    if sampling is not None and beam_size > 1:
+        raise OptionError("sampling draws one output per input: no beam_size above 1", "sampling", "beam_size")
+    chosen = None if sampling is None else sampling.chooser(bundle.device)
+    found: list[list[Generated]] = []
+    for start in range(0, len(texts), batch_size):
+        chunk = list(texts[start : start + batch_size])
+        todo = [i for i, text in enumerate(chunk) if text.strip()]
+        inputs = [window_cut(bundle, ids) for ids in bundle.vocab.source.encode_batch([chunk[i] for i in todo])]
+        outputs = _decoded(
+            bundle, inputs, max_new_tokens=max_new_tokens, beam_size=beam_size, nbest=nbest, choose=chosen
+        )
+        results = dict(zip(todo, outputs, strict=True)) if inputs else {}
+        found += [results.get(i, [Generated("", [], None)] * nbest) for i in range(len(chunk))]
+    return found
+
+
+def _decoded(
+    bundle: Bundle, inputs: list[list[int]], *, max_new_tokens: int, beam_size: int, nbest: int, choose
+) -> list[list[Generated]]:
+    """The outputs of token inputs: drawn by ``choose``, else beam search above beam 1, else greedy."""
+    target = bundle.vocab.target
+    if not inputs:
+        return []
+    if choose is not None:
+        drawn = generate(bundle.model, inputs, max_new_tokens=max_new_tokens, choose=choose)
+        return [[Generated(target.decode(ids), ids, None)] for ids in drawn]
+    if beam_size > 1:
+        hyps = beam_search(bundle.model, inputs, beam_size=beam_size, max_new_tokens=max_new_tokens, nbest=nbest)
+        return [[Generated(target.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+    return [
+        [Generated(target.decode(ids), ids, None)]
+        for ids in greedy(bundle.model, inputs, max_new_tokens=max_new_tokens)
+    ]
+
+
+def continued(
+    bundle: Bundle, prompt: str, *, max_new_tokens: int = 64, sampling: Sampling | None = None
+) -> Iterator[str]:
+    """The pieces of text a language model's continuation of ``prompt`` adds, each as soon as
+    it is whole (``streaming.continuation_text``): greedy, or drawn with ``sampling``. A prompt
+    longer than the window keeps its newest ``max_len`` tokens, and the output slides on past
+    the window."""
+    bundle.require("generate")
+    if bundle.kind != "decoder_only":
+        raise UserError(
+            f"{bundle.path} holds {KIND_NAMES[bundle.kind]}: it writes outputs of sources, not continuations"
+        )
+    chosen = most_likely if sampling is None else sampling.chooser(bundle.device)
+    ids = bundle.vocab.source.encode_batch([prompt])[0]
+    return continuation_text(bundle.model, bundle.vocab, ids, max_new_tokens=max_new_tokens, choose=chosen)
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+def reply(
+    bundle: Bundle,
+    turns: Sequence[str],
+    *,
+    separator: str = " __eou__ ",
+    max_new_tokens: int = 60,
+    beam_size: int = 4,
+    choose: Callable[[Tensor], Tensor] | None = None,
+) -> str:
+    """The model's next turn after ``turns`` (the dialogue so far, oldest first; ``chat.reply``:
+    the newest turns that fit the window). ``choose`` picks each token (a
+    :meth:`Sampling.chooser`, kept across the turns of one chat); without it a language model
+    is greedy and an encoder-decoder searches a beam of ``beam_size``."""
+    bundle.require("chat")
+    return next_turn(
+        bundle.model,
+        bundle.vocab,
+        list(turns),
+        separator=separator,
+        max_new_tokens=max_new_tokens,
+        beam_size=beam_size,
+        choose=choose,
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _listed(texts: str | Sequence[str]) -> list[str]:
+    """One text as a list of one; several as a list."""
+    return [texts] if isinstance(texts, str) else list(texts)
+
+
+def _one_audio(audio: Audio | Sequence[Audio]) -> bool:
+    """Whether ``audio`` is one input (a path, or a waveform of one dimension) rather than several."""
+    return isinstance(audio, str | Path) or (isinstance(audio, Tensor | np.ndarray) and audio.ndim == 1)
+
+
+def _and(words: list[str]) -> str:
+    """The words joined as prose: a; a and b; a, b and c."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
