@@ -13,29 +13,33 @@ RATE = 16_000
 TONES = {"do": 300.0, "mi": 700.0, "so": 1500.0, "ti": 3000.0}  # one pitch a word, mel bins apart
 
 
-def tone_words(words: list[str], *, rng: random.Random) -> np.ndarray:
-    """A waveform saying ``words``: each a 0.12–0.18 s tone of its own pitch, silences between."""
+def tone_words(words: list[str], *, rng: random.Random, pitch: float = 1.0) -> np.ndarray:
+    """A waveform saying ``words``: each a 0.12–0.18 s tone of its own pitch (times ``pitch``: a
+    lower or higher voice), silences between."""
     parts = [np.zeros(int(RATE * rng.uniform(0.03, 0.08)))]
     for word in words:
         n = int(RATE * rng.uniform(0.12, 0.18))
         t = np.arange(n) / RATE
-        parts.append(0.3 * np.sin(2 * np.pi * TONES[word] * t) * np.hanning(n))
+        parts.append(0.3 * np.sin(2 * np.pi * pitch * TONES[word] * t) * np.hanning(n))
         parts.append(np.zeros(int(RATE * rng.uniform(0.03, 0.08))))
     return np.concatenate(parts).astype(np.float32)
 
 
-def tone_corpus(directory: Path, *, utterances: int = 12, seed: int = 0) -> Path:
-    """``utterances`` WAV files of 1–3 tone words and their manifest (``directory/all.tsv``,
-    the columns ``speech_corpora.read_manifest`` reads); returns the manifest's path."""
+def tone_corpus(
+    directory: Path, *, utterances: int = 12, seed: int = 0, speaker: str = "tones", pitch: float = 1.0
+) -> Path:
+    """``utterances`` WAV files of 1–3 tone words said by ``speaker`` (its tones ``pitch`` times
+    :data:`TONES`') and their manifest (``directory/all.tsv``, the columns
+    ``speech_corpora.read_manifest`` reads); returns the manifest's path."""
     rng = random.Random(seed)
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["path\tseconds\tspeaker\ttext"]
     for i in range(utterances):
         words = [rng.choice(list(TONES)) for _ in range(rng.randint(1, 3))]
-        wave = tone_words(words, rng=rng)
+        wave = tone_words(words, rng=rng, pitch=pitch)
         name = f"utt{i:03d}.wav"
         soundfile.write(directory / name, wave, RATE, subtype="PCM_16")
-        lines.append(f"{name}\t{len(wave) / RATE:.3f}\ttones\t{' '.join(words)}")
+        lines.append(f"{name}\t{len(wave) / RATE:.3f}\t{speaker}\t{' '.join(words)}")
     manifest = directory / "all.tsv"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest

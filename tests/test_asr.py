@@ -4,9 +4,13 @@ command line reads files, folders and lists, names bad files, and writes what it
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import random
 import re
+import shlex
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -271,12 +275,60 @@ def test_transcribe_files_folders_and_lists(trained, capsys, tmp_path, monkeypat
     assert all(r["audio_seconds"] > 0 and r["decode_seconds"] >= 0 for r in records)
 
 
-def test_ctc_only_and_joint_decoding_run(trained, capsys) -> None:
-    model, manifest, _ = trained
-    file = str(read_manifest(manifest)[0].path)
-    for extra in (["--ctc-only"], ["--ctc-weight", "0.5"]):
-        rc, out, _ = run(capsys, "transcribe", "--model", str(model), file, *extra)
-        assert rc == 0 and out.startswith(file + "\t")
+def _best_path(model, feats: list[torch.Tensor], tokenizer: Tokenizer) -> list[str]:
+    """CTC best-path decoding worked out here from the CTC head's frame scores: the likeliest
+    token of every frame, repeats merged, blanks dropped (Graves et al., 2006, section 3.2)."""
+    texts = []
+    for f in feats:
+        memory, _ = model.encode(f[None])  # (1, S, D)
+        frames = model.ctc_logits(memory)[0].argmax(-1).tolist()  # (S,)
+        ids = [t for i, t in enumerate(frames) if (i == 0 or t != frames[i - 1]) and t != model.config.blank]
+        texts.append(tokenizer.decode(ids))
+    return texts
+
+
+@torch.no_grad()
+def test_ctc_only_and_joint_decoding_read_the_ctc_head_by_its_weight(trained, capsys) -> None:
+    """CTC-only decoding is the CTC head's best path (and, trained, the transcripts); attention-only
+    decoding never reads the head; joint decoding reads it as much as its weight says: with the head
+    scrambled, the transcripts drift further from the truth, towards the scrambled head's best path,
+    as the weight grows. qkv transcribe --ctc-only and --ctc-weight write what the library does."""
+    from qkv.audio import features, load_audio
+    from qkv.loading import load_for_generation
+    from qkv.tasks.asr import transcribe
+
+    path, manifest, _ = trained
+    utterances = read_manifest(manifest)
+    model, vocab = load_for_generation(str(path), speech=True)
+    tokenizer = vocab.target
+    feats = [features(load_audio(u.path), model.config.features) for u in utterances]
+    truth = [u.text for u in utterances]
+
+    def decoded(m, **how) -> list[str]:
+        return [t.text for t in transcribe(m, tokenizer, feats, **how)]
+
+    ctc_only = decoded(model, ctc_only=True)
+    assert ctc_only == _best_path(model, feats, tokenizer)
+    assert error_rates(ctc_only, truth)["wer"] <= 0.1, list(zip(ctc_only, truth, strict=True))
+    other = copy.deepcopy(model)  # the same model, its CTC head drawn afresh
+    other.ctc.weight.copy_(torch.randn(other.ctc.weight.shape, generator=torch.Generator().manual_seed(0)))
+    other.ctc.bias.zero_()
+    wrong = _best_path(other, feats, tokenizer)
+    assert decoded(other, ctc_only=True) == wrong and error_rates(wrong, truth)["cer"] > 0.5
+    attention = decoded(model, ctc_weight=0.0)
+    assert decoded(other, ctc_weight=0.0) == attention  # attention alone: the head unread
+    to_truth, to_wrong = [], []
+    for texts in (attention, decoded(other, ctc_weight=0.3), decoded(other, ctc_weight=0.9)):
+        to_truth.append(error_rates(texts, truth)["cer"])
+        to_wrong.append(error_rates(texts, wrong, normalize=False)["cer"])
+    assert to_truth[0] < to_truth[1] < to_truth[2] and to_wrong[0] > to_wrong[1] > to_wrong[2], (to_truth, to_wrong)
+    files = [str(u.path) for u in utterances]
+    for extra, expected in (
+        (["--ctc-only"], ctc_only),
+        (["--ctc-weight", "0.5"], decoded(model, ctc_weight=0.5, beam_size=4)),
+    ):
+        rc, out, _ = run(capsys, "transcribe", "--model", str(path), *files, *extra)
+        assert rc == 0 and out.splitlines() == [f"{f}\t{t}" for f, t in zip(files, expected, strict=True)]
 
 
 def test_a_language_model_of_the_recognizers_tokens_is_fused(trained, capsys, tmp_path) -> None:
@@ -378,6 +430,89 @@ def test_error_rates_count_substitutions_deletions_insertions(capsys, tmp_path) 
     assert rc == 0 and result["wer"] == pytest.approx(3 / 7, abs=1e-4) and result["sentence_accuracy"] == 0.5
     rc, out, _ = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), "--wer", "--no-normalize", "--json")
     assert json.loads(out)["wer"] > result["wer"]  # "The" and "down." count as errors as written
+
+
+def _tsv(path: Path, rows: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in rows))
+    return path
+
+
+def test_evaluate_matches_path_text_lines_by_path(capsys, tmp_path) -> None:
+    """PATH<TAB>TEXT hypotheses (qkv transcribe's) are scored on their text: against PATH<TAB>TEXT
+    references by path, in any order, or against plain lines in order; a file on one side only, or
+    twice, is refused in one line."""
+    hyp = _tsv(tmp_path / "hyp.tsv", [("talks/a.wav", "The bat sat the mat down."), ("talks/b.wav", "yes")])
+    scored = {
+        "by path": _tsv(tmp_path / "ref.tsv", [("./talks/b.wav", "yes"), ("talks/a.wav", "the cat sat on the mat")]),
+        "in order": tmp_path / "ref.txt",
+    }
+    scored["in order"].write_text("the cat sat on the mat\nyes\n")
+    for how, ref in scored.items():
+        rc, out, err = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), "--wer", "--json")
+        assert rc == 0, err
+        result = json.loads(out)  # 3 errors in 7 words, as plain lines score them (the paths are not words)
+        assert (result["wer"], result["words"], result["sentence_accuracy"]) == (round(3 / 7, 4), 7, 0.5), how
+    refused = {
+        "missing": ([("talks/a.wav", "the cat sat on the mat"), ("talks/b.wav", "yes"), ("talks/c.wav", "no")],
+                    "1 of the 3 files of {ref} have no line in {hyp}, the first talks/c.wav"),
+        "extra": ([("talks/a.wav", "the cat sat on the mat")], "{hyp}: talks/b.wav has no reference in {ref}"),
+        "twice": ([("talks/a.wav", "the cat"), ("talks/b.wav", "yes"), ("talks/a.wav", "the cat")],
+                  "{ref}:3: talks/a.wav appears twice"),
+    }  # fmt: skip
+    for how, (rows, said) in refused.items():
+        ref = _tsv(tmp_path / f"{how}.tsv", rows)
+        rc, out, err = run(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), "--wer")
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, how
+        assert said.format(hyp=hyp, ref=ref) in err, err
+
+
+def _readme_pipeline() -> tuple[list[str], list[str]]:
+    """The README's `qkv transcribe ... --output FILE` and the `qkv evaluate --hyp FILE ... --wer`
+    that scores it, as argument lists (without "qkv")."""
+    readme = (ROOT / "README.md").read_text().splitlines()
+    lines = [shlex.split(line, comments=True) for line in readme if line.startswith("qkv ")]
+    score = next(argv for argv in lines if argv[:2] == ["qkv", "evaluate"] and "--wer" in argv)
+    written = score[score.index("--hyp") + 1]
+    transcribe = next(argv for argv in lines if argv[:2] == ["qkv", "transcribe"] and written in argv)
+    assert transcribe[transcribe.index("--output") + 1] == written
+    return transcribe[1:], score[1:]
+
+
+def test_the_readmes_transcribe_then_evaluate_pipeline_scores_each_file_against_its_reference(
+    trained, capsys, tmp_path, monkeypatch
+) -> None:
+    """The README's two commands as written, the tiny model in the place of its model and tone
+    recordings in its folder: the WER is that of each file's transcript against its own reference,
+    worked out here with jiwer (the reference's lines shuffled: matched by path, not by line)."""
+    import jiwer
+
+    path, manifest, _ = trained
+    transcribe, score = _readme_pipeline()
+    transcribe[transcribe.index("--model") + 1] = str(path)
+    folder = next(a for a in transcribe[1:] if a.endswith("/") and not a.startswith("-"))
+    monkeypatch.chdir(tmp_path)
+    Path(folder).mkdir(parents=True)
+    truth = {}
+    for u in read_manifest(manifest):
+        shutil.copy(u.path, Path(folder) / u.path.name)
+        truth[str(Path(folder) / u.path.name)] = u.text
+    assert run(capsys, *transcribe, "--quiet")[0] == 0
+    written = score[score.index("--hyp") + 1]
+    said = dict(line.split("\t", 1) for line in Path(written).read_text().splitlines())
+    assert sorted(said) == sorted(truth)
+    rows = list(truth.items())
+    random.Random(0).shuffle(rows)
+    _tsv(Path(score[score.index("--ref") + 1]), rows)
+    rc, out, err = run(capsys, *score, "--json")
+    assert rc == 0, err
+    paths = sorted(truth)
+    expected = jiwer.wer(
+        [normalize_transcript(truth[p]) for p in paths], [normalize_transcript(said[p]) for p in paths]
+    )
+    assert json.loads(out)["wer"] == round(expected, 4)
+    # The model knows the tone words (attention alone errs on 2 or 3 of the 29): paths counted as
+    # words, or transcripts scored against other files' references, would be far above.
+    assert expected <= 0.2
 
 
 def test_normalize_transcript() -> None:

@@ -7,11 +7,15 @@ width), F=11, source vocabulary 17, target vocabulary 13, S=7, T=5.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from qkv.attention import MultiHeadAttention
+from qkv.blocks import DecoderStack, EncoderStack
+from qkv.layers import FeedForward
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
@@ -247,10 +251,32 @@ def test_decoder_only_left_padding_invariance(positions: str) -> None:
 # ---------------------------------------------------------------------- variants
 
 
+RELATIVE = ("rope", "alibi", "none")  # schemes that see only how far apart two tokens are
+
+
+def _stacks(model) -> list:
+    return [m for m in model.modules() if isinstance(m, (EncoderStack, DecoderStack))]
+
+
+def _first_block_output(model) -> torch.Tensor:
+    """What the first block of the model's first stack returns in :func:`_run`. Shapes: (B, S, D)."""
+    outputs = []
+    hook = _stacks(model)[0].blocks[0].register_forward_hook(lambda m, i, o: outputs.append(o))
+    with torch.no_grad():
+        _run(model)
+    hook.remove()
+    return outputs[0][0] if isinstance(outputs[0], tuple) else outputs[0]
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 @pytest.mark.parametrize("positions", POSITIONS)
 def test_positions_and_norm_placement_run(positions: str, norm_first: bool) -> None:
-    """Every positions scheme, pre- and post-norm, builds and runs for each family without NaN; grads flow."""
+    """Every positions scheme, pre- and post-norm, builds and runs for each family without NaN;
+    grads flow. Each does what it says: a decoder-only model with a relative scheme (or none)
+    gives the same logits when every position is shifted, an absolute one does not; an encoder
+    without positions is permutation-equivariant, with any scheme it is not. Post-norm leaves
+    every block's output normalised (LayerNorm(x + Sublayer(x))) and the stacks without a final
+    norm; pre-norm's blocks return the raw residual stream and the stacks end with a norm."""
     torch.manual_seed(9)
     for family in FAMILIES:
         model = build(family, positions, norm_first=norm_first).train()
@@ -259,17 +285,90 @@ def test_positions_and_norm_placement_run(positions: str, norm_first: bool) -> N
         out.square().mean().backward()
         grads = [p.grad for p in model.parameters() if p.requires_grad]
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        h = _first_block_output(model.eval())  # (B, S, D)
+        normalised = (h.mean(-1).abs().max() < 1e-4) & ((h.var(-1, unbiased=False) - 1).abs().max() < 1e-3)
+        assert bool(normalised) == (not norm_first), family
+        final = [isinstance(stack.norm, torch.nn.LayerNorm) for stack in _stacks(model)]
+        assert final == [norm_first] * len(final), family
+    model = build("decoder_only", positions, norm_first=norm_first)
+    x = _tokens(B, T, V)
+    with torch.no_grad():
+        shifted = (model.decode(x, positions=torch.arange(T) + 7).logits - model(x)).abs().max()
+    assert (shifted <= ATOL) == (positions in RELATIVE), float(shifted)
+    model = build("encoder_only", positions, norm_first=norm_first)
+    x, order = _tokens(B, S, V), torch.randperm(S, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        moved = (model.encode(x[:, order]) - model.encode(x)[:, order]).abs().max()
+    assert (moved <= ATOL) == (positions == "none"), float(moved)
+
+
+def test_each_positions_scheme_computes_something_of_its_own() -> None:
+    """The same weights under each positions scheme give six different outputs: no scheme falls back
+    on another (the sinusoidal layouts, learned positions, RoPE and ALiBi each change the logits)."""
+    torch.manual_seed(13)
+    for family in FAMILIES:
+        reference = build(family, "learned", d_model=18).state_dict()  # learned: the most weights
+        outs = {}
+        for positions in POSITIONS:
+            model = build(family, positions, d_model=18)
+            missing, unexpected = model.load_state_dict(reference, strict=False)
+            assert not missing and all(".position." in key for key in unexpected), (missing, unexpected)
+            torch.manual_seed(0)
+            outs[positions] = _run(model)
+        for a, b in itertools.combinations(POSITIONS, 2):
+            assert (outs[a] - outs[b]).abs().max() > 1e-3, (family, a, b)
+
+
+ACTIVATION_OF = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def _ffn_by_hand(ffn: FeedForward, x: torch.Tensor, activation: str) -> torch.Tensor:
+    """FFN(x) = W2·act(W1·x) (Vaswani et al., eq. 2), or W2·(silu(W1·x) ⊙ W3·x) for SwiGLU
+    (Shazeer, 2020, eq. 6), from the module's weights."""
+    h = x @ ffn.w_1.weight.T + ffn.w_1.bias  # (B, T, F)
+    if activation == "swiglu":
+        h = F.silu(h) * (x @ ffn.w_3.weight.T + ffn.w_3.bias)  # (B, T, F)
+    else:
+        h = ACTIVATION_OF[activation](h)
+    return h @ ffn.w_2.weight.T + ffn.w_2.bias  # (B, T, D)
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu"])
 def test_activations_and_norms_run(activation: str, norm: str) -> None:
-    """Every activation x norm builds and runs for each family without NaN (also with GQA and sigmoid)."""
+    """Every activation x norm builds and runs for each family without NaN (also with GQA and
+    sigmoid attention), and is the one asked for: every feed-forward network computes its
+    activation's formula (by hand here, and none of the others'), every norm is of the kind
+    asked for, every attention has the heads and normalisation asked for."""
     torch.manual_seed(10)
+    x = 3 * torch.randn(B, T, 15)  # (B, T, D): wide enough that GELU and its tanh form differ
+    norm_type, other_type = (
+        (torch.nn.LayerNorm, torch.nn.RMSNorm) if norm == "layernorm" else (torch.nn.RMSNorm, torch.nn.LayerNorm)
+    )
     for family in FAMILIES:
         for extra in ({}, {"n_kv_heads": 1, "attention": "sigmoid"}):
             model = build(family, activation=activation, norm=norm, **extra)
             assert torch.isfinite(_run(model)).all()
+            ffns = [m for m in model.modules() if isinstance(m, FeedForward)]
+            assert ffns and all((m.w_3 is not None) == (activation == "swiglu") for m in ffns)
+            with torch.no_grad():
+                for ffn in ffns:
+                    out = ffn(x)
+                    assert (out - _ffn_by_hand(ffn, x, activation)).abs().max() <= ATOL
+                    for other in set(ACTIVATION_OF) - {activation} if activation != "swiglu" else ():
+                        assert (out - _ffn_by_hand(ffn, x, other)).abs().max() > 10 * ATOL, (activation, other)
+            norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+            assert norms and all(isinstance(m, norm_type) and not isinstance(m, other_type) for m in norms)
+            attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+            assert attentions and all(
+                (m.n_kv_heads, m.normalization) == (extra.get("n_kv_heads", 3), extra.get("attention", "softmax"))
+                for m in attentions
+            )
 
 
 def test_swiglu_has_gate_and_rmsnorm_is_used() -> None:

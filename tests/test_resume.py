@@ -10,6 +10,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from qkv.checkpoint import read_meta
 from qkv.errors import UserError
@@ -30,7 +32,8 @@ from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 KILLS_PER_TASK = 3  # 6 tasks: 18 kills at random steps, 18 endings equal to the uninterrupted run's
-TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
+STEPS, SAVE_EVERY = 23, 3  # the runs of _corpus
+TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", f"train.save_every={SAVE_EVERY}"]
 
 
 def _corpus(tmp: Path) -> dict[str, list[str]]:
@@ -42,19 +45,19 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
     (tmp / "labels.tsv").write_text("".join(f"{s}\t{'dog' if 'dog' in s else 'other'}\n" for s in sentences))
     tones = tone_corpus(tmp / "tones", utterances=6)
     return {
-        "numbers": ["task=numbers", *TINY, "train.steps=23", "train.batch_size=8", "data.eval_examples=5"],
+        "numbers": ["task=numbers", *TINY, f"train.steps={STEPS}", "train.batch_size=8", "data.eval_examples=5"],
         "lm": ["task=lm", *TINY, f"data.text={tmp / 'text.txt'}", "model.n_layers=1", "model.max_len=16",
-               "train.steps=23", "train.batch_size=4"],
+               f"train.steps={STEPS}", "train.batch_size=4"],
         "mlm": ["task=mlm", *TINY, "data.dailydialog=null", f"data.sentences={tmp / 'text.txt'}", "data.vocab_size=40",
-                "model.n_layers=1", "model.max_len=16", "train.steps=23", "train.batch_size=8"],
+                "model.n_layers=1", "model.max_len=16", f"train.steps={STEPS}", "train.batch_size=8"],
         "classify": ["task=classify", *TINY, "data.dailydialog=null", f"data.train_tsv={tmp / 'labels.tsv'}",
-                     "data.vocab_size=40", "model.n_layers=1", "model.max_len=16", "train.steps=23",
+                     "data.vocab_size=40", "model.n_layers=1", "model.max_len=16", f"train.steps={STEPS}",
                      "train.batch_size=8"],
-        "asr": [*tiny_asr_overrides(tones), *TINY, "model.n_encoder_layers=1", "train.steps=23",
+        "asr": [*tiny_asr_overrides(tones), *TINY, "model.n_encoder_layers=1", f"train.steps={STEPS}",
                 "train.batch_frames=200", "train.spec_augment=true", "data.test_limit=2"],
         "tts": ["task=tts", "data.corpus=manifests", f"data.train={tones}", f"data.test={tones}", *TINY,
                 "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.prenet_dim=8", "model.postnet_layers=2",
-                "model.postnet_channels=4", "model.max_len=40", "model.features.n_mels=23", "train.steps=23",
+                "model.postnet_channels=4", "model.max_len=40", "model.features.n_mels=23", f"train.steps={STEPS}",
                 "train.batch_frames=200", "data.test_sentences=1"],
     }  # fmt: skip
 
@@ -90,26 +93,71 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def _checkpoint_steps(last: Path) -> int | None:
+    """The steps the checkpoint ``last`` holds (None where there is none: before the first save,
+    or for the moment between a save's two renames)."""
+    try:
+        return json.loads((last / "trainer.json").read_text())["progress"]["steps"]
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def _resumable_steps(out: Path) -> int | None:
+    """The steps of the checkpoint --resume continues a killed run from: ``last``, or the previous
+    one a kill between a save's two renames left as ``.last.old`` (in ``out``, or in the run folder
+    the final save had moved aside), as ``recipes.start_run`` finds them."""
+    aside = out.with_name(f".{out.name}.old")
+    for last in (out / "last", out / ".last.old", aside / "last", aside / ".last.old"):
+        if (steps := _checkpoint_steps(last)) is not None:
+            return steps
+    return None
+
+
+def _killed_mid_run(out: Path, overrides: list[str], rng: random.Random) -> int | None:
+    """Start a run and SIGKILL it at a random moment after a checkpoint of a random step, then
+    return the steps its checkpoint holds. A kill that came after the run finished (a fast
+    machine) is tried again, at the first checkpoint, without waiting."""
+    for target, pause in ((rng.choice(range(SAVE_EVERY, STEPS, SAVE_EVERY)), rng.uniform(0, 0.1)), (1, 0.0)):
+        shutil.rmtree(out, ignore_errors=True)
+        process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while (_checkpoint_steps(out / "last") or 0) < target and process.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.005)
+        time.sleep(pause)  # mid-step or mid-save
+        process.kill()
+        _, err = process.communicate()
+        assert process.returncode in (-signal.SIGKILL, 0), err  # killed, or it had finished
+        if not (out / "config.json").exists():  # unfinished: the kill landed mid-run
+            return _resumable_steps(out)
+    pytest.fail("every kill came after the run had finished: nothing was interrupted")
+
+
 @pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr", "tts"])
 def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
+    """Each kill lands mid-run (a checkpoint, no finished model), the resumed run takes only the
+    steps after its checkpoint's (optimizer steps counted), and it ends as the uninterrupted run."""
     overrides = _corpus(tmp_path)[task]
     recipe = load_recipe(None, overrides)
-    reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
-    rng = random.Random(task)
-    for kill in range(KILLS_PER_TASK):
-        out = tmp_path / f"run{kill}"
-        process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
-        _wait_for(out / "last" / "trainer.json", process)
-        time.sleep(rng.uniform(0, 0.3))  # somewhere after the first checkpoint: mid-step or mid-save
-        process.kill()
-        process.wait()
-        if (out / "config.json").exists():  # it finished before the kill: nothing to resume
-            continue
-        resumed = TASKS[task].train(recipe, out, progress=False, resume=True)
-        assert resumed["losses"] == reference["losses"], f"kill {kill}: the loss log differs"
-        assert _same(resumed["model"], reference["model"]), f"kill {kill}: the weights differ"
-        assert not (out / "last").exists()  # the finished model directory replaced the checkpoint
-        assert read_meta(out)["kind"] == read_meta(tmp_path / "reference")["kind"]
+    taken = []
+    counting = register_optimizer_step_post_hook(lambda *_: taken.append(1))
+    try:
+        reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
+        assert len(taken) == STEPS  # the count counts the steps
+        rng = random.Random(task)
+        for kill in range(KILLS_PER_TASK):
+            out = tmp_path / f"run{kill}"
+            saved = _killed_mid_run(out, overrides, rng)
+            assert saved is not None and 0 < saved < STEPS and saved % SAVE_EVERY == 0, saved
+            taken.clear()
+            resumed = TASKS[task].train(recipe, out, progress=False, resume=True)
+            assert len(taken) == STEPS - saved, f"kill {kill}: resumed from step {saved}, took {len(taken)} steps"
+            assert resumed["losses"] == reference["losses"], f"kill {kill}: the loss log differs"
+            assert _same(resumed["model"], reference["model"]), f"kill {kill}: the weights differ"
+            assert not (out / "last").exists()  # the finished model directory replaced the checkpoint
+            assert read_meta(out)["kind"] == read_meta(tmp_path / "reference")["kind"]
+    finally:
+        counting.remove()
 
 
 def test_sigterm_saves_says_how_to_resume_and_resume_ends_identically(tmp_path):

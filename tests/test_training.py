@@ -182,11 +182,16 @@ def test_rdrop_with_dropout_is_the_papers_loss() -> None:
     assert loss.item() == pytest.approx((ce + alpha / 4 * kl / n).item(), rel=1e-5)
 
 
-def _copy_task():
-    """step_loss for a fixed copy batch (the target is the source)."""
+def _copy_batch():
+    """A fixed copy batch (the target is the source): src, tgt_in, tgt_out."""
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (4, 6, 5, 3)]
-    src, tgt_in, tgt_out = seq2seq_batch([(r, r) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    return seq2seq_batch([(r, r) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+
+
+def _copy_task():
+    """step_loss for a fixed copy batch (the target is the source)."""
+    src, tgt_in, tgt_out = _copy_batch()
     n_tokens = int((tgt_out != PAD).sum())
 
     def step_loss(model, step):
@@ -309,3 +314,63 @@ def test_trainer_moves_the_model_to_train_device_and_leaves_it_without() -> None
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match=r"train\.device is cuda, but this torch sees no CUDA GPU"):
             Trainer(nn.Linear(3, 5), lr=0.1, warmup=1, total_steps=2, device="cuda")
+
+
+# A linear loss s_t·Σ(W·x): its gradient s_t·[x; x] is the same whatever the weights, so its norm
+# s_t·|x|·√2 is known before each step.
+CLIP_X = torch.tensor([[0.2, -0.4, 0.4]])  # |x| = 0.6
+CLIP_SCALES = [3.0, 0.5, 7.0, 0.2, 2.0, 0.9, 11.0, 0.3]  # gradient norms 2.5, 0.42, 5.9, 0.17, 1.7, 0.76, 9.3, 0.25
+
+
+def _fit_linear(scales: list[float], clip: float) -> torch.Tensor:
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2, bias=False)
+    fit(
+        model,
+        lambda m, step: (scales[step] * m(CLIP_X).sum(), 1),
+        steps=len(scales),
+        lr=0.1,
+        warmup=1,
+        weight_decay=0.0,
+        clip=clip,
+        progress=False,
+    )
+    return model.weight.detach()
+
+
+def test_clipping_scales_each_gradient_to_the_clip_norm_and_leaves_smaller_ones() -> None:
+    """With clip c, each step's update is the one of the gradient g·min(1, c/|g|) (Pascanu et al.,
+    2013): training on the clipped gradients given unclipped (clip=0) ends at the same weights, while
+    the gradients as they are end elsewhere (AdamW reads their relative sizes). Gradients already
+    within c are used as they are, to the bit."""
+    c = 1.0
+    norm = CLIP_X.norm().item() * math.sqrt(2)
+    clipped = _fit_linear(CLIP_SCALES, clip=c)
+    by_hand = [s * min(1.0, c / (s * norm)) for s in CLIP_SCALES]  # the gradient times min(1, c/|g|)
+    torch.testing.assert_close(clipped, _fit_linear(by_hand, clip=0.0), rtol=1e-5, atol=1e-6)
+    assert (clipped - _fit_linear(CLIP_SCALES, clip=0.0)).abs().max() > 1e-2  # clipping changed the run
+    small = [s for s in CLIP_SCALES if s * norm < c]
+    assert len(small) == 4 and torch.equal(_fit_linear(small, clip=c), _fit_linear(small, clip=0.0))
+
+
+def test_bf16_autocast_trains_in_bf16_with_fp32_weights_and_fp32_like_losses() -> None:
+    """bf16=True runs the forward pass under bf16 autocast (the logits are bf16), keeps the weights
+    fp32 (mixed precision, Micikevicius et al., 2018), and its losses are finite, within 1% of an
+    fp32 run's from the same weights and falling."""
+    step_loss, _ = _copy_task()
+    dtypes: dict[bool, set] = {False: set(), True: set()}
+    losses = {}
+    for bf16 in (False, True):
+        model = _model(seed=5)
+
+        def watched(m, step, bf16=bf16):
+            dtypes[bf16].add(m(*_copy_batch()[:2]).dtype)  # what the forward pass computes in
+            return step_loss(m, step)
+
+        losses[bf16] = fit(model, watched, steps=6, lr=1e-2, warmup=2, bf16=bf16, progress=False).losses
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert {s.dtype for s in model.state_dict().values() if s.is_floating_point()} == {torch.float32}
+    assert dtypes == {False: {torch.float32}, True: {torch.bfloat16}}
+    assert all(math.isfinite(loss) for loss in losses[True])
+    assert losses[True] == pytest.approx(losses[False], rel=1e-2)
+    assert losses[True][-1] < 0.9 * losses[True][0]

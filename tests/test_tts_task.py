@@ -1,21 +1,24 @@
 """The text-to-speech task (``tasks/tts.py``) and ``qkv speak``: a tiny model trained on tone
-"words" saves itself with its spoken samples and pictures; the command writes WAV files of the
-expected length, one per sentence, and refuses bad text, a missing speaker and a bad output on
-one line."""
+"words" in two voices saves itself with its spoken samples and pictures; the command writes WAV
+files of the expected length, one per sentence, in the voice ``--speaker`` names, and refuses bad
+text, a missing or unknown speaker and a bad output on one line."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import soundfile
+import torch
 
-from qkv.checkpoint import read_meta
+from qkv.checkpoint import load_model, read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.tts import normalize_text, speaking_of
+from qkv.tasks.tts import normalize_text, speak, speaking_of
+from qkv.tokenization import Tokenizer
 from speech_data import tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +43,23 @@ TINY_TTS = [
 ]
 
 
+VOICES = {"tones": 1.0, "low": 0.5}  # speaker: its pitch (times the tone words'); "low" an octave down
+
+
+def two_voices(tmp: Path) -> Path:
+    """One manifest of 8 utterances by each of the two :data:`VOICES`."""
+    lines = ["path\tseconds\tspeaker\ttext"]
+    for seed, (name, pitch) in enumerate(VOICES.items()):
+        manifest = tone_corpus(tmp / name, utterances=8, seed=seed, speaker=name, pitch=pitch)
+        lines += [f"{name}/{line}" for line in manifest.read_text().splitlines()[1:]]
+    (tmp / "voices.tsv").write_text("\n".join(lines) + "\n")
+    return tmp / "voices.tsv"
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("tts")
-    manifest = tone_corpus(tmp / "tones", utterances=8)
+    manifest = two_voices(tmp)
     recipe = load_recipe(None, [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}", "data.speakers=true"])
     summary = TASKS["tts"].train(recipe, tmp / "model", progress=False)
     return tmp / "model", summary
@@ -53,7 +69,7 @@ def test_training_saves_the_model_its_samples_and_pictures(trained) -> None:
     model, summary = trained
     assert summary["losses"][-1] < summary["losses"][0]
     meta = read_meta(model)
-    assert meta["kind"] == "tts" and meta["task"] == "tts" and meta["speakers"] == ["tones"]
+    assert meta["kind"] == "tts" and meta["task"] == "tts" and meta["speakers"] == ["low", "tones"]
     assert meta["config"]["mel_std"] > 0 and meta["train_seconds"] > 0
     lines = (model / "samples" / "samples.tsv").read_text().splitlines()
     assert lines[0] == "file\ttext\treference" and len(lines) == 4
@@ -126,8 +142,8 @@ def test_the_stop_threshold_is_the_recipes_unless_given(trained, capsys, tmp_pat
     [
         (["--speaker", "tones", "--text", "do ça", "--output", "x.wav"], "cannot say"),
         (["--speaker", "tones", "--text", " ", "--output", "x.wav"], "nothing to say"),
-        (["--text", "do", "--output", "x.wav"], "--speaker"),
-        (["--speaker", "nobody", "--text", "do", "--output", "x.wav"], "nobody"),
+        (["--text", "do", "--output", "x.wav"], "several voices: choose one with --speaker (low, tones)"),
+        (["--speaker", "nobody", "--text", "do", "--output", "x.wav"], "'nobody': the model's speakers are low, tones"),
         (["--speaker", "tones", "--text", "do"], "--output"),
         (["--speaker", "tones", "--text", "do", "--output", "no/such/dir/x.wav"], "does not exist"),
         (["--speaker", "tones", "--text", "do", "--output", "x.wav", "--attention-window", "1", "0"], "AHEAD"),
@@ -139,6 +155,38 @@ def test_speak_refuses_bad_input_in_one_line(trained, capsys, tmp_path, monkeypa
     assert main(["speak", "--model", str(model), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def _centroid(path: Path) -> float:
+    """The spectral centroid of a WAV file in Hz: where its power is, on average."""
+    wave, rate = soundfile.read(path)
+    power = np.abs(np.fft.rfft(wave)) ** 2
+    return float((power * np.fft.rfftfreq(len(wave), 1 / rate)).sum() / power.sum())
+
+
+def test_the_speaker_chooses_the_voice(trained, capsys, tmp_path) -> None:
+    """--speaker says the text in the voice it names: "low" (trained on the tone words an octave
+    down) has its power well below "tones'" (at about half the frequency); the same speaker and seed
+    again is the same file. The library refuses a speaker index the model does not have, by name."""
+    model, _ = trained
+    wav = {}
+    for name, who in (("low", "low"), ("tones", "tones"), ("again", "low")):
+        wav[name] = tmp_path / f"{name}.wav"
+        argv = ["speak", "--model", str(model), "--speaker", who, "--text", "do mi so", "--output", str(wav[name])]
+        assert main([*argv, "--max-seconds", "0.6", "--quiet"]) == 0
+    capsys.readouterr()
+    assert wav["low"].read_bytes() == wav["again"].read_bytes()
+    assert _centroid(wav["low"]) < 0.75 * _centroid(wav["tones"]), (_centroid(wav["low"]), _centroid(wav["tones"]))
+    tts, meta = load_model(model, kind="tts")
+    tokenizer = Tokenizer.load(model / "tokenizer.json")
+    for bad in (2, -1):
+        with pytest.raises(ValueError, match=rf"speaker {bad} is not one of the model's 2 \(0 to 1\)"):
+            speak(tts, tokenizer, ["do"], speakers=[bad], max_seconds=0.1, **speaking_of(meta))
+    torch.manual_seed(0)
+    low, _ = speak(tts, tokenizer, ["do"], speakers=[0], max_seconds=0.3, **speaking_of(meta))[0]
+    torch.manual_seed(0)
+    high, _ = speak(tts, tokenizer, ["do"], speakers=[1], max_seconds=0.3, **speaking_of(meta))[0]
+    assert (low.mel - high.mel).abs().max() > 0.1  # the library's speaker index too changes the spectrogram
 
 
 def test_text_normalisation_reads_numbers_and_symbols() -> None:

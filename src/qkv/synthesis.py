@@ -2,11 +2,11 @@
 r frames a step, until its stop token or a cap, for a batch of sentences at once.
 
 What is here: :class:`Synthesis` (one sentence's frames, whether the cap stopped it, its
-alignment) and :func:`synthesize`. Each step feeds the last frame written back to the decoder
-(through the pre-net, whose dropout stays on as the model was trained to expect), and a
-sentence ends at the first frame whose stop probability passes ``stop_threshold``; the
-post-net then refines each sentence's frames on their own, so a sentence synthesized in a batch
-is the one synthesized alone (for the same dropout draws).
+alignment), :func:`synthesize` and :func:`check_speakers`. Each step feeds the last frame
+written back to the decoder (through the pre-net, whose dropout stays on as the model was
+trained to expect), and a sentence ends at the first frame whose stop probability passes
+``stop_threshold``; the post-net then refines each sentence's frames on their own, so a
+sentence synthesized in a batch is the one synthesized alone (for the same dropout draws).
 
 What is not here: the model (``models/tts.py``), turning frames into sound (``vocoder.py``),
 text normalisation and symbols (``tasks/tts.py``).
@@ -37,6 +37,16 @@ class Synthesis:
     alignment: Tensor | None
 
 
+def check_speakers(speakers: list[int], *, texts: int, known: int) -> None:
+    """ValueError unless ``speakers`` holds one index in [0, ``known``) per text: an index out of
+    range would otherwise surface as torch's IndexError, which names neither it nor the range."""
+    if len(speakers) != texts:
+        raise ValueError(f"{len(speakers)} speakers for {texts} texts")
+    for s in speakers:
+        if not 0 <= s < known:
+            raise ValueError(f"speaker {s} is not one of the model's {known} (0 to {known - 1})")
+
+
 @torch.no_grad()
 def synthesize(
     model: TransformerTTS,
@@ -61,6 +71,9 @@ def synthesize(
     the blocks' heads (attention windowing at inference, Ping et al., 2018, "Deep Voice 3", §4):
     an alignment can then neither return to a word it has said, saying it twice, nor skip ahead.
 
+    ``speakers``: one speaker index per text for a model with speaker embeddings
+    (:func:`check_speakers`).
+
     Shapes: texts B lists of ids -> B :class:`Synthesis`.
     """
     if not texts:
@@ -68,6 +81,8 @@ def synthesize(
     if any(not t for t in texts):
         raise ValueError("every text needs at least one symbol")
     c = model.config
+    if speakers is not None and c.n_speakers:
+        check_speakers(speakers, texts=len(texts), known=c.n_speakers)
     device = next(model.parameters()).device
     text, valid = pad_rows(texts, c.pad_id, left=False, device=device)  # (B, S)
     speaker_ids = torch.tensor(speakers, device=device) if speakers is not None else None  # (B,)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,10 +24,22 @@ from qkv.errors import UserError
 EPILOG_EVALUATE = """examples:
   qkv evaluate --hyp out.txt --ref ref.txt --json
   qkv evaluate --hyp test.en --ref $QKV_DATA/multi30k/tok/test_2016_flickr.lc.norm.tok.en --tokenize moses
-  qkv evaluate --hyp transcripts.txt --ref truth.txt --wer      # WER, CER (speech recognition)
+  qkv transcribe --model runs/fsdd_digits recordings/ --output transcripts.tsv
+  qkv evaluate --hyp transcripts.tsv --ref truth.tsv --wer      # WER, CER (speech recognition)
   qkv evaluate --model qkv-demo/model --examples 500
   qkv evaluate --model runs/shakespeare --text ../shared/data/tinyshakespeare/input.txt
   qkv evaluate --model runs/dailydialog_acts --tsv test.tsv --json     # accuracy, macro-F1
+
+--hyp and --ref hold one text a line, or PATH<TAB>TEXT lines as qkv transcribe writes them (the
+text follows the first tab). Two PATH<TAB>TEXT files are matched by path, whatever their order;
+every file must be on both sides, its path written alike (recordings/a.wav is not /data/a.wav).
+A PATH<TAB>TEXT file beside plain lines is read line by line: line i of one with line i of the
+other. So truth.tsv above may hold
+
+  recordings/0_theo_0.wav<TAB>zero
+  recordings/1_theo_0.wav<TAB>one
+
+or just "zero" and "one" on two lines in the order transcribe wrote the files (sorted, per folder).
 """
 
 
@@ -74,6 +87,51 @@ def _evaluate_classifier(path: str, tsv: str) -> dict:
         "examples": len(examples),
         "seconds": round(time.perf_counter() - start, 1),
     }
+
+
+def path_column(lines: list[str]) -> list[tuple[str, str]] | None:
+    """The (path, text) of every line when each holds a tab (``qkv transcribe``'s PATH<TAB>TEXT
+    lines: the text is what follows the first tab), else None (plain lines of text). The path
+    is normalised (``./a.wav`` is ``a.wav``) so that two files naming one file alike match."""
+    if not lines or not all("\t" in line for line in lines):
+        return None
+    return [(os.path.normpath(path), text) for path, text in (line.split("\t", 1) for line in lines)]
+
+
+def by_path(rows: list[tuple[str, str]], name: str) -> dict[str, str]:
+    """{path: text} of PATH<TAB>TEXT rows; a path given twice is refused, naming its second line."""
+    texts: dict[str, str] = {}
+    for number, (path, text) in enumerate(rows, start=1):
+        if path in texts:
+            raise UserError(f"{name}:{number}: {path} appears twice")
+        texts[path] = text
+    return texts
+
+
+def paired_texts(hyp_lines: list[str], ref_lines: list[str], *, hyp: str, ref: str) -> tuple[list[str], list[str]]:
+    """The hypothesis and reference texts to score, pair by pair, from the lines of ``hyp`` and
+    ``ref``: PATH<TAB>TEXT on both sides are matched by path (in the reference's order; every
+    file must be on both sides), else line i with line i (a PATH<TAB>TEXT side gives its text)."""
+    hyp_rows, ref_rows = path_column(hyp_lines), path_column(ref_lines)
+    if hyp_rows is not None and ref_rows is not None:
+        hyp_texts, ref_texts = by_path(hyp_rows, hyp), by_path(ref_rows, ref)
+        unscored = [path for path in ref_texts if path not in hyp_texts]
+        if unscored:
+            raise UserError(
+                f"{len(unscored)} of the {len(ref_texts)} files of {ref} have no line in {hyp}, "
+                f"the first {unscored[0]}: score every file (paths written alike on both sides)"
+            )
+        extra = [path for path in hyp_texts if path not in ref_texts]
+        if extra:
+            raise UserError(f"{hyp}: {extra[0]} has no reference in {ref} ({len(extra)} such files)")
+        return [hyp_texts[path] for path in ref_texts], list(ref_texts.values())
+    hyps = [text for _, text in hyp_rows] if hyp_rows is not None else hyp_lines
+    refs = [text for _, text in ref_rows] if ref_rows is not None else ref_lines
+    if len(hyps) != len(refs):
+        raise UserError(f"{hyp} has {len(hyps)} lines but {ref} has {len(refs)}")
+    if not hyps:
+        raise UserError(f"{hyp} and {ref} are empty: nothing to score")
+    return hyps, refs
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -140,11 +198,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         if args.hyp is None or args.ref is None:
             raise UserError("give --hyp FILE and --ref FILE (or --model DIR for the numbers task)")
-        hyps, refs = read_input_lines(args.hyp), read_input_lines(args.ref)
-        if len(hyps) != len(refs):
-            raise UserError(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)}")
-        if not hyps:
-            raise UserError(f"{args.hyp} and {args.ref} are empty: nothing to score")
+        hyps, refs = paired_texts(read_input_lines(args.hyp), read_input_lines(args.ref), hyp=args.hyp, ref=args.ref)
         if args.wer:
             from qkv.evaluation import error_rates
 
@@ -178,8 +232,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG_EVALUATE,
         formatter_class=raw,
     )
-    p.add_argument("--hyp", default=None, help="hypotheses, one per line")
-    p.add_argument("--ref", default=None, help="references, one per line")
+    p.add_argument("--hyp", default=None, help="hypotheses, one per line, or PATH<TAB>TEXT lines (qkv transcribe's)")
+    p.add_argument(
+        "--ref", default=None, help="references, one per line, or PATH<TAB>TEXT lines (matched to --hyp's by path)"
+    )
     p.add_argument(
         "--tokenize",
         default="13a",
