@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from qkv.losses import seq2seq_batch, seq2seq_loss, sequence_loss
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
-from qkv.training import Trainer, seq2seq_batch, seq2seq_loss, sequence_loss
+from qkv.training import Trainer
 
 FAMILIES = ("encoder_decoder", "encoder_only", "decoder_only")
 ROWS = 7  # odd: the two workers' shares differ in size (4 and 3 rows)

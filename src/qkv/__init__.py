@@ -8,8 +8,8 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     blocks.py                                 encoder and decoder blocks and stacks
     models/                                   one file per family (config dataclass at the top)
     checkpoint.py generation.py training.py   model-agnostic: model directories, decoding, training,
-    evaluation.py tokenization.py data.py     scores, tokenizers, corpora, pictures
-    plots.py
+    losses.py evaluation.py tokenization.py   the families' losses, scores, tokenizers, corpora, pictures
+    data.py plots.py
     hf/ runs.py chat.py seq2seq.py            model-agnostic, built on those: Hugging Face checkpoints, run
     embedding.py loading.py streaming.py      directories, chat turns, text in/out of encoder-decoders,
     inspection.py                             sentence vectors, loading for decoding, streamed text,

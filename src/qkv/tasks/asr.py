@@ -37,6 +37,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.generation import beam_search, ctc_greedy
+from qkv.losses import seq2seq_batch, speech_loss
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
@@ -66,7 +67,6 @@ from qkv.speech_corpora import (
 )
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import seq2seq_batch, speech_loss
 
 CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manifests")
 

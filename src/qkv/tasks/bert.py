@@ -37,6 +37,12 @@ from qkv.evaluation import (
     masked_lm_scores,
 )
 from qkv.generation import pad_rows
+from qkv.losses import (
+    IGNORE,
+    mask_tokens,
+    on_model,
+    sequence_loss,
+)
 from qkv.models.encoder_only import EncoderOnly
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
@@ -52,12 +58,6 @@ from qkv.recipes import (
     tokenizer_for,
 )
 from qkv.tokenization import Tokenizer
-from qkv.training import (
-    IGNORE,
-    mask_tokens,
-    on_model,
-    sequence_loss,
-)
 
 # Encoder-only models (BERT) on sentences: masked-LM pretraining (mlm) and sequence
 # classification (classify), on DailyDialog by default (its utterances; its dialog acts).
@@ -236,7 +236,7 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
     sentence [END] and cut to the model's window; a unigram vocabulary (or the given
     tokenizer) gets a mask token. Every step takes ``batch_size`` random sentences and selects
-    ``mask_rate`` of their ordinary tokens (:func:`~qkv.training.mask_tokens`: 80% masked,
+    ``mask_rate`` of their ordinary tokens (:func:`~qkv.losses.mask_tokens`: 80% masked,
     10% random, 10% kept); the loss is the cross-entropy at the selected positions only. At
     the end: the loss and accuracy at the selected positions of the validation sentences
     (masked with a fixed seed, so the number is comparable between runs).

@@ -35,6 +35,10 @@ from qkv.evaluation import (
     normalize_transcript,
     span_loss,
 )
+from qkv.losses import (
+    on_model,
+    sequence_loss,
+)
 from qkv.models.decoder_only import DecoderOnly
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
@@ -49,10 +53,6 @@ from qkv.recipes import (
 )
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import (
-    on_model,
-    sequence_loss,
-)
 
 # Character-level language modelling; the defaults are nanoGPT's Shakespeare CPU
 # configuration (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps).

@@ -14,7 +14,7 @@ What is here besides the data: :data:`TASK` (the recipe defaults and rules), :fu
 (data, tokenizer, model, training, held-out exact match, model directory) and
 :func:`evaluate_numbers`.
 
-What is not here: tokenization (``tokenization.py``), batching (``training.py``), decoding text
+What is not here: tokenization (``tokenization.py``), batching (``losses.py``), decoding text
 (``seq2seq.py``), the demo's printing and pictures (``cli/``).
 """
 
@@ -30,6 +30,7 @@ import torch
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
+from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
@@ -45,7 +46,6 @@ from qkv.recipes import (
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import seq2seq_batch, seq2seq_loss
 
 ONES = "zero one two three four five six seven eight nine".split()
 TEENS = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()

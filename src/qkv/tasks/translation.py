@@ -44,6 +44,7 @@ from qkv.evaluation import (
     corpus_scores,
     normalize_transcript,
 )
+from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.progress import progress as progress_report
 from qkv.recipes import (
@@ -71,8 +72,6 @@ from qkv.training import (
     NonFinite,
     StopRequest,
     Trainer,
-    seq2seq_batch,
-    seq2seq_loss,
 )
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,

@@ -14,7 +14,7 @@ drawn by (seed, step) as every resumable qkv task does. When training ends, the 
 sentences are synthesized (``synthesis.py``) and voiced by Griffin-Lim (``vocoder.py``) into
 ``OUT/samples/``, with the alignment and the spectrogram beside its reference drawn as PNGs.
 
-What is not here: the model (``models/tts.py``), its losses (``training.py``), synthesis
+What is not here: the model (``models/tts.py``), its losses (``losses.py``), synthesis
 (``synthesis.py``), the vocoder (``vocoder.py``), intelligibility and mel-cepstral distortion
 (``bench/tts.py``), the command line (``cli/speak.py``).
 """
@@ -36,6 +36,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.files import write_atomic
 from qkv.generation import pad_rows
+from qkv.losses import tts_loss
 from qkv.models.tts import TransformerTTS
 from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar
@@ -65,7 +66,6 @@ from qkv.synthesis import Synthesis, synthesize
 from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import tts_loss
 from qkv.vocoder import GriffinLim, write_wav
 
 CORPORA = ("espeak", "fsdd_digit_strings", "manifests")
