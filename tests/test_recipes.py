@@ -164,3 +164,27 @@ def test_override_reads_a_key_as_load_recipe_does() -> None:
     assert override(items, "train.seconds") == "90" and override(items, "train.steps") == "3"
     assert override(items, "train.lr") is None and override([], "task") is None
     assert override(["task = lm"], "task") == "lm" and load_recipe(None, ["task = lm"])["task"] == "lm"
+
+
+def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
+    """train.ema_decay on a task: the model directory holds the moving average (not the last
+    weights: a run without it, the same otherwise, ends elsewhere), and the held-out score in
+    config.json is the saved model's."""
+    from qkv.checkpoint import load_model, read_meta
+    from qkv.tasks import TASKS
+    from qkv.tasks.numbers import evaluate_numbers
+
+    tiny = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.steps=13", "train.batch_size=7",
+            "data.eval_examples=11", "train.warmup=2", "data.beam_size=1"]  # fmt: skip
+    plain = TASKS["numbers"].train(load_recipe(None, tiny), tmp_path / "plain", progress=False)
+    averaged = TASKS["numbers"].train(
+        load_recipe(None, [*tiny, "train.ema_decay=0.5"]), tmp_path / "ema", progress=False
+    )
+    assert averaged["losses"] == plain["losses"]  # the average does not change training
+    saved, _ = load_model(tmp_path / "ema")
+    ours, last = saved.state_dict(), plain["model"].state_dict()
+    assert all(torch.equal(ours[k], v) for k, v in averaged["model"].state_dict().items())
+    assert any(not torch.allclose(ours[k], last[k]) for k in ours)
+    score, outputs = evaluate_numbers(saved, averaged["tokenizer"], pairs=averaged["held_out"], beam_size=1)
+    assert (score, outputs) == (averaged["exact_match"], averaged["outputs"])
+    assert read_meta(tmp_path / "ema")["exact_match"] == score

@@ -25,11 +25,11 @@ from qkv.errors import UserError
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.runs import load_checkpoint, save_checkpoint
 from qkv.tasks import TASKS, load_recipe
-from qkv.training import Checkpointing, Trainer, fit
+from qkv.training import Checkpointing, FitConfig, Trainer, fit
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS_PER_TASK = 3  # 6 tasks: 18 kills at random steps, 18 endings equal to the uninterrupted run's
+KILLS_PER_TASK = 3  # 7 cases: 21 kills at random steps, 21 endings equal to the uninterrupted run's
 TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", "train.save_every=3"]
 
 
@@ -43,6 +43,9 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
     tones = tone_corpus(tmp / "tones", utterances=6)
     return {
         "numbers": ["task=numbers", *TINY, "train.steps=23", "train.batch_size=8", "data.eval_examples=5"],
+        # gradient accumulation and a moving average of the weights, both resumed exactly
+        "numbers_accumulate_ema": ["task=numbers", *TINY, "train.steps=23", "train.batch_size=8",
+                                   "data.eval_examples=5", "train.accumulate=3", "train.ema_decay=0.9"],
         "lm": ["task=lm", *TINY, f"data.text={tmp / 'text.txt'}", "model.n_layers=1", "model.max_len=16",
                "train.steps=23", "train.batch_size=4"],
         "mlm": ["task=mlm", *TINY, "data.dailydialog=null", f"data.sentences={tmp / 'text.txt'}", "data.vocab_size=40",
@@ -90,12 +93,13 @@ def _same(a: nn.Module, b: nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr", "tts"])
-def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
-    overrides = _corpus(tmp_path)[task]
+@pytest.mark.parametrize("case", ["numbers", "numbers_accumulate_ema", "lm", "mlm", "classify", "asr", "tts"])
+def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
+    overrides = _corpus(tmp_path)[case]
     recipe = load_recipe(None, overrides)
+    task = recipe["task"]
     reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
-    rng = random.Random(task)
+    rng = random.Random(case)
     for kill in range(KILLS_PER_TASK):
         out = tmp_path / f"run{kill}"
         process = subprocess.Popen(_argv(out, overrides), env=_env(), stderr=subprocess.PIPE, text=True)
@@ -255,7 +259,13 @@ def test_nonfinite_loss_stops_naming_step_module_and_last_checkpoint(tmp_path):
         return str(tmp_path / f"checkpoint-{result.steps}")
 
     with pytest.raises(UserError) as error:
-        fit(model, _loss, steps=20, lr=0.01, warmup=1, progress=False, checkpoint=Checkpointing(save=save, every=3))
+        fit(
+            model,
+            _loss,
+            FitConfig(steps=20, lr=0.01, warmup=1),
+            progress=False,
+            checkpoint=Checkpointing(save=save, every=3),
+        )
     message = str(error.value)
     assert message.startswith("step 8: the ") and "first non-finite output: middle" in message
     assert "the last checkpoint: " + str(tmp_path / "checkpoint-6") in message
@@ -282,7 +292,7 @@ def test_nonfinite_step_skipped_leaves_the_weights_as_they_were():
 
     Trainer.step = step
     try:
-        result = fit(model, loss, steps=9, lr=0.01, warmup=1, progress=False, on_nonfinite="skip")
+        result = fit(model, loss, FitConfig(steps=9, lr=0.01, warmup=1, on_nonfinite="skip"), progress=False)
     finally:
         Trainer.step = real_step
     assert result.steps == 9 and not torch.isfinite(torch.tensor(result.losses[4]))

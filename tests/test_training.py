@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
+import json
 import math
 import time
 
@@ -11,9 +14,9 @@ import torch
 from torch import nn
 
 from qkv.errors import UserError
-from qkv.losses import seq2seq_batch, sequence_loss
+from qkv.losses import seq2seq_batch, seq2seq_loss, sequence_loss
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.training import Trainer, fit, inverse_sqrt, warmup_cosine
+from qkv.training import Checkpointing, FitConfig, FitResult, Trainer, fit, inverse_sqrt, warmup_cosine
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -47,7 +50,7 @@ def _copy_task():
 def test_fit_lowers_the_loss_and_counts_steps_and_tokens():
     step_loss, n_tokens = _copy_task()
     model = _model()
-    result = fit(model, step_loss, steps=40, lr=1e-2, warmup=5, progress=False)
+    result = fit(model, step_loss, FitConfig(steps=40, lr=1e-2, warmup=5), progress=False)
     assert result.steps == 40 and len(result.losses) == 40
     assert result.tokens == 40 * n_tokens
     assert result.seconds > 0
@@ -57,15 +60,15 @@ def test_fit_lowers_the_loss_and_counts_steps_and_tokens():
 
 def test_fit_with_zero_seconds_stops_after_one_step():
     step_loss, n_tokens = _copy_task()
-    result = fit(_model(), step_loss, steps=50, lr=1e-2, warmup=5, seconds=0.0, progress=False)
+    result = fit(_model(), step_loss, FitConfig(steps=50, lr=1e-2, warmup=5, seconds=0.0), progress=False)
     assert result.steps == 1 and len(result.losses) == 1 and result.tokens == n_tokens
 
 
 def test_fit_is_deterministic_for_a_seed():
     step_loss, _ = _copy_task()
     a, b = _model(seed=3), _model(seed=3)
-    ra = fit(a, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
-    rb = fit(b, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
+    ra = fit(a, step_loss, FitConfig(steps=10, lr=1e-2, warmup=3), progress=False)
+    rb = fit(b, step_loss, FitConfig(steps=10, lr=1e-2, warmup=3), progress=False)
     assert ra.losses == rb.losses
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
@@ -88,7 +91,7 @@ def test_warmup_cosine_rises_then_decays_to_zero() -> None:
 def test_fit_refuses_an_unknown_schedule() -> None:
     model = torch.nn.Linear(3, 5)
     with pytest.raises(ValueError, match="schedule"):
-        fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), steps=1, lr=1e-3, warmup=1, schedule="step")
+        fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), FitConfig(steps=1, lr=1e-3, warmup=1, schedule="step"))
 
 
 def test_replan_ends_the_cosine_at_the_new_total():
@@ -123,7 +126,9 @@ def test_time_cap_anneals_instead_of_stopping_at_a_high_rate():
         time.sleep(0.004)  # at most ~250 steps/s: far fewer than 100,000 steps fit in the cap
         return m(torch.ones(1, 3)).pow(2).mean(), 1
 
-    result = fit(model, slow_step, steps=100_000, lr=0.1, warmup=5, schedule="cosine", seconds=0.8, progress=False)
+    result = fit(
+        model, slow_step, FitConfig(steps=100_000, lr=0.1, warmup=5, schedule="cosine", seconds=0.8), progress=False
+    )
     assert 25 <= result.steps < 1000
     # Where the cap stopped it, the schedule was near its end (without shortening: 0.1, the peak).
     assert result.lr < 0.1 / 3
@@ -137,8 +142,8 @@ def test_time_cap_that_does_not_bind_changes_nothing():
     def step_loss(m, step):
         return m(torch.full((1, 3), float(step))).pow(2).mean(), 1
 
-    fit(a, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", progress=False)
-    fit(b, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600, progress=False)
+    fit(a, step_loss, FitConfig(steps=53, lr=0.01, warmup=5, schedule="cosine"), progress=False)
+    fit(b, step_loss, FitConfig(steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600), progress=False)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
@@ -151,7 +156,7 @@ def test_trainer_moves_the_model_to_train_device_and_leaves_it_without() -> None
             Trainer(nn.Linear(3, 5), lr=0.1, warmup=1, total_steps=2, device="cuda")
 
 
-def _model(seed: int = 0, *, dropout: float = 0.0) -> EncoderDecoder:
+def _model(seed: int = 0, *, dropout: float = 0.0, bias: bool = True) -> EncoderDecoder:
     torch.manual_seed(seed)
     config = EncoderDecoderConfig(
         src_vocab_size=V,
@@ -163,5 +168,104 @@ def _model(seed: int = 0, *, dropout: float = 0.0) -> EncoderDecoder:
         n_decoder_layers=1,
         dropout=dropout,
         max_len=16,
+        bias=bias,
     )
     return EncoderDecoder(config)
+
+
+B, K = 3, 4  # rows per batch, batches accumulated per step
+
+
+def _rows(step: int) -> list[list[int]]:
+    """The K·B rows of step ``step``'s copy batch, of lengths 2 to 8 (so K batches of B rows hold
+    different numbers of tokens: a mean of their means would weight them wrongly)."""
+    g = torch.Generator().manual_seed(step)
+    return [
+        torch.randint(3, V, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(K * B)
+    ]
+
+
+def _copy_loss(model: EncoderDecoder, rows: list[list[int]]) -> tuple[torch.Tensor, int]:
+    src, tgt_in, tgt_out = seq2seq_batch([(r, r) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    return seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD)
+
+
+def test_accumulating_four_batches_of_b_equals_one_batch_of_4b() -> None:
+    """train.accumulate: a step over K batches of B rows (batch i: part i % K of step i // K's
+    rows) has the loss, gradient and update of one step over the K·B rows at once. No biases: a
+    key bias's true gradient is zero, and AdamW would move it by ±lr on rounding noise alone."""
+    whole = _model(seed=2, bias=False)
+    parts = _model(seed=2, bias=False)
+    config = FitConfig(steps=3, lr=1e-2, warmup=1)
+    one = fit(whole, lambda m, step: _copy_loss(m, _rows(step)), config, progress=False)
+
+    def part(m: EncoderDecoder, i: int) -> tuple[torch.Tensor, int]:
+        return _copy_loss(m, _rows(i // K)[(i % K) * B : (i % K + 1) * B])
+
+    four = fit(parts, part, dataclasses.replace(config, accumulate=K), progress=False)
+    assert one.tokens == four.tokens and len(four.losses) == 3
+    assert four.losses == pytest.approx(one.losses, rel=1e-5)
+    for p, q in zip(whole.parameters(), parts.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)  # the last step's gradient
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    # The parts differ in size: the plain mean of their losses is not the step's loss.
+    fresh = _model(seed=2)
+    means = [_copy_loss(fresh, _rows(0)[k * B : (k + 1) * B])[0].item() for k in range(K)]
+    assert abs(sum(means) / K - one.losses[0]) > 1e-3
+
+
+def test_ema_is_the_moving_average_of_the_weights_after_every_step() -> None:
+    """train.ema_decay d: the model fit returns holds e_N, e_0 = the initial weights and
+    e_t = d·e_(t−1) + (1 − d)·θ_t, computed here by hand from the weights of a run without it
+    (the average does not change training: the same losses)."""
+    d, seen = 0.75, []
+
+    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
+        seen.append([p.detach().clone() for p in m.parameters()])  # θ_step: the weights before the step
+        return _copy_loss(m, _rows(step)[:B])
+
+    config = FitConfig(steps=6, lr=1e-2, warmup=1)
+    plain = _model(seed=4)
+    raw = fit(plain, step_loss, config, progress=False)
+    thetas = [*seen, [p.detach().clone() for p in plain.parameters()]]  # θ_0 … θ_6
+    hand = thetas[0]
+    for theta in thetas[1:]:
+        hand = [d * e + (1 - d) * t for e, t in zip(hand, theta, strict=True)]
+    averaged = _model(seed=4)
+    result = fit(averaged, step_loss, dataclasses.replace(config, ema_decay=d), progress=False)
+    assert result.losses == raw.losses
+    for p, e in zip(averaged.parameters(), hand, strict=True):
+        torch.testing.assert_close(p.detach(), e, rtol=1e-6, atol=1e-7)
+    assert any(not torch.allclose(p, last) for p, last in zip(averaged.parameters(), thetas[-1], strict=True))
+
+
+def test_a_run_continued_from_its_saved_state_ends_as_an_uninterrupted_one() -> None:
+    """With accumulation and a moving average: the trainer's state after step 4 (optimizer,
+    schedule, the average) restored into a fresh model continues to the same weights, bit for bit."""
+    config = FitConfig(steps=9, lr=1e-2, warmup=2, schedule="cosine", accumulate=2, ema_decay=0.8)
+    saved: dict[int, tuple] = {}
+
+    def part(m: EncoderDecoder, i: int) -> tuple[torch.Tensor, int]:
+        return _copy_loss(m, _rows(i)[:B])
+
+    def save(trainer: Trainer, result: FitResult) -> str:
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        saved[result.steps] = (trainer.state(), weights, copy.deepcopy(result))
+        return "memory"
+
+    whole = _model(seed=6)
+    uninterrupted = fit(whole, part, config, progress=False, checkpoint=Checkpointing(save=save, every=4))
+    assert sorted(saved) == [4, 8]
+
+    def load(trainer: Trainer) -> FitResult:
+        (tensors, meta), weights, result = saved[4]
+        trainer.model.load_state_dict(weights)
+        trainer.restore(tensors, json.loads(json.dumps(meta)))  # as a checkpoint stores it
+        return copy.deepcopy(result)
+
+    resumed = _model(seed=7)  # other weights: the state must bring them all back
+    again = fit(resumed, part, config, progress=False, checkpoint=Checkpointing(save=save, load=load))
+    assert again.losses == uninterrupted.losses
+    assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), resumed.parameters(), strict=True))
+    tensors, _ = saved[8][0]
+    assert {f"ema.{i}" for i in range(len(list(whole.parameters())))} <= set(tensors)

@@ -47,6 +47,7 @@ from qkv.training import (
     ON_NONFINITE,
     SCHEDULES,
     Checkpointing,
+    FitConfig,
     FitResult,
     Trainer,
     fit,
@@ -216,6 +217,8 @@ def load_recipe(
 # a rule whose key the task's recipe lacks is skipped.
 COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: only when stopped by a signal)"),
+    ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "ema_decay"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1) (0: no moving average)"),
     ("train", "on_nonfinite"): (str, lambda v: v in ON_NONFINITE, f"one of {', '.join(ON_NONFINITE)}"),
     ("train", "steps"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer"),
     ("train", "init"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
@@ -295,6 +298,8 @@ FIT_TRAIN_DEFAULTS: dict = {
     "bf16": False,
     "label_smoothing": 0.0,
     "seed": 0,
+    "accumulate": 1,  # batches per optimizer step (gradient accumulation): K batches of B train as one of K·B
+    "ema_decay": 0.0,  # d of a moving average of the weights, saved and evaluated in their place (0: off)
     "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
     "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
@@ -418,10 +423,14 @@ def fit_recipe(
             return FitResult(**load_checkpoint(resume_from, trainer))
 
         checkpoint = Checkpointing(save=save, load=load, every=int(train.get("save_every") or 0))
-    return fit(
-        model,
-        step_loss,
-        steps=int(train["steps"]),
+    return fit(model, step_loss, fit_config(train), progress=progress, desc=desc, unit=unit, checkpoint=checkpoint)
+
+
+def fit_config(train: dict, *, steps: int | None = None) -> FitConfig:
+    """The :class:`~qkv.training.FitConfig` of a recipe's (checked) train section; ``steps``:
+    the schedule's length when the section's ``steps`` is not it (a run counted in epochs)."""
+    return FitConfig(
+        steps=int(train["steps"]) if steps is None else steps,
         seconds=train["seconds"],
         lr=float(train["lr"]),
         warmup=int(train["warmup"]),
@@ -431,13 +440,11 @@ def fit_recipe(
         betas=(0.9, float(train["beta2"])),
         clip=float(train["clip"]),
         bf16=train["bf16"],
-        progress=progress,
-        desc=desc,
-        unit=unit,
-        on_nonfinite=train.get("on_nonfinite", "stop"),
-        checkpoint=checkpoint,
-        parallel=train.get("parallel", "ddp"),
-        device=train.get("device", "auto"),
+        on_nonfinite=train["on_nonfinite"],
+        parallel=train["parallel"],
+        device=train["device"],
+        accumulate=int(train["accumulate"]),
+        ema_decay=float(train["ema_decay"]),
     )
 
 

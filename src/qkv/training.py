@@ -18,8 +18,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +46,11 @@ def warmup_cosine(step: int, *, warmup: int, total: int, floor: float = 0.0) -> 
 
 
 SCHEDULES = ("inverse_sqrt", "cosine")
+
+
+def ema_update(average: Tensor, value: Tensor, decay: float) -> None:
+    """One step of an exponential moving average, in place: average ← d·average + (1 − d)·value."""
+    average.lerp_(value, 1.0 - decay)  # a + w·(v − a) = (1 − w)·a + w·v with w = 1 − d
 
 
 @dataclass
@@ -91,6 +96,13 @@ class Trainer:
     (summed across workers), so the step equals one step on the whole batch. The state holds
     every worker's RNG, and the optimizer moments whole or (``state(whole=False)``) as shards.
     ``device`` (a recipe's ``train.device``: ``distributed.device``) moves the model first.
+
+    ``ema_decay`` d > 0 keeps an exponential moving average of the weights beside them (Polyak &
+    Juditsky, 1992; the "EMA" of timm and nanochat): after every optimizer step t,
+    e_t = d·e_(t−1) + (1 − d)·θ_t, from e_0 = the weights the run starts with
+    (:func:`ema_update`). The average is part of the state (``ema.I`` for parameter I, cut like
+    the optimizer's moments), so a resumed run continues it exactly; :meth:`averaged` puts it
+    into the model for a while (validation), :meth:`keep_averaged` for good (the end of a run).
     """
 
     def __init__(
@@ -109,9 +121,12 @@ class Trainer:
         on_nonfinite: str = "stop",
         parallel: str = "ddp",
         device: str | None = None,
+        ema_decay: float = 0.0,
     ) -> None:
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         if device is not None:  # a recipe's train.device; None: the model stays where it is
             model.to(distributed.device(device))  # in place: the caller's model moves too
         self.model = model
@@ -136,6 +151,37 @@ class Trainer:
         factor = lr_factor(schedule, warmup=warmup, total=total_steps, floor=self.floor)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.device_type = next(model.parameters()).device.type
+        self.ema_decay = ema_decay
+        # The average of each parameter, in the optimizer's order (its state's indices); None: off.
+        self.ema = [p.detach().clone() for p in self.parameters()] if ema_decay > 0 else None
+
+    def parameters(self) -> list[Tensor]:
+        """The parameters in the order the optimizer's state indexes them."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def _swap_averaged(self) -> None:
+        """Exchange the model's weights and their moving average."""
+        for p, e in zip(self.parameters(), self.ema or [], strict=False):
+            held = p.detach().clone()
+            p.copy_(e)
+            e.copy_(held)
+
+    @contextmanager
+    def averaged(self) -> Iterator[None]:
+        """Inside the block the model holds the moving average of its weights (``ema_decay``;
+        without one, its weights), afterwards its own again."""
+        self._swap_averaged()
+        try:
+            yield
+        finally:
+            self._swap_averaged()
+
+    @torch.no_grad()
+    def keep_averaged(self) -> None:
+        """Put the moving average into the model for good (nothing without ``ema_decay``)."""
+        for p, e in zip(self.parameters(), self.ema or [], strict=False):
+            p.copy_(e)
 
     def replan(self, total_steps: int) -> None:
         """End a decaying schedule (cosine) at ``total_steps`` instead (never past the steps it
@@ -200,6 +246,10 @@ class Trainer:
             self.skipped += 1
         else:
             self.optimizer.step()
+            if self.ema is not None:
+                with torch.no_grad():
+                    for e, p in zip(self.ema, self.parameters(), strict=True):
+                        ema_update(e, p.detach(), self.ema_decay)
         self.scheduler.step()
         self.steps += 1
         return loss, total
@@ -217,14 +267,22 @@ class Trainer:
             states = distributed.all_gather(torch.cuda.get_rng_state())
             tensors.update({"rng.cuda": states[0], **{f"rng.cuda.{r}": t for r, t in enumerate(states) if r}})
         scalars: dict[str, dict] = {}
+        moments = {
+            f"optimizer.{index}.{name}": value
+            for index, values in optimizer["state"].items()
+            for name, value in values.items()
+            if isinstance(value, Tensor)
+        }
         for index, values in optimizer["state"].items():
             for name, value in values.items():
                 if not isinstance(value, Tensor):
                     scalars.setdefault(str(index), {})[name] = value
-                elif whole:  # FSDP: gathered whole (collective), resumable with any N
-                    tensors[f"optimizer.{index}.{name}"] = distributed.full_tensor(value.detach()).clone().contiguous()
-                else:
-                    tensors[f"optimizer.{index}.{name}"] = value.detach()
+        moments.update({f"ema.{index}": e for index, e in enumerate(self.ema or [])})
+        for key, value in moments.items():
+            if whole:  # FSDP: gathered whole (collective), resumable with any N
+                tensors[key] = distributed.full_tensor(value.detach()).clone().contiguous()
+            else:
+                tensors[key] = value.detach()
         meta = {
             "steps": self.steps,
             "total_steps": self.total_steps,
@@ -239,11 +297,11 @@ class Trainer:
         """Tensors for a saved :meth:`state` (``stored``: each one's whole shape and dtype) to be
         read into, moments cut as this worker's parameters are (``checkpoint.read_shards``
         reads each worker's part of them, whatever the saving run's sharding was)."""
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = self.parameters()
         blank = {}
         for key, (shape, dtype) in stored.items():
             parts = key.split(".", 2)
-            if parts[0] == "optimizer" and parts[2] != "step":
+            if (parts[0] == "optimizer" and parts[2] != "step") or parts[0] == "ema":
                 like = params[int(parts[1])]
                 if tuple(like.shape) != tuple(shape):
                     raise ValueError(f"{key} has shape {tuple(shape)}, its parameter {tuple(like.shape)}")
@@ -256,12 +314,19 @@ class Trainer:
         """Continue from a :meth:`state` (the same model and settings are assumed); moments may
         be whole or already this worker's shards (:meth:`blank_state`)."""
         state: dict[int, dict] = {}
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the indices' order
+        params = self.parameters()  # the indices' order
         for key, value in tensors.items():
             if key.startswith("optimizer."):
                 _, index, name = key.split(".", 2)
                 like = params[int(index)] if name != "step" else value  # moments are cut as their parameter
                 state.setdefault(int(index), {})[name] = distributed.shard_like(value, like)
+        if self.ema is not None:
+            missing = [i for i in range(len(self.ema)) if f"ema.{i}" not in tensors]
+            if missing:
+                raise ValueError(f"ema_decay is {self.ema_decay} but the state holds no moving average")
+            with torch.no_grad():
+                for i, e in enumerate(self.ema):
+                    e.copy_(distributed.shard_like(tensors[f"ema.{i}"], params[i]))
         for index, values in meta["optimizer_scalars"].items():
             state.setdefault(int(index), {}).update(values)
         groups = [{**g, "betas": tuple(g["betas"])} for g in meta["param_groups"]]
@@ -395,34 +460,70 @@ class Checkpointing:
 RESCHEDULE_EVERY = 25  # steps between estimates of how many steps fit in a time cap
 
 
+@dataclass(frozen=True)
+class FitConfig:
+    """How :func:`fit` trains: the optimizer side of a recipe's train section, typed
+    (``recipes.fit_config`` reads one).
+
+    Attributes:
+        steps: optimizer steps to take; the schedule ends there.
+        lr: the peak learning rate.
+        warmup: steps of linear warmup.
+        schedule: ``"inverse_sqrt"`` or ``"cosine"`` (:data:`SCHEDULES`).
+        min_lr: where the cosine schedule ends.
+        seconds: a cap on wall time (None: none); a cosine schedule is replanned to end there.
+        weight_decay: AdamW's, on matrices only.
+        clip: the gradient norm's cap (0: no clipping).
+        betas: AdamW's.
+        bf16: bf16 autocast.
+        on_nonfinite: a NaN/inf loss or gradient: ``"stop"`` or ``"skip"`` the step.
+        parallel: ``"ddp"`` or ``"fsdp"`` on several workers.
+        device: where to train (``distributed.device``); None: where the model is.
+        accumulate: batches per optimizer step (gradient accumulation: one step over K batches
+            is one step over their union, :meth:`Trainer.step`).
+        ema_decay: d of the moving average of the weights (0: none); with one, the model
+            :func:`fit` returns holds the average (:class:`Trainer`).
+    """
+
+    steps: int
+    lr: float
+    warmup: int
+    schedule: str = "inverse_sqrt"
+    min_lr: float = 0.0
+    seconds: float | None = None
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    bf16: bool = False
+    on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    device: str | None = None
+    accumulate: int = 1
+    ema_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be a positive integer, got {self.accumulate}")
+
+
 def fit(
     model: nn.Module,
     step_loss: Callable[[nn.Module, int], tuple[Tensor, int]],
+    config: FitConfig,
     *,
-    steps: int,
-    lr: float,
-    warmup: int,
-    schedule: str = "inverse_sqrt",
-    min_lr: float = 0.0,
-    seconds: float | None = None,
-    weight_decay: float = 0.01,
-    clip: float = 1.0,
-    betas: tuple[float, float] = (0.9, 0.98),
-    bf16: bool = False,
     progress: bool = True,
     desc: str = "train",
     unit: str = "tok",
-    on_nonfinite: str = "stop",
     checkpoint: Checkpointing | None = None,
-    parallel: str = "ddp",
-    device: str | None = None,
 ) -> FitResult:
-    """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
+    """Train ``model`` for ``config.steps`` optimizer steps (or until ``config.seconds`` have passed).
 
-    ``step_loss(model, step)`` returns the loss of one batch and its number of target
-    tokens (or examples, for a per-example loss; ``unit`` names them in the progress bar);
-    it owns the data, so the loop is the same for every model family. The optimizer side is
-    a :class:`Trainer`.
+    ``step_loss(model, i)`` returns the loss of batch ``i`` and its number of target tokens (or
+    examples, for a per-example loss; ``unit`` names them in the progress bar); it owns the
+    data, so the loop is the same for every model family. Step s takes the batches
+    s·K … s·K + K − 1 (K = ``config.accumulate``; one batch, s, without accumulation), and its
+    gradient is that of their union. The optimizer side is a :class:`Trainer`; with
+    ``config.ema_decay`` the returned model holds the moving average of its weights.
 
     With ``seconds``, a decaying schedule (cosine) ends where the time does: every
     ``RESCHEDULE_EVERY`` steps after warm-up the steps that still fit are estimated from the
@@ -433,33 +534,35 @@ def fit(
     is always ahead of the step taken, and the schedule ends at the cap. On a machine fast
     enough for ``steps`` nothing changes.
 
-    With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the losses so
-    far) is saved every ``checkpoint.every`` steps and when SIGTERM or Ctrl-C asks the run to
-    stop (:class:`StopRequest`), and ``checkpoint.load`` may continue a saved run: the steps
-    already taken are not taken again, and the run ends as an uninterrupted one would
-    (``step_loss`` must draw its batch from ``step`` alone). A non-finite loss or gradient
-    stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
+    With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the moving
+    average, the losses so far) is saved every ``checkpoint.every`` steps and when SIGTERM or
+    Ctrl-C asks the run to stop (:class:`StopRequest`), and ``checkpoint.load`` may continue a
+    saved run: the steps already taken are not taken again, and the run ends as an
+    uninterrupted one would (``step_loss`` must draw batch i from i alone). A non-finite loss or
+    gradient stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
     ``on_nonfinite="skip"``, skips the step.
 
-    On N workers (torchrun) ``step_loss`` computes this worker's share of the step's batch
+    On N workers (torchrun) ``step_loss`` computes this worker's share of the batch
     (:func:`qkv.distributed.share`); the workers agree after every step on the elapsed time and
     on any stop request, so that they stop, reschedule and save at the same step. Only rank 0
     shows progress; ``checkpoint.save`` is called on every worker (rank 0 writes).
     """
+    steps, seconds, accumulate = config.steps, config.seconds, config.accumulate
     trainer = Trainer(
         model,
-        lr=lr,
-        warmup=warmup,
+        lr=config.lr,
+        warmup=config.warmup,
         total_steps=steps,
-        schedule=schedule,
-        min_lr=min_lr,
-        weight_decay=weight_decay,
-        clip=clip,
-        betas=betas,
-        bf16=bf16,
-        on_nonfinite=on_nonfinite,
-        parallel=parallel,
-        device=device,
+        schedule=config.schedule,
+        min_lr=config.min_lr,
+        weight_decay=config.weight_decay,
+        clip=config.clip,
+        betas=config.betas,
+        bf16=config.bf16,
+        on_nonfinite=config.on_nonfinite,
+        parallel=config.parallel,
+        device=config.device,
+        ema_decay=config.ema_decay,
     )
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()
@@ -479,8 +582,9 @@ def fit(
         past_cap = loaded is not None and seconds is not None and result.seconds >= seconds
         for step in range(result.steps, steps if not past_cap else result.steps):
             stop.check(step, save)
+            batches = [lambda i=i: step_loss(model, i) for i in range(step * accumulate, (step + 1) * accumulate)]
             try:
-                loss, n_tokens = trainer.step([lambda step=step: step_loss(model, step)])
+                loss, n_tokens = trainer.step(batches)
             except NonFinite as e:
                 last = f"; the last checkpoint: {saved[-1]}" if saved else "; no checkpoint was saved yet"
                 raise UserError(f"{e}{last}") from None
@@ -495,7 +599,7 @@ def fit(
                 bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
             if seconds is not None and result.seconds >= seconds:
                 break
-            if seconds is not None and step >= warmup and (step + 1) % RESCHEDULE_EVERY == 0:
+            if seconds is not None and step >= config.warmup and (step + 1) % RESCHEDULE_EVERY == 0:
                 fit_in_time = int((step + 1) * seconds / result.seconds)
                 if min(fit_in_time, steps) != trainer.total_steps:
                     trainer.replan(fit_in_time)
@@ -507,5 +611,6 @@ def fit(
             ):
                 save()
     bar.close()
+    trainer.keep_averaged()  # with ema_decay: the moving average is the model trained
     model.eval()
     return result

@@ -756,7 +756,6 @@ TASK = Task(
     report=report,
     rules={
         ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
-        ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
         ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
