@@ -188,3 +188,65 @@ def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
     score, outputs = evaluate_numbers(saved, averaged["tokenizer"], pairs=averaged["held_out"], beam_size=1)
     assert (score, outputs) == (averaged["exact_match"], averaged["outputs"])
     assert read_meta(tmp_path / "ema")["exact_match"] == score
+
+
+def _lm(tmp_path: Path, *extra: str) -> list[str]:
+    """A tiny lm recipe's overrides on a small text written to ``tmp_path``."""
+    import random
+
+    rng = random.Random(5)
+    words = "the a dog cat runs sleeps red big small house tree sees".split()
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(97))
+    (tmp_path / "text.txt").write_text(text + "\n")
+    return ["task=lm", f"data.text={tmp_path / 'text.txt'}", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+            "model.n_layers=1", "model.max_len=13", "train.batch_size=5", "train.warmup=2", *extra]  # fmt: skip
+
+
+def test_any_task_validates_keeps_the_best_averages_and_stops_early(tmp_path) -> None:
+    """The validation hooks on a task that trains in steps (lm): a record every train.valid_every
+    steps with the task's own metric (validation loss); the final model is the better of the best
+    and the average of the last two, so its validation loss is no worse than any validated one;
+    TensorBoard scalars stay in the model directory, the run's checkpoints do not. Patience
+    stops a run that no longer improves (a learning rate too small to move a weight)."""
+    from qkv.tasks import TASKS
+
+    out = tmp_path / "run"
+    sets = ["train.steps=12", "train.valid_every=3", "train.average_last=2", "train.tensorboard=true"]
+    summary = TASKS["lm"].train(load_recipe(None, _lm(tmp_path, *sets)), out, progress=False)
+    history = summary["history"]
+    assert [h["step"] for h in history] == [3, 6, 9, 12]
+    assert summary["val_loss"] <= min(h["valid_loss"] for h in history) + 1e-6
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert not [p.name for p in out.iterdir() if p.name in ("last", "best") or p.name.startswith("step-")]
+    stuck = TASKS["lm"].train(
+        load_recipe(
+            None,
+            _lm(
+                tmp_path,
+                "train.steps=40",
+                "train.valid_every=4",
+                "train.patience=2",
+                "train.lr=1e-12",
+                "train.min_lr=0",
+            ),
+        ),
+        tmp_path / "stuck",
+        progress=False,
+    )
+    assert stuck["stopped_by"] == "patience" and stuck["steps"] == 12 and len(stuck["history"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (["train.patience=3"], r"train\.patience needs validation; set train\.valid_every"),
+        (["train.average_last=2"], r"train\.average_last needs validation"),
+        (["train.valid_every=epoch"], r"train\.valid_every=epoch needs a task that trains in epochs"),
+        (["train.valid_every=0"], r"train\.valid_every must be a positive number of steps, epoch, or null"),
+        (["train.ema_decay=1"], r"train\.ema_decay must be a number in \[0, 1\)"),
+        (["train.accumulate=0"], r"train\.accumulate must be a positive integer"),
+    ],
+)
+def test_training_hooks_refuse_what_cannot_work(sets, said) -> None:
+    with pytest.raises(UserError, match=said):
+        load_recipe(None, sets)

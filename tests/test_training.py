@@ -16,7 +16,17 @@ from torch import nn
 from qkv.errors import UserError
 from qkv.losses import seq2seq_batch, seq2seq_loss, sequence_loss
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.training import Checkpointing, FitConfig, FitResult, Trainer, fit, inverse_sqrt, warmup_cosine
+from qkv.training import (
+    Checkpointing,
+    Epochs,
+    FitConfig,
+    FitResult,
+    Trainer,
+    Validation,
+    fit,
+    inverse_sqrt,
+    warmup_cosine,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -231,9 +241,20 @@ def test_ema_is_the_moving_average_of_the_weights_after_every_step() -> None:
     hand = thetas[0]
     for theta in thetas[1:]:
         hand = [d * e + (1 - d) * t for e, t in zip(hand, theta, strict=True)]
-    averaged = _model(seed=4)
-    result = fit(averaged, step_loss, dataclasses.replace(config, ema_decay=d), progress=False)
+    averaged, validated = _model(seed=4), []
+
+    def score(m: EncoderDecoder) -> dict[str, float]:  # validation reads the average
+        validated.append([p.detach().clone() for p in m.parameters()])
+        return {"loss": 0.0}
+
+    validation = Validation(score=score, metric="loss", higher=False, every=3)
+    result = fit(averaged, step_loss, dataclasses.replace(config, ema_decay=d), progress=False, validation=validation)
     assert result.losses == raw.losses
+    partial = thetas[0]
+    for theta in thetas[1:4]:
+        partial = [d * e + (1 - d) * w for e, w in zip(partial, theta, strict=True)]
+    for v, e in zip(validated[0], partial, strict=True):  # after step 3: e_3
+        torch.testing.assert_close(v, e, rtol=1e-6, atol=1e-7)
     for p, e in zip(averaged.parameters(), hand, strict=True):
         torch.testing.assert_close(p.detach(), e, rtol=1e-6, atol=1e-7)
     assert any(not torch.allclose(p, last) for p, last in zip(averaged.parameters(), thetas[-1], strict=True))
@@ -269,3 +290,80 @@ def test_a_run_continued_from_its_saved_state_ends_as_an_uninterrupted_one() -> 
     assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), resumed.parameters(), strict=True))
     tensors, _ = saved[8][0]
     assert {f"ema.{i}" for i in range(len(list(whole.parameters())))} <= set(tensors)
+
+
+def _line_loss(m: nn.Module, i: int) -> tuple[torch.Tensor, int]:
+    return (m(torch.full((1, 3), float(i % 7))) - 1.0).pow(2).mean(), 1
+
+
+def test_validation_keeps_the_best_and_the_last_k_and_stops_on_patience() -> None:
+    """Validation every 2 steps with scripted scores (a loss: lower is better): the best is saved
+    when it improves, the last 2 validated checkpoints are kept (older ones dropped), two
+    validations without a better score stop the run, and every score reaches the scalars."""
+    scripted = iter([5.0, 4.0, 4.5, 4.2, 3.0])
+    kept, dropped, tags = [], [], []
+    checkpoint = Checkpointing(
+        save=lambda trainer, result: "memory",
+        keep=lambda name, scores: kept.append((name, scores["loss"])),
+        drop=dropped.append,
+    )
+    validation = Validation(
+        score=lambda m: {"loss": next(scripted)}, metric="loss", higher=False, every=2, patience=2, keep=2
+    )
+    torch.manual_seed(0)
+    result = fit(
+        nn.Linear(3, 5),
+        _line_loss,
+        FitConfig(steps=20, lr=0.01, warmup=1),
+        progress=False,
+        checkpoint=checkpoint,
+        validation=validation,
+        scalars=lambda tag, value, step: tags.append((tag, step)),
+    )
+    assert (result.steps, result.stopped_by) == (8, "patience")
+    assert [h["step"] for h in result.history] == [2, 4, 6, 8] and [h["valid_loss"] for h in result.history] == [
+        5,
+        4,
+        4.5,
+        4.2,
+    ]
+    assert result.best["step"] == 4 and result.bad == 2
+    assert [k for k in kept if k[0] == "best"] == [("best", 5.0), ("best", 4.0)]
+    assert [k[0] for k in kept if k[0] != "best"] == [f"step-{s:07d}" for s in (2, 4, 6, 8)]
+    assert dropped == ["step-0000002", "step-0000004"] and result.kept == ["step-0000006", "step-0000008"]
+    assert ("valid/loss", 6) in tags and ("train/loss", 1) in tags and ("train/lr", 1) in tags
+
+
+def test_epochs_take_their_batches_in_groups_and_validate_at_each_end() -> None:
+    """A run in epochs: begin(e) is asked for each epoch's batches; with 2 batches accumulated a
+    step, an epoch of 5 takes steps of 2, 2 and 1 (never across its end); validation after each
+    epoch; the run ends after the epochs; the time validation takes is not training time."""
+    begun, seen = [], []
+
+    def begin(epoch: int) -> int:
+        begun.append(epoch)
+        return 5
+
+    def step_loss(m: nn.Module, b: int) -> tuple[torch.Tensor, int]:
+        seen.append(b)
+        return _line_loss(m, b)
+
+    def slow_score(m: nn.Module) -> dict[str, float]:
+        time.sleep(0.2)
+        return {"accuracy": 0.5}
+
+    started = time.perf_counter()
+    result = fit(
+        nn.Linear(3, 5),
+        step_loss,
+        FitConfig(steps=None, lr=0.01, warmup=1, accumulate=2),
+        progress=False,
+        epochs=Epochs(count=3, begin=begin),
+        validation=Validation(score=slow_score, metric="accuracy", higher=True),
+    )
+    wall = time.perf_counter() - started
+    assert begun == [0, 0, 1, 2]  # epoch 0 twice: first to plan the schedule's length
+    assert seen == [0, 1, 2, 3, 4] * 3
+    assert (result.steps, result.epoch, result.batch, result.stopped_by) == (9, 3, 0, "epochs")
+    assert [(h["epoch"], h["step"]) for h in result.history] == [(1, 3), (2, 6), (3, 9)]
+    assert result.seconds < wall - 3 * 0.2

@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,10 +38,10 @@ from qkv.checkpoint import (
 from qkv.data import (
     resolve,
 )
-from qkv.distributed import DEVICES, PARALLEL, plain_copy, world
+from qkv.distributed import DEVICES, PARALLEL, barrier, load_state, plain_copy, world
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
+from qkv.runs import TRAINER_STATE, Scalars, choose_final, load_checkpoint, save_checkpoint
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.training import (
@@ -50,6 +51,7 @@ from qkv.training import (
     FitConfig,
     FitResult,
     Trainer,
+    Validation,
     fit,
 )
 
@@ -180,6 +182,7 @@ def load_recipe(
         _set(recipe, key.strip(), value, where=f"--set {item}")
         named.add(key.strip())
     _check_values(recipe, where, {**COMMON_RULES, **task.rules})
+    _check_validation(recipe["train"], where)
     fine_tuning = recipe["train"].get("init") is not None
     if fine_tuning:
         # Fine-tuning takes the pretrained model's architecture: the model section keeps the
@@ -219,6 +222,14 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: only when stopped by a signal)"),
     ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
     ("train", "ema_decay"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1) (0: no moving average)"),
+    ("train", "valid_every"): (
+        (int, str, type(None)),
+        lambda v: v is None or v == "epoch" or (isinstance(v, int) and v > 0),
+        "a positive number of steps, epoch, or null (no validation)",
+    ),
+    ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
+    ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
     ("train", "on_nonfinite"): (str, lambda v: v in ON_NONFINITE, f"one of {', '.join(ON_NONFINITE)}"),
     ("train", "steps"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer"),
     ("train", "init"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
@@ -246,6 +257,17 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "vocab_size"): (int, lambda v: v > 8, "an integer > 8"),
 }
+
+
+def _check_validation(train: dict, where: str) -> None:
+    """What needs validation has it: early stopping and averaging compare validated checkpoints;
+    validation at every epoch's end needs a task that trains in epochs."""
+    every = train.get("valid_every")
+    if every == "epoch" and "epochs" not in train:
+        raise UserError(f"{where}: train.valid_every=epoch needs a task that trains in epochs; give a number of steps")
+    for key in ("patience", "average_last"):
+        if every is None and train.get(key):
+            raise UserError(f"{where}: train.{key} needs validation; set train.valid_every (a number of steps)")
 
 
 def _as_number(value: object) -> object:
@@ -300,6 +322,10 @@ FIT_TRAIN_DEFAULTS: dict = {
     "seed": 0,
     "accumulate": 1,  # batches per optimizer step (gradient accumulation): K batches of B train as one of K·B
     "ema_decay": 0.0,  # d of a moving average of the weights, saved and evaluated in their place (0: off)
+    "valid_every": None,  # steps between validations by the task's own metric (null: none); the best is kept
+    "patience": None,  # stop after this many validations without a better score (null: never)
+    "average_last": 0,  # average the last N validated checkpoints; the final model is the better of that and the best
+    "tensorboard": False,  # TensorBoard scalars in OUT/tensorboard (training loss, learning rate, rate; validation)
     "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
     "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
@@ -397,40 +423,83 @@ def fit_recipe(
     recipe: dict | None = None,
     tokenizer: Tokenizer | None = None,
     resume_from: Path | None = None,
+    score: Callable[[nn.Module], dict[str, float]] | None = None,
+    metric: str = "loss",
+    higher: bool = False,
 ) -> FitResult:
-    """:func:`~qkv.training.fit` with a recipe's train section.
+    """:func:`~qkv.training.fit` with a recipe's train section, in the model directory ``out``.
 
     With ``out`` (the model directory the run will become), what resuming needs is saved in
-    ``OUT/last`` every ``train.save_every`` steps and when SIGTERM or Ctrl-C stops the run,
-    with the model's ``tokenizer`` and the ``recipe``; ``resume_from`` (:func:`start_run`)
-    continues such a run. The final save of the model directory replaces ``last``.
+    ``OUT/last`` every ``train.save_every`` steps, after every validation and when SIGTERM or
+    Ctrl-C stops the run, with the model's ``tokenizer`` and the ``recipe``; ``resume_from``
+    (:func:`start_run`) continues such a run. With ``train.valid_every`` the task's ``score``
+    (its own ``metric``: a loss, or with ``higher`` BLEU, accuracy) validates the model; the best
+    (``OUT/best``) and the last ``train.average_last`` validated checkpoints are kept, and the
+    model ends as the better of the best and their average (:func:`~qkv.runs.choose_final`).
+    ``train.tensorboard``: scalars in ``OUT/tensorboard``. The final save of the model directory
+    replaces all of it but the scalars.
     """
+    validation = validation_of(train, score, metric=metric, higher=higher) if score is not None else None
+    if train.get("valid_every") is not None and score is None:
+        raise UserError(f"train.valid_every: the {(recipe or {}).get('task')} task has no validation")
     checkpoint = None
     if out is not None:
-        last = Path(out) / LAST
+        out = Path(out)
 
-        def save(trainer: Trainer, result: FitResult) -> str:
-            progress_so_far = {k: getattr(result, k) for k in ("steps", "seconds", "tokens", "losses", "lr")}
+        def save_to(name: str, *, trainer: Trainer | None = None, result: FitResult | None = None) -> str:
             with tempfile.TemporaryDirectory() as tmp:
                 files = tokenizer.save(Path(tmp) / TOKENIZER_FILE) if tokenizer is not None else {}
                 extra = {"task": (recipe or {}).get("task"), "recipe": recipe, "unfinished": True}
-                save_checkpoint(model, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far)
-            return str(last)
+                so_far = result.progress() if result is not None else None
+                save_checkpoint(model, out / name, files=files, extra=extra, trainer=trainer, progress=so_far)
+            return str(out / name)
 
         def load(trainer: Trainer) -> FitResult | None:
             if resume_from is None:
                 return None
-            return FitResult(**load_checkpoint(resume_from, trainer))
+            return FitResult.resumed(load_checkpoint(resume_from, trainer), steps=trainer.steps)
 
-        checkpoint = Checkpointing(save=save, load=load, every=int(train.get("save_every") or 0))
-    return fit(model, step_loss, fit_config(train), progress=progress, desc=desc, unit=unit, checkpoint=checkpoint)
+        def drop(name: str) -> None:
+            if world().main:
+                shutil.rmtree(out / name, ignore_errors=True)
+            barrier()
+
+        def keep(name: str, scores: dict) -> None:
+            save_to(name)
+
+        checkpoint = Checkpointing(
+            save=lambda trainer, result: save_to(LAST, trainer=trainer, result=result),
+            load=load,
+            every=int(train.get("save_every") or 0),
+            keep=keep,
+            drop=drop,
+        )
+    scalars = Scalars(out / "tensorboard" if out is not None and train.get("tensorboard") and world().main else None)
+    config = fit_config(train)
+    result = fit(
+        model,
+        step_loss,
+        config,
+        progress=progress,
+        desc=desc,
+        unit=unit,
+        checkpoint=checkpoint,
+        validation=validation,
+        scalars=scalars.add,
+    )
+    scalars.close()
+    if validation is not None and out is not None and score is not None:
+        whole = plain_copy(model)  # FSDP: the whole weights
+        choose_final(whole, out, result, score=score, metric=metric, higher=higher, save=lambda name, scores: None)
+        if whole is not model:
+            load_state(model, whole.state_dict())
+    return result
 
 
-def fit_config(train: dict, *, steps: int | None = None) -> FitConfig:
-    """The :class:`~qkv.training.FitConfig` of a recipe's (checked) train section; ``steps``:
-    the schedule's length when the section's ``steps`` is not it (a run counted in epochs)."""
+def fit_config(train: dict) -> FitConfig:
+    """The :class:`~qkv.training.FitConfig` of a recipe's (checked) train section."""
     return FitConfig(
-        steps=int(train["steps"]) if steps is None else steps,
+        steps=train["steps"],
         seconds=train["seconds"],
         lr=float(train["lr"]),
         warmup=int(train["warmup"]),
@@ -448,11 +517,31 @@ def fit_config(train: dict, *, steps: int | None = None) -> FitConfig:
     )
 
 
+def validation_of(
+    train: dict, score: Callable[[nn.Module], dict[str, float]], *, metric: str, higher: bool
+) -> Validation | None:
+    """The :class:`~qkv.training.Validation` a train section asks for (``valid_every``: steps, or
+    ``epoch``; ``patience``; ``average_last``) with the task's ``score``, or None (no validation)."""
+    every = train.get("valid_every")
+    if every is None:
+        return None
+    return Validation(
+        score=score,
+        metric=metric,
+        higher=higher,
+        every=0 if every == "epoch" else int(every),
+        patience=train["patience"],
+        keep=int(train["average_last"]),
+    )
+
+
 def save_model_dir(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, extra: dict) -> None:
     """Save the model directory with its tokenizer files (``special_tokens.json`` too, when the
-    tokenizer has one: an imported model's tokens and settings)."""
+    tokenizer has one: an imported model's tokens and settings); the run's TensorBoard scalars
+    stay in it."""
     with tempfile.TemporaryDirectory() as tmp:
-        save_model(model, out, files=tokenizer.save(Path(tmp) / TOKENIZER_FILE), extra=extra)
+        files = tokenizer.save(Path(tmp) / TOKENIZER_FILE)
+        save_model(model, out, files=files, extra=extra, carry=("tensorboard",))
 
 
 def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer | Vocabularies) -> dict:
@@ -462,6 +551,8 @@ def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer | Voca
         "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
         "final_loss": result.losses[-1],
         "losses": result.losses,
+        "history": result.history,  # the validations (train.valid_every)
+        "stopped_by": result.stopped_by,
         "model": model,
         "tokenizer": tokenizer,
     }

@@ -13,6 +13,7 @@ models, decoding, data files.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import sys
@@ -55,14 +56,39 @@ def ema_update(average: Tensor, value: Tensor, decay: float) -> None:
 
 @dataclass
 class FitResult:
-    """What a :func:`fit` run did: steps taken, wall seconds, loss per step, target tokens, and
-    the learning rate the schedule had reached."""
+    """What a :func:`fit` run did, and where it is (a checkpoint saves it: :meth:`progress`).
+
+    Steps taken, training seconds (validation excluded), the loss of every step, target tokens
+    and the learning rate the schedule had reached. A run in epochs: the epochs completed and
+    the next batch of the current one. With validation: one record per validation
+    (``history``), the best of them, how many validations since it (``bad``) and the names of
+    the checkpoints kept for averaging. ``stopped_by``: what ended the run (steps, seconds,
+    epochs, patience), or None while it runs.
+    """
 
     steps: int = 0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     tokens: int = 0
     lr: float = 0.0
+    epoch: int = 0
+    batch: int = 0
+    history: list[dict] = field(default_factory=list)
+    best: dict | None = None
+    bad: int = 0
+    kept: list[str] = field(default_factory=list)
+    stopped_by: str | None = None
+
+    def progress(self) -> dict:
+        """The run so far as JSON-able data, which :meth:`resumed` turns back into it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def resumed(cls, saved: dict, *, steps: int) -> FitResult:
+        """The result a checkpoint's :meth:`progress` saved (a field it lacks takes its default;
+        ``steps``: the trainer's, for progress saved without them)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{"steps": steps, **{k: v for k, v in saved.items() if k in known}})
 
 
 def lr_factor(schedule: str, *, warmup: int, total: int, floor: float) -> Callable[[int], float]:
@@ -445,16 +471,69 @@ class StopRequest:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Checkpointing:
-    """How :func:`fit` saves what resuming needs and resumes: ``save(trainer, result)`` writes
-    a checkpoint and returns where; ``load(trainer)`` restores one into ``trainer`` and returns
-    the :class:`FitResult` so far (None: start afresh); ``every``: steps between saves (0:
-    only when stopped by a signal)."""
+    """How :func:`fit` saves what resuming needs and resumes, and keeps validated checkpoints.
+
+    Attributes:
+        save: ``save(trainer, result)`` writes what resuming needs and returns where.
+        load: ``load(trainer)`` restores a saved run into ``trainer`` and returns its
+            :class:`FitResult` so far (None: start afresh).
+        every: steps between saves (0: only when stopped by a signal, or a validation).
+        keep: ``keep(name, scores)`` saves the weights just validated (the moving average with
+            ``ema_decay``) as the checkpoint ``name`` ("best", "epoch-NNN", "step-NNNNNNN").
+        drop: ``drop(name)`` removes a kept checkpoint that averaging no longer needs.
+        always: save when a fresh run starts and when a run ends too, so that the checkpoint
+            always exists (a run directory's ``last/``).
+    """
 
     save: Callable[[Trainer, FitResult], str]
     load: Callable[[Trainer], FitResult | None] | None = None
     every: int = 0
+    keep: Callable[[str, dict], None] | None = None
+    drop: Callable[[str], None] | None = None
+    always: bool = False
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """A run counted in epochs, passes over the data in an order of each epoch's own (:func:`fit`).
+
+    Attributes:
+        count: epochs to train; the run ends after the last, or sooner by a cap or patience.
+        begin: ``begin(e)`` makes epoch e's batches ready and returns how many it has; the
+            step loss then reads batch b of it as ``step_loss(model, b)``. Called when an epoch
+            starts, and on resume for the epoch the run stopped in: it must depend on e alone.
+    """
+
+    count: int
+    begin: Callable[[int], int]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Validation during :func:`fit`, and what follows from it: the best checkpoint, early
+    stopping and the last checkpoints kept for averaging (Vaswani et al., 2017, section 6.1).
+
+    Attributes:
+        score: the task's validation of a model, its scores by name (floats); called on every
+            worker with the whole weights (the moving average with ``ema_decay``), in eval mode.
+        metric: the score that ranks checkpoints (a loss, BLEU, WER, accuracy).
+        higher: whether a higher ``metric`` is better.
+        every: steps between validations; 0: at the end of every epoch (a run with :class:`Epochs`).
+        patience: stop after this many validations without a better ``metric`` (None: never).
+        keep: how many of the last validated checkpoints to keep for averaging (0: none).
+    """
+
+    score: Callable[[nn.Module], dict[str, float]]
+    metric: str
+    higher: bool
+    every: int = 0
+    patience: int | None = None
+    keep: int = 0
+
+    def better(self, score: float, best: float) -> bool:
+        return score > best if self.higher else score < best
 
 
 RESCHEDULE_EVERY = 25  # steps between estimates of how many steps fit in a time cap
@@ -466,7 +545,8 @@ class FitConfig:
     (``recipes.fit_config`` reads one).
 
     Attributes:
-        steps: optimizer steps to take; the schedule ends there.
+        steps: optimizer steps to take; the schedule ends there. With epochs (:class:`Epochs`)
+            a cap, or None: the epochs end the run and plan the schedule.
         lr: the peak learning rate.
         warmup: steps of linear warmup.
         schedule: ``"inverse_sqrt"`` or ``"cosine"`` (:data:`SCHEDULES`).
@@ -485,7 +565,7 @@ class FitConfig:
             :func:`fit` returns holds the average (:class:`Trainer`).
     """
 
-    steps: int
+    steps: int | None
     lr: float
     warmup: int
     schedule: str = "inverse_sqrt"
@@ -515,44 +595,64 @@ def fit(
     desc: str = "train",
     unit: str = "tok",
     checkpoint: Checkpointing | None = None,
+    epochs: Epochs | None = None,
+    validation: Validation | None = None,
+    scalars: Callable[[str, float, int], None] | None = None,
 ) -> FitResult:
-    """Train ``model`` for ``config.steps`` optimizer steps (or until ``config.seconds`` have passed).
+    """Train ``model`` for ``config.steps`` optimizer steps, or ``epochs``, or until
+    ``config.seconds`` have passed: the one training loop of every task.
 
     ``step_loss(model, i)`` returns the loss of batch ``i`` and its number of target tokens (or
     examples, for a per-example loss; ``unit`` names them in the progress bar); it owns the
     data, so the loop is the same for every model family. Step s takes the batches
     s·K … s·K + K − 1 (K = ``config.accumulate``; one batch, s, without accumulation), and its
-    gradient is that of their union. The optimizer side is a :class:`Trainer`; with
-    ``config.ema_decay`` the returned model holds the moving average of its weights.
+    gradient is that of their union. With ``epochs``, i counts the batches of the current
+    epoch (:class:`Epochs`) and a step takes the next K of them, fewer at an epoch's end. The
+    optimizer side is a :class:`Trainer`; with ``config.ema_decay`` the returned model holds
+    the moving average of its weights.
+
+    ``validation`` scores the model every ``validation.every`` steps or at every epoch's end
+    (:class:`Validation`): the records go to ``FitResult.history``, the best is kept
+    (``checkpoint.keep("best", …)``), the last ``validation.keep`` are kept for averaging, and
+    ``validation.patience`` validations without a better score stop the run. Validation time
+    is not training time. ``scalars(tag, value, step)`` receives the training loss, learning
+    rate and rate every 10 steps and every validation score (TensorBoard).
 
     With ``seconds``, a decaying schedule (cosine) ends where the time does: every
     ``RESCHEDULE_EVERY`` steps after warm-up the steps that still fit are estimated from the
-    rate so far, and when fewer than ``steps`` fit, the schedule is planned to end there
+    rate so far, and when fewer than planned fit, the schedule is planned to end there
     (:meth:`Trainer.replan`): a capped run on a busy machine anneals instead of stopping at
     a high learning rate. The estimate follows the rate both ways, so a slow stretch early on
     (another job beside it) does not anneal the run long before its time is up: the estimate
     is always ahead of the step taken, and the schedule ends at the cap. On a machine fast
-    enough for ``steps`` nothing changes.
+    enough for the steps planned nothing changes.
 
     With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the moving
-    average, the losses so far) is saved every ``checkpoint.every`` steps and when SIGTERM or
-    Ctrl-C asks the run to stop (:class:`StopRequest`), and ``checkpoint.load`` may continue a
-    saved run: the steps already taken are not taken again, and the run ends as an
-    uninterrupted one would (``step_loss`` must draw batch i from i alone). A non-finite loss or
-    gradient stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
-    ``on_nonfinite="skip"``, skips the step.
+    average, the :class:`FitResult` so far) is saved every ``checkpoint.every`` steps, after
+    every validation and when SIGTERM or Ctrl-C asks the run to stop (:class:`StopRequest`),
+    and ``checkpoint.load`` may continue a saved run: the steps already taken are not taken
+    again, and the run ends as an uninterrupted one would (``step_loss`` must draw batch i from
+    i alone; ``epochs.begin`` an epoch's order from the epoch alone). A run that had stopped
+    goes straight to its end. A non-finite loss or gradient stops the run with
+    :class:`NonFinite` (naming the last checkpoint saved) or, with ``on_nonfinite="skip"``,
+    skips the step.
 
     On N workers (torchrun) ``step_loss`` computes this worker's share of the batch
     (:func:`qkv.distributed.share`); the workers agree after every step on the elapsed time and
     on any stop request, so that they stop, reschedule and save at the same step. Only rank 0
-    shows progress; ``checkpoint.save`` is called on every worker (rank 0 writes).
+    shows progress; ``checkpoint`` and ``validation.score`` are called on every worker.
     """
-    steps, seconds, accumulate = config.steps, config.seconds, config.accumulate
+    if config.steps is None and epochs is None:
+        raise ValueError("fit needs config.steps or epochs")
+    if validation is not None and validation.every == 0 and epochs is None:
+        raise ValueError("validation at the end of every epoch needs epochs")
+    accumulate = config.accumulate
+    planned = config.steps if epochs is None else planned_steps(epochs, accumulate, config.steps)
     trainer = Trainer(
         model,
         lr=config.lr,
         warmup=config.warmup,
-        total_steps=steps,
+        total_steps=planned,
         schedule=config.schedule,
         min_lr=config.min_lr,
         weight_decay=config.weight_decay,
@@ -567,26 +667,38 @@ def fit(
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()
     start = time.perf_counter() - result.seconds
-    saved: list[str] = []
+    saved: list[tuple[str, tuple]] = []  # where each save of this session went, and at which point
 
     def save() -> str | None:
         if checkpoint is None:
             return None
-        saved.append(checkpoint.save(trainer, result))
-        return saved[-1]
+        saved.append((checkpoint.save(trainer, result), (result.steps, result.epoch, result.stopped_by)))
+        return saved[-1][0]
+
+    def stop_reason() -> str | None:
+        return _stop_reason(result, config, epochs, validation)
 
     main = trainer.world.main
-    bar = progress_report(steps, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
+    bar = progress_report(planned, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
+    say = (lambda line: bar.write(line, file=sys.stderr)) if progress and main else None
+    size = None  # the current epoch's batches, once begun
+    if checkpoint is not None and checkpoint.always and loaded is None:
+        save()  # a fresh run's checkpoint, before its first step
     with StopRequest() as stop:
-        # A resumed run already past its time cap takes no step; a fresh one always takes one.
-        past_cap = loaded is not None and seconds is not None and result.seconds >= seconds
-        for step in range(result.steps, steps if not past_cap else result.steps):
-            stop.check(step, save)
-            batches = [lambda i=i: step_loss(model, i) for i in range(step * accumulate, (step + 1) * accumulate)]
+        while (reason := stop_reason()) is None:
+            if epochs is not None and size is None:
+                size = epochs.begin(result.epoch)  # an epoch's order (its draw of pieces) is training time
+            first, count = (
+                (result.batch, min(accumulate, size - result.batch))
+                if size is not None
+                else (result.steps * accumulate, accumulate)
+            )
+            stop.check(result.steps, save)
+            batches = [lambda i=i: step_loss(model, i) for i in range(first, first + count)]
             try:
                 loss, n_tokens = trainer.step(batches)
             except NonFinite as e:
-                last = f"; the last checkpoint: {saved[-1]}" if saved else "; no checkpoint was saved yet"
+                last = f"; the last checkpoint: {saved[-1][0]}" if saved else "; no checkpoint was saved yet"
                 raise UserError(f"{e}{last}") from None
             result.steps += 1
             result.tokens += n_tokens
@@ -594,23 +706,109 @@ def fit(
             result.seconds = stop.agree(time.perf_counter() - start)
             result.lr = trainer.lr
             bar.update(1)
-            if step % 10 == 0 or step == steps - 1:
-                rate = f"{result.tokens / result.seconds:.0f}"
-                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
-            if seconds is not None and result.seconds >= seconds:
-                break
-            if seconds is not None and step >= config.warmup and (step + 1) % RESCHEDULE_EVERY == 0:
-                fit_in_time = int((step + 1) * seconds / result.seconds)
-                if min(fit_in_time, steps) != trainer.total_steps:
+            if result.steps % 10 == 1 or result.steps == planned:
+                rate = result.tokens / max(result.seconds, 1e-9)
+                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": f"{rate:.0f}"})
+                if scalars is not None:
+                    scalars("train/loss", loss, result.steps)
+                    scalars("train/lr", trainer.lr, result.steps)
+                    scalars(f"train/{unit}_per_second", rate, result.steps)
+            if config.seconds is not None and result.steps > config.warmup and result.steps % RESCHEDULE_EVERY == 0:
+                fit_in_time = int(result.steps * config.seconds / result.seconds)
+                if min(fit_in_time, planned) != trainer.total_steps:
                     trainer.replan(fit_in_time)
-            if (
-                checkpoint is not None
-                and checkpoint.every
-                and result.steps % checkpoint.every == 0
-                and result.steps < steps
-            ):
-                save()
+            ended = size is not None and result.batch + count >= size
+            if size is not None:
+                result.batch = 0 if ended else result.batch + count
+                result.epoch += int(ended)
+                size = None if ended else size
+            if validation is not None and (ended if validation.every == 0 else result.steps % validation.every == 0):
+                start += _validate(model, trainer, result, validation, checkpoint, scalars, epochs is not None, say)
+                if checkpoint is not None:
+                    result.stopped_by = stop_reason()  # in the checkpoint: a resumed run knows it had ended
+                    save()
+            elif checkpoint is not None and checkpoint.every and result.steps % checkpoint.every == 0:
+                if stop_reason() is None:  # the run ends here: its end saves
+                    save()
+    result.stopped_by = reason
+    if (
+        checkpoint is not None
+        and checkpoint.always
+        and (not saved or saved[-1][1] != (result.steps, result.epoch, reason))
+    ):
+        save()
     bar.close()
     trainer.keep_averaged()  # with ema_decay: the moving average is the model trained
     model.eval()
     return result
+
+
+def planned_steps(epochs: Epochs, accumulate: int, cap: int | None) -> int:
+    """The optimizer steps of a run in epochs, for its schedule and progress bar: epoch 0's steps
+    times the epochs (an epoch whose order draws other pieces may hold a few batches more or
+    fewer: the epochs, not this, end the run), or the cap if sooner."""
+    total = epochs.count * math.ceil(epochs.begin(0) / accumulate)
+    return min(total, cap) if cap is not None else total
+
+
+def _stop_reason(
+    result: FitResult, config: FitConfig, epochs: Epochs | None, validation: Validation | None
+) -> str | None:
+    """Why the run must stop before its next step, or None. Checked before every step, so that a
+    resumed run that had stopped takes none; a fresh run always takes one (a time cap counts
+    from the first step)."""
+    if validation is not None and validation.patience is not None and result.bad >= validation.patience:
+        return "patience"
+    if epochs is not None and result.epoch >= epochs.count:
+        return "epochs"
+    if config.steps is not None and result.steps >= config.steps:
+        return "steps"
+    if config.seconds is not None and result.steps > 0 and result.seconds >= config.seconds:
+        return "seconds"
+    return None
+
+
+def _validate(
+    model: nn.Module,
+    trainer: Trainer,
+    result: FitResult,
+    validation: Validation,
+    checkpoint: Checkpointing | None,
+    scalars: Callable[[str, float, int], None] | None,
+    in_epochs: bool,
+    say: Callable[[str], None] | None,
+) -> float:
+    """One validation (:class:`Validation`) of the weights, or their moving average: its record in
+    ``result.history``, the best and those kept for averaging saved, patience counted, the scores
+    said (rank 0) and sent to ``scalars``. Returns the seconds it took."""
+    began = time.perf_counter()
+    with trainer.averaged():
+        scores = validation.score(distributed.plain_copy(model).eval())  # FSDP: the whole weights
+        entry = {"epoch": result.epoch} if in_epochs else {}
+        entry.update(step=result.steps, train_seconds=round(result.seconds, 1))
+        entry.update({f"valid_{name}": value for name, value in scores.items()})
+        result.history.append(entry)
+        key = f"valid_{validation.metric}"
+        if result.best is None or validation.better(entry[key], result.best[key]):
+            result.best, result.bad = entry, 0
+            if checkpoint is not None and checkpoint.keep is not None:
+                checkpoint.keep("best", scores)
+        else:
+            result.bad += 1
+        if validation.keep and checkpoint is not None and checkpoint.keep is not None:
+            name = f"epoch-{result.epoch:03d}" if in_epochs else f"step-{result.steps:07d}"
+            checkpoint.keep(name, scores)
+            result.kept.append(name)
+            for old in result.kept[: -validation.keep]:
+                if checkpoint.drop is not None:
+                    checkpoint.drop(old)
+            result.kept = result.kept[-validation.keep :]
+    seconds = time.perf_counter() - began
+    for name, value in scores.items():
+        if scalars is not None:
+            scalars(f"valid/{name}", value, result.steps)
+    where = f"epoch {result.epoch} (step {result.steps})" if in_epochs else f"step {result.steps}"
+    said = ", ".join(f"{name} {value:.4g}" for name, value in scores.items())
+    if say is not None:
+        say(f"validation after {where}: {said} ({seconds:.1f}s)")
+    return seconds

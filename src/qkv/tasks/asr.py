@@ -124,6 +124,7 @@ ASR_DEFAULTS: dict = {
         "corpus_seed": 0,
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text[, target])
         "test": None,  # manifests: test.tsv
+        "valid": None,  # manifests: valid.tsv, the validation split train.valid_every decodes (null: none)
         "tokenizer": "char",  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
         "vocab_size": 1000,
         "beam_size": 4,
@@ -131,6 +132,7 @@ ASR_DEFAULTS: dict = {
         "length_penalty": 1.0,
         "eval_batch_size": 32,
         "test_limit": None,  # decode only the first N test utterances (null: all)
+        "valid_limit": 200,  # validation (train.valid_every) decodes the first N validation utterances (null: all)
     },
 }
 
@@ -174,7 +176,18 @@ def load_corpus(data: dict) -> tuple[Corpus, str]:
         corpus = espeak_corpus(language=kind[-2:], sentences=data["sentences"], seed=int(data["corpus_seed"]))
         return corpus, "test"
     splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
+    if data["valid"] is not None:
+        splits["val"] = read_manifest(data["valid"])
     return Corpus("manifests", Path(data["train"]).parent, splits), "test"
+
+
+def validation_split(corpus: Corpus, data: dict) -> list[Utterance]:
+    """The utterances validation (``train.valid_every``) scores: the first ``data.valid_limit`` of
+    the corpus's validation split ("val"); a corpus without one is refused."""
+    if "val" not in corpus.splits:
+        how = "set data.valid (a manifest)" if corpus.name == "manifests" else "use a corpus that has one"
+        raise UserError(f"train.valid_every: the {corpus.name} corpus has no validation split; {how}")
+    return corpus["val"][: data["valid_limit"]]
 
 
 def output_text(u: Utterance, *, translate: bool, normalize: bool) -> str:
@@ -563,6 +576,7 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         # The rate counts seconds of audio; on N workers they weight each worker's loss.
         return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
 
+    validate = validation_scorer(corpus, tokenizer, data, config, progress=progress) if train["valid_every"] else None
     result = fit_recipe(
         model,
         step_loss,
@@ -574,6 +588,9 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         recipe=recipe,
         tokenizer=tokenizer,
         resume_from=last,
+        score=validate,
+        metric="bleu" if translate else "wer",
+        higher=translate,
     )
     model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
     if model is None:  # rank 0 alone evaluates and writes the model directory
@@ -604,6 +621,33 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         "init_decoder": decoder_from,
         **fit_summary(result, model, tokenizer),
     }
+
+
+def validation_scorer(
+    corpus: Corpus, tokenizer: Tokenizer, data: dict, config: FeatureConfig, *, progress: bool
+) -> Callable[[SpeechEncoderDecoder], dict[str, float]]:
+    """Validation for ``train.valid_every``: the validation split (:func:`validation_split`)
+    decoded as the test split is (the recipe's beam and CTC weight) and scored: WER and CER, or
+    BLEU and chrF for translation. Its features are computed once, now."""
+    utterances = validation_split(corpus, data)
+    translate = bool(data["translate"])
+    feats = compute_features(utterances, config, progress=progress, desc="features (validation)")
+    references = [output_text(u, translate=translate, normalize=False) for u in utterances]
+
+    def score(model: SpeechEncoderDecoder) -> dict[str, float]:
+        decoded = transcribe(
+            model,
+            tokenizer,
+            feats,
+            beam_size=int(data["beam_size"]),
+            ctc_weight=float(data["ctc_weight"]),
+            length_penalty=float(data["length_penalty"]),
+            batch_size=int(data["eval_batch_size"]),
+        )
+        scores = _scores([d.text for d in decoded], references, translate=translate)
+        return {k: v for k, v in scores.items() if k in ("wer", "cer", "bleu", "chrf")}
+
+    return score
 
 
 def score_model(
@@ -714,6 +758,8 @@ TASK = Task(
         ("data", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("data", "length_penalty"): ((int, float), lambda v: math.isfinite(v), "a finite number"),
         ("data", "test_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "valid"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "valid_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (feature frames per batch)"),
         ("train", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("train", "spec_augment"): (bool, lambda v: True, "true or false"),

@@ -293,6 +293,10 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         )
         return loss, len(targets) if counted else 0
 
+    def score(m: EncoderOnly) -> dict[str, float]:  # validation (train.valid_every): the masked-LM loss
+        loss, accuracy_, _ = masked_lm_scores(m, valid_batches)
+        return {"loss": loss, "accuracy": accuracy_}
+
     result = fit_recipe(
         model,
         step_loss,
@@ -304,6 +308,7 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         recipe=recipe,
         tokenizer=tokenizer,
         resume_from=last,
+        score=score,
     )
     model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
     if model is None:  # rank 0 alone evaluates and writes the model directory
@@ -463,6 +468,15 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         )
         return loss, len(pick) if counted else 0
 
+    valid_texts = [text for _, text, _ in valid]
+    valid_contexts = [context for context, _, _ in valid] if data["context"] else None
+    gold = [label for _, _, label in valid]
+
+    def score(m: EncoderOnly) -> dict[str, float]:  # validation (train.valid_every): accuracy
+        batch = int(data["eval_batch_size"])
+        predicted = predict_labels(m, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=batch)
+        return {"accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}
+
     result = fit_recipe(
         model,
         step_loss,
@@ -474,20 +488,17 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         recipe=recipe,
         tokenizer=tokenizer,
         resume_from=last,
+        score=score,
+        metric="accuracy",
+        higher=True,
     )
     model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
     if model is None:  # rank 0 alone evaluates and writes the model directory
         return {}
     start = time.perf_counter()
     predicted = predict_labels(
-        model,
-        tokenizer,
-        [text for _, text, _ in valid],
-        labels=names,
-        contexts=[context for context, _, _ in valid] if data["context"] else None,
-        batch_size=int(data["eval_batch_size"]),
+        model, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=int(data["eval_batch_size"])
     )
-    gold = [label for _, _, label in valid]
     majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
     scores = {
         "accuracy": accuracy(predicted, gold),

@@ -256,6 +256,9 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
         return loss, y.numel() if counted else 0
 
+    def score(m: DecoderOnly) -> dict[str, float]:  # validation (train.valid_every): the validation loss
+        return {"loss": lm_loss(m, val_ids, context=context, batch_size=int(data["eval_batch_size"]))}
+
     result = fit_recipe(
         model,
         step_loss,
@@ -266,6 +269,7 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         recipe=recipe,
         tokenizer=tokenizer,
         resume_from=last,
+        score=score,
     )
     model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
     if model is None:  # rank 0 alone evaluates and writes the model directory

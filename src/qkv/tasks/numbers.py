@@ -220,6 +220,13 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
         return loss, n if counted else 0
 
+    # Validation (train.valid_every): other held-out numbers than the test's, exact match.
+    valid_pairs = numbers_pairs(int(data["eval_examples"]), seed=seed + 2, held_out=True)
+
+    def score(m: EncoderDecoder) -> dict[str, float]:
+        exact, _ = evaluate_numbers(m, tokenizer, pairs=valid_pairs, beam_size=int(data["beam_size"]))
+        return {"exact_match": exact}
+
     result = fit_recipe(
         model,
         step_loss,
@@ -230,6 +237,9 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         recipe=recipe,
         tokenizer=tokenizer,
         resume_from=last,
+        score=score,
+        metric="exact_match",
+        higher=True,
     )
     model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
     if model is None:  # rank 0 alone evaluates and writes the model directory

@@ -13,7 +13,6 @@ directories (``runs.py``).
 from __future__ import annotations
 
 import functools
-import math
 import shutil
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from qkv.data import (
     resolve,
 )
 from qkv.distributed import barrier, plain_copy, sharded_map, share
+from qkv.distributed import world as distributed_world
 from qkv.errors import UserError
 from qkv.evaluation import (
     BLEU_TOKENIZERS,
@@ -46,19 +46,20 @@ from qkv.evaluation import (
 )
 from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.progress import progress as progress_report
 from qkv.recipes import (
     Task,
     find_tokenizer,
     fine_tuning_fields,
+    fit_config,
     fit_summary,
     seq2seq_model,
     tokenizer_for,
+    validation_of,
 )
 from qkv.runs import (
     Scalars,
-    average_checkpoints,
     check_run_output,
+    choose_final,
     load_checkpoint,
     read_run,
     save_checkpoint,
@@ -67,12 +68,7 @@ from qkv.runs import (
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import MAX_NBEST, TARGET_FILE, SegmentationSampler, Tokenizer, Vocabularies
-from qkv.training import (
-    FitResult,
-    NonFinite,
-    StopRequest,
-    Trainer,
-)
+from qkv.training import Checkpointing, Epochs, FitResult, Trainer, fit
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
 # width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
@@ -96,7 +92,6 @@ TRANSLATION_DEFAULTS: dict = {
         "steps": None,  # a cap on optimizer steps (null: epochs decide)
         "seconds": None,  # a cap on training wall time (validation excluded)
         "max_tokens": 4096,  # padded source or target tokens per batch
-        "accumulate": 1,  # batches per optimizer step
         "lr": 1e-3,
         "warmup": 1000,
         "schedule": "inverse_sqrt",
@@ -108,9 +103,12 @@ TRANSLATION_DEFAULTS: dict = {
         "label_smoothing": 0.1,
         "rdrop": 0.0,  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
         "seed": 0,
-        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
-        "patience": None,  # stop after this many epochs without a better validation BLEU
-        "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
+        "accumulate": 1,  # batches per optimizer step
+        "ema_decay": 0.0,  # d of a moving average of the weights, validated and saved in their place (0: off)
+        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: validations only)
+        "valid_every": "epoch",  # validation loss and BLEU: at every epoch's end, or every N steps (null: none)
+        "patience": None,  # stop after this many validations (epochs) without a better validation BLEU
+        "average_last": 0,  # average the last N validated (epoch) checkpoints at the end (0: no averaging)
         # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
         # used; the fields the model section names must agree with it, but for
         # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
@@ -476,45 +474,52 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         window=window,
         seed=seed,
     )
-    max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
-    # Optimizer steps per epoch: fixed with one segmentation per pair; with subword sampling the
-    # first epoch's count stands for all (for the progress bar and a schedule's length: an
-    # epoch of sampled pieces holds a few batches more or fewer). Epochs, not this, end a run.
-    lengths = [max(len(s), len(t) + 1) for s, t in epoch_examples(0)]
-    steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
-    step_cap = int(train["steps"]) if train["steps"] is not None else None
-    total_steps = int(train["epochs"]) * steps_per_epoch
-    if step_cap is not None:
-        total_steps = min(total_steps, step_cap)
-    trainer = Trainer(
-        model,
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        total_steps=total_steps,
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        clip=float(train["clip"]),
-        betas=(0.9, float(train["beta2"])),
-        bf16=train["bf16"],
-        on_nonfinite=train["on_nonfinite"],
-        parallel=train["parallel"],
-        device=train["device"],
-    )
-    main = trainer.world.main  # rank 0 alone writes checkpoints, run.json and TensorBoard
-    state = {
-        "epoch": 0,
-        "batch": 0,
-        "tokens": 0,
-        "seconds": 0.0,
-        "history": [],
-        "losses": [],
-        "best": None,
-        "bad": 0,
-        "stopped_by": None,
-    }
-    if resume:
-        state = load_checkpoint(run / "last", trainer)
+    max_tokens = int(train["max_tokens"])
+    current: dict = {}  # the epoch being trained: its examples and its order of batches
+
+    def begin(epoch: int) -> int:
+        # Batches of at most max_tokens padded tokens, length-bucketed and reshuffled every
+        # epoch (seed + epoch): the order is a function of the seed and the epoch alone.
+        current["examples"] = epoch_examples(epoch)
+        lengths = [max(len(s), len(t) + 1) for s, t in current["examples"]]
+        current["order"] = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + epoch)
+        return len(current["order"])
+
+    def step_loss(m: EncoderDecoder, b: int) -> tuple[torch.Tensor, int]:  # batch b of the epoch
+        batch = current["order"][b]
+        mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
+        rows = [current["examples"][batch[i]] for i in mine]
+        s, t_in, t_out = seq2seq_batch(rows, pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id)
+        smoothing, rdrop = train["label_smoothing"], train["rdrop"]
+        loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
+        return loss, n if counted else 0
+
+    def translated(whole: EncoderDecoder, beam: int) -> dict:
+        start = time.perf_counter()
+        # On N workers each decodes every N-th sentence; all score the same gathered list.
+        hypotheses = sharded_map(
+            lambda sources: beam_translate(
+                whole,
+                vocab,
+                list(sources),
+                beam_size=beam,
+                length_penalty=float(data["length_penalty"]),
+                max_len_a=float(data["max_len_a"]),
+                max_len_b=int(data["max_len_b"]),
+            ),
+            [a for a, _ in valid],
+        )
+        scores = corpus_scores(
+            hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+        )
+        return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
+
+    def score(whole: EncoderDecoder) -> dict[str, float]:  # each validation: loss, BLEU at data.valid_beam
+        valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
+        scores = translated(whole, int(data["valid_beam"]))
+        return {"loss": round(valid_loss, 4), "bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    main = distributed_world().main  # rank 0 alone writes checkpoints, run.json and TensorBoard
     run.mkdir(parents=True, exist_ok=True)
     scalars = Scalars(run / "tensorboard" if train["tensorboard"] and main else None)
     with tempfile.TemporaryDirectory() as tmp:
@@ -522,214 +527,96 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         # is one (a fine-tuned imported model's tokens)
         tokenizer_files = vocab.save(tmp)
         extra = {"task": "translation", "recipe": recipe}
+        over = {"train": len(over_long), "valid": len(valid_over_long)}
 
-        def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
+        def save(name: str, *, trainer: Trainer | None = None, result: FitResult | None = None, **more) -> None:
             save_checkpoint(  # on N workers: all gather, rank 0 writes
                 model,
                 run / name,
                 files=tokenizer_files,
-                extra={**extra, **({"valid_scores": scores} if scores else {})},
-                trainer=trainer if resumable else None,
-                progress=state if resumable else None,
+                extra={**extra, **more},
+                trainer=trainer,
+                progress=result.progress() if result is not None else None,
             )
 
-        def record(final: str) -> None:
-            if not main:
-                return
-            over = {"train": len(over_long), "valid": len(valid_over_long)}
-            write_json(
-                run / RUN_FILE,
-                {
-                    "qkv_version": __version__,
-                    "recipe": recipe,
-                    "final": final,
-                    "data_sha256": data_sha256,
-                    "over_long_pairs": over,
-                    **state,
-                },
-            )
+        def record(final: str, result: FitResult, **more) -> None:
+            if main:
+                write_json(
+                    run / RUN_FILE,
+                    {
+                        "qkv_version": __version__,
+                        "recipe": recipe,
+                        "final": final,
+                        "data_sha256": data_sha256,
+                        "over_long_pairs": over,
+                        **result.progress(),
+                        **more,
+                    },
+                )
 
-        def validate(whole: EncoderDecoder, beam: int) -> dict:
-            start = time.perf_counter()
-            whole.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
-            # On N workers each decodes every N-th sentence; all score the same gathered list.
-            hypotheses = sharded_map(
-                lambda sources: beam_translate(
-                    whole,
-                    vocab,
-                    list(sources),
-                    beam_size=beam,
-                    length_penalty=float(data["length_penalty"]),
-                    max_len_a=float(data["max_len_a"]),
-                    max_len_b=int(data["max_len_b"]),
-                ),
-                [a for a, _ in valid],
-            )
-            scores = corpus_scores(
-                hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
-            )
-            return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
+        def save_last(trainer: Trainer, result: FitResult) -> str:
+            save("last", trainer=trainer, result=result)
+            record("last", result)  # "last" while the final models are not compared yet
+            return str(run / "last")
 
-        if not resume:
-            save("last", resumable=True)
-            record("last")
+        def load_last(trainer: Trainer) -> FitResult | None:
+            return FitResult.resumed(load_checkpoint(run / "last", trainer), steps=trainer.steps) if resume else None
 
-        def batch_loss(batch: list[int]) -> tuple[torch.Tensor, int]:  # this epoch's examples
-            mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
-            s, t_in, t_out = seq2seq_batch(
-                [epoch_data[batch[i]] for i in mine], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
-            )
-            smoothing, rdrop = train["label_smoothing"], train["rdrop"]
-            loss, n = seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
-            return loss, n if counted else 0
+        def drop(name: str) -> None:
+            if main:
+                shutil.rmtree(run / name, ignore_errors=True)
+            barrier()
 
-        bar = progress_report(
-            total_steps, initial=trainer.steps, desc="qkv translation", unit="step", disable=not (progress and main)
+        checkpoint = Checkpointing(
+            save=save_last,
+            load=load_last,
+            every=int(train["save_every"]),
+            keep=lambda name, scores: save(name),
+            drop=drop,
+            always=True,
         )
-        seconds_cap = train["seconds"]
-
-        def stopped() -> str | None:
-            # Checked before every step and epoch, not only after: a resumed run that had already
-            # stopped (its last/ saved, then killed while the final models were compared, or run
-            # again) must go straight to the end, not train one more step or epoch. A cap raised
-            # on --resume (RESUME_MAY_CHANGE) lets it continue.
-            if train["patience"] is not None and state["bad"] >= int(train["patience"]):
-                return "patience"
-            if state["epoch"] >= int(train["epochs"]):
-                return "epochs"
-            if step_cap is not None and trainer.steps >= step_cap:
-                return "steps"
-            if seconds_cap is not None and state["seconds"] >= seconds_cap:
-                return "seconds"
-            return None
-
-        stop = None
-        session_start, session_tokens = time.perf_counter(), 0
-        with StopRequest() as signals:
-            while stop is None:
-                stop = stopped()
-                if stop is not None:
-                    break
-                tick = time.perf_counter()  # an epoch's draw of segmentations is training time
-                epoch_data = epoch_examples(state["epoch"])
-                lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
-                order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
-                while state["batch"] < len(order):
-                    stop = stopped()
-                    if stop is not None:
-                        break
-                    group = order[state["batch"] : state["batch"] + accumulate]
-                    signals.check(trainer.steps, lambda: save("last", resumable=True) or str(run / "last"))
-                    try:
-                        loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
-                    except NonFinite as e:
-                        last = run / "last"
-                        saved = f"the last checkpoint: {last}" if last.is_dir() else "no checkpoint was saved yet"
-                        raise UserError(f"{e}; {saved}") from None
-                    now = time.perf_counter()
-                    # On N workers: the longest elapsed time, and any stop request, agreed by all.
-                    state["seconds"] = signals.agree(state["seconds"] + now - tick)
-                    tick = now
-                    state["batch"] += len(group)
-                    state["tokens"] += n_tokens
-                    session_tokens += n_tokens
-                    state["losses"].append(round(loss, 4))
-                    bar.update(1)
-                    if trainer.steps % 10 == 0:
-                        rate = session_tokens / max(now - session_start, 1e-9)
-                        bar.set_postfix(
-                            epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
-                        )
-                        scalars.add("train/loss", loss, trainer.steps)
-                        scalars.add("train/lr", trainer.lr, trainer.steps)
-                        scalars.add("train/tokens_per_second", rate, trainer.steps)
-                    if (
-                        train["save_every"]
-                        and trainer.steps % int(train["save_every"]) == 0
-                        and state["batch"] < len(order)
-                    ):
-                        save("last", resumable=True)
-                if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
-                    whole = plain_copy(model)  # FSDP: decoding needs the whole weights
-                    scores = validate(whole, int(data["valid_beam"]))
-                    valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
-                    state["epoch"] += 1
-                    state["batch"] = 0
-                    entry = {
-                        "epoch": state["epoch"],
-                        "step": trainer.steps,
-                        "train_seconds": round(state["seconds"], 1),
-                        "valid_loss": round(valid_loss, 4),
-                        "valid_bleu": scores["bleu"],
-                        "valid_chrf": scores["chrf"],
-                    }
-                    state["history"].append(entry)
-                    scalars.add("valid/loss", valid_loss, trainer.steps)
-                    scalars.add("valid/bleu", scores["bleu"], trainer.steps)
-                    scalars.add("valid/chrf", scores["chrf"], trainer.steps)
-                    if progress and main:
-                        bar.write(
-                            f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
-                            f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
-                            file=sys.stderr,
-                        )
-                    if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
-                        state["best"], state["bad"] = entry, 0
-                        save("best")
-                    else:
-                        state["bad"] += 1
-                    keep = int(train["average_last"])
-                    if keep:
-                        save(f"epoch-{state['epoch']:03d}")
-                        for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep] if main else []:
-                            shutil.rmtree(old)
-                        barrier()
-                stop = stopped()
-                state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
-                save("last", resumable=True)
-                record("last")
-        state["stopped_by"] = stop  # a resumed run that stopped at once: this session's verdict
-        bar.close()
+        validation = validation_of(train, score, metric="bleu", higher=True)
+        epochs = Epochs(count=int(train["epochs"]), begin=begin)
+        result = fit(
+            model,
+            step_loss,
+            fit_config(train),
+            progress=progress,
+            desc="qkv translation",
+            checkpoint=checkpoint,
+            epochs=epochs,
+            validation=validation,
+            scalars=scalars.add,
+        )
         scalars.close()
 
-        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam
-        # (on N workers, all of them, each decoding its share; rank 0 writes).
-        model = plain_copy(model)
-        candidates = {}
-        if (run / "best").is_dir():
-            best_model, _ = load_model(run / "best")
-            model.load_state_dict(best_model.state_dict())
-            candidates["best"] = validate(model, int(data["beam_size"]))
-        epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
-        if len(epochs) > 1:
-            average_checkpoints(epochs, model)
-            candidates["averaged"] = validate(model, int(data["beam_size"]))
-            save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
-        if not candidates:  # stopped before the first epoch ended
-            last_model, _ = load_model(run / "last")
-            model.load_state_dict(last_model.state_dict())
-            candidates["last"] = validate(model, int(data["beam_size"]))
-        final = max(candidates, key=lambda name: candidates[name]["bleu"])
-        if final != "averaged":
-            final_model, _ = load_model(run / final)
-            model.load_state_dict(final_model.state_dict())
+        # The final model: best and (if asked) averaged, compared on validation BLEU at the final
+        # beam (on N workers, all of them, each decoding its share; rank 0 writes).
+        model = plain_copy(model)  # with train.ema_decay: the moving average
+        beam = int(data["beam_size"])
+        final, candidates = choose_final(
+            model,
+            run,
+            result,
+            score=lambda whole: translated(whole, beam),
+            metric="bleu",
+            higher=True,
+            save=lambda name, scores: save(name, valid_scores=scores),
+            ema=float(train["ema_decay"]) > 0,
+        )
         scores = candidates[final]
-        model.eval()  # the returned model is for inference (bench/mt.py translates the test set with it)
-        state["final_scores"] = {
-            name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
-        }
-        record(final)
-    result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
+        final_scores = {name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()}
+        record(final, result, final_scores=final_scores)
     return {
         "bleu": scores["bleu"],
         "chrf": scores["chrf"],
         "bleu_signature": scores["bleu_signature"],
         "final": final,
-        "epochs": state["epoch"],
-        "stopped_by": stop,
-        "history": state["history"],
+        "epochs": result.epoch,
+        "stopped_by": result.stopped_by,
+        "history": result.history,
         "vocabulary": vocabulary,
-        "over_long_pairs": {"train": len(over_long), "valid": len(valid_over_long)},  # as in run.json
+        "over_long_pairs": over,  # as in run.json
         "eval_seconds": scores["seconds"],
         **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
         "hypotheses": scores["hypotheses"],
@@ -756,9 +643,6 @@ TASK = Task(
     report=report,
     rules={
         ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
-        ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
-        ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
-        ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
         ("train", "deterministic"): (bool, lambda v: True, "true or false"),
         ("data", "reverse"): (bool, lambda v: True, "true or false"),
         ("data", "train_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
