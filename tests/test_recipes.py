@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from qkv import runner
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.recipes import override
 from qkv.seq2seq import cross_attention
-from qkv.tasks import load_recipe
+from qkv.tasks import TASKS, load_recipe
 from qkv.tasks.lm import LM_DEFAULTS
 from qkv.tasks.numbers import NUMBERS_DEFAULTS
 
@@ -176,9 +177,9 @@ def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
 
     tiny = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.steps=13", "train.batch_size=7",
             "data.eval_examples=11", "train.warmup=2", "data.beam_size=1"]  # fmt: skip
-    plain = TASKS["numbers"].train(load_recipe(None, tiny), tmp_path / "plain", progress=False)
-    averaged = TASKS["numbers"].train(
-        load_recipe(None, [*tiny, "train.ema_decay=0.5"]), tmp_path / "ema", progress=False
+    plain = runner.train(TASKS["numbers"], load_recipe(None, tiny), tmp_path / "plain", progress=False)
+    averaged = runner.train(
+        TASKS["numbers"], load_recipe(None, [*tiny, "train.ema_decay=0.5"]), tmp_path / "ema", progress=False
     )
     assert averaged["losses"] == plain["losses"]  # the average does not change training
     saved, _ = load_model(tmp_path / "ema")
@@ -208,17 +209,17 @@ def test_any_task_validates_keeps_the_best_averages_and_stops_early(tmp_path) ->
     and the average of the last two, so its validation loss is no worse than any validated one;
     TensorBoard scalars stay in the model directory, the run's checkpoints do not. Patience
     stops a run that no longer improves (a learning rate too small to move a weight)."""
-    from qkv.tasks import TASKS
 
     out = tmp_path / "run"
     sets = ["train.steps=12", "train.valid_every=3", "train.average_last=2", "train.tensorboard=true"]
-    summary = TASKS["lm"].train(load_recipe(None, _lm(tmp_path, *sets)), out, progress=False)
+    summary = runner.train(TASKS["lm"], load_recipe(None, _lm(tmp_path, *sets)), out, progress=False)
     history = summary["history"]
     assert [h["step"] for h in history] == [3, 6, 9, 12]
     assert summary["val_loss"] <= min(h["valid_loss"] for h in history) + 1e-6
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert not [p.name for p in out.iterdir() if p.name in ("last", "best") or p.name.startswith("step-")]
-    stuck = TASKS["lm"].train(
+    stuck = runner.train(
+        TASKS["lm"],
         load_recipe(
             None,
             _lm(
@@ -250,3 +251,26 @@ def test_any_task_validates_keeps_the_best_averages_and_stops_early(tmp_path) ->
 def test_training_hooks_refuse_what_cannot_work(sets, said) -> None:
     with pytest.raises(UserError, match=said):
         load_recipe(None, sets)
+
+
+@pytest.mark.parametrize(("task", "metric"), [("asr", "valid_wer"), ("tts", "valid_loss")])
+def test_speech_tasks_validate_on_a_validation_split(tmp_path, task, metric) -> None:
+    """asr and tts validate too (WER; the teacher-forced loss), on the corpus's validation split:
+    a manifest's (data.valid); the final model is chosen among the validated ones. A corpus
+    without a validation split is refused in one line."""
+    from speech_data import tiny_asr_overrides, tone_corpus
+    from test_tts_task import TINY_TTS
+
+    manifest = tone_corpus(tmp_path / "tones", utterances=6)
+    base = (
+        tiny_asr_overrides(manifest)
+        if task == "asr"
+        else [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}"]
+    )
+    sets = [*base, "train.steps=6", "train.valid_every=3", "train.average_last=2"]
+    recipe = load_recipe(None, [*sets, f"data.valid={manifest}", "data.valid_limit=3"])
+    summary = runner.train(TASKS[task], recipe, tmp_path / "model", progress=False)
+    assert [h["step"] for h in summary["history"]] == [3, 6] and all(metric in h for h in summary["history"])
+    assert summary["final"] in ("best", "averaged")
+    with pytest.raises(UserError, match=r"the manifests corpus has no validation split; set data\.valid"):
+        runner.train(TASKS[task], load_recipe(None, sets), tmp_path / "none", progress=False)

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from qkv import runner
 from qkv.checkpoint import read_meta
 from qkv.errors import UserError
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
@@ -98,7 +99,7 @@ def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
     overrides = _corpus(tmp_path)[case]
     recipe = load_recipe(None, overrides)
     task = recipe["task"]
-    reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
+    reference = runner.train(TASKS[task], recipe, tmp_path / "reference", progress=False)
     rng = random.Random(case)
     for kill in range(KILLS_PER_TASK):
         out = tmp_path / f"run{kill}"
@@ -109,7 +110,7 @@ def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
         process.wait()
         if (out / "config.json").exists():  # it finished before the kill: nothing to resume
             continue
-        resumed = TASKS[task].train(recipe, out, progress=False, resume=True)
+        resumed = runner.train(TASKS[task], recipe, out, progress=False, resume=True)
         assert resumed["losses"] == reference["losses"], f"kill {kill}: the loss log differs"
         assert _same(resumed["model"], reference["model"]), f"kill {kill}: the weights differ"
         assert not (out / "last").exists()  # the finished model directory replaced the checkpoint
@@ -131,8 +132,8 @@ def test_sigterm_saves_says_how_to_resume_and_resume_ends_identically(tmp_path):
     assert "Traceback" not in err
     steps = json.loads((out / "last" / "trainer.json").read_text())["progress"]["steps"]
     assert 100 <= steps < 500
-    resumed = TASKS["numbers"].train(recipe, out, progress=False, resume=True)
-    reference = TASKS["numbers"].train(recipe, tmp_path / "reference", progress=False)
+    resumed = runner.train(TASKS["numbers"], recipe, out, progress=False, resume=True)
+    reference = runner.train(TASKS["numbers"], recipe, tmp_path / "reference", progress=False)
     assert resumed["losses"] == reference["losses"] and _same(resumed["model"], reference["model"])
 
 
@@ -310,8 +311,8 @@ def test_resume_refuses_a_changed_recipe_and_a_fresh_run_refuses_an_unfinished_o
     process.wait()
     recipe = load_recipe(None, [*overrides, "train.steps=100000", "train.lr=0.5"])
     with pytest.raises(UserError, match=r"--resume: the recipe differs .* in train\.lr"):
-        TASKS["numbers"].train(recipe, out, progress=False, resume=True)
+        runner.train(TASKS["numbers"], recipe, out, progress=False, resume=True)
     with pytest.raises(UserError, match=r"unfinished run .*--resume"):
-        TASKS["numbers"].train(recipe, out, progress=False)
+        runner.train(TASKS["numbers"], recipe, out, progress=False)
     with pytest.raises(UserError, match="holds no unfinished run"):
-        TASKS["numbers"].train(recipe, tmp_path / "nothing", progress=False, resume=True)
+        runner.train(TASKS["numbers"], recipe, tmp_path / "nothing", progress=False, resume=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import soundfile
 
+from qkv import runner
 from qkv.checkpoint import read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
@@ -45,7 +46,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("tts")
     manifest = tone_corpus(tmp / "tones", utterances=8)
     recipe = load_recipe(None, [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}", "data.speakers=true"])
-    summary = TASKS["tts"].train(recipe, tmp / "model", progress=False)
+    summary = runner.train(TASKS["tts"], recipe, tmp / "model", progress=False)
     return tmp / "model", summary
 
 

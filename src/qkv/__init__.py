@@ -15,7 +15,8 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     inspection.py                             sentence vectors, loading for decoding, streamed text,
                                               every attention map and the beam trace
     recipes.py                                recipes, and what every task shares
-    tasks/                                    one module per task: its recipe defaults and runner
+    runner.py                                 the one runner: start, fit, save, evaluate (every task)
+    tasks/                                    one module per task: its recipe defaults and its parts of a run
     serve/                                    the HTTP server and its page (an adapter, as cli/ is)
     cli/                                      the command line: the composition root (qkv serve starts serve/)
 

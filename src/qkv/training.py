@@ -542,7 +542,7 @@ RESCHEDULE_EVERY = 25  # steps between estimates of how many steps fit in a time
 @dataclass(frozen=True)
 class FitConfig:
     """How :func:`fit` trains: the optimizer side of a recipe's train section, typed
-    (``recipes.fit_config`` reads one).
+    (``runner.fit_config`` reads one).
 
     Attributes:
         steps: optimizer steps to take; the schedule ends there. With epochs (:class:`Epochs`)

@@ -1,6 +1,6 @@
 """Speech in, text out: the speech-recognition and speech-translation task (:data:`TASK`, named
-``asr``), its runner :func:`train_asr`, and :func:`transcribe`, which ``qkv transcribe``, the
-server and the benchmarks share.
+``asr``), its parts of a run :func:`prepare_asr`, and :func:`transcribe`, which ``qkv transcribe``,
+the server and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): FSDD's spoken digits (the standard split, or digit
 strings with one speaker held out), Multi30k captions spoken by espeak-ng in English (speech
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv import runner
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
@@ -44,16 +45,12 @@ from qkv.plots import speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
+    Setup,
+    Start,
     Task,
-    audio_timing,
     batch_of_step,
-    finished_model,
-    fit_recipe,
-    fit_summary,
     length_batches,
     require_steps,
-    save_model_dir,
-    start_run,
     step_seed,
 )
 from qkv.speech_corpora import (
@@ -494,16 +491,16 @@ def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
     return Tokenizer.load(path)
 
 
-def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train a speech encoder–decoder as ``recipe`` says, score it on the test split, save it to ``out``.
+def prepare_asr(recipe: dict, start: Start) -> Setup:
+    """A speech encoder–decoder's parts of a run: corpus, features, tokenizer, model (its encoder
+    and decoder started from pretrained ones where the recipe says), step loss, validation (WER
+    or BLEU on the validation split) and the evaluation on the test split.
 
     Transcripts (or translations) longer than the decoder's window are left out of training
     and named in ``problems``. The model directory also gets ``cross_attention.png``: the
     first test utterance's spectrogram with the attention of the words the model wrote.
     """
-    began = time.perf_counter()
-    out = Path(out)
-    last = start_run(out, recipe, resume=resume)
+    last, progress = start.checkpoint, start.progress
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -577,50 +574,40 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
 
     validate = validation_scorer(corpus, tokenizer, data, config, progress=progress) if train["valid_every"] else None
-    result = fit_recipe(
+
+    def evaluate(m: SpeechEncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        train_feats.clear()  # the training features' memory, before the test set's
+        evaluation = score_model(m, tokenizer, recipe, progress=progress, test=(corpus, test_split))
+        first = evaluation["first_features"]
+        draw_cross_attention(
+            m,
+            tokenizer,
+            first,
+            evaluation["first_ids"],
+            out / "cross_attention.png",
+            title=f"{evaluation['first_path']}: {evaluation['hypotheses'][0]!r}",
+        )
+        recorded = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
+        return recorded, {k: v for k, v in evaluation.items() if not k.startswith("first_")}
+
+    return Setup(
         model,
         step_loss,
-        train,
-        progress=progress,
-        desc="qkv asr",
-        unit="audio_s",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
+        tokenizer,
+        evaluate,
         score=validate,
         metric="bleu" if translate else "wer",
         higher=translate,
+        meta={"init_encoder": encoder_from, "init_decoder": decoder_from},
+        facts={"problems": problems, "init_encoder": encoder_from, "init_decoder": decoder_from},
+        unit="audio_s",
     )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    train_feats.clear()  # the training features' memory, before the test set's
-    # Saved before the test set is decoded (an hour's training is not lost to a failure or a
-    # Ctrl-C while scoring), and again with the scores.
-    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, "init_decoder": decoder_from}
-    extra.update(audio_timing(result))
-    save_model_dir(model, tokenizer, out, extra=extra)
-    evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
-    scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
-    extra.update(scores, wall_seconds=time.perf_counter() - began)  # wall: corpus to scores
-    save_model_dir(model, tokenizer, out, extra=extra)
-    first = evaluation["first_features"]
-    draw_cross_attention(
-        model,
-        tokenizer,
-        first,
-        evaluation["first_ids"],
-        out / "cross_attention.png",
-        title=f"{evaluation['first_path']}: {evaluation['hypotheses'][0]!r}",
-    )
-    return {
-        **{k: v for k, v in evaluation.items() if not k.startswith("first_")},
-        "problems": problems,
-        "init_encoder": encoder_from,
-        "init_decoder": decoder_from,
-        **fit_summary(result, model, tokenizer),
-    }
+
+
+def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a speech encoder–decoder as ``recipe`` says (:func:`prepare_asr`), score it on the
+    test split, save it to ``out``."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def validation_scorer(
@@ -740,7 +727,7 @@ TASK = Task(
     name="asr",
     defaults=ASR_DEFAULTS,
     model_kind="speech_encoder_decoder",
-    train=train_asr,
+    prepare=prepare_asr,
     report=report,
     rules={
         ("data", "corpus"): (str, _corpus_name, f"one of {', '.join(CORPORA)}"),

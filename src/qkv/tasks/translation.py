@@ -1,74 +1,40 @@
-"""The translation task: recipe defaults and rules, and the runner.
+"""The translation task: recipe defaults and rules, and its parts of a run.
 
-What is here: :data:`TASK` and :func:`train_translation` (parallel text, subword
-vocabularies: joint or separate (:func:`vocabularies_for`), token-budget batches, epochs with
-validation loss and BLEU, a resumable run directory, best/last/averaged checkpoints, early
-stopping, subword regularization), :func:`teacher_forced_loss`, :func:`over_long_note`.
+What is here: :data:`TASK`, :func:`prepare_translation` (parallel text, subword vocabularies:
+joint or separate (:func:`vocabularies_for`), token-budget batches in epochs, subword
+regularization, validation loss and BLEU) and :func:`train_translation`,
+:func:`teacher_forced_loss`, :func:`over_long_note`.
 
-What is not here: translating text with a trained model (``seq2seq.py``), recipe loading and
-the shared runner pieces (``recipes.py``), the decoding algorithms (``generation.py``), run
-directories (``runs.py``).
+What is not here: the loop, its validation, the run directory with its best/last/averaged
+checkpoints and early stopping (``runner.py``, ``training.py``, ``runs.py``: every task's),
+translating text with a trained model (``seq2seq.py``), recipe loading (``recipes.py``), the
+decoding algorithms (``generation.py``).
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from qkv import __version__
-from qkv.checkpoint import (
-    RUN_FILE,
-    build_model,
-    load_model,
-    model_dir,
-    read_meta,
-    sha256_file,
-)
-from qkv.data import (
-    batches_by_tokens,
-    read_parallel,
-    resolve,
-)
-from qkv.distributed import barrier, plain_copy, sharded_map, share
-from qkv.distributed import world as distributed_world
+from qkv import recipes, runner
+from qkv.checkpoint import build_model, load_model, model_dir, read_meta, sha256_file
+from qkv.data import batches_by_tokens, read_parallel, resolve
+from qkv.distributed import sharded_map, share
 from qkv.errors import UserError
-from qkv.evaluation import (
-    BLEU_TOKENIZERS,
-    corpus_scores,
-    normalize_transcript,
-)
+from qkv.evaluation import BLEU_TOKENIZERS, corpus_scores, normalize_transcript
 from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.recipes import (
-    Task,
-    find_tokenizer,
-    fine_tuning_fields,
-    fit_config,
-    fit_summary,
-    seq2seq_model,
-    tokenizer_for,
-    validation_of,
-)
-from qkv.runs import (
-    Scalars,
-    check_run_output,
-    choose_final,
-    load_checkpoint,
-    read_run,
-    save_checkpoint,
-    write_json,
-)
+from qkv.recipes import Setup, Start, Task, find_tokenizer, fine_tuning_fields, seq2seq_model, tokenizer_for
+from qkv.runs import read_run
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import MAX_NBEST, TARGET_FILE, SegmentationSampler, Tokenizer, Vocabularies
-from qkv.training import Checkpointing, Epochs, FitResult, Trainer, fit
+from qkv.training import Epochs
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
 # width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
@@ -216,19 +182,9 @@ def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[s
         raise UserError(f"data.vocab=separate: {e} (source: {said_source}; target: {said_target})") from None
 
 
-# Train settings that may change when a run is resumed; any other change would make the
-# continued run differ from an uninterrupted one, so it is refused.
-RESUME_MAY_CHANGE = (
-    "epochs",
-    "steps",
-    "seconds",
-    "patience",
-    "average_last",
-    "save_every",
-    "tensorboard",
-    "parallel",
-    "device",
-)
+# Train settings that may change when a run is resumed (runner.resumed_recipe); any other change
+# would make the continued run differ from an uninterrupted one, so it is refused.
+RESUME_MAY_CHANGE = ("epochs", "steps", *recipes.RESUME_MAY_CHANGE)
 TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
 
@@ -241,42 +197,6 @@ def _check_same_data(saved: dict | None, now: dict[str, str], run: Path) -> None
             f"--resume: {', '.join(map(str, (resolve(p) for p in changed)))} changed since {run} began "
             "(SHA-256 differs): the saved position in the data order would point elsewhere; start a new run"
         )
-
-
-def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
-    """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
-    # Keys added to recipes after the run began take their defaults, which do what the run did
-    # (data.vocab: joint), so an older run resumes.
-    saved = {
-        **saved,
-        **{
-            k: {**v, **saved.get(k, {})}
-            for k, v in TRANSLATION_DEFAULTS.items()
-            # a fine-tuned run's model section holds only what its recipe named (load_recipe)
-            if isinstance(v, dict) and not (k == "model" and saved.get("train", {}).get("init"))
-        },
-    }
-    differ = []
-    for section, value in recipe.items():
-        if not isinstance(value, dict):
-            if value != saved.get(section):
-                differ.append(section)
-            continue
-        for key, v in value.items():
-            # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
-            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) in TOKENIZER_KEYS
-            if not may_change and v != saved.get(section, {}).get(key):
-                differ.append(f"{section}.{key}")
-    if differ:
-        raise UserError(
-            f"--resume: the recipe differs from the one {run} was trained with in {', '.join(differ)}; "
-            f"only train.{', train.'.join(RESUME_MAY_CHANGE)} may change"
-        )
-    return {
-        **saved,
-        "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
-        "data": {**saved["data"], **{k: recipe["data"][k] or saved["data"][k] for _, k in TOKENIZER_KEYS}},
-    }
 
 
 @torch.no_grad()
@@ -398,8 +318,9 @@ def _as_transcripts(pairs: list[tuple[str, str]], file: str) -> list[tuple[str, 
     return kept
 
 
-def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
+def prepare_translation(recipe: dict, start: Start) -> Setup:
+    """An encoder-decoder on parallel text: the translation task's parts of a run, in a run
+    directory (``runner.train`` starts it, trains, keeps the checkpoints, chooses the final one).
 
     The vocabulary (``data.vocab``) is a joint unigram model trained on both sides of the
     training pairs, or two separate ones, the source's trained on the sources and the target's
@@ -420,10 +341,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     fields the recipe's model section names must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``)
     and weights.
     """
-    run = Path(out)
-    check_run_output(run, resume=resume)
-    if resume:
-        recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
+    run, resume = start.out, start.checkpoint is not None
     train, data = recipe["train"], recipe["data"]
     # The position in the data order that resume restores means nothing if the files changed.
     data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data["train"], *data["valid"]])}
@@ -441,7 +359,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         where = data["train"][-1 if data["reverse"] else 0], data["valid"][-1 if data["reverse"] else 0]
         pairs, valid = (_as_transcripts(p, file) for p, file in zip((pairs, valid), where, strict=True))
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
-    start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
+    start_from = start.checkpoint if resume else (model_dir(init) if init is not None else None)
     vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
     target = vocab.target  # its special ids are the model's (and the source tokenizer's)
     # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
@@ -519,108 +437,33 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         scores = translated(whole, int(data["valid_beam"]))
         return {"loss": round(valid_loss, 4), "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
-    main = distributed_world().main  # rank 0 alone writes checkpoints, run.json and TensorBoard
-    run.mkdir(parents=True, exist_ok=True)
-    scalars = Scalars(run / "tensorboard" if train["tensorboard"] and main else None)
-    with tempfile.TemporaryDirectory() as tmp:
-        # target_tokenizer.json with separate vocabularies; special_tokens.json too, when there
-        # is one (a fine-tuned imported model's tokens)
-        tokenizer_files = vocab.save(tmp)
-        extra = {"task": "translation", "recipe": recipe}
-        over = {"train": len(over_long), "valid": len(valid_over_long)}
+    def evaluate(whole: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        # The final checkpoint's validation at the final beam: measured when the candidates were
+        # compared, or (a run without validation) now.
+        scores = validated if validated is not None else translated(whole, int(data["beam_size"]))
+        keys = ("bleu", "chrf", "bleu_signature", "hypotheses")
+        return {}, {**{k: scores[k] for k in keys}, "eval_seconds": scores["seconds"]}
 
-        def save(name: str, *, trainer: Trainer | None = None, result: FitResult | None = None, **more) -> None:
-            save_checkpoint(  # on N workers: all gather, rank 0 writes
-                model,
-                run / name,
-                files=tokenizer_files,
-                extra={**extra, **more},
-                trainer=trainer,
-                progress=result.progress() if result is not None else None,
-            )
+    over = {"train": len(over_long), "valid": len(valid_over_long)}
+    return Setup(
+        model,
+        step_loss,
+        vocab,
+        evaluate,
+        score=score,
+        metric="bleu",
+        higher=True,
+        final_score=lambda whole: translated(whole, int(data["beam_size"])),
+        epochs=Epochs(count=int(train["epochs"]), begin=begin),
+        meta={"data_sha256": data_sha256, "over_long_pairs": over},  # as run.json records them
+        facts={"vocabulary": vocabulary, "over_long_pairs": over},
+    )
 
-        def record(final: str, result: FitResult, **more) -> None:
-            if main:
-                write_json(
-                    run / RUN_FILE,
-                    {
-                        "qkv_version": __version__,
-                        "recipe": recipe,
-                        "final": final,
-                        "data_sha256": data_sha256,
-                        "over_long_pairs": over,
-                        **result.progress(),
-                        **more,
-                    },
-                )
 
-        def save_last(trainer: Trainer, result: FitResult) -> str:
-            save("last", trainer=trainer, result=result)
-            record("last", result)  # "last" while the final models are not compared yet
-            return str(run / "last")
-
-        def load_last(trainer: Trainer) -> FitResult | None:
-            return FitResult.resumed(load_checkpoint(run / "last", trainer), steps=trainer.steps) if resume else None
-
-        def drop(name: str) -> None:
-            if main:
-                shutil.rmtree(run / name, ignore_errors=True)
-            barrier()
-
-        checkpoint = Checkpointing(
-            save=save_last,
-            load=load_last,
-            every=int(train["save_every"]),
-            keep=lambda name, scores: save(name),
-            drop=drop,
-            always=True,
-        )
-        validation = validation_of(train, score, metric="bleu", higher=True)
-        epochs = Epochs(count=int(train["epochs"]), begin=begin)
-        result = fit(
-            model,
-            step_loss,
-            fit_config(train),
-            progress=progress,
-            desc="qkv translation",
-            checkpoint=checkpoint,
-            epochs=epochs,
-            validation=validation,
-            scalars=scalars.add,
-        )
-        scalars.close()
-
-        # The final model: best and (if asked) averaged, compared on validation BLEU at the final
-        # beam (on N workers, all of them, each decoding its share; rank 0 writes).
-        model = plain_copy(model)  # with train.ema_decay: the moving average
-        beam = int(data["beam_size"])
-        final, candidates = choose_final(
-            model,
-            run,
-            result,
-            score=lambda whole: translated(whole, beam),
-            metric="bleu",
-            higher=True,
-            save=lambda name, scores: save(name, valid_scores=scores),
-            ema=float(train["ema_decay"]) > 0,
-        )
-        scores = candidates[final]
-        final_scores = {name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()}
-        record(final, result, final_scores=final_scores)
-    return {
-        "bleu": scores["bleu"],
-        "chrf": scores["chrf"],
-        "bleu_signature": scores["bleu_signature"],
-        "final": final,
-        "epochs": result.epoch,
-        "stopped_by": result.stopped_by,
-        "history": result.history,
-        "vocabulary": vocabulary,
-        "over_long_pairs": over,  # as in run.json
-        "eval_seconds": scores["seconds"],
-        **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
-        "hypotheses": scores["hypotheses"],
-    }
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says (:func:`prepare_translation`)
+    in the run directory ``out``; ``resume`` continues it."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def report(summary: dict, recipe: dict) -> tuple[dict, str]:
@@ -639,7 +482,7 @@ TASK = Task(
     name="translation",
     defaults=TRANSLATION_DEFAULTS,
     model_kind="encoder_decoder",
-    train=train_translation,
+    prepare=prepare_translation,
     report=report,
     rules={
         ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
@@ -676,4 +519,7 @@ TASK = Task(
     },
     check=_check_vocabularies,
     tuning_fields=ENCODER_DECODER_TUNING_FIELDS,
+    run_directory=True,
+    resume_may_change=RESUME_MAY_CHANGE,
+    resume_may_name=TOKENIZER_KEYS,
 )

@@ -1,5 +1,5 @@
-"""Text in, speech out: the text-to-speech task (:data:`TASK`, named ``tts``), its runner
-:func:`train_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
+"""Text in, speech out: the text-to-speech task (:data:`TASK`, named ``tts``), its parts of a run
+:func:`prepare_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): Multi30k's English captions spoken by one espeak-ng
 voice (``espeak``: the model learns to speak any English sentence in that voice), FSDD's six
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv import runner
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import build_model
 from qkv.distributed import share
@@ -42,16 +43,12 @@ from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
+    Setup,
+    Start,
     Task,
-    audio_timing,
     batch_of_step,
-    finished_model,
-    fit_recipe,
-    fit_summary,
     length_batches,
     require_steps,
-    save_model_dir,
-    start_run,
     step_seed,
 )
 from qkv.speech_corpora import (
@@ -337,14 +334,15 @@ def speak(
 # ---------------------------------------------------------------------------------------------
 
 
-def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train a Transformer-TTS model as ``recipe`` says, speak the test sentences, save it to ``out``.
+def prepare_tts(recipe: dict, start: Start) -> Setup:
+    """A Transformer-TTS model's parts of a run: corpus, frames, symbols, model, step loss,
+    validation (the teacher-forced loss on the validation split) and the evaluation: the test
+    sentences spoken into the model directory.
 
     Utterances longer than the decoder's window (``max_len`` steps of r frames) are left out
     and named in ``problems``.
     """
-    out = Path(out)
-    last = start_run(out, recipe, resume=resume)
+    last, progress = start.checkpoint, start.progress
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -400,28 +398,27 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     if train["valid_every"]:
         validate = validation_loss(corpus, tokenizer, data, config, speaker_of, window, train, progress=progress)
 
-    result = fit_recipe(
+    def evaluate(m: TransformerTTS, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        mels.clear()
+        # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
+        return {}, speak_test_sentences(m, tokenizer, corpus, data, out, speaker_names, progress=progress)
+
+    return Setup(
         model,
         step_loss,
-        train,
-        progress=progress,
-        desc="qkv tts",
-        unit="audio_s",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
+        tokenizer,
+        evaluate,
         score=validate,
+        meta={"speakers": speaker_names},
+        facts={"problems": problems},
+        unit="audio_s",
     )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    mels.clear()
-    timing = audio_timing(result)
-    save_model_dir(model, tokenizer, out, extra={"task": "tts", "recipe": recipe, "speakers": speaker_names, **timing})
-    # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
-    samples = speak_test_sentences(model, tokenizer, corpus, data, out, speaker_names, progress=progress)
-    return {**samples, "problems": problems, **fit_summary(result, model, tokenizer)}
+
+
+def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a Transformer-TTS model as ``recipe`` says (:func:`prepare_tts`), speak the test
+    sentences, save it to ``out``."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def tts_batch(
@@ -571,7 +568,7 @@ TASK = Task(
     name="tts",
     defaults=TTS_DEFAULTS,
     model_kind="tts",
-    train=train_tts,
+    prepare=prepare_tts,
     report=report,
     rules={
         ("data", "corpus"): (str, lambda v: v in CORPORA, f"one of {', '.join(CORPORA)}"),
