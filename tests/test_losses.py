@@ -162,3 +162,23 @@ def test_batches_built_on_the_cpu_move_to_the_models_device() -> None:
     x, none, ids = on_model(model, torch.ones(2, 3), None, torch.tensor([1, 2]))
     assert x.device.type == "meta" and ids.device.type == "meta" and none is None
     assert torch.equal(on_model(nn.Linear(3, 5), torch.ones(2, 3))[0], torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("family", ["speech_encoder_decoder", "tts"])
+def test_shares_with_the_whole_batchs_counts_add_up_to_the_whole_batch(family: str) -> None:
+    """Speech and TTS losses mix means over different counts. Computed on two shares of a batch
+    with the whole batch's counts and weighted by their frames (share_loss), they give the whole
+    batch's loss and gradients, which a step on two workers then takes (test_distributed.py)."""
+    from distributed_cases import ROWS, case
+
+    model, loss = case(family)
+    whole, _ = loss(model, list(range(ROWS)))
+    whole.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    shares = [loss(model, list(range(r, ROWS, 2))) for r in (0, 1)]
+    together = sum(value * count for value, count in shares) / sum(count for _, count in shares)
+    together.backward()
+    assert together.item() == pytest.approx(whole.item(), rel=1e-6)
+    for p, g in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)

@@ -8,6 +8,9 @@ model's CTC loss, and CTC and cross-entropy mixed), :func:`guided_attention_loss
 :func:`tts_loss` (a text-to-speech model's frame, stop-token and alignment losses),
 :func:`mask_tokens` (BERT's masked-LM corruption: 15% of the tokens selected, 80/10/10
 mask/random/kept) and :func:`on_model` (a batch built on the CPU moved to the model's device).
+On N workers a loss whose terms are means over different counts (speech, TTS) takes the whole
+batch's counts (:func:`speech_tokens`, :func:`tts_counts`) and :func:`share_loss` weights each
+worker's part, so that the step is the whole batch's.
 
 What is not here: the optimizer, the schedule and the training loop (``training.py``), models,
 decoding, data files.
@@ -96,9 +99,12 @@ def seq2seq_loss(
     return loss, n
 
 
-def ctc_loss(logits: Tensor, valid: Tensor, targets: Tensor, target_lengths: Tensor, *, blank: int) -> Tensor:
+def ctc_loss(
+    logits: Tensor, valid: Tensor, targets: Tensor, target_lengths: Tensor, *, blank: int, per: int | None = None
+) -> Tensor:
     """CTC loss (Graves et al., 2006) per target token: −Σ_b log p(y_b | x_b) divided by
-    the batch's target tokens Σ_b |y_b|.
+    the batch's target tokens Σ_b |y_b| (or by ``per``: a whole batch's, of which these rows are
+    one worker's share, :func:`share_loss`).
 
     Per target token, so that it is on the scale of the cross-entropy :func:`speech_loss` mixes
     it with (torch's ``reduction="mean"`` divides each utterance by its own length, ESPnet by the
@@ -112,7 +118,7 @@ def ctc_loss(logits: Tensor, valid: Tensor, targets: Tensor, target_lengths: Ten
     total = F.ctc_loss(
         log_probs, targets, valid.sum(1), target_lengths, blank=blank, reduction="sum", zero_infinity=True
     )
-    return total / target_lengths.sum().clamp(min=1)
+    return total / (target_lengths.sum().clamp(min=1) if per is None else max(per, 1))
 
 
 def speech_loss(
@@ -125,6 +131,7 @@ def speech_loss(
     pad_id: int,
     ctc_weight: float = 0.3,
     label_smoothing: float = 0.0,
+    whole: tuple[int, int] | None = None,
 ) -> tuple[Tensor, int]:
     """The joint CTC/attention loss of a speech encoder-decoder, λ·CTC + (1 − λ)·cross-entropy
     (Kim, Hori & Watanabe, 2017, "Joint CTC-attention based end-to-end speech recognition using
@@ -134,6 +141,12 @@ def speech_loss(
     at the real target tokens only, END included, label smoothing); the CTC term is
     :func:`ctc_loss` over the transcript, ``t_out``'s real tokens without END. λ = 0 needs no
     CTC head; λ = 1 skips the decoder.
+
+    The two terms are means over different counts (END is a cross-entropy target, not a CTC
+    one), so a batch split over workers cannot be put together by weighting each share's loss
+    by one count. ``whole`` (:func:`speech_tokens` of the whole batch, these rows one worker's
+    share of it) divides each term's sum by the whole batch's count instead: the loss returned
+    is this share's part of the whole batch's, and the parts add up to it (:func:`share_loss`).
 
     Shapes: features (B, T, M), valid (B, T) bool, t_in and t_out (B, L) as
     :func:`seq2seq_batch` returns them (targets only) -> scalar, count.
@@ -148,39 +161,70 @@ def speech_loss(
     if ctc_weight < 1.0:
         logits = model.decode(t_in, memory, src_mask=memory_valid, only=keep).logits  # (N, V)
         attention = sequence_loss(logits[None], t_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
+        if whole is not None:  # this share's part of the whole batch's mean
+            attention = attention * (n / max(whole[0], 1))
         loss = loss + (1.0 - ctc_weight) * attention
     if ctc_weight > 0.0:
         lengths = (keep & (t_out != model.config.eos_id)).sum(1)  # (B,): the transcript, END left out
-        ctc = ctc_loss(model.ctc_logits(memory), memory_valid, t_out, lengths, blank=model.config.blank)
+        per = whole[1] if whole is not None else None
+        ctc = ctc_loss(model.ctc_logits(memory), memory_valid, t_out, lengths, blank=model.config.blank, per=per)
         loss = loss + ctc_weight * ctc
     return loss, n
 
 
-def guided_attention_weights(text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
+def speech_tokens(t_out: Tensor, *, pad_id: int, eos_id: int) -> tuple[int, int]:
+    """The counts :func:`speech_loss`'s terms are means over: real target tokens (END included:
+    the cross-entropy's) and transcript tokens (END left out: CTC's).
+
+    Shapes: t_out (B, L) as :func:`seq2seq_batch` returns it -> two counts.
+    """
+    keep = t_out != pad_id  # (B, L)
+    return int(keep.sum()), int((keep & (t_out != eos_id)).sum())
+
+
+def share_loss(part: Tensor, count: float, whole: float) -> Tensor:
+    """One worker's part of a whole batch's loss (a loss computed with the whole batch's counts,
+    ``whole=``) as the loss :meth:`~qkv.training.Trainer.step` weights by the worker's own count:
+    part · whole / count. The count-weighted mean over the workers, Σ part_w · whole / Σ count_w,
+    is then Σ part_w, the whole batch's loss: a step on N workers is the step on the whole batch
+    even for a loss whose terms are means over different counts. One process (count = whole):
+    the part itself.
+    """
+    return part if count == whole or count <= 0 else part * (whole / count)
+
+
+def guided_attention_weights(
+    text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2, size: tuple[int, int] | None = None
+) -> Tensor:
     """The penalty W of guided attention (Tachibana et al., 2018, eq. 4):
     W[u, s] = 1 − exp(−(s / S_b − u / U_b)² / (2σ²)) inside each utterance's U_b decoder steps
     and S_b text positions, 0 outside (padding is never penalised). Near the diagonal W ≈ 0.
 
-    Shapes: text_lengths (B,), step_lengths (B,) -> (B, U, S), U and S the longest.
+    Shapes: text_lengths (B,), step_lengths (B,) -> (B, U, S): ``size`` (U, S), or the longest
+    (rows cut from a batch padded for longer ones keep its padding: a worker's share).
     """
-    u = torch.arange(int(step_lengths.max()), device=text_lengths.device)[None, :, None]  # (1, U, 1)
-    s = torch.arange(int(text_lengths.max()), device=text_lengths.device)[None, None, :]  # (1, 1, S)
+    steps_size, texts_size = size if size is not None else (int(step_lengths.max()), int(text_lengths.max()))
+    u = torch.arange(steps_size, device=text_lengths.device)[None, :, None]  # (1, U, 1)
+    s = torch.arange(texts_size, device=text_lengths.device)[None, None, :]  # (1, 1, S)
     steps = step_lengths[:, None, None].float()  # (B, 1, 1)
     texts = text_lengths[:, None, None].float()  # (B, 1, 1)
     w = 1.0 - torch.exp(-((s / texts - u / steps) ** 2) / (2 * sigma**2))  # (B, U, S)
     return w * ((u < steps) & (s < texts))  # (B, U, S)
 
 
-def guided_attention_loss(weights: Tensor, text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
+def guided_attention_loss(
+    weights: Tensor, text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2, cells: int | None = None
+) -> Tensor:
     """Guided attention loss (Tachibana et al., 2018, section 4.1): the mean over heads and over
     each utterance's real (step, position) pairs of A'[u, s]·W[u, s]; small when the
-    cross-attention runs along the diagonal, which is how text and speech align.
+    cross-attention runs along the diagonal, which is how text and speech align. ``cells``: the
+    pairs to divide by (a whole batch's, :func:`tts_counts`; None: these rows').
 
     Shapes: weights (B, H, U, S) attention A'; text_lengths, step_lengths (B,) -> scalar.
     """
-    w = guided_attention_weights(text_lengths, step_lengths, sigma=sigma)  # (B, U, S)
-    cells = (text_lengths * step_lengths).sum().clamp(min=1) * weights.shape[1]
-    return (weights.float() * w[:, None]).sum() / cells
+    w = guided_attention_weights(text_lengths, step_lengths, sigma=sigma, size=weights.shape[-2:])  # (B, U, S)
+    pairs = (text_lengths * step_lengths).sum().clamp(min=1) if cells is None else max(cells, 1)
+    return (weights.float() * w[:, None]).sum() / (pairs * weights.shape[1])
 
 
 def tts_loss(
@@ -195,6 +239,7 @@ def tts_loss(
     guided_sigma: float = 0.2,
     guided_layers: int = 2,
     stop_weight: float = 5.0,
+    whole: tuple[int, int] | None = None,
 ) -> tuple[Tensor, dict[str, float], int]:
     """A Transformer-TTS model's loss under teacher forcing, the parts as floats, and the real frames.
 
@@ -205,6 +250,10 @@ def tts_loss(
     :func:`guided_attention_loss` on every head of the last ``guided_layers`` decoder blocks,
     weighted ``guided_weight`` (0: off, and the fused attention path is kept).
 
+    ``whole`` (:func:`tts_counts` of the whole batch, these rows one worker's share of it): every
+    term is divided by the whole batch's count (frames; text × step pairs) instead of these rows',
+    and the loss returned is this share's part of the whole batch's (:func:`share_loss`).
+
     Shapes: text (B, S), text_valid (B, S), mel (B, T, M) log-mels as the model reads them
     (``model.scale``), mel_valid (B, T), T a multiple of the model's reduction factor r,
     speakers (B,) or None -> scalar.
@@ -213,7 +262,8 @@ def tts_loss(
     text, text_valid, mel, mel_valid, speakers = on_model(model, text, text_valid, mel, mel_valid, speakers)
     before, after, stop, weights = model(text, text_valid, mel, mel_valid, speakers, need_weights=guided)
     keep = mel_valid[..., None].to(mel.dtype)  # (B, T, 1)
-    n = keep.sum().clamp(min=1) * mel.shape[-1]
+    real = keep.sum().clamp(min=1) if whole is None else max(whole[0], 1)  # the frames each term is a mean over
+    n = real * mel.shape[-1]
     target = mel.float()
     frames = sum(
         ((out.float() - target).abs() * keep).sum() / n + ((out.float() - target) ** 2 * keep).sum() / n
@@ -227,7 +277,7 @@ def tts_loss(
         weight=mel_valid.float(),
         pos_weight=torch.tensor(stop_weight, device=mel.device),
         reduction="sum",
-    ) / mel_valid.sum().clamp(min=1)
+    ) / (mel_valid.sum().clamp(min=1) if whole is None else real)
     loss = frames + stop_loss
     parts = {"frames": frames.item(), "stop": stop_loss.item()}
     if guided:
@@ -235,10 +285,22 @@ def tts_loss(
         steps = (lengths + r - 1) // r  # (B,): decoder steps that read real frames
         texts = text_valid.sum(1)  # (B,)
         layers = weights[-guided_layers:]
-        attention = sum(guided_attention_loss(w, texts, steps, sigma=guided_sigma) for w in layers) / len(layers)
+        cells = whole[1] if whole is not None else None
+        attention = sum(guided_attention_loss(w, texts, steps, sigma=guided_sigma, cells=cells) for w in layers)
+        attention = attention / len(layers)
         loss = loss + guided_weight * attention
         parts["guided"] = attention.item()
     return loss, parts, int(mel_valid.sum())
+
+
+def tts_counts(text_valid: Tensor, mel_valid: Tensor, *, reduction: int) -> tuple[int, int]:
+    """The counts :func:`tts_loss`'s terms are means over: real frames, and the (decoder step,
+    text position) pairs guided attention reads.
+
+    Shapes: text_valid (B, S), mel_valid (B, T) -> two counts.
+    """
+    steps = (mel_valid.sum(1) + reduction - 1) // reduction  # (B,)
+    return int(mel_valid.sum()), int((text_valid.sum(1) * steps).sum())
 
 
 def seq2seq_batch(

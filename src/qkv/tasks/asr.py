@@ -38,7 +38,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
 from qkv.generation import beam_search, ctc_greedy
-from qkv.losses import seq2seq_batch, speech_loss
+from qkv.losses import seq2seq_batch, share_loss, speech_loss, speech_tokens
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
@@ -559,8 +559,12 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
         )  # (B, L) each
         # This worker's rows (all of them alone), cut after the whole batch's SpecAugment draws.
         mine, counted = share(len(rows))
+        # A share's loss is its part of the whole batch's (the terms' means are over the whole
+        # batch's tokens), weighted by its seconds of audio, the count the rate reports.
+        whole = speech_tokens(t_out, pad_id=c.pad_id, eos_id=c.eos_id) if len(mine) < len(rows) else None
+        all_seconds = float(valid.sum()) * seconds_per_frame
         feats, valid, t_in, t_out = feats[mine], valid[mine], t_in[mine], t_out[mine]
-        loss, _ = speech_loss(
+        part, _ = speech_loss(
             m,
             feats,
             valid,
@@ -569,9 +573,10 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
             pad_id=c.pad_id,
             ctc_weight=float(train["ctc_weight"]),
             label_smoothing=float(train["label_smoothing"]),
+            whole=whole,
         )
-        # The rate counts seconds of audio; on N workers they weight each worker's loss.
-        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
+        seconds = float(valid.sum()) * seconds_per_frame
+        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
     validate = validation_scorer(corpus, tokenizer, data, config, progress=progress) if train["valid_every"] else None
 

@@ -37,7 +37,7 @@ from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.files import write_atomic
 from qkv.generation import pad_rows
-from qkv.losses import tts_loss
+from qkv.losses import share_loss, tts_counts, tts_loss
 from qkv.models.tts import TransformerTTS
 from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar
@@ -388,11 +388,15 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
         mel, valid, text, text_valid = tts_batch(m, [mels[i] for i in rows], [ids[i] for i in rows], tokenizer.pad_id)
         who = torch.tensor([speaker_of[utterances[i].speaker] for i in rows]) if speaker_names else None
         mine, counted = share(len(rows))  # this worker's rows of the step's batch (all of them alone)
+        # A share's loss is its part of the whole batch's (each term a mean over the whole batch's
+        # frames or attention cells), weighted by its seconds of audio, the count the rate reports.
+        whole = tts_counts(text_valid, valid, reduction=m.config.reduction) if len(mine) < len(rows) else None
+        all_seconds = float(valid.sum()) * seconds_per_frame
         mel, valid, text, text_valid = mel[mine], valid[mine], text[mine], text_valid[mine]
         who = who[mine] if who is not None else None
-        loss, _, _ = tts_loss(m, text, text_valid, mel, valid, who, **weights)
-        # The rate counts seconds of audio; on N workers they weight each worker's loss.
-        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
+        part, _, _ = tts_loss(m, text, text_valid, mel, valid, who, **weights, whole=whole)
+        seconds = float(valid.sum()) * seconds_per_frame
+        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
     validate = None
     if train["valid_every"]:
