@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from qkv import runner
+from qkv.checkpoint import read_meta
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.recipes import override
@@ -216,6 +217,10 @@ def test_any_task_validates_keeps_the_best_averages_and_stops_early(tmp_path) ->
     history = summary["history"]
     assert [h["step"] for h in history] == [3, 6, 9, 12]
     assert summary["val_loss"] <= min(h["valid_loss"] for h in history) + 1e-6
+    meta = read_meta(out)  # the runner's record: which checkpoint, the best validation, the scores
+    assert meta["final"] == summary["final"] and summary["final"] in ("best", "averaged")
+    assert meta["validation"] == min(history, key=lambda h: h["valid_loss"])
+    assert meta["val_loss"] == summary["val_loss"] and meta["wall_seconds"] > meta["train_seconds"] > 0
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert not [p.name for p in out.iterdir() if p.name in ("last", "best") or p.name.startswith("step-")]
     stuck = runner.train(

@@ -20,13 +20,14 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
 from qkv import __version__
 from qkv.checkpoint import RUN_FILE, check_output, read_meta, save_model
-from qkv.distributed import barrier, load_state, plain_copy, world
+from qkv.distributed import barrier, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import write_atomic
 from qkv.recipes import Setup, Start, Task
@@ -69,81 +70,19 @@ def train(task: Task, recipe: dict, out: str | Path, *, progress: bool = True, r
     start = start_run_directory if task.run_directory else start_model_directory
     recipe, checkpoint = start(task, recipe, out, resume=resume)
     setup = task.prepare(recipe, Start(out=out, checkpoint=checkpoint, progress=progress))
-    train_section = recipe["train"]
-    validation = validation_of(train_section, setup, task=task.name)
-    main = world().main
-    extra = {"task": task.name, "recipe": recipe, **setup.meta}
-    ema = float(train_section["ema_decay"]) > 0
+    validation = validation_of(recipe["train"], setup, task=task.name)
     with tempfile.TemporaryDirectory() as tmp:
-        files = tokenizer_files(setup.tokenizer, Path(tmp))
-
-        def save(
-            model: nn.Module, name: str, *, trainer: Trainer | None = None, result: FitResult | None = None, **more
-        ) -> str:
-            progress_so_far = result.progress() if result is not None else None
-            unfinished = {} if task.run_directory else {"unfinished": True}
-            save_checkpoint(  # on N workers: all gather, rank 0 writes
-                model,
-                out / name,
-                files=files,
-                extra={**extra, **unfinished, **more},
-                trainer=trainer,
-                progress=progress_so_far,
-            )
-            return str(out / name)
-
-        def record(final: str, result: FitResult, **more) -> None:
-            if task.run_directory and main:
-                write_json(
-                    out / RUN_FILE,
-                    {
-                        "qkv_version": __version__,
-                        "recipe": recipe,
-                        "final": final,
-                        **setup.meta,
-                        **result.progress(),
-                        **more,
-                    },
-                )
-
-        def save_last(trainer: Trainer, result: FitResult) -> str:
-            saved = save(setup.model, LAST, trainer=trainer, result=result)
-            record(LAST, result)  # a run directory names "last" until the final models are compared
-            return saved
-
-        def load_last(trainer: Trainer) -> FitResult | None:
-            if checkpoint is None:
-                return None
-            return FitResult.resumed(load_checkpoint(checkpoint, trainer), steps=trainer.steps)
-
-        def keep(name: str, scores: dict) -> None:
-            save(setup.model, name)  # inside fit's validation: the weights validated
-
-        def drop(name: str) -> None:
-            if main:
-                shutil.rmtree(out / name, ignore_errors=True)
-            barrier()
-
-        hooks = Checkpointing(
-            save=save_last,
-            load=load_last,
-            every=int(train_section["save_every"]),
-            keep=keep,
-            drop=drop,
-            always=task.run_directory,
-        )
-        if main:
-            out.mkdir(parents=True, exist_ok=True)
-        scalars = Scalars(out / "tensorboard" if train_section["tensorboard"] and main else None)
+        run = _Output(task, recipe, out, setup, files=tokenizer_files(setup.tokenizer, Path(tmp)))
+        scalars = Scalars(out / "tensorboard" if recipe["train"]["tensorboard"] and world().main else None)
         try:
             result = fit(
                 setup.model,
                 setup.step_loss,
-                fit_config(train_section),
+                fit_config(recipe["train"]),
                 progress=progress,
                 desc=f"qkv {task.name}",
                 unit=setup.unit,
-                checkpoint=hooks,
+                checkpoint=run.checkpointing(resume_from=checkpoint),
                 epochs=setup.epochs,
                 validation=validation,
                 scalars=scalars.add,
@@ -151,25 +90,17 @@ def train(task: Task, recipe: dict, out: str | Path, *, progress: bool = True, r
         finally:
             scalars.close()
         whole = plain_copy(setup.model)  # FSDP: the whole weights; with train.ema_decay, their average
-        final, candidates = _final_model(
-            whole, out, result, setup, validation, save, run_directory=task.run_directory, ema=ema
-        )
-        if whole is not setup.model and not task.run_directory:
-            load_state(setup.model, whole.state_dict())
-        if not main:  # rank 0 saves, evaluates and reports; the other workers' part is done
+        final, candidates = _final_model(whole, run, result, validation)
+        if not world().main:  # rank 0 saves, evaluates and reports; the other workers' part is done
             return {}
         if task.run_directory:
             recorded, summary = setup.evaluate(whole, out, candidates.get(final))
             scores = {name: _scalars(c) for name, c in candidates.items()}
-            record(final, result, final_scores=scores, **recorded)
+            run.record(final, result, final_scores=scores, **recorded)
             model = whole
         else:
             model = whole.cpu()
-            timing = {"train_seconds": result.seconds, "steps": result.steps}
-            timing[f"{task.rate_unit}_per_second"] = result.tokens / max(result.seconds, 1e-9)
-            chosen = {"final": final, "validation": result.best} if validation is not None else {}
-            # The run's checkpoints give way to the model; TensorBoard's scalars stay.
-            save_model(model, out, files=files, extra={**extra, **timing, **chosen}, carry=("tensorboard",))
+            run.save_model(model, result, chosen={"final": final, "validation": result.best} if validation else {})
             recorded, summary = setup.evaluate(model, out, candidates.get(final))
             add_to_config(out, {**recorded, "wall_seconds": time.perf_counter() - began})
     return {
@@ -189,36 +120,93 @@ def train(task: Task, recipe: dict, out: str | Path, *, progress: bool = True, r
     }
 
 
+@dataclass(frozen=True)
+class _Output:
+    """Where a run writes: its checkpoints (``OUT/NAME``, each with the tokenizer ``files``, the
+    task, the recipe and ``setup.meta``), a run directory's ``run.json``, the final model directory."""
+
+    task: Task
+    recipe: dict
+    out: Path
+    setup: Setup
+    files: dict[str, Path]
+
+    def save(
+        self, model: nn.Module, name: str, *, trainer: Trainer | None = None, result: FitResult | None = None, **more
+    ) -> str:
+        """``model`` as the checkpoint ``name`` (with ``trainer``, resumable); on N workers every
+        one calls it, rank 0 writes."""
+        unfinished = {} if self.task.run_directory else {"unfinished": True}
+        extra = {"task": self.task.name, "recipe": self.recipe, **self.setup.meta, **unfinished, **more}
+        progress = result.progress() if result is not None else None
+        save_checkpoint(model, self.out / name, files=self.files, extra=extra, trainer=trainer, progress=progress)
+        return str(self.out / name)
+
+    def record(self, final: str, result: FitResult, **more) -> None:
+        """A run directory's ``run.json``: the recipe, the run so far and which checkpoint is final."""
+        if self.task.run_directory and world().main:
+            meta = {"qkv_version": __version__, "recipe": self.recipe, "final": final, **self.setup.meta}
+            write_json(self.out / RUN_FILE, {**meta, **result.progress(), **more})
+
+    def save_model(self, model: nn.Module, result: FitResult, *, chosen: dict) -> None:
+        """The finished model directory ``OUT`` (rank 0): the model, its tokenizer, what the run
+        did; the run's checkpoints give way to it, TensorBoard's scalars stay."""
+        timing = {"train_seconds": result.seconds, "steps": result.steps}
+        timing[f"{self.task.rate_unit}_per_second"] = result.tokens / max(result.seconds, 1e-9)
+        extra = {"task": self.task.name, "recipe": self.recipe, **self.setup.meta, **timing, **chosen}
+        save_model(model, self.out, files=self.files, extra=extra, carry=("tensorboard",))
+
+    def checkpointing(self, *, resume_from: Path | None) -> Checkpointing:
+        """How :func:`~qkv.training.fit` saves ``OUT/last`` (and, in a run directory, its
+        ``run.json``), resumes from ``resume_from``, and keeps and drops validated checkpoints."""
+
+        def save_last(trainer: Trainer, result: FitResult) -> str:
+            saved = self.save(self.setup.model, LAST, trainer=trainer, result=result)
+            self.record(LAST, result)  # "last" until the final models are compared
+            return saved
+
+        def load_last(trainer: Trainer) -> FitResult | None:
+            if resume_from is None:
+                return None
+            return FitResult.resumed(load_checkpoint(resume_from, trainer), steps=trainer.steps)
+
+        def keep(name: str, scores: dict) -> None:
+            self.save(self.setup.model, name)  # called inside fit's validation: the weights validated
+
+        def drop(name: str) -> None:
+            if world().main:
+                shutil.rmtree(self.out / name, ignore_errors=True)
+            barrier()
+
+        if world().main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        every = int(self.recipe["train"]["save_every"])
+        return Checkpointing(save_last, load_last, every, keep, drop, always=self.task.run_directory)
+
+
 def _final_model(
-    whole: nn.Module,
-    out: Path,
-    result: FitResult,
-    setup: Setup,
-    validation: Validation | None,
-    save,
-    *,
-    run_directory: bool,
-    ema: bool,
+    whole: nn.Module, run: _Output, result: FitResult, validation: Validation | None
 ) -> tuple[str, dict[str, dict]]:
     """The run's final model put into ``whole``, its name and the candidates' scores
-    (:func:`~qkv.runs.choose_final`): without validation, the weights training ended with
-    ("last"; a run directory saves a moving average as "ema", which its last/ does not hold)."""
+    (:func:`~qkv.runs.choose_final`, by the task's ``final_score`` or its validation score):
+    without validation, the weights training ended with ("last"; a run directory saves a moving
+    average as "ema", which its ``last/`` does not hold as its weights)."""
+    ema = float(run.recipe["train"]["ema_decay"]) > 0
     if validation is None:
-        if run_directory and ema:
-            save(whole, "ema")
+        if run.task.run_directory and ema:
+            run.save(whole, "ema")
             return "ema", {}
         return LAST, {}
-    score = setup.final_score or validation.score
 
     def save_candidate(name: str, scores: dict) -> None:
-        if run_directory:  # a model directory becomes the final model itself
-            save(whole, name, valid_scores=scores)
+        if run.task.run_directory:  # a model directory becomes the final model itself
+            run.save(whole, name, valid_scores=scores)
 
     return choose_final(
         whole,
-        out,
+        run.out,
         result,
-        score=score,
+        score=run.setup.final_score or validation.score,
         metric=validation.metric,
         higher=validation.higher,
         save=save_candidate,
