@@ -237,7 +237,8 @@ def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_pa
     ordinary model (the conversion: equal to the weights gathered at the end). A 2-worker FSDP run
     killed with SIGKILL resumes on 2 FSDP workers to the uninterrupted run's weights exactly, and
     on one process without FSDP within 1e-4."""
-    sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.parallel=fsdp"]
+    # with a moving average of the weights (train.ema_decay): sharded and resumed as the moments are
+    sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.ema_decay=0.9", "train.parallel=fsdp"]
     reference = tmp_path / "fsdp"
     done = _run(_train(reference, sets, "--nproc", "2"))
     assert done.returncode == 0, done.stderr[-3000:]
