@@ -2,13 +2,17 @@
 
 What is here: :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3) and
 :func:`warmup_cosine`, :class:`Trainer` (AdamW, the schedule, gradient clipping and
-accumulation, bf16 autocast, and its state for checkpoints and exact resumption) and
-:func:`fit`, a model-agnostic loop over it with a step and/or time budget and a progress bar
-with loss, learning rate and tokens/s; :class:`StopRequest` (SIGTERM and Ctrl-C stop at a step
-boundary after a save) and :class:`NonFinite`.
+accumulation, a moving average of the weights, bf16 autocast, and its state for checkpoints and
+exact resumption) and :func:`fit`, the one training loop of every task (:class:`FitConfig`):
+steps or :class:`Epochs`, a time budget, :class:`Validation` with the best and averaged
+checkpoints and early stopping, :class:`Checkpointing` for saves and resumption, TensorBoard
+scalars and a progress bar with loss, learning rate and tokens/s; :class:`FitResult`, the run so
+far; :class:`StopRequest` (SIGTERM and Ctrl-C stop at a step boundary after a save) and
+:class:`NonFinite`.
 
 What is not here: the losses of the model families and the batches they read (``losses.py``),
-models, decoding, data files.
+the tasks' parts and the runner that calls fit (``tasks/``, ``runner.py``), models, decoding,
+data files.
 """
 
 from __future__ import annotations
