@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from qkv import runner  # noqa: E402
 from qkv.cli.transcribe import LM_WEIGHT  # noqa: E402
 
 BENCHES = {
@@ -134,7 +135,7 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float | None]
             seconds[stage] = None  # its cost is not in this run's wall time
             continue
         print(f"pipeline stage {stage}: recipes/{recipe_name}.yaml {' '.join(filled)}", flush=True)
-        TASKS[recipe["task"]].train(recipe, directory, progress=True, resume=args.resume and directory.exists())
+        runner.train(TASKS[recipe["task"]], recipe, directory, progress=True, resume=args.resume and directory.exists())
         seconds[stage] = round(time.perf_counter() - began, 1)
     if name == "speech_en":
         args.model, args.lm = dirs["speech_en"], dirs["speech_en_lm"]
@@ -159,7 +160,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
     if args.model is None:
         out = Path(args.out or ROOT / "runs" / f"bench_{name}")
         start = time.perf_counter()
-        summary = TASKS["asr"].train(recipe, out, progress=True, resume=args.resume)
+        summary = runner.train(TASKS["asr"], recipe, out, progress=True, resume=args.resume)
         return summary, time.perf_counter() - start
     path = model_dir(args.model)
     model, meta = load_model(path, kind="speech_encoder_decoder")

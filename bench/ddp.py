@@ -69,7 +69,8 @@ def worker(path: Path, mode: str, out: Path) -> None:
 
     from qkv import distributed
     from qkv.checkpoint import build_model
-    from qkv.training import Trainer, seq2seq_batch, seq2seq_loss
+    from qkv.losses import seq2seq_batch, seq2seq_loss
+    from qkv.training import Trainer
 
     world = distributed.start()
     prepared = json.loads(path.read_text())

@@ -37,9 +37,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.decoding import beam_search, greedy  # noqa: E402
 from qkv.decoding_copies import for_decoding, int8_linears  # noqa: E402
+from qkv.losses import seq2seq_loss  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
-from qkv.training import Trainer, seq2seq_loss  # noqa: E402
+from qkv.training import Trainer  # noqa: E402
 
 SIZES = {
     "base": {"d_model": 512, "n_heads": 8, "d_ff": 2048, "layers": 6},

@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qkv import runner
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, read_meta, save_model
 from qkv.cli.main import main
@@ -43,7 +44,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
     tmp = tmp_path_factory.mktemp("asr")
     manifest = tone_corpus(tmp / "tones")
     recipe = load_recipe(None, [*tiny_asr_overrides(manifest), f"train.steps={STEPS}"])
-    summary = TASKS["asr"].train(recipe, tmp / "model", progress=False)
+    summary = runner.train(TASKS["asr"], recipe, tmp / "model", progress=False)
     return tmp / "model", manifest, summary
 
 
@@ -93,7 +94,7 @@ def test_the_model_is_saved_before_the_test_set_is_decoded(tmp_path, monkeypatch
     manifest = tone_corpus(tmp_path / "tones", utterances=4)
     recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=3"])
     with pytest.raises(KeyboardInterrupt):
-        TASKS["asr"].train(recipe, tmp_path / "model", progress=False)
+        runner.train(TASKS["asr"], recipe, tmp_path / "model", progress=False)
     meta = read_meta(tmp_path / "model")
     assert meta["steps"] == 3 and "wer" not in meta
     assert not (tmp_path / "model" / "last").exists()
@@ -180,10 +181,10 @@ def started_from(tmp_path: Path, manifest: Path, key: str, source: Path, refused
     if refused is not None:
         recipe = load_recipe(None, [*tiny_asr_overrides(tmp_path / "no.tsv"), f"train.{key}={source}"])
         with pytest.raises(UserError, match=rf"^train\.{key}: {refused}"):
-            TASKS["asr"].train(recipe, tmp_path / "never", progress=False)
+            runner.train(TASKS["asr"], recipe, tmp_path / "never", progress=False)
         return {}
     recipe = load_recipe(None, [*tiny_asr_overrides(manifest), "train.steps=2", f"train.{key}={source}"])
-    summary = TASKS["asr"].train(recipe, tmp_path / "st", progress=False)
+    summary = runner.train(TASKS["asr"], recipe, tmp_path / "st", progress=False)
     assert summary[key] == str(source) and read_meta(tmp_path / "st")[key] == str(source)
     return summary
 
@@ -347,7 +348,7 @@ def test_a_language_model_of_the_recognizers_tokens_is_fused(trained, capsys, tm
         shape = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.n_layers=1", "model.max_len=16"]
         data = [f"data.text={text}", f"data.valid_text={text}", "data.documents=lines", *extra]
         recipe = load_recipe(None, ["task=lm", *shape, *data, "train.steps=30", "train.batch_size=4", "train.warmup=3"])
-        TASKS["lm"].train(recipe, tmp_path / out, progress=False)
+        runner.train(TASKS["lm"], recipe, tmp_path / out, progress=False)
         return tmp_path / out
 
     ours = lm("lm", f"data.tokenizer={model}", "data.transcripts=true")

@@ -21,11 +21,11 @@ from qkv.data import read_dailydialog, read_labelled
 from qkv.embedding import sentence_embeddings
 from qkv.errors import UserError
 from qkv.evaluation import accuracy, macro_f1
+from qkv.losses import IGNORE, mask_tokens
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.tasks import load_recipe
 from qkv.tasks.bert import predict_labels, train_classifier, train_mlm
 from qkv.tokenization import FILE, Tokenizer
-from qkv.training import IGNORE, mask_tokens
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 TINY = {"d_model": 15, "n_heads": 3, "d_ff": 7, "n_layers": 1, "max_len": 13, "dropout": 0.0}

@@ -1,6 +1,7 @@
 """Training on several processes (torch.distributed, gloo on this CPU, 2 workers started by
-torchrun): one step on 2 workers is one step on the whole batch for every model family, under DDP
-and FSDP; a 2-worker run killed with SIGKILL resumes to the uninterrupted run's weights, also on
+torchrun): one step on 2 workers is one step on the whole batch for every model family (speech and
+TTS included), under DDP and FSDP, and the speech tasks train on 2 workers as on one; a 2-worker
+run killed with SIGKILL resumes to the uninterrupted run's weights, also on
 another number of workers; torchrun's --max-restarts continues after a worker is killed; and the
 workers agree on validation and early stopping.
 
@@ -236,7 +237,8 @@ def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_pa
     ordinary model (the conversion: equal to the weights gathered at the end). A 2-worker FSDP run
     killed with SIGKILL resumes on 2 FSDP workers to the uninterrupted run's weights exactly, and
     on one process without FSDP within 1e-4."""
-    sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.parallel=fsdp"]
+    # with a moving average of the weights (train.ema_decay): sharded and resumed as the moments are
+    sets = [*NUMBERS, "model.dropout=0.0", "model.bias=false", "train.ema_decay=0.9", "train.parallel=fsdp"]
     reference = tmp_path / "fsdp"
     done = _run(_train(reference, sets, "--nproc", "2"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -273,3 +275,27 @@ def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_pa
     done = _run(_train(one, [*sets[:-1], "train.parallel=ddp"], "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert _max_difference(_weights(one), _weights(reference)) <= 1e-4
+
+
+@pytest.mark.parametrize("task", ["asr", "tts"])
+def test_speech_and_tts_tasks_train_on_two_workers_as_on_one(tmp_path, task) -> None:
+    """qkv train --nproc 2 on the speech tasks themselves (their step losses: each worker's
+    share of a batch, its part of the whole batch's loss): a few steps end with one process's
+    weights, up to floating-point order. No dropout or SpecAugment, whose draws depend on how
+    rows fall to workers; no biases (a key bias's zero gradient, distributed_cases.py)."""
+    from speech_data import tiny_asr_overrides, tone_corpus
+    from test_tts_task import TINY_TTS
+
+    manifest = tone_corpus(tmp_path / "tones", utterances=7)
+    if task == "asr":
+        sets = [*tiny_asr_overrides(manifest), "model.key_bias=false", "data.test_limit=1"]
+    else:
+        sets = [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}", "model.prenet_dropout=0.0"]
+        sets += ["data.test_sentences=1"]
+    sets = [s for s in sets if not s.startswith(("task=", "train.steps="))]
+    sets += ["train.steps=4", "model.dropout=0.0", "model.bias=false", "train.batch_frames=100000"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out, extra in ((one, []), (two, ["--nproc", "2"])):
+        done = _run(_train(out, sets, *extra, task=task))
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert _max_difference(_weights(two), _weights(one)) <= 1e-4

@@ -282,15 +282,16 @@ def _stdin(data: bytes) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_long_work() -> Iterator[None]:
-    """Training and the numbers evaluation stand in by :class:`WouldTrain` (a command that gets
-    there has accepted its input); everything else runs for real."""
+    """Training (each task's parts of a run, which the runner prepares after it has checked
+    where the run goes) and the numbers evaluation stand in by :class:`WouldTrain` (a command that
+    gets there has accepted its input); everything else runs for real."""
     from qkv import tasks
     from qkv.tasks import numbers
 
     def would_train(*args, **kwargs):
         raise WouldTrain
 
-    stubs = {name: dataclasses.replace(task, train=would_train) for name, task in tasks.TASKS.items()}
+    stubs = {name: dataclasses.replace(task, prepare=would_train) for name, task in tasks.TASKS.items()}
     with (
         mock.patch.dict(tasks.TASKS, stubs),
         mock.patch.object(numbers, "train_numbers", would_train),

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from qkv import runner
+from qkv.checkpoint import read_meta
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.recipes import override
 from qkv.seq2seq import cross_attention
-from qkv.tasks import load_recipe
+from qkv.tasks import TASKS, load_recipe
 from qkv.tasks.lm import LM_DEFAULTS
 from qkv.tasks.numbers import NUMBERS_DEFAULTS
 
@@ -164,3 +166,116 @@ def test_override_reads_a_key_as_load_recipe_does() -> None:
     assert override(items, "train.seconds") == "90" and override(items, "train.steps") == "3"
     assert override(items, "train.lr") is None and override([], "task") is None
     assert override(["task = lm"], "task") == "lm" and load_recipe(None, ["task = lm"])["task"] == "lm"
+
+
+def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
+    """train.ema_decay on a task: the model directory holds the moving average (not the last
+    weights: a run without it, the same otherwise, ends elsewhere), and the held-out score in
+    config.json is the saved model's."""
+    from qkv.checkpoint import load_model, read_meta
+    from qkv.tasks import TASKS
+    from qkv.tasks.numbers import evaluate_numbers
+
+    tiny = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.steps=13", "train.batch_size=7",
+            "data.eval_examples=11", "train.warmup=2", "data.beam_size=1"]  # fmt: skip
+    plain = runner.train(TASKS["numbers"], load_recipe(None, tiny), tmp_path / "plain", progress=False)
+    averaged = runner.train(
+        TASKS["numbers"], load_recipe(None, [*tiny, "train.ema_decay=0.5"]), tmp_path / "ema", progress=False
+    )
+    assert averaged["losses"] == plain["losses"]  # the average does not change training
+    saved, _ = load_model(tmp_path / "ema")
+    ours, last = saved.state_dict(), plain["model"].state_dict()
+    assert all(torch.equal(ours[k], v) for k, v in averaged["model"].state_dict().items())
+    assert any(not torch.allclose(ours[k], last[k]) for k in ours)
+    score, outputs = evaluate_numbers(saved, averaged["tokenizer"], pairs=averaged["held_out"], beam_size=1)
+    assert (score, outputs) == (averaged["exact_match"], averaged["outputs"])
+    assert read_meta(tmp_path / "ema")["exact_match"] == score
+
+
+def _lm(tmp_path: Path, *extra: str) -> list[str]:
+    """A tiny lm recipe's overrides on a small text written to ``tmp_path``."""
+    import random
+
+    rng = random.Random(5)
+    words = "the a dog cat runs sleeps red big small house tree sees".split()
+    text = "\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(97))
+    (tmp_path / "text.txt").write_text(text + "\n")
+    return ["task=lm", f"data.text={tmp_path / 'text.txt'}", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+            "model.n_layers=1", "model.max_len=13", "train.batch_size=5", "train.warmup=2", *extra]  # fmt: skip
+
+
+def test_any_task_validates_keeps_the_best_averages_and_stops_early(tmp_path) -> None:
+    """The validation hooks on a task that trains in steps (lm): a record every train.valid_every
+    steps with the task's own metric (validation loss); the final model is the better of the best
+    and the average of the last two, so its validation loss is no worse than any validated one;
+    TensorBoard scalars stay in the model directory, the run's checkpoints do not. Patience
+    stops a run that no longer improves (a learning rate too small to move a weight)."""
+
+    out = tmp_path / "run"
+    sets = ["train.steps=12", "train.valid_every=3", "train.average_last=2", "train.tensorboard=true"]
+    summary = runner.train(TASKS["lm"], load_recipe(None, _lm(tmp_path, *sets)), out, progress=False)
+    history = summary["history"]
+    assert [h["step"] for h in history] == [3, 6, 9, 12]
+    assert summary["val_loss"] <= min(h["valid_loss"] for h in history) + 1e-6
+    meta = read_meta(out)  # the runner's record: which checkpoint, the best validation, the scores
+    assert meta["final"] == summary["final"] and summary["final"] in ("best", "averaged")
+    assert meta["validation"] == min(history, key=lambda h: h["valid_loss"])
+    assert meta["val_loss"] == summary["val_loss"] and meta["wall_seconds"] > meta["train_seconds"] > 0
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert not [p.name for p in out.iterdir() if p.name in ("last", "best") or p.name.startswith("step-")]
+    stuck = runner.train(
+        TASKS["lm"],
+        load_recipe(
+            None,
+            _lm(
+                tmp_path,
+                "train.steps=40",
+                "train.valid_every=4",
+                "train.patience=2",
+                "train.lr=1e-12",
+                "train.min_lr=0",
+            ),
+        ),
+        tmp_path / "stuck",
+        progress=False,
+    )
+    assert stuck["stopped_by"] == "patience" and stuck["steps"] == 12 and len(stuck["history"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("sets", "said"),
+    [
+        (["train.patience=3"], r"train\.patience needs validation; set train\.valid_every"),
+        (["train.average_last=2"], r"train\.average_last needs validation"),
+        (["train.valid_every=epoch"], r"train\.valid_every=epoch needs a task that trains in epochs"),
+        (["train.valid_every=0"], r"train\.valid_every must be a positive number of steps, epoch, or null"),
+        (["train.ema_decay=1"], r"train\.ema_decay must be a number in \[0, 1\)"),
+        (["train.accumulate=0"], r"train\.accumulate must be a positive integer"),
+    ],
+)
+def test_training_hooks_refuse_what_cannot_work(sets, said) -> None:
+    with pytest.raises(UserError, match=said):
+        load_recipe(None, sets)
+
+
+@pytest.mark.parametrize(("task", "metric"), [("asr", "valid_wer"), ("tts", "valid_loss")])
+def test_speech_tasks_validate_on_a_validation_split(tmp_path, task, metric) -> None:
+    """asr and tts validate too (WER; the teacher-forced loss), on the corpus's validation split:
+    a manifest's (data.valid); the final model is chosen among the validated ones. A corpus
+    without a validation split is refused in one line."""
+    from speech_data import tiny_asr_overrides, tone_corpus
+    from test_tts_task import TINY_TTS
+
+    manifest = tone_corpus(tmp_path / "tones", utterances=6)
+    base = (
+        tiny_asr_overrides(manifest)
+        if task == "asr"
+        else [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}"]
+    )
+    sets = [*base, "train.steps=6", "train.valid_every=3", "train.average_last=2"]
+    recipe = load_recipe(None, [*sets, f"data.valid={manifest}", "data.valid_limit=3"])
+    summary = runner.train(TASKS[task], recipe, tmp_path / "model", progress=False)
+    assert [h["step"] for h in summary["history"]] == [3, 6] and all(metric in h for h in summary["history"])
+    assert summary["final"] in ("best", "averaged")
+    with pytest.raises(UserError, match=r"the manifests corpus has no validation split; set data\.valid"):
+        runner.train(TASKS[task], load_recipe(None, sets), tmp_path / "none", progress=False)

@@ -22,16 +22,17 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from qkv import runner
 from qkv.checkpoint import read_meta
 from qkv.errors import UserError
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.runs import load_checkpoint, save_checkpoint
 from qkv.tasks import TASKS, load_recipe
-from qkv.training import Checkpointing, Trainer, fit
+from qkv.training import Checkpointing, FitConfig, Trainer, fit
 from speech_data import tiny_asr_overrides, tone_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-KILLS_PER_TASK = 3  # 6 tasks: 18 kills at random steps, 18 endings equal to the uninterrupted run's
+KILLS_PER_TASK = 3  # 7 cases: 21 kills at random steps, 21 endings equal to the uninterrupted run's
 STEPS, SAVE_EVERY = 23, 3  # the runs of _corpus
 TINY = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropout=0.1", f"train.save_every={SAVE_EVERY}"]
 
@@ -46,6 +47,9 @@ def _corpus(tmp: Path) -> dict[str, list[str]]:
     tones = tone_corpus(tmp / "tones", utterances=6)
     return {
         "numbers": ["task=numbers", *TINY, f"train.steps={STEPS}", "train.batch_size=8", "data.eval_examples=5"],
+        # gradient accumulation and a moving average of the weights, both resumed exactly
+        "numbers_accumulate_ema": ["task=numbers", *TINY, f"train.steps={STEPS}", "train.batch_size=8",
+                                   "data.eval_examples=5", "train.accumulate=3", "train.ema_decay=0.9"],
         "lm": ["task=lm", *TINY, f"data.text={tmp / 'text.txt'}", "model.n_layers=1", "model.max_len=16",
                f"train.steps={STEPS}", "train.batch_size=4"],
         "mlm": ["task=mlm", *TINY, "data.dailydialog=null", f"data.sentences={tmp / 'text.txt'}", "data.vocab_size=40",
@@ -133,24 +137,25 @@ def _killed_mid_run(out: Path, overrides: list[str], rng: random.Random) -> int 
     pytest.fail("every kill came after the run had finished: nothing was interrupted")
 
 
-@pytest.mark.parametrize("task", ["numbers", "lm", "mlm", "classify", "asr", "tts"])
-def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, task):
+@pytest.mark.parametrize("case", ["numbers", "numbers_accumulate_ema", "lm", "mlm", "classify", "asr", "tts"])
+def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
     """Each kill lands mid-run (a checkpoint, no finished model), the resumed run takes only the
     steps after its checkpoint's (optimizer steps counted), and it ends as the uninterrupted run."""
-    overrides = _corpus(tmp_path)[task]
+    overrides = _corpus(tmp_path)[case]
     recipe = load_recipe(None, overrides)
+    task = recipe["task"]
     taken = []
     counting = register_optimizer_step_post_hook(lambda *_: taken.append(1))
     try:
-        reference = TASKS[task].train(recipe, tmp_path / "reference", progress=False)
+        reference = runner.train(TASKS[task], recipe, tmp_path / "reference", progress=False)
         assert len(taken) == STEPS  # the count counts the steps
-        rng = random.Random(task)
+        rng = random.Random(case)
         for kill in range(KILLS_PER_TASK):
             out = tmp_path / f"run{kill}"
             saved = _killed_mid_run(out, overrides, rng)
             assert saved is not None and 0 < saved < STEPS and saved % SAVE_EVERY == 0, saved
             taken.clear()
-            resumed = TASKS[task].train(recipe, out, progress=False, resume=True)
+            resumed = runner.train(TASKS[task], recipe, out, progress=False, resume=True)
             assert len(taken) == STEPS - saved, f"kill {kill}: resumed from step {saved}, took {len(taken)} steps"
             assert resumed["losses"] == reference["losses"], f"kill {kill}: the loss log differs"
             assert _same(resumed["model"], reference["model"]), f"kill {kill}: the weights differ"
@@ -175,8 +180,8 @@ def test_sigterm_saves_says_how_to_resume_and_resume_ends_identically(tmp_path):
     assert "Traceback" not in err
     steps = json.loads((out / "last" / "trainer.json").read_text())["progress"]["steps"]
     assert 100 <= steps < 500
-    resumed = TASKS["numbers"].train(recipe, out, progress=False, resume=True)
-    reference = TASKS["numbers"].train(recipe, tmp_path / "reference", progress=False)
+    resumed = runner.train(TASKS["numbers"], recipe, out, progress=False, resume=True)
+    reference = runner.train(TASKS["numbers"], recipe, tmp_path / "reference", progress=False)
     assert resumed["losses"] == reference["losses"] and _same(resumed["model"], reference["model"])
 
 
@@ -303,7 +308,13 @@ def test_nonfinite_loss_stops_naming_step_module_and_last_checkpoint(tmp_path):
         return str(tmp_path / f"checkpoint-{result.steps}")
 
     with pytest.raises(UserError) as error:
-        fit(model, _loss, steps=20, lr=0.01, warmup=1, progress=False, checkpoint=Checkpointing(save=save, every=3))
+        fit(
+            model,
+            _loss,
+            FitConfig(steps=20, lr=0.01, warmup=1),
+            progress=False,
+            checkpoint=Checkpointing(save=save, every=3),
+        )
     message = str(error.value)
     assert message.startswith("step 8: the ") and "first non-finite output: middle" in message
     assert "the last checkpoint: " + str(tmp_path / "checkpoint-6") in message
@@ -330,7 +341,7 @@ def test_nonfinite_step_skipped_leaves_the_weights_as_they_were():
 
     Trainer.step = step
     try:
-        result = fit(model, loss, steps=9, lr=0.01, warmup=1, progress=False, on_nonfinite="skip")
+        result = fit(model, loss, FitConfig(steps=9, lr=0.01, warmup=1, on_nonfinite="skip"), progress=False)
     finally:
         Trainer.step = real_step
     assert result.steps == 9 and not torch.isfinite(torch.tensor(result.losses[4]))
@@ -348,8 +359,8 @@ def test_resume_refuses_a_changed_recipe_and_a_fresh_run_refuses_an_unfinished_o
     process.wait()
     recipe = load_recipe(None, [*overrides, "train.steps=100000", "train.lr=0.5"])
     with pytest.raises(UserError, match=r"--resume: the recipe differs .* in train\.lr"):
-        TASKS["numbers"].train(recipe, out, progress=False, resume=True)
+        runner.train(TASKS["numbers"], recipe, out, progress=False, resume=True)
     with pytest.raises(UserError, match=r"unfinished run .*--resume"):
-        TASKS["numbers"].train(recipe, out, progress=False)
+        runner.train(TASKS["numbers"], recipe, out, progress=False)
     with pytest.raises(UserError, match="holds no unfinished run"):
-        TASKS["numbers"].train(recipe, tmp_path / "nothing", progress=False, resume=True)
+        runner.train(TASKS["numbers"], recipe, tmp_path / "nothing", progress=False, resume=True)

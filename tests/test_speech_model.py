@@ -1,6 +1,6 @@
 """Tests of the speech encoder-decoder (qkv.models.speech), its decoding (greedy, beam search,
-CTC best path, CTC prefix scores and joint CTC/attention beam search in qkv.generation) and
-its losses (qkv.training.ctc_loss, speech_loss).
+CTC best path, CTC prefix scores and joint CTC/attention beam search in qkv.decoding) and
+its losses (qkv.losses.ctc_loss, speech_loss).
 
 Sizes are tiny and mostly prime: D=15 (H=3, K=5; D=16 where Whisper's positions need an even
 width), F=11, M=11 mel bins, V=7 tokens (0 pad and CTC blank, 1 BEGIN, 2 END, 3..6 words).
@@ -31,9 +31,9 @@ from qkv.decoding import (
 )
 from qkv.decoding_copies import for_decoding
 from qkv.ensemble import Ensemble
+from qkv.losses import ctc_loss, seq2seq_batch, speech_loss
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder, whisper_sinusoids
-from qkv.training import ctc_loss, seq2seq_batch, speech_loss
 
 V, M = 7, 11
 PAD, BOS, EOS = 0, 1, 2

@@ -1,27 +1,30 @@
-"""Tests of qkv.training: the schedule, the loss, batch assembly and the training loop."""
+"""Tests of qkv.training: the schedule, the optimizer step and the training loop."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
+import json
 import math
 import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qkv.errors import UserError
+from qkv.losses import seq2seq_batch, seq2seq_loss, sequence_loss
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.training import (
+    Checkpointing,
+    Epochs,
+    FitConfig,
+    FitResult,
     Trainer,
+    Validation,
     fit,
     inverse_sqrt,
-    on_model,
-    seq2seq_batch,
-    seq2seq_loss,
-    sequence_loss,
-    symmetric_kl,
     warmup_cosine,
 )
 
@@ -39,147 +42,6 @@ def test_inverse_sqrt_warmup_then_decay():
     # Step 0 is treated as step 1; no warmup is plain 1/sqrt(step).
     assert inverse_sqrt(0, warmup=warmup) == pytest.approx(1 / warmup)
     assert inverse_sqrt(4, warmup=0) == pytest.approx(0.5)
-
-
-def _logits_and_targets():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 5, V, generator=g)
-    targets = torch.tensor([[5, 6, 7, EOS, PAD], [8, EOS, PAD, PAD, PAD]])
-    return logits, targets
-
-
-def test_sequence_loss_is_cross_entropy_of_non_pad_tokens():
-    logits, targets = _logits_and_targets()
-    loss = sequence_loss(logits, targets, ignore_id=PAD)
-    keep = targets != PAD
-    assert loss.item() == pytest.approx(F.cross_entropy(logits[keep], targets[keep]).item(), rel=1e-6)
-
-
-def test_sequence_loss_ignores_padded_positions():
-    logits, targets = _logits_and_targets()
-    changed = logits.clone()
-    changed[targets == PAD] = torch.randn_like(changed[targets == PAD]) * 100
-    assert torch.equal(sequence_loss(logits, targets, ignore_id=PAD), sequence_loss(changed, targets, ignore_id=PAD))
-    # Without ignore_id every position counts, so the change shows.
-    assert sequence_loss(logits, targets, ignore_id=None) != sequence_loss(changed, targets, ignore_id=None)
-
-
-def test_label_smoothing_penalises_a_confident_correct_prediction():
-    targets = torch.tensor([[3, 4, EOS]])
-    logits = torch.full((1, 3, V), -10.0)
-    logits[0, torch.arange(3), targets[0]] = 10.0
-    plain = sequence_loss(logits, targets, ignore_id=PAD)
-    smoothed = sequence_loss(logits, targets, ignore_id=PAD, label_smoothing=0.1)
-    assert plain.item() < 1e-6
-    assert smoothed.item() > plain.item() + 0.5
-
-
-def test_seq2seq_batch_shapes_padding_bos_eos():
-    pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])]
-    src, tgt_in, tgt_out = seq2seq_batch(pairs, pad_id=PAD, bos_id=BOS, eos_id=EOS)
-    assert src.shape == (2, 3) and tgt_in.shape == (2, 5) and tgt_out.shape == (2, 5)
-    assert src.dtype == tgt_in.dtype == tgt_out.dtype == torch.long
-    assert src.tolist() == [[5, 6, 7], [5, PAD, PAD]]
-    assert tgt_in.tolist() == [[BOS, 8, 9, PAD, PAD], [BOS, 8, 9, 10, 11]]
-    assert tgt_out.tolist() == [[8, 9, EOS, PAD, PAD], [8, 9, 10, 11, EOS]]
-    # The decoder input is the expected output shifted right by one.
-    assert torch.equal(tgt_in[1, 1:], tgt_out[1, :-1])
-
-
-def _model(seed: int = 0, *, dropout: float = 0.0) -> EncoderDecoder:
-    torch.manual_seed(seed)
-    config = EncoderDecoderConfig(
-        src_vocab_size=V,
-        tgt_vocab_size=V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        dropout=dropout,
-        max_len=16,
-    )
-    return EncoderDecoder(config)
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_seq2seq_loss_equals_the_loss_over_all_positions(smoothing: float) -> None:
-    """Logits at real target tokens only (the fast path) give the loss, count and gradients of
-    logits everywhere with padding ignored (the explicit path)."""
-    g = torch.Generator().manual_seed(3)
-    rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (4, 7, 2)]
-    src, tgt_in, tgt_out = seq2seq_batch([(r, r[::-1]) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
-    model = _model()
-    fast, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=smoothing)
-    fast.backward()
-    fast_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    explicit = sequence_loss(model(src, tgt_in), tgt_out, ignore_id=PAD, label_smoothing=smoothing)
-    explicit.backward()
-    assert n == int((tgt_out != PAD).sum()) == 4 + 7 + 2 + 3
-    assert fast.item() == pytest.approx(explicit.item(), rel=1e-6)
-    for a, b in zip(fast_grads, (p.grad for p in model.parameters()), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-
-
-def test_symmetric_kl_is_both_directions_of_kl_div() -> None:
-    g = torch.Generator().manual_seed(5)
-    logp = torch.log_softmax(torch.randn(7, V, generator=g, dtype=torch.float64), -1)
-    logq = torch.log_softmax(torch.randn(7, V, generator=g, dtype=torch.float64), -1)
-    # F.kl_div(input, target) is KL(target ‖ input), summed over the vocabulary per row.
-    reference = F.kl_div(logq, logp, log_target=True, reduction="batchmean") + F.kl_div(
-        logp, logq, log_target=True, reduction="batchmean"
-    )
-    torch.testing.assert_close(symmetric_kl(logp, logq), reference)
-    torch.testing.assert_close(symmetric_kl(logq, logp), reference)
-    assert symmetric_kl(logp, logp).item() == 0.0
-
-
-def _rdrop_batch():
-    g = torch.Generator().manual_seed(4)
-    rows = [torch.randint(3, V, (int(n),), generator=g).tolist() for n in (5, 2, 7)]
-    return seq2seq_batch([(r, r[::-1]) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
-
-
-def test_rdrop_without_dropout_is_the_plain_loss() -> None:
-    """With no dropout the two copies agree: the KL term vanishes and loss and gradients are
-    those of the plain loss."""
-    src, tgt_in, tgt_out = _rdrop_batch()
-    model = _model()
-    rdrop, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1, rdrop=5.0)
-    rdrop.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    plain, m = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1)
-    plain.backward()
-    assert n == m == int((tgt_out != PAD).sum())
-    assert rdrop.item() == pytest.approx(plain.item(), rel=1e-6)
-    for a, b in zip(grads, (p.grad for p in model.parameters()), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
-
-
-def test_rdrop_with_dropout_is_the_papers_loss() -> None:
-    """In training mode each copy draws its own masks; the loss is the mean cross-entropy of
-    both copies plus alpha/4 of the symmetric KL between them (Liang et al., 2021, eq. 3 over
-    the copies' tokens), recomputed here from the same masks (same seed) the explicit way."""
-    src, tgt_in, tgt_out = _rdrop_batch()
-    model = _model(dropout=0.3).train()
-    alpha = 3.0
-    torch.manual_seed(11)
-    loss, n = seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD, label_smoothing=0.1, rdrop=alpha)
-    torch.manual_seed(11)
-    logits = model(torch.cat([src, src]), torch.cat([tgt_in, tgt_in]))  # (2B, T, V)
-    keep = tgt_out != PAD
-    p1, p2 = logits[: len(src)][keep], logits[len(src) :][keep]  # (N, V) each
-    ce = (
-        sequence_loss(p1[None], tgt_out[keep][None], ignore_id=None, label_smoothing=0.1)
-        + sequence_loss(p2[None], tgt_out[keep][None], ignore_id=None, label_smoothing=0.1)
-    ) / 2
-    l1, l2 = torch.log_softmax(p1, -1), torch.log_softmax(p2, -1)
-    kl = F.kl_div(l2, l1, log_target=True, reduction="sum") + F.kl_div(l1, l2, log_target=True, reduction="sum")
-    assert n == int(keep.sum())
-    assert kl.item() > 0  # dropout made the copies differ
-    assert loss.item() == pytest.approx((ce + alpha / 4 * kl / n).item(), rel=1e-5)
 
 
 def _copy_batch():
@@ -203,7 +65,7 @@ def _copy_task():
 def test_fit_lowers_the_loss_and_counts_steps_and_tokens():
     step_loss, n_tokens = _copy_task()
     model = _model()
-    result = fit(model, step_loss, steps=40, lr=1e-2, warmup=5, progress=False)
+    result = fit(model, step_loss, FitConfig(steps=40, lr=1e-2, warmup=5), progress=False)
     assert result.steps == 40 and len(result.losses) == 40
     assert result.tokens == 40 * n_tokens
     assert result.seconds > 0
@@ -213,15 +75,15 @@ def test_fit_lowers_the_loss_and_counts_steps_and_tokens():
 
 def test_fit_with_zero_seconds_stops_after_one_step():
     step_loss, n_tokens = _copy_task()
-    result = fit(_model(), step_loss, steps=50, lr=1e-2, warmup=5, seconds=0.0, progress=False)
+    result = fit(_model(), step_loss, FitConfig(steps=50, lr=1e-2, warmup=5, seconds=0.0), progress=False)
     assert result.steps == 1 and len(result.losses) == 1 and result.tokens == n_tokens
 
 
 def test_fit_is_deterministic_for_a_seed():
     step_loss, _ = _copy_task()
     a, b = _model(seed=3), _model(seed=3)
-    ra = fit(a, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
-    rb = fit(b, step_loss, steps=10, lr=1e-2, warmup=3, progress=False)
+    ra = fit(a, step_loss, FitConfig(steps=10, lr=1e-2, warmup=3), progress=False)
+    rb = fit(b, step_loss, FitConfig(steps=10, lr=1e-2, warmup=3), progress=False)
     assert ra.losses == rb.losses
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
@@ -244,7 +106,7 @@ def test_warmup_cosine_rises_then_decays_to_zero() -> None:
 def test_fit_refuses_an_unknown_schedule() -> None:
     model = torch.nn.Linear(3, 5)
     with pytest.raises(ValueError, match="schedule"):
-        fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), steps=1, lr=1e-3, warmup=1, schedule="step")
+        fit(model, lambda m, s: (m(torch.ones(2, 3)).sum(), 1), FitConfig(steps=1, lr=1e-3, warmup=1, schedule="step"))
 
 
 def test_replan_ends_the_cosine_at_the_new_total():
@@ -279,7 +141,9 @@ def test_time_cap_anneals_instead_of_stopping_at_a_high_rate():
         time.sleep(0.004)  # at most ~250 steps/s: far fewer than 100,000 steps fit in the cap
         return m(torch.ones(1, 3)).pow(2).mean(), 1
 
-    result = fit(model, slow_step, steps=100_000, lr=0.1, warmup=5, schedule="cosine", seconds=0.8, progress=False)
+    result = fit(
+        model, slow_step, FitConfig(steps=100_000, lr=0.1, warmup=5, schedule="cosine", seconds=0.8), progress=False
+    )
     assert 25 <= result.steps < 1000
     # Where the cap stopped it, the schedule was near its end (without shortening: 0.1, the peak).
     assert result.lr < 0.1 / 3
@@ -293,18 +157,9 @@ def test_time_cap_that_does_not_bind_changes_nothing():
     def step_loss(m, step):
         return m(torch.full((1, 3), float(step))).pow(2).mean(), 1
 
-    fit(a, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", progress=False)
-    fit(b, step_loss, steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600, progress=False)
+    fit(a, step_loss, FitConfig(steps=53, lr=0.01, warmup=5, schedule="cosine"), progress=False)
+    fit(b, step_loss, FitConfig(steps=53, lr=0.01, warmup=5, schedule="cosine", seconds=600), progress=False)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
-
-
-def test_batches_built_on_the_cpu_move_to_the_models_device() -> None:
-    """train.device puts the model on a GPU while batches are built on the CPU: the losses move
-    them to the model's device (shown with the meta device, which every torch has)."""
-    model = nn.Linear(3, 5).to("meta")
-    x, none, ids = on_model(model, torch.ones(2, 3), None, torch.tensor([1, 2]))
-    assert x.device.type == "meta" and ids.device.type == "meta" and none is None
-    assert torch.equal(on_model(nn.Linear(3, 5), torch.ones(2, 3))[0], torch.ones(2, 3))
 
 
 def test_trainer_moves_the_model_to_train_device_and_leaves_it_without() -> None:
@@ -314,6 +169,209 @@ def test_trainer_moves_the_model_to_train_device_and_leaves_it_without() -> None
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match=r"train\.device is cuda, but this torch sees no CUDA GPU"):
             Trainer(nn.Linear(3, 5), lr=0.1, warmup=1, total_steps=2, device="cuda")
+
+
+def _model(seed: int = 0, *, dropout: float = 0.0, bias: bool = True) -> EncoderDecoder:
+    torch.manual_seed(seed)
+    config = EncoderDecoderConfig(
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        dropout=dropout,
+        max_len=16,
+        bias=bias,
+    )
+    return EncoderDecoder(config)
+
+
+B, K = 3, 4  # rows per batch, batches accumulated per step
+
+
+def _rows(step: int) -> list[list[int]]:
+    """The K·B rows of step ``step``'s copy batch, of lengths 2 to 8 (so K batches of B rows hold
+    different numbers of tokens: a mean of their means would weight them wrongly)."""
+    g = torch.Generator().manual_seed(step)
+    return [
+        torch.randint(3, V, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(K * B)
+    ]
+
+
+def _copy_loss(model: EncoderDecoder, rows: list[list[int]]) -> tuple[torch.Tensor, int]:
+    src, tgt_in, tgt_out = seq2seq_batch([(r, r) for r in rows], pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    return seq2seq_loss(model, src, tgt_in, tgt_out, pad_id=PAD)
+
+
+def test_accumulating_four_batches_of_b_equals_one_batch_of_4b() -> None:
+    """train.accumulate: a step over K batches of B rows (batch i: part i % K of step i // K's
+    rows) has the loss, gradient and update of one step over the K·B rows at once. No biases: a
+    key bias's true gradient is zero, and AdamW would move it by ±lr on rounding noise alone."""
+    whole = _model(seed=2, bias=False)
+    parts = _model(seed=2, bias=False)
+    config = FitConfig(steps=3, lr=1e-2, warmup=1)
+    one = fit(whole, lambda m, step: _copy_loss(m, _rows(step)), config, progress=False)
+
+    def part(m: EncoderDecoder, i: int) -> tuple[torch.Tensor, int]:
+        return _copy_loss(m, _rows(i // K)[(i % K) * B : (i % K + 1) * B])
+
+    four = fit(parts, part, dataclasses.replace(config, accumulate=K), progress=False)
+    assert one.tokens == four.tokens and len(four.losses) == 3
+    assert four.losses == pytest.approx(one.losses, rel=1e-5)
+    for p, q in zip(whole.parameters(), parts.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)  # the last step's gradient
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    # The parts differ in size: the plain mean of their losses is not the step's loss.
+    fresh = _model(seed=2)
+    means = [_copy_loss(fresh, _rows(0)[k * B : (k + 1) * B])[0].item() for k in range(K)]
+    assert abs(sum(means) / K - one.losses[0]) > 1e-3
+
+
+def test_ema_is_the_moving_average_of_the_weights_after_every_step() -> None:
+    """train.ema_decay d: the model fit returns holds e_N, e_0 = the initial weights and
+    e_t = d·e_(t−1) + (1 − d)·θ_t, computed here by hand from the weights of a run without it
+    (the average does not change training: the same losses)."""
+    d, seen = 0.75, []
+
+    def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
+        seen.append([p.detach().clone() for p in m.parameters()])  # θ_step: the weights before the step
+        return _copy_loss(m, _rows(step)[:B])
+
+    config = FitConfig(steps=6, lr=1e-2, warmup=1)
+    plain = _model(seed=4)
+    raw = fit(plain, step_loss, config, progress=False)
+    thetas = [*seen, [p.detach().clone() for p in plain.parameters()]]  # θ_0 … θ_6
+    hand = thetas[0]
+    for theta in thetas[1:]:
+        hand = [d * e + (1 - d) * t for e, t in zip(hand, theta, strict=True)]
+    averaged, validated = _model(seed=4), []
+
+    def score(m: EncoderDecoder) -> dict[str, float]:  # validation reads the average
+        validated.append([p.detach().clone() for p in m.parameters()])
+        return {"loss": 0.0}
+
+    validation = Validation(score=score, metric="loss", higher=False, every=3)
+    result = fit(averaged, step_loss, dataclasses.replace(config, ema_decay=d), progress=False, validation=validation)
+    assert result.losses == raw.losses
+    partial = thetas[0]
+    for theta in thetas[1:4]:
+        partial = [d * e + (1 - d) * w for e, w in zip(partial, theta, strict=True)]
+    for v, e in zip(validated[0], partial, strict=True):  # after step 3: e_3
+        torch.testing.assert_close(v, e, rtol=1e-6, atol=1e-7)
+    for p, e in zip(averaged.parameters(), hand, strict=True):
+        torch.testing.assert_close(p.detach(), e, rtol=1e-6, atol=1e-7)
+    assert any(not torch.allclose(p, last) for p, last in zip(averaged.parameters(), thetas[-1], strict=True))
+
+
+def test_a_run_continued_from_its_saved_state_ends_as_an_uninterrupted_one() -> None:
+    """With accumulation and a moving average: the trainer's state after step 4 (optimizer,
+    schedule, the average) restored into a fresh model continues to the same weights, bit for bit."""
+    config = FitConfig(steps=9, lr=1e-2, warmup=2, schedule="cosine", accumulate=2, ema_decay=0.8)
+    saved: dict[int, tuple] = {}
+
+    def part(m: EncoderDecoder, i: int) -> tuple[torch.Tensor, int]:
+        return _copy_loss(m, _rows(i)[:B])
+
+    def save(trainer: Trainer, result: FitResult) -> str:
+        weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        saved[result.steps] = (trainer.state(), weights, copy.deepcopy(result))
+        return "memory"
+
+    whole = _model(seed=6)
+    uninterrupted = fit(whole, part, config, progress=False, checkpoint=Checkpointing(save=save, every=4))
+    assert sorted(saved) == [4, 8]
+
+    def load(trainer: Trainer) -> FitResult:
+        (tensors, meta), weights, result = saved[4]
+        trainer.model.load_state_dict(weights)
+        trainer.restore(tensors, json.loads(json.dumps(meta)))  # as a checkpoint stores it
+        return copy.deepcopy(result)
+
+    resumed = _model(seed=7)  # other weights: the state must bring them all back
+    again = fit(resumed, part, config, progress=False, checkpoint=Checkpointing(save=save, load=load))
+    assert again.losses == uninterrupted.losses
+    assert all(torch.equal(p, q) for p, q in zip(whole.parameters(), resumed.parameters(), strict=True))
+    tensors, _ = saved[8][0]
+    assert {f"ema.{i}" for i in range(len(list(whole.parameters())))} <= set(tensors)
+
+
+def _line_loss(m: nn.Module, i: int) -> tuple[torch.Tensor, int]:
+    return (m(torch.full((1, 3), float(i % 7))) - 1.0).pow(2).mean(), 1
+
+
+def test_validation_keeps_the_best_and_the_last_k_and_stops_on_patience() -> None:
+    """Validation every 2 steps with scripted scores (a loss: lower is better): the best is saved
+    when it improves, the last 2 validated checkpoints are kept (older ones dropped), two
+    validations without a better score stop the run, and every score reaches the scalars."""
+    scripted = iter([5.0, 4.0, 4.5, 4.2, 3.0])
+    kept, dropped, tags = [], [], []
+    checkpoint = Checkpointing(
+        save=lambda trainer, result: "memory",
+        keep=lambda name, scores: kept.append((name, scores["loss"])),
+        drop=dropped.append,
+    )
+    validation = Validation(
+        score=lambda m: {"loss": next(scripted)}, metric="loss", higher=False, every=2, patience=2, keep=2
+    )
+    torch.manual_seed(0)
+    result = fit(
+        nn.Linear(3, 5),
+        _line_loss,
+        FitConfig(steps=20, lr=0.01, warmup=1),
+        progress=False,
+        checkpoint=checkpoint,
+        validation=validation,
+        scalars=lambda tag, value, step: tags.append((tag, step)),
+    )
+    assert (result.steps, result.stopped_by) == (8, "patience")
+    assert [h["step"] for h in result.history] == [2, 4, 6, 8] and [h["valid_loss"] for h in result.history] == [
+        5,
+        4,
+        4.5,
+        4.2,
+    ]
+    assert result.best["step"] == 4 and result.bad == 2
+    assert [k for k in kept if k[0] == "best"] == [("best", 5.0), ("best", 4.0)]
+    assert [k[0] for k in kept if k[0] != "best"] == [f"step-{s:07d}" for s in (2, 4, 6, 8)]
+    assert dropped == ["step-0000002", "step-0000004"] and result.kept == ["step-0000006", "step-0000008"]
+    assert ("valid/loss", 6) in tags and ("train/loss", 1) in tags and ("train/lr", 1) in tags
+
+
+def test_epochs_take_their_batches_in_groups_and_validate_at_each_end() -> None:
+    """A run in epochs: begin(e) is asked for each epoch's batches; with 2 batches accumulated a
+    step, an epoch of 5 takes steps of 2, 2 and 1 (never across its end); validation after each
+    epoch; the run ends after the epochs; the time validation takes is not training time."""
+    begun, seen = [], []
+
+    def begin(epoch: int) -> int:
+        begun.append(epoch)
+        return 5
+
+    def step_loss(m: nn.Module, b: int) -> tuple[torch.Tensor, int]:
+        seen.append(b)
+        return _line_loss(m, b)
+
+    def slow_score(m: nn.Module) -> dict[str, float]:
+        time.sleep(0.2)
+        return {"accuracy": 0.5}
+
+    started = time.perf_counter()
+    result = fit(
+        nn.Linear(3, 5),
+        step_loss,
+        FitConfig(steps=None, lr=0.01, warmup=1, accumulate=2),
+        progress=False,
+        epochs=Epochs(count=3, begin=begin),
+        validation=Validation(score=slow_score, metric="accuracy", higher=True),
+    )
+    wall = time.perf_counter() - started
+    assert begun == [0, 0, 1, 2]  # epoch 0 twice: first to plan the schedule's length
+    assert seen == [0, 1, 2, 3, 4] * 3
+    assert (result.steps, result.epoch, result.batch, result.stopped_by) == (9, 3, 0, "epochs")
+    assert [(h["epoch"], h["step"]) for h in result.history] == [(1, 3), (2, 6), (3, 9)]
+    assert result.seconds < wall - 3 * 0.2
 
 
 # A linear loss s_t·Σ(W·x): its gradient s_t·[x; x] is the same whatever the weights, so its norm
@@ -328,11 +386,7 @@ def _fit_linear(scales: list[float], clip: float) -> torch.Tensor:
     fit(
         model,
         lambda m, step: (scales[step] * m(CLIP_X).sum(), 1),
-        steps=len(scales),
-        lr=0.1,
-        warmup=1,
-        weight_decay=0.0,
-        clip=clip,
+        FitConfig(steps=len(scales), lr=0.1, warmup=1, weight_decay=0.0, clip=clip),
         progress=False,
     )
     return model.weight.detach()
@@ -367,7 +421,7 @@ def test_bf16_autocast_trains_in_bf16_with_fp32_weights_and_fp32_like_losses() -
             dtypes[bf16].add(m(*_copy_batch()[:2]).dtype)  # what the forward pass computes in
             return step_loss(m, step)
 
-        losses[bf16] = fit(model, watched, steps=6, lr=1e-2, warmup=2, bf16=bf16, progress=False).losses
+        losses[bf16] = fit(model, watched, FitConfig(steps=6, lr=1e-2, warmup=2, bf16=bf16), progress=False).losses
         assert {p.dtype for p in model.parameters()} == {torch.float32}
         assert {s.dtype for s in model.state_dict().values() if s.is_floating_point()} == {torch.float32}
     assert dtypes == {False: {torch.float32}, True: {torch.bfloat16}}

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from qkv.audio import FeatureConfig, features
 from qkv.checkpoint import load_model, save_model
+from qkv.losses import guided_attention_loss, guided_attention_weights, tts_loss
 from qkv.models.tts import TransformerTTS, TTSConfig, decoder_inputs, group_frames, ungroup_frames
 from qkv.synthesis import synthesize
-from qkv.training import Trainer, guided_attention_loss, guided_attention_weights, tts_loss
+from qkv.training import Trainer
 from qkv.vocoder import GriffinLim
 
 M, V, PAD = 13, 17, 0

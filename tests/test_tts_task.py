@@ -13,6 +13,7 @@ import pytest
 import soundfile
 import torch
 
+from qkv import runner
 from qkv.checkpoint import load_model, read_meta
 from qkv.cli.main import main
 from qkv.errors import UserError
@@ -61,7 +62,7 @@ def trained(tmp_path_factory) -> tuple[Path, dict]:
     tmp = tmp_path_factory.mktemp("tts")
     manifest = two_voices(tmp)
     recipe = load_recipe(None, [*TINY_TTS, f"data.train={manifest}", f"data.test={manifest}", "data.speakers=true"])
-    summary = TASKS["tts"].train(recipe, tmp / "model", progress=False)
+    summary = runner.train(TASKS["tts"], recipe, tmp / "model", progress=False)
     return tmp / "model", summary
 
 

@@ -8,14 +8,15 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     blocks.py                                 encoder and decoder blocks and stacks
     models/                                   one file per family (config dataclass at the top)
     checkpoint.py decoding/ training.py      model-agnostic: model directories, decoding, training,
-    evaluation.py tokenization.py data.py     scores, tokenizers, corpora, pictures
-    plots.py
+    losses.py evaluation.py tokenization.py   the families' losses, scores, tokenizers, corpora, pictures
+    data.py plots.py
     hf/ runs.py chat.py seq2seq.py            model-agnostic, built on those: Hugging Face checkpoints, run
     embedding.py loading.py streaming.py      directories, chat turns, text in/out of encoder-decoders,
     inspection.py                             sentence vectors, loading for decoding, streamed text,
                                               every attention map and the beam trace
     recipes.py                                recipes, and what every task shares
-    tasks/                                    one module per task: its recipe defaults and runner
+    runner.py                                 the one runner: start, fit, save, evaluate (every task)
+    tasks/                                    one module per task: its recipe defaults and its parts of a run
     bundle.py                                 a model directory loaded once, and one function per job
     serve/                                    the HTTP server and its page (an adapter, as cli/ is)
     cli/                                      the command line: the composition root (qkv serve starts serve/)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -52,6 +53,11 @@ KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_deco
 RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
 SHARDED = "sharded"  # config.json: how many workers wrote the weights as shards (save_shards)
 WEIGHTS = "model."  # the weights' keys among a sharded checkpoint's tensors
+# What a task that trains into its model directory keeps there while it runs: the resumable
+# checkpoint, the best validated one and those kept for averaging, TensorBoard's scalars, and
+# the pieces a killed save left (".NAME.*"). The run's final save replaces them (TensorBoard's
+# are carried over).
+RUN_ENTRY = re.compile(r"\.?(last|best|averaged|tensorboard|epoch-\d+|step-\d+)(\..*)?")
 # safetensors' dtype names (what _header reports) for the tensors a checkpoint holds
 DTYPES = {
     "F32": torch.float32,
@@ -220,9 +226,9 @@ def _replaceable(directory: Path, *, models: bool) -> bool:
         return True
     if not models:
         return False
-    if all(name == "last" or name.startswith(".last.") for name in entries):
-        # .last.*: what a save of last/ killed midway left (atomic_directory's temporaries, the
-        # shards of an FSDP save); alone, the debris of a run killed during its first save
+    if all(RUN_ENTRY.fullmatch(name) for name in entries):
+        # An unfinished run (RUN_ENTRY), or what a save killed midway left (atomic_directory's
+        # temporaries, the shards of an FSDP save): the debris of a run killed during its first save
         return "last" not in entries or _replaceable(directory / "last", models=True)
     try:
         return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("kind") in KINDS
@@ -238,6 +244,7 @@ def save_model(
     extra: dict | None = None,
     moved: dict[str, tuple[Path, str]] | None = None,
     shards: int | None = None,
+    carry: tuple[str, ...] = (),
 ) -> Path:
     """Write ``model`` (and copies of ``files``, keyed by their name in the directory) atomically.
 
@@ -245,7 +252,8 @@ def save_model(
     ``moved``: files moved in (not copied: large ones, beside the directory on the same file
     system), each with its SHA-256 already known. ``shards``: the weights are not written here
     but are among the files, the pieces :func:`save_shards` wrote on that many workers (a
-    sharded training checkpoint).
+    sharded training checkpoint). ``carry``: entries of the directory being replaced that move
+    into the new one as they are, not among its files (a training run's TensorBoard scalars).
     """
     if any(getattr(m, "w_qkv", None) is not None for m in model.modules()):
         # decoding_copies.for_decoding's stacked projections: a decoding copy, not qkv's layout
@@ -279,6 +287,9 @@ def save_model(
             **(extra or {}),
         }
         (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        for name in carry:  # last: a failure before this leaves them where they were
+            if (directory / name).exists() and name not in hashes:
+                os.replace(directory / name, tmp / name)
     return directory
 
 

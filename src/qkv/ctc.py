@@ -6,7 +6,7 @@ What is here: :func:`ctc_collapse`, :func:`ctc_best_path`, :class:`CTCPrefixes` 
 a beam's hypotheses) and :class:`CTCPrefixScorer`. Pure functions of per-frame log-probabilities:
 no model, no search.
 
-What is not here: the CTC head (``models/speech.py``), the CTC loss (``training.py``), beam
+What is not here: the CTC head (``models/speech.py``), the CTC loss (``losses.py``), beam
 search and CTC-only decoding of a model (``decoding/``: the scorer ``CTCPrefixScore``,
 ``ctc_greedy``).
 

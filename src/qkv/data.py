@@ -10,7 +10,7 @@ dialogues split into utterances, with their dialog-act or emotion labels; a dial
 label count differs from its utterance count is reported and skipped).
 Corpora are read from there, never copied into the repository.
 
-What is not here: tokenization (``tokenization.py``), batching (``training.py``).
+What is not here: tokenization (``tokenization.py``), batching (``losses.py``).
 """
 
 from __future__ import annotations

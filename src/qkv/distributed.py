@@ -20,7 +20,7 @@ Resumable checkpoints of a sharded model are written shard by shard by every wor
 (``runs.save_checkpoint`` with ``checkpoint.save_shards``: torch.distributed.checkpoint).
 
 What is not here: the weighted gradient step (``training.Trainer``), which rank writes what
-(the tasks and ``recipes.fit_recipe``: rank 0 alone).
+(``runner.train`` and ``runs.save_checkpoint``: rank 0 alone).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ spectrogram beside the reference's (text-to-speech) and training-loss curves, wr
 with matplotlib.
 
 Every writer is atomic (a temporary file renamed into place). What is not here: computing
-attention weights (``decoding/`` / the models) or losses (``training.py``).
+attention weights (``decoding/`` / the models) or losses (``losses.py``).
 """
 
 from __future__ import annotations

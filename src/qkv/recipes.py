@@ -1,24 +1,24 @@
 """Recipes: a YAML file that names a task, a model and training settings; what every task shares.
 
-What is here: :class:`Task` (what a task module tells the loader and the command line),
-:func:`load_recipe` (a task's defaults, the YAML file, ``--set key=value`` overrides; values
-checked by :data:`COMMON_RULES` and the task's own rules, errors naming the file and key), and the
-pieces the task runners share: :func:`fit_recipe` (the training loop with a recipe's train
-section), :func:`save_model_dir`, :func:`fit_summary`, :func:`seq2seq_model`,
+What is here: :class:`Task` (what a task module tells the loader, the runner and the command
+line) with :class:`Start` and :class:`Setup` (what a task is given and gives back: its own parts
+of a run), :func:`load_recipe` (a task's defaults, the YAML file, ``--set key=value`` overrides;
+values checked by :data:`COMMON_RULES` and the task's own rules, errors naming the file and key),
+and the pieces the tasks share: :data:`FIT_TRAIN_DEFAULTS`, :func:`seq2seq_model`,
 :func:`tokenizer_for` / :func:`find_tokenizer` (a checkpoint's, a given or a newly trained
-vocabulary, with the SHA-256 check) and :func:`fine_tuning_fields`.
+vocabulary, with the SHA-256 check), :func:`fine_tuning_fields` and the batch orders
+(:func:`length_batches`, :func:`batch_of_step`, :func:`step_seed`).
 
-What is not here: the tasks (``tasks/``: one module each, with its defaults, rules and runner;
-``tasks.TASKS`` lists them) and argument parsing and printing (``cli/``).
+What is not here: the runner (``runner.py``: start, fit, save, evaluate), the tasks (``tasks/``:
+one module each, with its defaults, rules and parts; ``tasks.TASKS`` lists them) and argument
+parsing and printing (``cli/``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -28,59 +28,115 @@ from torch import nn
 
 from qkv.checkpoint import (
     build_model,
-    check_output,
     make_config,
     read_meta,
-    save_model,
     sha256_file,
 )
 from qkv.data import (
     resolve,
 )
-from qkv.distributed import DEVICES, PARALLEL, plain_copy, world
+from qkv.distributed import DEVICES, PARALLEL
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.runs import TRAINER_STATE, load_checkpoint, save_checkpoint
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import (
-    ON_NONFINITE,
-    SCHEDULES,
-    Checkpointing,
-    FitResult,
-    Trainer,
-    fit,
-)
+from qkv.training import ON_NONFINITE, SCHEDULES, Epochs
 
 # A value rule: (accepted types, test, what the value must be, for the error).
 Rule = tuple[type | tuple[type, ...], Callable[[object], bool], str]
 
 
 @dataclasses.dataclass(frozen=True)
+class Start:
+    """Where a task's run starts (what ``Task.prepare`` is given).
+
+    Attributes:
+        out: the model directory the run becomes, or its run directory (``Task.run_directory``).
+        checkpoint: the checkpoint a resumed run continues from (its tokenizer, its architecture);
+            None for a fresh run.
+        progress: whether to show progress.
+    """
+
+    out: Path
+    checkpoint: Path | None
+    progress: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """A task's own parts of a run, which ``Task.prepare`` returns; ``runner.train`` does the rest.
+
+    Attributes:
+        model: the model to train (fresh, fine-tuned from ``train.init``, or as ``Start.checkpoint``
+            was built).
+        step_loss: ``step_loss(model, i)``: the loss of batch i and its count of target tokens (or
+            examples, or audio seconds), drawn from i alone (:func:`~qkv.training.fit`).
+        tokenizer: saved with every checkpoint (a translation model's two: ``Vocabularies``).
+        evaluate: ``evaluate(model, out, validated) -> (recorded, summary)``: the final model's
+            scores, which the model directory's ``config.json`` (or ``run.json``) records, and what
+            else the summary holds; it may write beside the model (samples, pictures).
+            ``validated``: the final model's scores by ``final_score`` (None without validation).
+        score: the task's validation (``train.valid_every``), its scores by name; None: none.
+        metric: the score that ranks checkpoints; ``higher``: whether higher is better.
+        final_score: how the best and the averaged checkpoints are compared at the end (None:
+            ``score``; translation decodes with the final beam).
+        epochs: the run counts epochs (translation); None: steps.
+        meta: what every checkpoint's ``config.json`` records beside the task and the recipe.
+        facts: what the summary holds beside the scores (problems met, the vocabulary, ...).
+        unit: what ``step_loss`` counts, in the progress bar.
+    """
+
+    model: nn.Module
+    step_loss: Callable[[nn.Module, int], tuple[torch.Tensor, float]]
+    tokenizer: Tokenizer | Vocabularies
+    evaluate: Callable[[nn.Module, Path, dict | None], tuple[dict, dict]]
+    score: Callable[[nn.Module], dict[str, float]] | None = None
+    metric: str = "loss"
+    higher: bool = False
+    final_score: Callable[[nn.Module], dict] | None = None
+    epochs: Epochs | None = None
+    meta: dict = dataclasses.field(default_factory=dict)
+    facts: dict = dataclasses.field(default_factory=dict)
+    unit: str = "tok"
+
+
+# Train keys a resumed run may change (every other change would make it differ from an
+# uninterrupted one): caps, how often it saves and validates, what it keeps, where it runs.
+RESUME_MAY_CHANGE = ("seconds", "save_every", "patience", "average_last", "tensorboard", "parallel", "device")
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
-    """What recipes and the command line know of a task; each module of ``qkv.tasks`` defines one.
+    """What recipes, the runner and the command line know of a task; each module of ``qkv.tasks`` defines one.
 
     ``defaults``: every key a recipe of the task may set, with its default (the model section
     takes the fields of the family's config dataclass). ``model_kind``: the family
-    (``checkpoint.KINDS``). ``train``: the runner, ``train(recipe, out, *, progress, resume)``
-    -> a summary dict. ``report``: ``report(summary, recipe)`` -> (the scores as JSON fields,
-    one sentence saying them). ``rules``: value rules for the task's own keys, added to
-    :data:`COMMON_RULES`. ``check``: rules across keys, run after the values are checked.
-    ``tuning_fields``: the model fields a model fine-tuned from a pretrained one
-    (``train.init``) may set for itself. ``rate_unit``: what the training rate counts.
-    ``loss_name``: what the training loss is, as the loss picture's axis says it.
+    (``checkpoint.KINDS``). ``prepare``: its own parts of a run, ``prepare(recipe, start)`` ->
+    :class:`Setup` (``runner.train`` starts the run, trains, saves, evaluates). ``report``:
+    ``report(summary, recipe)`` -> (the scores as JSON fields, one sentence saying them).
+    ``rules``: value rules for the task's own keys, added to :data:`COMMON_RULES`. ``check``:
+    rules across keys, run after the values are checked. ``tuning_fields``: the model fields a
+    model fine-tuned from a pretrained one (``train.init``) may set for itself. ``rate_unit``:
+    what the training rate counts. ``loss_name``: what the training loss is, as the loss
+    picture's axis says it. ``run_directory``: the task trains in a run directory (``runs.py``)
+    rather than into its model directory. ``resume_may_change``: the train keys ``--resume``
+    may change; ``resume_may_name``: (section, key) of tokenizer files it may name (the task
+    checks them against the checkpoint's).
     """
 
     name: str
     defaults: dict
     model_kind: str
-    train: Callable[..., dict]
+    prepare: Callable[[dict, Start], Setup]
     report: Callable[[dict, dict], tuple[dict, str]]
     rules: Mapping[tuple[str, str], Rule] = dataclasses.field(default_factory=dict)
     check: Callable[[dict, str], None] | None = None
     tuning_fields: tuple[str, ...] = ()
     rate_unit: str = "tokens"
     loss_name: str = "cross-entropy (nats/token)"
+    run_directory: bool = False
+    resume_may_change: tuple[str, ...] = RESUME_MAY_CHANGE
+    resume_may_name: tuple[tuple[str, str], ...] = ()
 
 
 def read_yaml(text: str):
@@ -179,6 +235,7 @@ def load_recipe(
         _set(recipe, key.strip(), value, where=f"--set {item}")
         named.add(key.strip())
     _check_values(recipe, where, {**COMMON_RULES, **task.rules})
+    _check_validation(recipe["train"], where)
     fine_tuning = recipe["train"].get("init") is not None
     if fine_tuning:
         # Fine-tuning takes the pretrained model's architecture: the model section keeps the
@@ -216,6 +273,16 @@ def load_recipe(
 # a rule whose key the task's recipe lacks is skipped.
 COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("train", "save_every"): (int, lambda v: v >= 0, "an integer >= 0 (0: only when stopped by a signal)"),
+    ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
+    ("train", "ema_decay"): ((int, float), lambda v: 0 <= v < 1, "a number in [0, 1) (0: no moving average)"),
+    ("train", "valid_every"): (
+        (int, str, type(None)),
+        lambda v: v is None or v == "epoch" or (isinstance(v, int) and v > 0),
+        "a positive number of steps, epoch, or null (no validation)",
+    ),
+    ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+    ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
+    ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
     ("train", "on_nonfinite"): (str, lambda v: v in ON_NONFINITE, f"one of {', '.join(ON_NONFINITE)}"),
     ("train", "steps"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer"),
     ("train", "init"): ((str, type(None)), lambda v: v is None or bool(v), "a model directory or null"),
@@ -243,6 +310,17 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "vocab_size"): (int, lambda v: v > 8, "an integer > 8"),
 }
+
+
+def _check_validation(train: dict, where: str) -> None:
+    """What needs validation has it: early stopping and averaging compare validated checkpoints;
+    validation at every epoch's end needs a task that trains in epochs."""
+    every = train.get("valid_every")
+    if every == "epoch" and "epochs" not in train:
+        raise UserError(f"{where}: train.valid_every=epoch needs a task that trains in epochs; give a number of steps")
+    for key in ("patience", "average_last"):
+        if every is None and train.get(key):
+            raise UserError(f"{where}: train.{key} needs validation; set train.valid_every (a number of steps)")
 
 
 def _as_number(value: object) -> object:
@@ -289,12 +367,18 @@ def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> Encoder
     return build_model("encoder_decoder", fields)
 
 
-# The train keys every task that trains with fit_recipe shares, with their defaults.
+# The train keys every task shares, with their defaults (translation names its own).
 FIT_TRAIN_DEFAULTS: dict = {
     "clip": 1.0,
     "bf16": False,
     "label_smoothing": 0.0,
     "seed": 0,
+    "accumulate": 1,  # batches per optimizer step (gradient accumulation): K batches of B train as one of K·B
+    "ema_decay": 0.0,  # d of a moving average of the weights, saved and evaluated in their place (0: off)
+    "valid_every": None,  # steps between validations by the task's own metric (null: none); the best is kept
+    "patience": None,  # stop after this many validations without a better score (null: never)
+    "average_last": 0,  # average the last N validated checkpoints; the final model is the better of that and the best
+    "tensorboard": False,  # TensorBoard scalars in OUT/tensorboard (training loss, learning rate, rate; validation)
     "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
     "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
     "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
@@ -330,144 +414,6 @@ def batch_of_step(batches: int, step: int, seed: int) -> int:
     epoch, within = divmod(step, batches)
     order = torch.randperm(batches, generator=torch.Generator().manual_seed(step_seed(seed, -1 - epoch)))
     return int(order[within])
-
-
-LAST = "last"  # an unfinished run's checkpoint, inside the model directory the run will become
-RESUME_MAY_CHANGE_FIT = ("seconds", "save_every", "parallel", "device")  # train keys a resumed fit-based run may change
-
-
-def start_run(out: str | Path, recipe: dict, *, resume: bool) -> Path | None:
-    """Where a task that trains with :func:`fit_recipe` continues from: ``OUT/last`` with
-    ``resume`` (its recipe must be this one, but for ``RESUME_MAY_CHANGE_FIT``), else None
-    after checking that ``out`` may be written (:func:`~qkv.checkpoint.check_output`); an
-    unfinished run there is never overwritten without ``--resume``."""
-    out = Path(out)
-    last = out / LAST
-    if resume:
-        if not out.exists() and out.with_name(f".{out.name}.old").is_dir():
-            os.replace(out.with_name(f".{out.name}.old"), out)  # killed between the final save's renames
-        if not last.exists() and (out / f".{LAST}.old").is_dir():
-            os.replace(out / f".{LAST}.old", last)  # a crash between atomic_directory's two renames
-        if not (last / TRAINER_STATE).is_file():
-            raise UserError(f"--resume: {out} holds no unfinished run (no {LAST}/{TRAINER_STATE})")
-        saved = read_meta(last).get("recipe", {})
-        differ = [
-            f"{section}.{key}"
-            for section, values in recipe.items()
-            if isinstance(values, dict)
-            for key, value in values.items()
-            if not (section == "train" and key in RESUME_MAY_CHANGE_FIT) and saved.get(section, {}).get(key) != value
-        ]
-        if differ:
-            raise UserError(
-                f"--resume: the recipe differs from the one {out} began with in {', '.join(differ)}; "
-                f"only train.{', train.'.join(RESUME_MAY_CHANGE_FIT)} may change"
-            )
-        return last
-    if last.is_dir():
-        raise UserError(
-            f"{out} holds an unfinished run ({LAST}/); pass --resume to continue it or choose another --out"
-        )
-    check_output(out)
-    return None
-
-
-def finished_model(model: nn.Module) -> nn.Module | None:
-    """After :func:`fit_recipe`: on rank 0 the whole model (FSDP shards gathered: every worker
-    must call this) on the CPU, where a task evaluates and saves it; None on the other workers,
-    whose part is done."""
-    whole = plain_copy(model)
-    return whole.cpu() if world().main else None
-
-
-def fit_recipe(
-    model: nn.Module,
-    step_loss: Callable[[nn.Module, int], tuple[torch.Tensor, int]],
-    train: dict,
-    *,
-    progress: bool,
-    desc: str,
-    unit: str = "tok",
-    out: str | Path | None = None,
-    recipe: dict | None = None,
-    tokenizer: Tokenizer | None = None,
-    resume_from: Path | None = None,
-) -> FitResult:
-    """:func:`~qkv.training.fit` with a recipe's train section.
-
-    With ``out`` (the model directory the run will become), what resuming needs is saved in
-    ``OUT/last`` every ``train.save_every`` steps and when SIGTERM or Ctrl-C stops the run,
-    with the model's ``tokenizer`` and the ``recipe``; ``resume_from`` (:func:`start_run`)
-    continues such a run. The final save of the model directory replaces ``last``.
-    """
-    checkpoint = None
-    if out is not None:
-        last = Path(out) / LAST
-
-        def save(trainer: Trainer, result: FitResult) -> str:
-            progress_so_far = {k: getattr(result, k) for k in ("steps", "seconds", "tokens", "losses", "lr")}
-            with tempfile.TemporaryDirectory() as tmp:
-                files = tokenizer.save(Path(tmp) / TOKENIZER_FILE) if tokenizer is not None else {}
-                extra = {"task": (recipe or {}).get("task"), "recipe": recipe, "unfinished": True}
-                save_checkpoint(model, last, files=files, extra=extra, trainer=trainer, progress=progress_so_far)
-            return str(last)
-
-        def load(trainer: Trainer) -> FitResult | None:
-            if resume_from is None:
-                return None
-            return FitResult(**load_checkpoint(resume_from, trainer))
-
-        checkpoint = Checkpointing(save=save, load=load, every=int(train.get("save_every") or 0))
-    return fit(
-        model,
-        step_loss,
-        steps=int(train["steps"]),
-        seconds=train["seconds"],
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        betas=(0.9, float(train["beta2"])),
-        clip=float(train["clip"]),
-        bf16=train["bf16"],
-        progress=progress,
-        desc=desc,
-        unit=unit,
-        on_nonfinite=train.get("on_nonfinite", "stop"),
-        checkpoint=checkpoint,
-        parallel=train.get("parallel", "ddp"),
-        device=train.get("device", "auto"),
-    )
-
-
-def save_model_dir(model: nn.Module, tokenizer: Tokenizer, out: str | Path, *, extra: dict) -> None:
-    """Save the model directory with its tokenizer files (``special_tokens.json`` too, when the
-    tokenizer has one: an imported model's tokens and settings)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        save_model(model, out, files=tokenizer.save(Path(tmp) / TOKENIZER_FILE), extra=extra)
-
-
-def fit_summary(result: FitResult, model: nn.Module, tokenizer: Tokenizer | Vocabularies) -> dict:
-    return {
-        "train_seconds": result.seconds,
-        "steps": result.steps,
-        "tokens_per_second": result.tokens / max(result.seconds, 1e-9),
-        "final_loss": result.losses[-1],
-        "losses": result.losses,
-        "model": model,
-        "tokenizer": tokenizer,
-    }
-
-
-def audio_timing(result: FitResult) -> dict:
-    """What a speech task saves in ``config.json`` about its training: seconds, steps, and seconds of
-    audio per second (its ``step_loss`` counts audio seconds, not tokens)."""
-    return {
-        "train_seconds": result.seconds,
-        "steps": result.steps,
-        "audio_seconds_per_second": result.tokens / max(result.seconds, 1e-9),
-    }
 
 
 def tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:

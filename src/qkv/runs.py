@@ -13,10 +13,15 @@ A run directory (``qkv train RECIPE --out RUN`` for the translation task) holds:
 
 Every checkpoint is written atomically (``checkpoint.save_model``): a crash mid-write leaves
 the previous ``last`` whole. Commands that take ``--model`` accept a run directory and use
-its ``final`` checkpoint (``checkpoint.model_dir``).
+its ``final`` checkpoint (``checkpoint.model_dir``). A task that trains into its model
+directory keeps ``last``, ``best``, ``step-NNNNNNN`` and ``tensorboard`` there while it runs.
 
-What is not here: the training loop and validation (``seq2seq.py``), the optimizer
-(``training.py``), the model directory format (``checkpoint.py``).
+What is here: :func:`save_checkpoint` / :func:`load_checkpoint` (a model directory with what
+resuming needs), :func:`average_checkpoints`, :func:`choose_final` (the better of the best and
+the averaged checkpoint), :class:`Scalars` (TensorBoard) and the run directory's checks.
+
+What is not here: the training loop, validation and the optimizer (``training.py``), the model
+directory format (``checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -49,7 +55,7 @@ from qkv.checkpoint import (
 from qkv.distributed import all_gather, all_max, barrier, is_sharded, load_state, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import check_writable, storage_errno, storage_error, write_atomic
-from qkv.training import Trainer
+from qkv.training import FitResult, Trainer
 
 TRAINER_TENSORS = "trainer.safetensors"
 TRAINER_STATE = "trainer.json"
@@ -265,6 +271,55 @@ def average_checkpoints(directories: list[Path], model: nn.Module) -> None:
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
             tensor.copy_(total[name] / len(directories))
+
+
+def choose_final(
+    model: nn.Module,
+    directory: Path,
+    result: FitResult,
+    *,
+    score: Callable[[nn.Module], dict],
+    metric: str,
+    higher: bool,
+    save: Callable[[str, dict], None],
+    ema: bool = False,
+) -> tuple[str, dict[str, dict]]:
+    """Put a run's final model into ``model`` (which holds the weights training ended with) and
+    name it: the better on ``score``'s ``metric`` of the best validated checkpoint
+    (``directory/best``) and the average of those kept (``result.kept``; saved as ``averaged``
+    with its scores). A run stopped before any validation ends with its last weights ("last";
+    "ema", saved, for a moving average, which ``last/`` does not hold as its weights). Returns
+    the name and every candidate's scores. On N workers every one calls it (``score`` and the
+    saves may be collective)."""
+    candidates: dict[str, dict] = {}
+    if result.best is not None and (directory / "best").is_dir():
+        _load_weights(model, directory / "best")
+        candidates["best"] = score(model)
+    if len(result.kept) > 1:
+        average_checkpoints([directory / name for name in result.kept], model)
+        candidates["averaged"] = score(model)
+        save("averaged", _numbers(candidates["averaged"]))
+    if not candidates:  # the model holds the weights training ended with
+        name = "ema" if ema else "last"
+        candidates[name] = score(model)
+        if ema:
+            save(name, _numbers(candidates[name]))
+    pick = max if higher else min
+    final = pick(candidates, key=lambda name: candidates[name][metric])
+    if final == "best" and "averaged" in candidates:
+        _load_weights(model, directory / "best")
+    model.eval()
+    return final, candidates
+
+
+def _numbers(scores: dict) -> dict:
+    """The scalar scores (not the hypotheses) of a candidate, as a checkpoint records them."""
+    return {k: v for k, v in scores.items() if isinstance(v, (int, float, str))}
+
+
+def _load_weights(model: nn.Module, directory: Path) -> None:
+    loaded, _ = load_model(directory)
+    model.load_state_dict(loaded.state_dict())
 
 
 class Scalars:

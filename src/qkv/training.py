@@ -1,259 +1,38 @@
-"""Training: losses, the learning-rate schedule, batch assembly and the training loop.
+"""Training: the learning-rate schedule, the optimizer step and the training loop.
 
-What is here: :func:`sequence_loss` (token cross-entropy with label smoothing, padding
-ignored), :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3),
-:func:`seq2seq_batch` (padded source, decoder input starting with BEGIN, targets ending with
-END), :func:`seq2seq_loss` (an encoder-decoder's loss with logits at real target tokens
-only, with R-Drop as an option), :func:`ctc_loss` and :func:`speech_loss` (a speech model's CTC loss, and
-CTC and cross-entropy mixed), :func:`guided_attention_loss` and :func:`tts_loss` (a
-text-to-speech model's frame, stop-token and alignment losses), :func:`mask_tokens` (BERT's
-masked-LM corruption: 15% of the tokens selected, 80/10/10 mask/random/kept) and
-:class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, bf16 autocast, and
-its state for checkpoints and exact resumption) and :func:`fit`, a model-agnostic loop over it
-with a step and/or time budget and a progress bar with loss, learning rate and tokens/s.
+What is here: :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3) and
+:func:`warmup_cosine`, :class:`Trainer` (AdamW, the schedule, gradient clipping and
+accumulation, a moving average of the weights, bf16 autocast, and its state for checkpoints and
+exact resumption) and :func:`fit`, the one training loop of every task (:class:`FitConfig`):
+steps or :class:`Epochs`, a time budget, :class:`Validation` with the best and averaged
+checkpoints and early stopping, :class:`Checkpointing` for saves and resumption, TensorBoard
+scalars and a progress bar with loss, learning rate and tokens/s; :class:`FitResult`, the run so
+far; :class:`StopRequest` (SIGTERM and Ctrl-C stop at a step boundary after a save) and
+:class:`NonFinite`.
 
-What is not here: models, decoding, data files.
+What is not here: the losses of the model families and the batches they read (``losses.py``),
+the tasks' parts and the runner that calls fit (``tasks/``, ``runner.py``), models, decoding,
+data files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv import distributed
 from qkv.errors import Stopped, UserError
 from qkv.progress import progress as progress_report
-
-
-def on_model(model: nn.Module, *tensors: Tensor | None) -> tuple[Tensor | None, ...]:
-    """``tensors`` moved to the device ``model``'s parameters are on (a batch is built on the
-    CPU; ``train.device`` may have put the model on a GPU). None stays None."""
-    device = next(model.parameters()).device
-    return tuple(t if t is None else t.to(device, non_blocking=True) for t in tensors)
-
-
-def sequence_loss(logits: Tensor, targets: Tensor, *, ignore_id: int | None, label_smoothing: float = 0.0) -> Tensor:
-    """Mean cross-entropy per target token; ``ignore_id`` (padding) positions do not count.
-
-    Label smoothing spreads ``label_smoothing`` of the target mass uniformly over the
-    vocabulary (Szegedy et al., 2016; Vaswani et al., section 5.4).
-
-    Shapes: logits (B, T, V), targets (B, T) -> scalar.
-    """
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),  # (B*T, V)
-        targets.reshape(-1),  # (B*T,)
-        ignore_index=-100 if ignore_id is None else ignore_id,
-        label_smoothing=label_smoothing,
-    )
-
-
-def symmetric_kl(logp: Tensor, logq: Tensor) -> Tensor:
-    """Mean over rows of KL(P‖Q) + KL(Q‖P), from log-probabilities.
-
-    KL(P‖Q) + KL(Q‖P) = Σᵥ (pᵥ − qᵥ)(log pᵥ − log qᵥ): one sum, never negative, zero
-    only when the rows agree.
-
-    Shapes: logp, logq (N, V) -> scalar.
-    """
-    return ((logp.exp() - logq.exp()) * (logp - logq)).sum(-1).mean()
-
-
-def seq2seq_loss(
-    model: nn.Module,
-    src: Tensor,
-    tgt_in: Tensor,
-    tgt_out: Tensor,
-    *,
-    pad_id: int,
-    label_smoothing: float = 0.0,
-    rdrop: float = 0.0,
-) -> tuple[Tensor, int]:
-    """Mean cross-entropy per real target token of an encoder-decoder, and their count.
-
-    The same value as :func:`sequence_loss` over all positions with ``ignore_id=pad_id``,
-    but logits are computed at the real target tokens only (the model's ``only``), so
-    padding costs no output-layer work.
-
-    ``rdrop`` > 0 adds R-Drop (Liang et al., NeurIPS 2021, eq. 3): the batch goes through
-    the model twice in one forward pass (stacked, so each copy draws its own dropout
-    masks), and the loss is the mean cross-entropy of both copies plus
-    ``rdrop``/4 · (KL(P₁‖P₂) + KL(P₂‖P₁)) per token -- the paper's
-    NLL₁ + NLL₂ + α/2 · (KL₁₂ + KL₂₁) divided by the two copies' tokens, as its fairseq
-    criterion normalises it, so α means what the paper's α does. Without dropout (eval
-    mode) the copies agree and the loss equals the plain one. The count is the batch's
-    own tokens (each seen twice). The training loss logged then includes the KL term, so
-    its curve is not comparable with a run without R-Drop (validation loss is the plain one).
-
-    Shapes: src (B, S), tgt_in and tgt_out (B, T) as :func:`seq2seq_batch` returns them.
-    """
-    src, tgt_in, tgt_out = on_model(model, src, tgt_in, tgt_out)
-    keep = tgt_out != pad_id  # (B, T)
-    n = int(keep.sum())
-    copies = 2 if rdrop > 0.0 else 1  # R-Drop: copy 1's rows, then copy 2's
-    only = keep.repeat(copies, 1)  # (copies·B, T)
-    logits = model(src.repeat(copies, 1), tgt_in.repeat(copies, 1), only=only)  # (copies·N, V)
-    targets = tgt_out[keep].repeat(copies)  # (copies·N,)
-    loss = sequence_loss(logits[None], targets[None], ignore_id=None, label_smoothing=label_smoothing)
-    if copies == 2:
-        logp = torch.log_softmax(logits.float(), dim=-1)  # (2N, V)
-        loss = loss + rdrop / 4 * symmetric_kl(logp[:n], logp[n:])
-    return loss, n
-
-
-def ctc_loss(logits: Tensor, valid: Tensor, targets: Tensor, target_lengths: Tensor, *, blank: int) -> Tensor:
-    """CTC loss (Graves et al., 2006) per target token: −Σ_b log p(y_b | x_b) divided by
-    the batch's target tokens Σ_b |y_b|.
-
-    Per target token, so that it is on the scale of the cross-entropy :func:`speech_loss` mixes
-    it with (torch's ``reduction="mean"`` divides each utterance by its own length, ESPnet by the
-    batch size). Each utterance reads its real frames only (``valid``); one whose target cannot
-    be aligned to them (too few frames) counts zero, not infinity (``zero_infinity``).
-
-    Shapes: logits (B, S, V) of a CTC head; valid (B, S) bool; targets (B, L), row b's tokens
-    its first ``target_lengths[b]`` (no BEGIN, no END); target_lengths (B,) -> scalar.
-    """
-    log_probs = torch.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (S, B, V)
-    total = F.ctc_loss(
-        log_probs, targets, valid.sum(1), target_lengths, blank=blank, reduction="sum", zero_infinity=True
-    )
-    return total / target_lengths.sum().clamp(min=1)
-
-
-def speech_loss(
-    model: nn.Module,
-    features: Tensor,
-    valid: Tensor,
-    t_in: Tensor,
-    t_out: Tensor,
-    *,
-    pad_id: int,
-    ctc_weight: float = 0.3,
-    label_smoothing: float = 0.0,
-) -> tuple[Tensor, int]:
-    """The joint CTC/attention loss of a speech encoder-decoder, λ·CTC + (1 − λ)·cross-entropy
-    (Kim, Hori & Watanabe, 2017, "Joint CTC-attention based end-to-end speech recognition using
-    multi-task learning"), both per target token, and the count of real target tokens.
-
-    The encoder runs once for both terms. The cross-entropy is :func:`seq2seq_loss`'s (logits
-    at the real target tokens only, END included, label smoothing); the CTC term is
-    :func:`ctc_loss` over the transcript, ``t_out``'s real tokens without END. λ = 0 needs no
-    CTC head; λ = 1 skips the decoder.
-
-    Shapes: features (B, T, M), valid (B, T) bool, t_in and t_out (B, L) as
-    :func:`seq2seq_batch` returns them (targets only) -> scalar, count.
-    """
-    if not 0.0 <= ctc_weight <= 1.0:
-        raise ValueError(f"ctc_weight must be in [0, 1], got {ctc_weight}")
-    features, valid, t_in, t_out = on_model(model, features, valid, t_in, t_out)
-    keep = t_out != pad_id  # (B, L)
-    n = int(keep.sum())
-    memory, memory_valid = model.encode(features, valid)  # (B, S, D), (B, S)
-    loss = memory.new_zeros((), dtype=torch.float32)
-    if ctc_weight < 1.0:
-        logits = model.decode(t_in, memory, src_mask=memory_valid, only=keep).logits  # (N, V)
-        attention = sequence_loss(logits[None], t_out[keep][None], ignore_id=None, label_smoothing=label_smoothing)
-        loss = loss + (1.0 - ctc_weight) * attention
-    if ctc_weight > 0.0:
-        lengths = (keep & (t_out != model.config.eos_id)).sum(1)  # (B,): the transcript, END left out
-        ctc = ctc_loss(model.ctc_logits(memory), memory_valid, t_out, lengths, blank=model.config.blank)
-        loss = loss + ctc_weight * ctc
-    return loss, n
-
-
-def guided_attention_weights(text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
-    """The penalty W of guided attention (Tachibana et al., 2018, eq. 4):
-    W[u, s] = 1 − exp(−(s / S_b − u / U_b)² / (2σ²)) inside each utterance's U_b decoder steps
-    and S_b text positions, 0 outside (padding is never penalised). Near the diagonal W ≈ 0.
-
-    Shapes: text_lengths (B,), step_lengths (B,) -> (B, U, S), U and S the longest.
-    """
-    u = torch.arange(int(step_lengths.max()), device=text_lengths.device)[None, :, None]  # (1, U, 1)
-    s = torch.arange(int(text_lengths.max()), device=text_lengths.device)[None, None, :]  # (1, 1, S)
-    steps = step_lengths[:, None, None].float()  # (B, 1, 1)
-    texts = text_lengths[:, None, None].float()  # (B, 1, 1)
-    w = 1.0 - torch.exp(-((s / texts - u / steps) ** 2) / (2 * sigma**2))  # (B, U, S)
-    return w * ((u < steps) & (s < texts))  # (B, U, S)
-
-
-def guided_attention_loss(weights: Tensor, text_lengths: Tensor, step_lengths: Tensor, *, sigma: float = 0.2) -> Tensor:
-    """Guided attention loss (Tachibana et al., 2018, section 4.1): the mean over heads and over
-    each utterance's real (step, position) pairs of A'[u, s]·W[u, s]; small when the
-    cross-attention runs along the diagonal, which is how text and speech align.
-
-    Shapes: weights (B, H, U, S) attention A'; text_lengths, step_lengths (B,) -> scalar.
-    """
-    w = guided_attention_weights(text_lengths, step_lengths, sigma=sigma)  # (B, U, S)
-    cells = (text_lengths * step_lengths).sum().clamp(min=1) * weights.shape[1]
-    return (weights.float() * w[:, None]).sum() / cells
-
-
-def tts_loss(
-    model: nn.Module,
-    text: Tensor,
-    text_valid: Tensor,
-    mel: Tensor,
-    mel_valid: Tensor,
-    speakers: Tensor | None = None,
-    *,
-    guided_weight: float = 1.0,
-    guided_sigma: float = 0.2,
-    guided_layers: int = 2,
-    stop_weight: float = 5.0,
-) -> tuple[Tensor, dict[str, float], int]:
-    """A Transformer-TTS model's loss under teacher forcing, the parts as floats, and the real frames.
-
-    Frames: L1 + L2 between the target and both the decoder's frames and the post-net's
-    (Tacotron 2; ESPnet's Transformer-TTS), over real frames. Stop token: binary cross-entropy
-    over real frames with target 1 at each utterance's last frame, that positive weighted
-    ``stop_weight`` (one positive per utterance against hundreds of negatives). Alignment:
-    :func:`guided_attention_loss` on every head of the last ``guided_layers`` decoder blocks,
-    weighted ``guided_weight`` (0: off, and the fused attention path is kept).
-
-    Shapes: text (B, S), text_valid (B, S), mel (B, T, M) log-mels as the model reads them
-    (``model.scale``), mel_valid (B, T), T a multiple of the model's reduction factor r,
-    speakers (B,) or None -> scalar.
-    """
-    guided = guided_weight > 0
-    text, text_valid, mel, mel_valid, speakers = on_model(model, text, text_valid, mel, mel_valid, speakers)
-    before, after, stop, weights = model(text, text_valid, mel, mel_valid, speakers, need_weights=guided)
-    keep = mel_valid[..., None].to(mel.dtype)  # (B, T, 1)
-    n = keep.sum().clamp(min=1) * mel.shape[-1]
-    target = mel.float()
-    frames = sum(
-        ((out.float() - target).abs() * keep).sum() / n + ((out.float() - target) ** 2 * keep).sum() / n
-        for out in (before, after)
-    )
-    lengths = mel_valid.sum(1)  # (B,)
-    is_last = torch.arange(mel.shape[1], device=mel.device)[None, :] == (lengths[:, None] - 1)  # (B, T)
-    stop_loss = F.binary_cross_entropy_with_logits(
-        stop.float(),
-        is_last.float(),
-        weight=mel_valid.float(),
-        pos_weight=torch.tensor(stop_weight, device=mel.device),
-        reduction="sum",
-    ) / mel_valid.sum().clamp(min=1)
-    loss = frames + stop_loss
-    parts = {"frames": frames.item(), "stop": stop_loss.item()}
-    if guided:
-        r = model.config.reduction
-        steps = (lengths + r - 1) // r  # (B,): decoder steps that read real frames
-        texts = text_valid.sum(1)  # (B,)
-        layers = weights[-guided_layers:]
-        attention = sum(guided_attention_loss(w, texts, steps, sigma=guided_sigma) for w in layers) / len(layers)
-        loss = loss + guided_weight * attention
-        parts["guided"] = attention.item()
-    return loss, parts, int(mel_valid.sum())
 
 
 def inverse_sqrt(step: int, *, warmup: int) -> float:
@@ -274,69 +53,46 @@ def warmup_cosine(step: int, *, warmup: int, total: int, floor: float = 0.0) -> 
 SCHEDULES = ("inverse_sqrt", "cosine")
 
 
-def seq2seq_batch(
-    pairs: list[tuple[list[int], list[int]]], *, pad_id: int, bos_id: int, eos_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Pad (source ids, target ids) pairs into training tensors.
-
-    Shapes:
-        returns src (B, S), the decoder input [BEGIN] + target (B, T) and the expected
-        output target + [END] (B, T), all padded with ``pad_id``.
-    """
-    s = max(len(src) for src, _ in pairs)
-    t = max(len(tgt) for _, tgt in pairs) + 1
-    src = torch.full((len(pairs), s), pad_id, dtype=torch.long)
-    tgt_in = torch.full((len(pairs), t), pad_id, dtype=torch.long)
-    tgt_out = torch.full((len(pairs), t), pad_id, dtype=torch.long)
-    for i, (a, b) in enumerate(pairs):
-        src[i, : len(a)] = torch.tensor(a, dtype=torch.long)
-        tgt_in[i, : len(b) + 1] = torch.tensor([bos_id, *b], dtype=torch.long)
-        tgt_out[i, : len(b) + 1] = torch.tensor([*b, eos_id], dtype=torch.long)
-    return src, tgt_in, tgt_out
-
-
-IGNORE = -100  # the label of a position no loss is computed at (F.cross_entropy's ignore_index)
-
-
-def mask_tokens(
-    ids: Tensor,
-    *,
-    maskable: Tensor,
-    mask_id: int,
-    random_ids: Tensor,
-    generator: torch.Generator,
-    rate: float = 0.15,
-) -> tuple[Tensor, Tensor]:
-    """BERT's masked-LM corruption (Devlin et al., 2019, section 3.1 and appendix A.1).
-
-    Every position where ``maskable`` is True (a real token, not padding or a special token)
-    is selected independently with probability ``rate``; a selected token becomes
-    ``mask_id`` with probability 0.8, a token drawn uniformly from ``random_ids`` (the
-    ordinary tokens) with probability 0.1, and stays as it is with probability 0.1. The
-    labels hold the original token at the selected positions and ``IGNORE`` everywhere
-    else, so a loss with ``ignore_id=IGNORE`` counts the selected positions only.
-
-    Shapes: ids (B, S), maskable (B, S) bool, random_ids (R,) -> inputs (B, S), labels (B, S).
-    """
-    selected = (torch.rand(ids.shape, generator=generator) < rate) & maskable  # (B, S)
-    labels = torch.where(selected, ids, IGNORE)  # (B, S)
-    action = torch.rand(ids.shape, generator=generator)  # (B, S): < 0.8 mask, < 0.9 random, else keep
-    drawn = random_ids[torch.randint(len(random_ids), ids.shape, generator=generator)]  # (B, S)
-    inputs = torch.where(selected & (action < 0.8), mask_id, ids)  # (B, S)
-    inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), drawn, inputs)  # (B, S)
-    return inputs, labels
+def ema_update(average: Tensor, value: Tensor, decay: float) -> None:
+    """One step of an exponential moving average, in place: average ← d·average + (1 − d)·value."""
+    average.lerp_(value, 1.0 - decay)  # a + w·(v − a) = (1 − w)·a + w·v with w = 1 − d
 
 
 @dataclass
 class FitResult:
-    """What a :func:`fit` run did: steps taken, wall seconds, loss per step, target tokens, and
-    the learning rate the schedule had reached."""
+    """What a :func:`fit` run did, and where it is (a checkpoint saves it: :meth:`progress`).
+
+    Steps taken, training seconds (validation excluded), the loss of every step, target tokens
+    and the learning rate the schedule had reached. A run in epochs: the epochs completed and
+    the next batch of the current one. With validation: one record per validation
+    (``history``), the best of them, how many validations since it (``bad``) and the names of
+    the checkpoints kept for averaging. ``stopped_by``: what ended the run (steps, seconds,
+    epochs, patience), or None while it runs.
+    """
 
     steps: int = 0
     seconds: float = 0.0
     losses: list[float] = field(default_factory=list)
     tokens: int = 0
     lr: float = 0.0
+    epoch: int = 0
+    batch: int = 0
+    history: list[dict] = field(default_factory=list)
+    best: dict | None = None
+    bad: int = 0
+    kept: list[str] = field(default_factory=list)
+    stopped_by: str | None = None
+
+    def progress(self) -> dict:
+        """The run so far as JSON-able data, which :meth:`resumed` turns back into it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def resumed(cls, saved: dict, *, steps: int) -> FitResult:
+        """The result a checkpoint's :meth:`progress` saved (a field it lacks takes its default;
+        ``steps``: the trainer's, for progress saved without them)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{"steps": steps, **{k: v for k, v in saved.items() if k in known}})
 
 
 def lr_factor(schedule: str, *, warmup: int, total: int, floor: float) -> Callable[[int], float]:
@@ -370,6 +126,13 @@ class Trainer:
     (summed across workers), so the step equals one step on the whole batch. The state holds
     every worker's RNG, and the optimizer moments whole or (``state(whole=False)``) as shards.
     ``device`` (a recipe's ``train.device``: ``distributed.device``) moves the model first.
+
+    ``ema_decay`` d > 0 keeps an exponential moving average of the weights beside them (Polyak &
+    Juditsky, 1992; the "EMA" of timm and nanochat): after every optimizer step t,
+    e_t = d·e_(t−1) + (1 − d)·θ_t, from e_0 = the weights the run starts with
+    (:func:`ema_update`). The average is part of the state (``ema.I`` for parameter I, cut like
+    the optimizer's moments), so a resumed run continues it exactly; :meth:`averaged` puts it
+    into the model for a while (validation), :meth:`keep_averaged` for good (the end of a run).
     """
 
     def __init__(
@@ -388,9 +151,12 @@ class Trainer:
         on_nonfinite: str = "stop",
         parallel: str = "ddp",
         device: str | None = None,
+        ema_decay: float = 0.0,
     ) -> None:
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}")
+        if not 0.0 <= ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
         if device is not None:  # a recipe's train.device; None: the model stays where it is
             model.to(distributed.device(device))  # in place: the caller's model moves too
         self.model = model
@@ -415,6 +181,37 @@ class Trainer:
         factor = lr_factor(schedule, warmup=warmup, total=total_steps, floor=self.floor)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.device_type = next(model.parameters()).device.type
+        self.ema_decay = ema_decay
+        # The average of each parameter, in the optimizer's order (its state's indices); None: off.
+        self.ema = [p.detach().clone() for p in self.parameters()] if ema_decay > 0 else None
+
+    def parameters(self) -> list[Tensor]:
+        """The parameters in the order the optimizer's state indexes them."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def _swap_averaged(self) -> None:
+        """Exchange the model's weights and their moving average."""
+        for p, e in zip(self.parameters(), self.ema or [], strict=False):
+            held = p.detach().clone()
+            p.copy_(e)
+            e.copy_(held)
+
+    @contextmanager
+    def averaged(self) -> Iterator[None]:
+        """Inside the block the model holds the moving average of its weights (``ema_decay``;
+        without one, its weights), afterwards its own again."""
+        self._swap_averaged()
+        try:
+            yield
+        finally:
+            self._swap_averaged()
+
+    @torch.no_grad()
+    def keep_averaged(self) -> None:
+        """Put the moving average into the model for good (nothing without ``ema_decay``)."""
+        for p, e in zip(self.parameters(), self.ema or [], strict=False):
+            p.copy_(e)
 
     def replan(self, total_steps: int) -> None:
         """End a decaying schedule (cosine) at ``total_steps`` instead (never past the steps it
@@ -479,6 +276,10 @@ class Trainer:
             self.skipped += 1
         else:
             self.optimizer.step()
+            if self.ema is not None:
+                with torch.no_grad():
+                    for e, p in zip(self.ema, self.parameters(), strict=True):
+                        ema_update(e, p.detach(), self.ema_decay)
         self.scheduler.step()
         self.steps += 1
         return loss, total
@@ -496,14 +297,22 @@ class Trainer:
             states = distributed.all_gather(torch.cuda.get_rng_state())
             tensors.update({"rng.cuda": states[0], **{f"rng.cuda.{r}": t for r, t in enumerate(states) if r}})
         scalars: dict[str, dict] = {}
+        moments = {
+            f"optimizer.{index}.{name}": value
+            for index, values in optimizer["state"].items()
+            for name, value in values.items()
+            if isinstance(value, Tensor)
+        }
         for index, values in optimizer["state"].items():
             for name, value in values.items():
                 if not isinstance(value, Tensor):
                     scalars.setdefault(str(index), {})[name] = value
-                elif whole:  # FSDP: gathered whole (collective), resumable with any N
-                    tensors[f"optimizer.{index}.{name}"] = distributed.full_tensor(value.detach()).clone().contiguous()
-                else:
-                    tensors[f"optimizer.{index}.{name}"] = value.detach()
+        moments.update({f"ema.{index}": e for index, e in enumerate(self.ema or [])})
+        for key, value in moments.items():
+            if whole:  # FSDP: gathered whole (collective), resumable with any N
+                tensors[key] = distributed.full_tensor(value.detach()).clone().contiguous()
+            else:
+                tensors[key] = value.detach()
         meta = {
             "steps": self.steps,
             "total_steps": self.total_steps,
@@ -518,11 +327,11 @@ class Trainer:
         """Tensors for a saved :meth:`state` (``stored``: each one's whole shape and dtype) to be
         read into, moments cut as this worker's parameters are (``checkpoint.read_shards``
         reads each worker's part of them, whatever the saving run's sharding was)."""
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = self.parameters()
         blank = {}
         for key, (shape, dtype) in stored.items():
             parts = key.split(".", 2)
-            if parts[0] == "optimizer" and parts[2] != "step":
+            if (parts[0] == "optimizer" and parts[2] != "step") or parts[0] == "ema":
                 like = params[int(parts[1])]
                 if tuple(like.shape) != tuple(shape):
                     raise ValueError(f"{key} has shape {tuple(shape)}, its parameter {tuple(like.shape)}")
@@ -535,12 +344,19 @@ class Trainer:
         """Continue from a :meth:`state` (the same model and settings are assumed); moments may
         be whole or already this worker's shards (:meth:`blank_state`)."""
         state: dict[int, dict] = {}
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # the indices' order
+        params = self.parameters()  # the indices' order
         for key, value in tensors.items():
             if key.startswith("optimizer."):
                 _, index, name = key.split(".", 2)
                 like = params[int(index)] if name != "step" else value  # moments are cut as their parameter
                 state.setdefault(int(index), {})[name] = distributed.shard_like(value, like)
+        if self.ema is not None:
+            missing = [i for i in range(len(self.ema)) if f"ema.{i}" not in tensors]
+            if missing:
+                raise ValueError(f"ema_decay is {self.ema_decay} but the state holds no moving average")
+            with torch.no_grad():
+                for i, e in enumerate(self.ema):
+                    e.copy_(distributed.shard_like(tensors[f"ema.{i}"], params[i]))
         for index, values in meta["optimizer_scalars"].items():
             state.setdefault(int(index), {}).update(values)
         groups = [{**g, "betas": tuple(g["betas"])} for g in meta["param_groups"]]
@@ -659,109 +475,234 @@ class StopRequest:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Checkpointing:
-    """How :func:`fit` saves what resuming needs and resumes: ``save(trainer, result)`` writes
-    a checkpoint and returns where; ``load(trainer)`` restores one into ``trainer`` and returns
-    the :class:`FitResult` so far (None: start afresh); ``every``: steps between saves (0:
-    only when stopped by a signal)."""
+    """How :func:`fit` saves what resuming needs and resumes, and keeps validated checkpoints.
+
+    Attributes:
+        save: ``save(trainer, result)`` writes what resuming needs and returns where.
+        load: ``load(trainer)`` restores a saved run into ``trainer`` and returns its
+            :class:`FitResult` so far (None: start afresh).
+        every: steps between saves (0: only when stopped by a signal, or a validation).
+        keep: ``keep(name, scores)`` saves the weights just validated (the moving average with
+            ``ema_decay``) as the checkpoint ``name`` ("best", "epoch-NNN", "step-NNNNNNN").
+        drop: ``drop(name)`` removes a kept checkpoint that averaging no longer needs.
+        always: save when a fresh run starts and when a run ends too, so that the checkpoint
+            always exists (a run directory's ``last/``).
+    """
 
     save: Callable[[Trainer, FitResult], str]
     load: Callable[[Trainer], FitResult | None] | None = None
     every: int = 0
+    keep: Callable[[str, dict], None] | None = None
+    drop: Callable[[str], None] | None = None
+    always: bool = False
+
+
+@dataclass(frozen=True)
+class Epochs:
+    """A run counted in epochs, passes over the data in an order of each epoch's own (:func:`fit`).
+
+    Attributes:
+        count: epochs to train; the run ends after the last, or sooner by a cap or patience.
+        begin: ``begin(e)`` makes epoch e's batches ready and returns how many it has; the
+            step loss then reads batch b of it as ``step_loss(model, b)``. Called when an epoch
+            starts, and on resume for the epoch the run stopped in: it must depend on e alone.
+    """
+
+    count: int
+    begin: Callable[[int], int]
+
+
+@dataclass(frozen=True)
+class Validation:
+    """Validation during :func:`fit`, and what follows from it: the best checkpoint, early
+    stopping and the last checkpoints kept for averaging (Vaswani et al., 2017, section 6.1).
+
+    Attributes:
+        score: the task's validation of a model, its scores by name (floats); called on every
+            worker with the whole weights (the moving average with ``ema_decay``), in eval mode.
+        metric: the score that ranks checkpoints (a loss, BLEU, WER, accuracy).
+        higher: whether a higher ``metric`` is better.
+        every: steps between validations; 0: at the end of every epoch (a run with :class:`Epochs`).
+        patience: stop after this many validations without a better ``metric`` (None: never).
+        keep: how many of the last validated checkpoints to keep for averaging (0: none).
+    """
+
+    score: Callable[[nn.Module], dict[str, float]]
+    metric: str
+    higher: bool
+    every: int = 0
+    patience: int | None = None
+    keep: int = 0
+
+    def better(self, score: float, best: float) -> bool:
+        return score > best if self.higher else score < best
 
 
 RESCHEDULE_EVERY = 25  # steps between estimates of how many steps fit in a time cap
 
 
+@dataclass(frozen=True)
+class FitConfig:
+    """How :func:`fit` trains: the optimizer side of a recipe's train section, typed
+    (``runner.fit_config`` reads one).
+
+    Attributes:
+        steps: optimizer steps to take; the schedule ends there. With epochs (:class:`Epochs`)
+            a cap, or None: the epochs end the run and plan the schedule.
+        lr: the peak learning rate.
+        warmup: steps of linear warmup.
+        schedule: ``"inverse_sqrt"`` or ``"cosine"`` (:data:`SCHEDULES`).
+        min_lr: where the cosine schedule ends.
+        seconds: a cap on wall time (None: none); a cosine schedule is replanned to end there.
+        weight_decay: AdamW's, on matrices only.
+        clip: the gradient norm's cap (0: no clipping).
+        betas: AdamW's.
+        bf16: bf16 autocast.
+        on_nonfinite: a NaN/inf loss or gradient: ``"stop"`` or ``"skip"`` the step.
+        parallel: ``"ddp"`` or ``"fsdp"`` on several workers.
+        device: where to train (``distributed.device``); None: where the model is.
+        accumulate: batches per optimizer step (gradient accumulation: one step over K batches
+            is one step over their union, :meth:`Trainer.step`).
+        ema_decay: d of the moving average of the weights (0: none); with one, the model
+            :func:`fit` returns holds the average (:class:`Trainer`).
+    """
+
+    steps: int | None
+    lr: float
+    warmup: int
+    schedule: str = "inverse_sqrt"
+    min_lr: float = 0.0
+    seconds: float | None = None
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    bf16: bool = False
+    on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    device: str | None = None
+    accumulate: int = 1
+    ema_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.accumulate < 1:
+            raise ValueError(f"accumulate must be a positive integer, got {self.accumulate}")
+
+
 def fit(
     model: nn.Module,
     step_loss: Callable[[nn.Module, int], tuple[Tensor, int]],
+    config: FitConfig,
     *,
-    steps: int,
-    lr: float,
-    warmup: int,
-    schedule: str = "inverse_sqrt",
-    min_lr: float = 0.0,
-    seconds: float | None = None,
-    weight_decay: float = 0.01,
-    clip: float = 1.0,
-    betas: tuple[float, float] = (0.9, 0.98),
-    bf16: bool = False,
     progress: bool = True,
     desc: str = "train",
     unit: str = "tok",
-    on_nonfinite: str = "stop",
     checkpoint: Checkpointing | None = None,
-    parallel: str = "ddp",
-    device: str | None = None,
+    epochs: Epochs | None = None,
+    validation: Validation | None = None,
+    scalars: Callable[[str, float, int], None] | None = None,
 ) -> FitResult:
-    """Train ``model`` for ``steps`` optimizer steps (or until ``seconds`` have passed).
+    """Train ``model`` for ``config.steps`` optimizer steps, or ``epochs``, or until
+    ``config.seconds`` have passed: the one training loop of every task.
 
-    ``step_loss(model, step)`` returns the loss of one batch and its number of target
-    tokens (or examples, for a per-example loss; ``unit`` names them in the progress bar);
-    it owns the data, so the loop is the same for every model family. The optimizer side is
-    a :class:`Trainer`.
+    ``step_loss(model, i)`` returns the loss of batch ``i`` and its number of target tokens (or
+    examples, for a per-example loss; ``unit`` names them in the progress bar); it owns the
+    data, so the loop is the same for every model family. Step s takes the batches
+    s·K … s·K + K − 1 (K = ``config.accumulate``; one batch, s, without accumulation), and its
+    gradient is that of their union. With ``epochs``, i counts the batches of the current
+    epoch (:class:`Epochs`) and a step takes the next K of them, fewer at an epoch's end. The
+    optimizer side is a :class:`Trainer`; with ``config.ema_decay`` the returned model holds
+    the moving average of its weights.
+
+    ``validation`` scores the model every ``validation.every`` steps or at every epoch's end
+    (:class:`Validation`): the records go to ``FitResult.history``, the best is kept
+    (``checkpoint.keep("best", …)``), the last ``validation.keep`` are kept for averaging, and
+    ``validation.patience`` validations without a better score stop the run. Validation time
+    is not training time. ``scalars(tag, value, step)`` receives the training loss, learning
+    rate and rate every 10 steps and every validation score (TensorBoard).
 
     With ``seconds``, a decaying schedule (cosine) ends where the time does: every
     ``RESCHEDULE_EVERY`` steps after warm-up the steps that still fit are estimated from the
-    rate so far, and when fewer than ``steps`` fit, the schedule is planned to end there
+    rate so far, and when fewer than planned fit, the schedule is planned to end there
     (:meth:`Trainer.replan`): a capped run on a busy machine anneals instead of stopping at
     a high learning rate. The estimate follows the rate both ways, so a slow stretch early on
     (another job beside it) does not anneal the run long before its time is up: the estimate
     is always ahead of the step taken, and the schedule ends at the cap. On a machine fast
-    enough for ``steps`` nothing changes.
+    enough for the steps planned nothing changes.
 
-    With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the losses so
-    far) is saved every ``checkpoint.every`` steps and when SIGTERM or Ctrl-C asks the run to
-    stop (:class:`StopRequest`), and ``checkpoint.load`` may continue a saved run: the steps
-    already taken are not taken again, and the run ends as an uninterrupted one would
-    (``step_loss`` must draw its batch from ``step`` alone). A non-finite loss or gradient
-    stops the run with :class:`NonFinite` (naming the last checkpoint saved) or, with
-    ``on_nonfinite="skip"``, skips the step.
+    With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the moving
+    average, the :class:`FitResult` so far) is saved every ``checkpoint.every`` steps, after
+    every validation and when SIGTERM or Ctrl-C asks the run to stop (:class:`StopRequest`),
+    and ``checkpoint.load`` may continue a saved run: the steps already taken are not taken
+    again, and the run ends as an uninterrupted one would (``step_loss`` must draw batch i from
+    i alone; ``epochs.begin`` an epoch's order from the epoch alone). A run that had stopped
+    goes straight to its end. A non-finite loss or gradient stops the run with
+    :class:`NonFinite` (naming the last checkpoint saved) or, with ``on_nonfinite="skip"``,
+    skips the step.
 
-    On N workers (torchrun) ``step_loss`` computes this worker's share of the step's batch
+    On N workers (torchrun) ``step_loss`` computes this worker's share of the batch
     (:func:`qkv.distributed.share`); the workers agree after every step on the elapsed time and
     on any stop request, so that they stop, reschedule and save at the same step. Only rank 0
-    shows progress; ``checkpoint.save`` is called on every worker (rank 0 writes).
+    shows progress; ``checkpoint`` and ``validation.score`` are called on every worker.
     """
+    if config.steps is None and epochs is None:
+        raise ValueError("fit needs config.steps or epochs")
+    if validation is not None and validation.every == 0 and epochs is None:
+        raise ValueError("validation at the end of every epoch needs epochs")
+    accumulate = config.accumulate
+    planned = config.steps if epochs is None else planned_steps(epochs, accumulate, config.steps)
     trainer = Trainer(
         model,
-        lr=lr,
-        warmup=warmup,
-        total_steps=steps,
-        schedule=schedule,
-        min_lr=min_lr,
-        weight_decay=weight_decay,
-        clip=clip,
-        betas=betas,
-        bf16=bf16,
-        on_nonfinite=on_nonfinite,
-        parallel=parallel,
-        device=device,
+        lr=config.lr,
+        warmup=config.warmup,
+        total_steps=planned,
+        schedule=config.schedule,
+        min_lr=config.min_lr,
+        weight_decay=config.weight_decay,
+        clip=config.clip,
+        betas=config.betas,
+        bf16=config.bf16,
+        on_nonfinite=config.on_nonfinite,
+        parallel=config.parallel,
+        device=config.device,
+        ema_decay=config.ema_decay,
     )
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()
     start = time.perf_counter() - result.seconds
-    saved: list[str] = []
+    saved: list[tuple[str, tuple]] = []  # where each save of this session went, and at which point
 
     def save() -> str | None:
         if checkpoint is None:
             return None
-        saved.append(checkpoint.save(trainer, result))
-        return saved[-1]
+        saved.append((checkpoint.save(trainer, result), (result.steps, result.epoch, result.stopped_by)))
+        return saved[-1][0]
+
+    def stop_reason() -> str | None:
+        return _stop_reason(result, config, epochs, validation)
 
     main = trainer.world.main
-    bar = progress_report(steps, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
+    bar = progress_report(planned, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
+    say = (lambda line: bar.write(line, file=sys.stderr)) if progress and main else None
+    size = None  # the current epoch's batches, once begun
+    if checkpoint is not None and checkpoint.always and loaded is None:
+        save()  # a fresh run's checkpoint, before its first step
     with StopRequest() as stop:
-        # A resumed run already past its time cap takes no step; a fresh one always takes one.
-        past_cap = loaded is not None and seconds is not None and result.seconds >= seconds
-        for step in range(result.steps, steps if not past_cap else result.steps):
-            stop.check(step, save)
+        while (reason := stop_reason()) is None:
+            if epochs is not None and size is None:
+                size = epochs.begin(result.epoch)  # an epoch's order (its draw of pieces) is training time
+            first, count = (
+                (result.batch, min(accumulate, size - result.batch))
+                if size is not None
+                else (result.steps * accumulate, accumulate)
+            )
+            stop.check(result.steps, save)
+            batches = [lambda i=i: step_loss(model, i) for i in range(first, first + count)]
             try:
-                loss, n_tokens = trainer.step([lambda step=step: step_loss(model, step)])
+                loss, n_tokens = trainer.step(batches)
             except NonFinite as e:
-                last = f"; the last checkpoint: {saved[-1]}" if saved else "; no checkpoint was saved yet"
+                last = f"; the last checkpoint: {saved[-1][0]}" if saved else "; no checkpoint was saved yet"
                 raise UserError(f"{e}{last}") from None
             result.steps += 1
             result.tokens += n_tokens
@@ -769,22 +710,109 @@ def fit(
             result.seconds = stop.agree(time.perf_counter() - start)
             result.lr = trainer.lr
             bar.update(1)
-            if step % 10 == 0 or step == steps - 1:
-                rate = f"{result.tokens / result.seconds:.0f}"
-                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": rate})
-            if seconds is not None and result.seconds >= seconds:
-                break
-            if seconds is not None and step >= warmup and (step + 1) % RESCHEDULE_EVERY == 0:
-                fit_in_time = int((step + 1) * seconds / result.seconds)
-                if min(fit_in_time, steps) != trainer.total_steps:
+            if result.steps % 10 == 1 or result.steps == planned:
+                rate = result.tokens / max(result.seconds, 1e-9)
+                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": f"{rate:.0f}"})
+                if scalars is not None:
+                    scalars("train/loss", loss, result.steps)
+                    scalars("train/lr", trainer.lr, result.steps)
+                    scalars(f"train/{unit}_per_second", rate, result.steps)
+            if config.seconds is not None and result.steps > config.warmup and result.steps % RESCHEDULE_EVERY == 0:
+                fit_in_time = int(result.steps * config.seconds / result.seconds)
+                if min(fit_in_time, planned) != trainer.total_steps:
                     trainer.replan(fit_in_time)
-            if (
-                checkpoint is not None
-                and checkpoint.every
-                and result.steps % checkpoint.every == 0
-                and result.steps < steps
-            ):
-                save()
+            ended = size is not None and result.batch + count >= size
+            if size is not None:
+                result.batch = 0 if ended else result.batch + count
+                result.epoch += int(ended)
+                size = None if ended else size
+            if validation is not None and (ended if validation.every == 0 else result.steps % validation.every == 0):
+                start += _validate(model, trainer, result, validation, checkpoint, scalars, epochs is not None, say)
+                if checkpoint is not None:
+                    result.stopped_by = stop_reason()  # in the checkpoint: a resumed run knows it had ended
+                    save()
+            elif checkpoint is not None and checkpoint.every and result.steps % checkpoint.every == 0:
+                if stop_reason() is None:  # the run ends here: its end saves
+                    save()
+    result.stopped_by = reason
+    if (
+        checkpoint is not None
+        and checkpoint.always
+        and (not saved or saved[-1][1] != (result.steps, result.epoch, reason))
+    ):
+        save()
     bar.close()
+    trainer.keep_averaged()  # with ema_decay: the moving average is the model trained
     model.eval()
     return result
+
+
+def planned_steps(epochs: Epochs, accumulate: int, cap: int | None) -> int:
+    """The optimizer steps of a run in epochs, for its schedule and progress bar: epoch 0's steps
+    times the epochs (an epoch whose order draws other pieces may hold a few batches more or
+    fewer: the epochs, not this, end the run), or the cap if sooner."""
+    total = epochs.count * math.ceil(epochs.begin(0) / accumulate)
+    return min(total, cap) if cap is not None else total
+
+
+def _stop_reason(
+    result: FitResult, config: FitConfig, epochs: Epochs | None, validation: Validation | None
+) -> str | None:
+    """Why the run must stop before its next step, or None. Checked before every step, so that a
+    resumed run that had stopped takes none; a fresh run always takes one (a time cap counts
+    from the first step)."""
+    if validation is not None and validation.patience is not None and result.bad >= validation.patience:
+        return "patience"
+    if epochs is not None and result.epoch >= epochs.count:
+        return "epochs"
+    if config.steps is not None and result.steps >= config.steps:
+        return "steps"
+    if config.seconds is not None and result.steps > 0 and result.seconds >= config.seconds:
+        return "seconds"
+    return None
+
+
+def _validate(
+    model: nn.Module,
+    trainer: Trainer,
+    result: FitResult,
+    validation: Validation,
+    checkpoint: Checkpointing | None,
+    scalars: Callable[[str, float, int], None] | None,
+    in_epochs: bool,
+    say: Callable[[str], None] | None,
+) -> float:
+    """One validation (:class:`Validation`) of the weights, or their moving average: its record in
+    ``result.history``, the best and those kept for averaging saved, patience counted, the scores
+    said (rank 0) and sent to ``scalars``. Returns the seconds it took."""
+    began = time.perf_counter()
+    with trainer.averaged():
+        scores = validation.score(distributed.plain_copy(model).eval())  # FSDP: the whole weights
+        entry = {"epoch": result.epoch} if in_epochs else {}
+        entry.update(step=result.steps, train_seconds=round(result.seconds, 1))
+        entry.update({f"valid_{name}": value for name, value in scores.items()})
+        result.history.append(entry)
+        key = f"valid_{validation.metric}"
+        if result.best is None or validation.better(entry[key], result.best[key]):
+            result.best, result.bad = entry, 0
+            if checkpoint is not None and checkpoint.keep is not None:
+                checkpoint.keep("best", scores)
+        else:
+            result.bad += 1
+        if validation.keep and checkpoint is not None and checkpoint.keep is not None:
+            name = f"epoch-{result.epoch:03d}" if in_epochs else f"step-{result.steps:07d}"
+            checkpoint.keep(name, scores)
+            result.kept.append(name)
+            for old in result.kept[: -validation.keep]:
+                if checkpoint.drop is not None:
+                    checkpoint.drop(old)
+            result.kept = result.kept[-validation.keep :]
+    seconds = time.perf_counter() - began
+    for name, value in scores.items():
+        if scalars is not None:
+            scalars(f"valid/{name}", value, result.steps)
+    where = f"epoch {result.epoch} (step {result.steps})" if in_epochs else f"step {result.steps}"
+    said = ", ".join(f"{name} {value:.4g}" for name, value in scores.items())
+    if say is not None:
+        say(f"validation after {where}: {said} ({seconds:.1f}s)")
+    return seconds

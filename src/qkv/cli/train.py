@@ -34,7 +34,7 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from qkv import distributed
+    from qkv import distributed, runner
     from qkv.plots import loss_curve
     from qkv.runs import TRAINER_STATE
     from qkv.tasks import TASKS, load_recipe
@@ -52,7 +52,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # A group torchrun restarted after a failure continues the run from its last checkpoint.
     resume = args.resume or (distributed.restarted() and (out / "last" / TRAINER_STATE).is_file())
     try:
-        summary = task.train(recipe, out, progress=not args.quiet, resume=resume)
+        summary = runner.train(task, recipe, out, progress=not args.quiet, resume=resume)
     except Stopped as e:
         again = [*sys.argv[1:]] if sys.argv[1:2] == ["train"] else ["train", args.recipe, "--out", args.out]
         again = again if "--resume" in again else [*again, "--resume"]

@@ -5,7 +5,7 @@ decoder blocks without cross-attention (masked self-attention + FFN), and an LM 
 ``decode`` takes and returns an explicit KV cache and accepts left-padded batches (a key
 mask plus per-row positions); ``forward`` is the plain training call.
 
-What is not here: losses (``training.py``), sampling and search (``decoding/``).
+What is not here: losses (``losses.py``), sampling and search (``decoding/``).
 Shapes use the legend of ``attention.py``.
 """
 

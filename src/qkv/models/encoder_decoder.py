@@ -6,7 +6,7 @@ memory)`` (masked self-attention over the target so far, cross-attention to the 
 output, logits over the target vocabulary; with an explicit KV cache) and ``forward``
 (both, for teacher-forced training).
 
-What is not here: losses (``training.py``), decoding loops that start from the BEGIN token
+What is not here: losses (``losses.py``), decoding loops that start from the BEGIN token
 and stop at END (``decoding/``). Shapes use the legend of ``attention.py``.
 """
 

@@ -6,7 +6,7 @@ head (dense, GELU, norm, projection to the vocabulary) and a sequence-classifica
 over the pooled first token or the mean of the real tokens, optionally through BERT's pooler
 (dense + tanh).
 
-What is not here: the 15% masking recipe and losses (``training.py``). Shapes use the
+What is not here: the 15% masking recipe and losses (``losses.py``). Shapes use the
 legend of ``attention.py``.
 """
 

@@ -16,7 +16,7 @@ The feature settings (:class:`~qkv.audio.FeatureConfig`) are a field of the conf
 so a checkpoint says how its input frames must be computed, and the model's mel bins M are the
 features' ``n_mels``. The model does not compute features: callers run ``qkv.audio``.
 
-What is not here: features (``audio.py``), the CTC and joint losses (``training.py``:
+What is not here: features (``audio.py``), the CTC and joint losses (``losses.py``:
 ``ctc_loss``, ``speech_loss``), decoding and CTC prefix scores (``decoding/``).
 
 Shapes use the legend of ``attention.py``: features (B, T, M) with T frames and M mel bins;

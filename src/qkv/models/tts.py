@@ -14,7 +14,7 @@ frames and logits, never losses.
 The features are the un-normalised log-mel kind of ``qkv.audio`` (``features.normalize`` is
 false: a vocoder must invert them); they are a field of the config, saved in ``config.json``.
 
-What is not here: losses (``training.py``: ``tts_loss``, ``guided_attention_loss``),
+What is not here: losses (``losses.py``: ``tts_loss``, ``guided_attention_loss``),
 autoregressive synthesis with the KV cache (``synthesis.py``), the vocoder (``vocoder.py``).
 
 Shapes use the legend of ``attention.py``: text (B, S) token ids, S positions; mel (B, T, M);

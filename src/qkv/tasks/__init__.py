@@ -1,5 +1,6 @@
 """The tasks: one module each, holding its recipe defaults and value rules (a
-:class:`~qkv.recipes.Task`) and its runner. :data:`TASKS` lists them by the name a recipe's
+:class:`~qkv.recipes.Task`) and its own parts of a run (``Task.prepare``; ``runner.train`` trains
+every task). :data:`TASKS` lists them by the name a recipe's
 ``task`` gives; :func:`load_recipe` loads a recipe of any of them.
 
     numbers.py        the built-in demo: numbers written with digits -> English words

@@ -1,6 +1,6 @@
 """Speech in, text out: the speech-recognition and speech-translation task (:data:`TASK`, named
-``asr``), its runner :func:`train_asr`, and :func:`transcribe`, which ``qkv transcribe``, the
-server and the benchmarks share.
+``asr``), its parts of a run :func:`prepare_asr`, and :func:`transcribe`, which ``qkv transcribe``,
+the server and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): FSDD's spoken digits (the standard split, or digit
 strings with one speaker held out), Multi30k captions spoken by espeak-ng in English (speech
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv import runner
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
@@ -37,22 +38,19 @@ from qkv.decoding import beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
 from qkv.errors import OptionError, UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
+from qkv.losses import seq2seq_batch, share_loss, speech_loss, speech_tokens
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
+    Setup,
+    Start,
     Task,
-    audio_timing,
     batch_of_step,
-    finished_model,
-    fit_recipe,
-    fit_summary,
     length_batches,
     require_steps,
-    save_model_dir,
-    start_run,
     step_seed,
 )
 from qkv.speech_corpora import (
@@ -66,7 +64,6 @@ from qkv.speech_corpora import (
 )
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import seq2seq_batch, speech_loss
 
 CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manifests")
 
@@ -124,6 +121,7 @@ ASR_DEFAULTS: dict = {
         "corpus_seed": 0,
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text[, target])
         "test": None,  # manifests: test.tsv
+        "valid": None,  # manifests: valid.tsv, the validation split train.valid_every decodes (null: none)
         "tokenizer": "char",  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
         "vocab_size": 1000,
         "beam_size": 4,
@@ -131,6 +129,7 @@ ASR_DEFAULTS: dict = {
         "length_penalty": 1.0,
         "eval_batch_size": 32,
         "test_limit": None,  # decode only the first N test utterances (null: all)
+        "valid_limit": 200,  # validation (train.valid_every) decodes the first N validation utterances (null: all)
     },
 }
 
@@ -174,7 +173,18 @@ def load_corpus(data: dict) -> tuple[Corpus, str]:
         corpus = espeak_corpus(language=kind[-2:], sentences=data["sentences"], seed=int(data["corpus_seed"]))
         return corpus, "test"
     splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
+    if data["valid"] is not None:
+        splits["val"] = read_manifest(data["valid"])
     return Corpus("manifests", Path(data["train"]).parent, splits), "test"
+
+
+def validation_split(corpus: Corpus, data: dict) -> list[Utterance]:
+    """The utterances validation (``train.valid_every``) scores: the first ``data.valid_limit`` of
+    the corpus's validation split ("val"); a corpus without one is refused."""
+    if "val" not in corpus.splits:
+        how = "set data.valid (a manifest)" if corpus.name == "manifests" else "use a corpus that has one"
+        raise UserError(f"train.valid_every: the {corpus.name} corpus has no validation split; {how}")
+    return corpus["val"][: data["valid_limit"]]
 
 
 def output_text(u: Utterance, *, translate: bool, normalize: bool) -> str:
@@ -487,16 +497,16 @@ def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
     return Tokenizer.load(path)
 
 
-def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train a speech encoder–decoder as ``recipe`` says, score it on the test split, save it to ``out``.
+def prepare_asr(recipe: dict, start: Start) -> Setup:
+    """A speech encoder–decoder's parts of a run: corpus, features, tokenizer, model (its encoder
+    and decoder started from pretrained ones where the recipe says), step loss, validation (WER
+    or BLEU on the validation split) and the evaluation on the test split.
 
     Transcripts (or translations) longer than the decoder's window are left out of training
     and named in ``problems``. The model directory also gets ``cross_attention.png``: the
     first test utterance's spectrogram with the attention of the words the model wrote.
     """
-    began = time.perf_counter()
-    out = Path(out)
-    last = start_run(out, recipe, resume=resume)
+    last, progress = start.checkpoint, start.progress
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -555,8 +565,12 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         )  # (B, L) each
         # This worker's rows (all of them alone), cut after the whole batch's SpecAugment draws.
         mine, counted = share(len(rows))
+        # A share's loss is its part of the whole batch's (the terms' means are over the whole
+        # batch's tokens), weighted by its seconds of audio, the count the rate reports.
+        whole = speech_tokens(t_out, pad_id=c.pad_id, eos_id=c.eos_id) if len(mine) < len(rows) else None
+        all_seconds = float(valid.sum()) * seconds_per_frame
         feats, valid, t_in, t_out = feats[mine], valid[mine], t_in[mine], t_out[mine]
-        loss, _ = speech_loss(
+        part, _ = speech_loss(
             m,
             feats,
             valid,
@@ -565,51 +579,73 @@ def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
             pad_id=c.pad_id,
             ctc_weight=float(train["ctc_weight"]),
             label_smoothing=float(train["label_smoothing"]),
+            whole=whole,
         )
-        # The rate counts seconds of audio; on N workers they weight each worker's loss.
-        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
+        seconds = float(valid.sum()) * seconds_per_frame
+        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
-    result = fit_recipe(
+    validate = validation_scorer(corpus, tokenizer, data, config, progress=progress) if train["valid_every"] else None
+
+    def evaluate(m: SpeechEncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        train_feats.clear()  # the training features' memory, before the test set's
+        evaluation = score_model(m, tokenizer, recipe, progress=progress, test=(corpus, test_split))
+        first = evaluation["first_features"]
+        draw_cross_attention(
+            m,
+            tokenizer,
+            first,
+            evaluation["first_ids"],
+            out / "cross_attention.png",
+            title=f"{evaluation['first_path']}: {evaluation['hypotheses'][0]!r}",
+        )
+        recorded = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
+        return recorded, {k: v for k, v in evaluation.items() if not k.startswith("first_")}
+
+    return Setup(
         model,
         step_loss,
-        train,
-        progress=progress,
-        desc="qkv asr",
-        unit="audio_s",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
-    )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    train_feats.clear()  # the training features' memory, before the test set's
-    # Saved before the test set is decoded (an hour's training is not lost to a failure or a
-    # Ctrl-C while scoring), and again with the scores.
-    extra = {"task": "asr", "recipe": recipe, "init_encoder": encoder_from, "init_decoder": decoder_from}
-    extra.update(audio_timing(result))
-    save_model_dir(model, tokenizer, out, extra=extra)
-    evaluation = score_model(model, tokenizer, recipe, progress=progress, test=(corpus, test_split))
-    scores = {k: v for k, v in evaluation.items() if not isinstance(v, (list, Tensor))}
-    extra.update(scores, wall_seconds=time.perf_counter() - began)  # wall: corpus to scores
-    save_model_dir(model, tokenizer, out, extra=extra)
-    first = evaluation["first_features"]
-    draw_cross_attention(
-        model,
         tokenizer,
-        first,
-        evaluation["first_ids"],
-        out / "cross_attention.png",
-        title=f"{evaluation['first_path']}: {evaluation['hypotheses'][0]!r}",
+        evaluate,
+        score=validate,
+        metric="bleu" if translate else "wer",
+        higher=translate,
+        meta={"init_encoder": encoder_from, "init_decoder": decoder_from},
+        facts={"problems": problems, "init_encoder": encoder_from, "init_decoder": decoder_from},
+        unit="audio_s",
     )
-    return {
-        **{k: v for k, v in evaluation.items() if not k.startswith("first_")},
-        "problems": problems,
-        "init_encoder": encoder_from,
-        "init_decoder": decoder_from,
-        **fit_summary(result, model, tokenizer),
-    }
+
+
+def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a speech encoder–decoder as ``recipe`` says (:func:`prepare_asr`), score it on the
+    test split, save it to ``out``."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
+
+
+def validation_scorer(
+    corpus: Corpus, tokenizer: Tokenizer, data: dict, config: FeatureConfig, *, progress: bool
+) -> Callable[[SpeechEncoderDecoder], dict[str, float]]:
+    """Validation for ``train.valid_every``: the validation split (:func:`validation_split`)
+    decoded as the test split is (the recipe's beam and CTC weight) and scored: WER and CER, or
+    BLEU and chrF for translation. Its features are computed once, now."""
+    utterances = validation_split(corpus, data)
+    translate = bool(data["translate"])
+    feats = compute_features(utterances, config, progress=progress, desc="features (validation)")
+    references = [output_text(u, translate=translate, normalize=False) for u in utterances]
+
+    def score(model: SpeechEncoderDecoder) -> dict[str, float]:
+        decoded = transcribe(
+            model,
+            tokenizer,
+            feats,
+            beam_size=int(data["beam_size"]),
+            ctc_weight=float(data["ctc_weight"]),
+            length_penalty=float(data["length_penalty"]),
+            batch_size=int(data["eval_batch_size"]),
+        )
+        scores = _scores([d.text for d in decoded], references, translate=translate)
+        return {k: v for k, v in scores.items() if k in ("wer", "cer", "bleu", "chrf")}
+
+    return score
 
 
 def score_model(
@@ -702,7 +738,7 @@ TASK = Task(
     name="asr",
     defaults=ASR_DEFAULTS,
     model_kind="speech_encoder_decoder",
-    train=train_asr,
+    prepare=prepare_asr,
     report=report,
     rules={
         ("data", "corpus"): (str, _corpus_name, f"one of {', '.join(CORPORA)}"),
@@ -720,6 +756,8 @@ TASK = Task(
         ("data", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("data", "length_penalty"): ((int, float), lambda v: math.isfinite(v), "a finite number"),
         ("data", "test_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "valid"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "valid_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (feature frames per batch)"),
         ("train", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("train", "spec_augment"): (bool, lambda v: True, "true or false"),

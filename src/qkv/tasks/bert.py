@@ -1,11 +1,11 @@
 """The encoder-only (BERT) tasks: masked-LM pretraining (:data:`MLM`) and sequence
-classification (:data:`CLASSIFY`), their recipe defaults, rules and runners.
+classification (:data:`CLASSIFY`), their recipe defaults, rules and parts of a run.
 
-What is here: :func:`train_mlm` (15% of tokens selected: 80% [MASK], 10% random, 10% kept),
-:func:`train_classifier` (from scratch or from a pretrained encoder; accuracy and macro-F1
-beside the majority class) and :func:`predict_labels`.
+What is here: :func:`prepare_mlm` (15% of tokens selected: 80% [MASK], 10% random, 10% kept),
+:func:`prepare_classifier` (from scratch or from a pretrained encoder; accuracy and macro-F1
+beside the majority class), :func:`train_mlm`, :func:`train_classifier` and :func:`predict_labels`.
 
-What is not here: recipe loading and the shared runner pieces (``recipes.py``), the model
+What is not here: recipe loading (``recipes.py``), the runner (``runner.py``), the model
 (``models/encoder_only.py``), sentence embeddings (``embedding.py``, for ``qkv embed``).
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from qkv import runner
 from qkv.checkpoint import (
     build_model,
     load_model,
@@ -37,27 +38,24 @@ from qkv.evaluation import (
     macro_f1,
     masked_lm_scores,
 )
-from qkv.models.encoder_only import EncoderOnly
-from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
-    Task,
-    fine_tuning_fields,
-    finished_model,
-    fit_recipe,
-    fit_summary,
-    require_steps,
-    save_model_dir,
-    start_run,
-    step_seed,
-    tokenizer_for,
-)
-from qkv.tokenization import Tokenizer
-from qkv.training import (
+from qkv.losses import (
     IGNORE,
     mask_tokens,
     on_model,
     sequence_loss,
 )
+from qkv.models.encoder_only import EncoderOnly
+from qkv.recipes import (
+    FIT_TRAIN_DEFAULTS,
+    Setup,
+    Start,
+    Task,
+    fine_tuning_fields,
+    require_steps,
+    step_seed,
+    tokenizer_for,
+)
+from qkv.tokenization import Tokenizer
 
 # Encoder-only models (BERT) on sentences: masked-LM pretraining (mlm) and sequence
 # classification (classify), on DailyDialog by default (its utterances; its dialog acts).
@@ -230,18 +228,19 @@ def _mlm_sentences(data: dict) -> tuple[list[str], list[str], str]:
     return train, valid, source
 
 
-def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Pretrain an encoder-only model by masked-LM (Devlin et al., 2019) as ``recipe`` says; save it to ``out``.
+def prepare_mlm(recipe: dict, start: Start) -> Setup:
+    """Masked-LM pretraining of an encoder-only model (Devlin et al., 2019): the task's parts of a run.
 
     Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
     sentence [END] and cut to the model's window; a unigram vocabulary (or the given
     tokenizer) gets a mask token. Every step takes ``batch_size`` random sentences and selects
-    ``mask_rate`` of their ordinary tokens (:func:`~qkv.training.mask_tokens`: 80% masked,
+    ``mask_rate`` of their ordinary tokens (:func:`~qkv.losses.mask_tokens`: 80% masked,
     10% random, 10% kept); the loss is the cross-entropy at the selected positions only. At
     the end: the loss and accuracy at the selected positions of the validation sentences
-    (masked with a fixed seed, so the number is comparable between runs).
+    (masked with a fixed seed, so the number is comparable between runs); the loss is the
+    validation score too (``train.valid_every``).
     """
-    last = start_run(out, recipe, resume=resume)
+    last = start.checkpoint
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
@@ -293,36 +292,29 @@ def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
         )
         return loss, len(targets) if counted else 0
 
-    result = fit_recipe(
-        model,
-        step_loss,
-        train,
-        progress=progress,
-        desc="qkv mlm",
-        unit="masked_tok",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
-    )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    start = time.perf_counter()
-    valid_loss, valid_accuracy, valid_masked = masked_lm_scores(model, valid_batches)
-    scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
-    eval_seconds = time.perf_counter() - start
-    save_model_dir(model, tokenizer, out, extra={"task": "mlm", "recipe": recipe, **scores})
-    return {
-        **scores,
-        "eval_seconds": eval_seconds,
+    def score(m: EncoderOnly) -> dict[str, float]:  # validation (train.valid_every): the masked-LM loss
+        loss, accuracy_, _ = masked_lm_scores(m, valid_batches)
+        return {"loss": loss, "accuracy": accuracy_}
+
+    def evaluate(m: EncoderOnly, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        began = time.perf_counter()
+        valid_loss, valid_accuracy, valid_masked = masked_lm_scores(m, valid_batches)
+        scores = {"valid_loss": valid_loss, "valid_accuracy": valid_accuracy, "valid_masked": valid_masked}
+        return scores, {**scores, "eval_seconds": time.perf_counter() - began}
+
+    facts = {
         "train_sentences": len(examples),
         "valid_sentences": len(valid_examples),
         "truncated": truncated,
         "source": source,
         "vocabulary": vocabulary,
-        **fit_summary(result, model, tokenizer),
     }
+    return Setup(model, step_loss, tokenizer, evaluate, score=score, facts=facts, unit="masked_tok")
+
+
+def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Pretrain an encoder-only model by masked-LM as ``recipe`` says (:func:`prepare_mlm`); save it to ``out``."""
+    return runner.train(MLM, recipe, out, progress=progress, resume=resume)
 
 
 Labelled = tuple[str | None, str, str]  # (context or None, text, label)
@@ -412,8 +404,8 @@ def predict_labels(
     return [labels[c] for c in _predict(model, rows, batch_size=batch_size)]
 
 
-def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train an encoder-only sequence classifier as ``recipe`` says; save it to ``out``.
+def prepare_classifier(recipe: dict, start: Start) -> Setup:
+    """An encoder-only sequence classifier: the task's parts of a run.
 
     Examples are (text, label): DailyDialog utterances with their dialog act or emotion
     (optionally read together with the previous utterance, ``data.context``), or the lines of
@@ -425,7 +417,7 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
     validation split, beside the majority class of the training labels. The label names are
     saved in config.json ("labels"), in class-id order.
     """
-    last = start_run(out, recipe, resume=resume)
+    last = start.checkpoint
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
@@ -463,47 +455,33 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         )
         return loss, len(pick) if counted else 0
 
-    result = fit_recipe(
-        model,
-        step_loss,
-        train,
-        progress=progress,
-        desc="qkv classify",
-        unit="ex",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
-    )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    start = time.perf_counter()
-    predicted = predict_labels(
-        model,
-        tokenizer,
-        [text for _, text, _ in valid],
-        labels=names,
-        contexts=[context for context, _, _ in valid] if data["context"] else None,
-        batch_size=int(data["eval_batch_size"]),
-    )
+    valid_texts = [text for _, text, _ in valid]
+    valid_contexts = [context for context, _, _ in valid] if data["context"] else None
     gold = [label for _, _, label in valid]
-    majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
-    scores = {
-        "accuracy": accuracy(predicted, gold),
-        "macro_f1": macro_f1(predicted, gold),
-        "majority": {
-            "label": majority,
-            "accuracy": accuracy([majority] * len(gold), gold),
-            "macro_f1": macro_f1([majority] * len(gold), gold),
-        },
-    }
-    eval_seconds = time.perf_counter() - start
+
+    def score(m: EncoderOnly) -> dict[str, float]:  # validation (train.valid_every): accuracy
+        batch = int(data["eval_batch_size"])
+        predicted = predict_labels(m, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=batch)
+        return {"accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}
+
+    def evaluate(m: EncoderOnly, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        began = time.perf_counter()
+        batch = int(data["eval_batch_size"])
+        predicted = predict_labels(m, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=batch)
+        majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
+        scores = {
+            "accuracy": accuracy(predicted, gold),
+            "macro_f1": macro_f1(predicted, gold),
+            "majority": {
+                "label": majority,
+                "accuracy": accuracy([majority] * len(gold), gold),
+                "macro_f1": macro_f1([majority] * len(gold), gold),
+            },
+        }
+        return scores, {**scores, "eval_seconds": time.perf_counter() - began, "predictions": predicted}
+
     initialized_from = str(start_from) if start_from is not None else None
-    extra = {"task": "classify", "labels": names, "recipe": recipe, "init": initialized_from, **scores}
-    save_model_dir(model, tokenizer, out, extra=extra)
-    return {
-        **scores,
+    facts = {
         "labels": names,
         "train_examples": len(examples),
         "valid_examples": len(valid),
@@ -512,10 +490,25 @@ def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, re
         "source": source,
         "init": initialized_from,
         "vocabulary": vocabulary,
-        "eval_seconds": eval_seconds,
-        "predictions": predicted,
-        **fit_summary(result, model, tokenizer),
     }
+    meta = {"labels": names, "init": initialized_from}  # predict_labels reads the label names from config.json
+    return Setup(
+        model,
+        step_loss,
+        tokenizer,
+        evaluate,
+        score=score,
+        metric="accuracy",
+        higher=True,
+        meta=meta,
+        facts=facts,
+        unit="ex",
+    )
+
+
+def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-only sequence classifier as ``recipe`` says (:func:`prepare_classifier`); save it to ``out``."""
+    return runner.train(CLASSIFY, recipe, out, progress=progress, resume=resume)
 
 
 def report_mlm(summary: dict, recipe: dict) -> tuple[dict, str]:
@@ -567,7 +560,7 @@ MLM = Task(
     name="mlm",
     defaults=MLM_DEFAULTS,
     model_kind="encoder_only",
-    train=train_mlm,
+    prepare=prepare_mlm,
     report=report_mlm,
     rules=_RULES,
     check=_check,
@@ -580,7 +573,7 @@ CLASSIFY = Task(
     name="classify",
     defaults=CLASSIFY_DEFAULTS,
     model_kind="encoder_only",
-    train=train_classifier,
+    prepare=prepare_classifier,
     report=report_classify,
     rules=_RULES,
     check=_check,

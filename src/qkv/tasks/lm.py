@@ -1,4 +1,4 @@
-"""The language-modelling task (decoder-only, GPT): :data:`TASK`, the runner :func:`train_lm`,
+"""The language-modelling task (decoder-only, GPT): :data:`TASK`, its parts of a run :func:`prepare_lm`,
 and the token stream it trains and validates on (:func:`split_documents`, :func:`token_stream`),
 shared with ``qkv evaluate --text``.
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from qkv import runner
 from qkv.checkpoint import (
     build_model,
     model_dir,
@@ -35,24 +36,14 @@ from qkv.evaluation import (
     normalize_transcript,
     span_loss,
 )
-from qkv.models.decoder_only import DecoderOnly
-from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
-    Task,
-    finished_model,
-    fit_recipe,
-    fit_summary,
-    require_steps,
-    save_model_dir,
-    start_run,
-    step_seed,
-)
-from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import Tokenizer
-from qkv.training import (
+from qkv.losses import (
     on_model,
     sequence_loss,
 )
+from qkv.models.decoder_only import DecoderOnly
+from qkv.recipes import FIT_TRAIN_DEFAULTS, Setup, Start, Task, require_steps, step_seed
+from qkv.tokenization import FILE as TOKENIZER_FILE
+from qkv.tokenization import Tokenizer
 
 # Character-level language modelling; the defaults are nanoGPT's Shakespeare CPU
 # configuration (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps).
@@ -173,8 +164,8 @@ def reply_spans(tokenizer: Tokenizer, dialogues: list[list[str]], *, context: in
     return spans, offset
 
 
-def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train a decoder-only language model as ``recipe`` says; save it to ``out``.
+def prepare_lm(recipe: dict, start: Start) -> Setup:
+    """The language-modelling task's parts of a run (``runner.train`` does the rest).
 
     Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
     splits Tiny Shakespeare. ``data.documents="lines"`` makes every non-empty line a document
@@ -185,9 +176,10 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
     transcripts are).
     Batches are ``batch_size`` random contiguous blocks of ``max_len`` + 1 tokens of the
     training stream. The validation loss is measured on the whole validation stream in
-    non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`).
+    non-overlapping windows of the context length (:func:`~qkv.evaluation.lm_loss`); it is the
+    validation score too (``train.valid_every``).
     """
-    last = start_run(out, recipe, resume=resume)
+    last = start.checkpoint
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -256,41 +248,32 @@ def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bo
         loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
         return loss, y.numel() if counted else 0
 
-    result = fit_recipe(
-        model,
-        step_loss,
-        train,
-        progress=progress,
-        desc="qkv lm",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
-    )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    start = time.perf_counter()
-    val_loss = lm_loss(model, val_ids, context=context, batch_size=int(data["eval_batch_size"]))
-    reply: dict = {}
-    if valid_turns is not None:
-        spans, length = reply_spans(tokenizer, valid_turns, context=context)
-        if length == len(val_ids):
-            batch = int(data["eval_batch_size"])
-            reply_loss, reply_tokens = span_loss(model, val_ids, spans, context=context, batch_size=batch)
-            reply = {"reply_loss": reply_loss, "reply_tokens": reply_tokens, "replies": len(spans)}
-        else:  # an utterance with a line separator of its own (str.splitlines) would shift the documents
-            problems.append("the validation replies could not be located in the token stream; no reply_loss")
-    eval_seconds = time.perf_counter() - start
-    save_model_dir(model, tokenizer, out, extra={"task": "lm", "recipe": recipe, "val_loss": val_loss, **reply})
-    return {
-        "val_loss": val_loss,
-        "val_tokens": len(val_ids),
-        **reply,
-        "problems": problems,
-        "eval_seconds": eval_seconds,
-        **fit_summary(result, model, tokenizer),
-    }
+    batch = int(data["eval_batch_size"])
+
+    def score(m: DecoderOnly) -> dict[str, float]:  # validation (train.valid_every): the validation loss
+        return {"loss": lm_loss(m, val_ids, context=context, batch_size=batch)}
+
+    def evaluate(m: DecoderOnly, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        began = time.perf_counter()
+        val_loss = lm_loss(m, val_ids, context=context, batch_size=batch)
+        reply: dict = {}
+        if valid_turns is not None:
+            spans, length = reply_spans(tokenizer, valid_turns, context=context)
+            if length == len(val_ids):
+                reply_loss, reply_tokens = span_loss(m, val_ids, spans, context=context, batch_size=batch)
+                reply = {"reply_loss": reply_loss, "reply_tokens": reply_tokens, "replies": len(spans)}
+            else:  # an utterance with a line separator of its own (str.splitlines) would shift the documents
+                problems.append("the validation replies could not be located in the token stream; no reply_loss")
+        seconds = time.perf_counter() - began
+        scores = {"val_loss": val_loss, **reply}
+        return scores, {**scores, "val_tokens": len(val_ids), "eval_seconds": seconds}
+
+    return Setup(model, step_loss, tokenizer, evaluate, score=score, facts={"problems": problems})
+
+
+def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a decoder-only language model as ``recipe`` says (:func:`prepare_lm`); save it to ``out``."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def report(summary: dict, recipe: dict) -> tuple[dict, str]:
@@ -310,7 +293,7 @@ TASK = Task(
     name="lm",
     defaults=LM_DEFAULTS,
     model_kind="decoder_only",
-    train=train_lm,
+    prepare=prepare_lm,
     report=report,
     rules={
         ("data", "text"): (str, lambda v: bool(v), "a file path"),

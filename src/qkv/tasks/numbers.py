@@ -10,11 +10,11 @@ The held-out split is fixed by the number itself (a multiplicative hash), not by
 about 1% of the numbers from 100 up are never generated for training, so test examples are never seen
 in training whatever the seed or the amount of training data.
 
-What is here besides the data: :data:`TASK` (the recipe defaults and rules), :func:`train_numbers`
-(data, tokenizer, model, training, held-out exact match, model directory) and
-:func:`evaluate_numbers`.
+What is here besides the data: :data:`TASK` (the recipe defaults and rules), its parts of a run
+:func:`prepare_numbers` (tokenizer, model, step loss, validation, held-out exact match; the runner
+trains and saves), :func:`train_numbers` and :func:`evaluate_numbers`.
 
-What is not here: tokenization (``tokenization.py``), batching (``training.py``), decoding text
+What is not here: tokenization (``tokenization.py``), batching (``losses.py``), decoding text
 (``seq2seq.py``), the demo's printing and pictures (``cli/``).
 """
 
@@ -27,25 +27,16 @@ from pathlib import Path
 
 import torch
 
+from qkv import runner
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.evaluation import exact_match
+from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
-    Task,
-    finished_model,
-    fit_recipe,
-    fit_summary,
-    require_steps,
-    save_model_dir,
-    seq2seq_model,
-    start_run,
-)
+from qkv.recipes import FIT_TRAIN_DEFAULTS, Setup, Start, Task, require_steps, seq2seq_model
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import seq2seq_batch, seq2seq_loss
 
 ONES = "zero one two three four five six seven eight nine".split()
 TEENS = "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
@@ -188,24 +179,22 @@ def evaluate_numbers(
     return exact_match(outputs, [b for _, b in pairs]), outputs
 
 
-def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
-
-    Returns a summary: exact match on held-out numbers, timings, and what is needed to
-    show examples (model, tokenizer, held-out pairs, outputs, losses).
-    """
-    last = start_run(out, recipe, resume=resume)
+def prepare_numbers(recipe: dict, start: Start) -> Setup:
+    """The numbers task's parts of a run (``runner.train`` does the rest): a word-level
+    vocabulary, the recipe's encoder-decoder, fresh pairs every step, validation by exact match
+    on held-out numbers, and the evaluation: exact match on other held-out numbers (with the
+    outputs, to show examples)."""
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     torch.manual_seed(seed)
-    if last is not None:
-        tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
+    if start.checkpoint is not None:
+        tokenizer = Tokenizer.load(start.checkpoint / TOKENIZER_FILE)
     else:
         # The vocabulary is closed (digits, a comma, 31 words), so a modest sample covers it.
         pairs = numbers_pairs(20_000, seed=seed, held_out=False)
         tokenizer = Tokenizer.train_word_level(s for pair in pairs for s in pair)
     model = seq2seq_model(recipe, tokenizer)
-    batch_size = int(train["batch_size"])
+    batch_size, beam = int(train["batch_size"]), int(data["beam_size"])
 
     def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
         # Fresh examples every step (never a held-out number), fixed by (seed, step).
@@ -220,32 +209,35 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
         loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
         return loss, n if counted else 0
 
-    result = fit_recipe(
-        model,
-        step_loss,
-        train,
-        progress=progress,
-        desc="qkv numbers",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
-    )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
-    start = time.perf_counter()
-    score, outputs = evaluate_numbers(model, tokenizer, pairs=held_out, beam_size=int(data["beam_size"]))
-    eval_seconds = time.perf_counter() - start
-    save_model_dir(model, tokenizer, out, extra={"task": "numbers", "recipe": recipe, "exact_match": score})
-    return {
-        "exact_match": score,
-        "eval_seconds": eval_seconds,
-        **fit_summary(result, model, tokenizer),
-        "held_out": held_out,
-        "outputs": outputs,
-    }
+    # Validation (train.valid_every): other held-out numbers than the test's, exact match.
+    valid_pairs = numbers_pairs(int(data["eval_examples"]), seed=seed + 2, held_out=True)
+
+    def score(m: EncoderDecoder) -> dict[str, float]:
+        exact, _ = evaluate_numbers(m, tokenizer, pairs=valid_pairs, beam_size=beam)
+        return {"exact_match": exact}
+
+    def evaluate(m: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
+        began = time.perf_counter()
+        exact, outputs = evaluate_numbers(m, tokenizer, pairs=held_out, beam_size=beam)
+        seconds = time.perf_counter() - began
+        return {"exact_match": exact}, {
+            "exact_match": exact,
+            "eval_seconds": seconds,
+            "held_out": held_out,
+            "outputs": outputs,
+        }
+
+    return Setup(model, step_loss, tokenizer, evaluate, score=score, metric="exact_match", higher=True)
+
+
+def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
+
+    Returns a summary: exact match on held-out numbers, timings, and what is needed to
+    show examples (model, tokenizer, held-out pairs, outputs, losses).
+    """
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def report(summary: dict, recipe: dict) -> tuple[dict, str]:
@@ -257,7 +249,7 @@ TASK = Task(
     name="numbers",
     defaults=NUMBERS_DEFAULTS,
     model_kind="encoder_decoder",
-    train=train_numbers,
+    prepare=prepare_numbers,
     report=report,
     rules={
         ("data", "eval_examples"): (int, lambda v: 0 < v <= 10_000, "an integer in 1..10000 (held-out numbers)"),

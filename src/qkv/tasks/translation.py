@@ -1,79 +1,40 @@
-"""The translation task: recipe defaults and rules, and the runner.
+"""The translation task: recipe defaults and rules, and its parts of a run.
 
-What is here: :data:`TASK` and :func:`train_translation` (parallel text, subword
-vocabularies: joint or separate (:func:`vocabularies_for`), token-budget batches, epochs with
-validation loss and BLEU, a resumable run directory, best/last/averaged checkpoints, early
-stopping, subword regularization), :func:`teacher_forced_loss`, :func:`over_long_note`.
+What is here: :data:`TASK`, :func:`prepare_translation` (parallel text, subword vocabularies:
+joint or separate (:func:`vocabularies_for`), token-budget batches in epochs, subword
+regularization, validation loss and BLEU) and :func:`train_translation`,
+:func:`teacher_forced_loss`, :func:`over_long_note`.
 
-What is not here: translating text with a trained model (``seq2seq.py``), recipe loading and
-the shared runner pieces (``recipes.py``), the decoding algorithms (``decoding/``), run
-directories (``runs.py``).
+What is not here: the loop, its validation, the run directory with its best/last/averaged
+checkpoints and early stopping (``runner.py``, ``training.py``, ``runs.py``: every task's),
+translating text with a trained model (``seq2seq.py``), recipe loading (``recipes.py``), the
+decoding algorithms (``decoding/``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from qkv import __version__
-from qkv.checkpoint import (
-    RUN_FILE,
-    build_model,
-    load_model,
-    model_dir,
-    read_meta,
-    sha256_file,
-)
-from qkv.data import (
-    batches_by_tokens,
-    read_parallel,
-    resolve,
-)
-from qkv.distributed import barrier, plain_copy, sharded_map, share
+from qkv import recipes, runner
+from qkv.checkpoint import build_model, load_model, model_dir, read_meta, sha256_file
+from qkv.data import batches_by_tokens, read_parallel, resolve
+from qkv.distributed import sharded_map, share
 from qkv.errors import UserError
-from qkv.evaluation import (
-    BLEU_TOKENIZERS,
-    corpus_scores,
-    normalize_transcript,
-)
+from qkv.evaluation import BLEU_TOKENIZERS, corpus_scores, normalize_transcript
+from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.progress import progress as progress_report
-from qkv.recipes import (
-    Task,
-    find_tokenizer,
-    fine_tuning_fields,
-    fit_summary,
-    seq2seq_model,
-    tokenizer_for,
-)
-from qkv.runs import (
-    Scalars,
-    average_checkpoints,
-    check_run_output,
-    load_checkpoint,
-    read_run,
-    save_checkpoint,
-    write_json,
-)
+from qkv.recipes import Setup, Start, Task, find_tokenizer, fine_tuning_fields, seq2seq_model, tokenizer_for
+from qkv.runs import read_run
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import MAX_NBEST, TARGET_FILE, SegmentationSampler, Tokenizer, Vocabularies
-from qkv.training import (
-    FitResult,
-    NonFinite,
-    StopRequest,
-    Trainer,
-    seq2seq_batch,
-    seq2seq_loss,
-)
+from qkv.training import Epochs
 
 # Translation from parallel text (two aligned files or one TSV per split); a 3+3-layer,
 # width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
@@ -97,7 +58,6 @@ TRANSLATION_DEFAULTS: dict = {
         "steps": None,  # a cap on optimizer steps (null: epochs decide)
         "seconds": None,  # a cap on training wall time (validation excluded)
         "max_tokens": 4096,  # padded source or target tokens per batch
-        "accumulate": 1,  # batches per optimizer step
         "lr": 1e-3,
         "warmup": 1000,
         "schedule": "inverse_sqrt",
@@ -109,9 +69,12 @@ TRANSLATION_DEFAULTS: dict = {
         "label_smoothing": 0.1,
         "rdrop": 0.0,  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
         "seed": 0,
-        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: epoch ends only)
-        "patience": None,  # stop after this many epochs without a better validation BLEU
-        "average_last": 0,  # average the last N epoch checkpoints at the end (0: no averaging)
+        "accumulate": 1,  # batches per optimizer step
+        "ema_decay": 0.0,  # d of a moving average of the weights, validated and saved in their place (0: off)
+        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: validations only)
+        "valid_every": "epoch",  # validation loss and BLEU: at every epoch's end, or every N steps (null: none)
+        "patience": None,  # stop after this many validations (epochs) without a better validation BLEU
+        "average_last": 0,  # average the last N validated (epoch) checkpoints at the end (0: no averaging)
         # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
         # used; the fields the model section names must agree with it, but for
         # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
@@ -219,19 +182,9 @@ def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[s
         raise UserError(f"data.vocab=separate: {e} (source: {said_source}; target: {said_target})") from None
 
 
-# Train settings that may change when a run is resumed; any other change would make the
-# continued run differ from an uninterrupted one, so it is refused.
-RESUME_MAY_CHANGE = (
-    "epochs",
-    "steps",
-    "seconds",
-    "patience",
-    "average_last",
-    "save_every",
-    "tensorboard",
-    "parallel",
-    "device",
-)
+# Train settings that may change when a run is resumed (runner.resumed_recipe); any other change
+# would make the continued run differ from an uninterrupted one, so it is refused.
+RESUME_MAY_CHANGE = ("epochs", "steps", *recipes.RESUME_MAY_CHANGE)
 TOKENIZER_KEYS = (("data", "tokenizer"), ("data", "target_tokenizer"))  # may be named on resume, SHA-256 checked
 
 
@@ -244,42 +197,6 @@ def _check_same_data(saved: dict | None, now: dict[str, str], run: Path) -> None
             f"--resume: {', '.join(map(str, (resolve(p) for p in changed)))} changed since {run} began "
             "(SHA-256 differs): the saved position in the data order would point elsewhere; start a new run"
         )
-
-
-def _resumed_recipe(recipe: dict, saved: dict, run: Path) -> dict:
-    """The run's own recipe with only the RESUME_MAY_CHANGE train keys taken from ``recipe``."""
-    # Keys added to recipes after the run began take their defaults, which do what the run did
-    # (data.vocab: joint), so an older run resumes.
-    saved = {
-        **saved,
-        **{
-            k: {**v, **saved.get(k, {})}
-            for k, v in TRANSLATION_DEFAULTS.items()
-            # a fine-tuned run's model section holds only what its recipe named (load_recipe)
-            if isinstance(v, dict) and not (k == "model" and saved.get("train", {}).get("init"))
-        },
-    }
-    differ = []
-    for section, value in recipe.items():
-        if not isinstance(value, dict):
-            if value != saved.get(section):
-                differ.append(section)
-            continue
-        for key, v in value.items():
-            # A tokenizer file may be named: it is checked against the checkpoint's (SHA-256).
-            may_change = (section == "train" and key in RESUME_MAY_CHANGE) or (section, key) in TOKENIZER_KEYS
-            if not may_change and v != saved.get(section, {}).get(key):
-                differ.append(f"{section}.{key}")
-    if differ:
-        raise UserError(
-            f"--resume: the recipe differs from the one {run} was trained with in {', '.join(differ)}; "
-            f"only train.{', train.'.join(RESUME_MAY_CHANGE)} may change"
-        )
-    return {
-        **saved,
-        "train": {**saved["train"], **{k: recipe["train"][k] for k in RESUME_MAY_CHANGE}},
-        "data": {**saved["data"], **{k: recipe["data"][k] or saved["data"][k] for _, k in TOKENIZER_KEYS}},
-    }
 
 
 @torch.no_grad()
@@ -401,8 +318,9 @@ def _as_transcripts(pairs: list[tuple[str, str]], file: str) -> list[tuple[str, 
     return kept
 
 
-def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train an encoder-decoder on parallel text as ``recipe`` says, in the run directory ``out``.
+def prepare_translation(recipe: dict, start: Start) -> Setup:
+    """An encoder-decoder on parallel text: the translation task's parts of a run, in a run
+    directory (``runner.train`` starts it, trains, keeps the checkpoints, chooses the final one).
 
     The vocabulary (``data.vocab``) is a joint unigram model trained on both sides of the
     training pairs, or two separate ones, the source's trained on the sources and the target's
@@ -423,10 +341,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
     fields the recipe's model section names must agree, but for ``ENCODER_DECODER_TUNING_FIELDS``)
     and weights.
     """
-    run = Path(out)
-    check_run_output(run, resume=resume)
-    if resume:
-        recipe = _resumed_recipe(recipe, read_run(run)["recipe"], run)
+    run, resume = start.out, start.checkpoint is not None
     train, data = recipe["train"], recipe["data"]
     # The position in the data order that resume restores means nothing if the files changed.
     data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data["train"], *data["valid"]])}
@@ -444,7 +359,7 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         where = data["train"][-1 if data["reverse"] else 0], data["valid"][-1 if data["reverse"] else 0]
         pairs, valid = (_as_transcripts(p, file) for p, file in zip((pairs, valid), where, strict=True))
     init = Path(train["init"]).expanduser() if train["init"] is not None else None
-    start_from = run / "last" if resume else (model_dir(init) if init is not None else None)
+    start_from = start.checkpoint if resume else (model_dir(init) if init is not None else None)
     vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
     target = vocab.target  # its special ids are the model's (and the source tokenizer's)
     # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
@@ -477,264 +392,78 @@ def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, r
         window=window,
         seed=seed,
     )
-    max_tokens, accumulate = int(train["max_tokens"]), int(train["accumulate"])
-    # Optimizer steps per epoch: fixed with one segmentation per pair; with subword sampling the
-    # first epoch's count stands for all (for the progress bar and a schedule's length: an
-    # epoch of sampled pieces holds a few batches more or fewer). Epochs, not this, end a run.
-    lengths = [max(len(s), len(t) + 1) for s, t in epoch_examples(0)]
-    steps_per_epoch = math.ceil(len(batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed)) / accumulate)
-    step_cap = int(train["steps"]) if train["steps"] is not None else None
-    total_steps = int(train["epochs"]) * steps_per_epoch
-    if step_cap is not None:
-        total_steps = min(total_steps, step_cap)
-    trainer = Trainer(
-        model,
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        total_steps=total_steps,
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        clip=float(train["clip"]),
-        betas=(0.9, float(train["beta2"])),
-        bf16=train["bf16"],
-        on_nonfinite=train["on_nonfinite"],
-        parallel=train["parallel"],
-        device=train["device"],
-    )
-    main = trainer.world.main  # rank 0 alone writes checkpoints, run.json and TensorBoard
-    state = {
-        "epoch": 0,
-        "batch": 0,
-        "tokens": 0,
-        "seconds": 0.0,
-        "history": [],
-        "losses": [],
-        "best": None,
-        "bad": 0,
-        "stopped_by": None,
-    }
-    if resume:
-        state = load_checkpoint(run / "last", trainer)
-    run.mkdir(parents=True, exist_ok=True)
-    scalars = Scalars(run / "tensorboard" if train["tensorboard"] and main else None)
-    with tempfile.TemporaryDirectory() as tmp:
-        # target_tokenizer.json with separate vocabularies; special_tokens.json too, when there
-        # is one (a fine-tuned imported model's tokens)
-        tokenizer_files = vocab.save(tmp)
-        extra = {"task": "translation", "recipe": recipe}
+    max_tokens = int(train["max_tokens"])
+    current: dict = {}  # the epoch being trained: its examples and its order of batches
 
-        def save(name: str, *, resumable: bool = False, scores: dict | None = None) -> None:
-            save_checkpoint(  # on N workers: all gather, rank 0 writes
-                model,
-                run / name,
-                files=tokenizer_files,
-                extra={**extra, **({"valid_scores": scores} if scores else {})},
-                trainer=trainer if resumable else None,
-                progress=state if resumable else None,
-            )
+    def begin(epoch: int) -> int:
+        # Batches of at most max_tokens padded tokens, length-bucketed and reshuffled every
+        # epoch (seed + epoch): the order is a function of the seed and the epoch alone.
+        current["examples"] = epoch_examples(epoch)
+        lengths = [max(len(s), len(t) + 1) for s, t in current["examples"]]
+        current["order"] = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + epoch)
+        return len(current["order"])
 
-        def record(final: str) -> None:
-            if not main:
-                return
-            over = {"train": len(over_long), "valid": len(valid_over_long)}
-            write_json(
-                run / RUN_FILE,
-                {
-                    "qkv_version": __version__,
-                    "recipe": recipe,
-                    "final": final,
-                    "data_sha256": data_sha256,
-                    "over_long_pairs": over,
-                    **state,
-                },
-            )
+    def step_loss(m: EncoderDecoder, b: int) -> tuple[torch.Tensor, int]:  # batch b of the epoch
+        batch = current["order"][b]
+        mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
+        rows = [current["examples"][batch[i]] for i in mine]
+        s, t_in, t_out = seq2seq_batch(rows, pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id)
+        smoothing, rdrop = train["label_smoothing"], train["rdrop"]
+        loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
+        return loss, n if counted else 0
 
-        def validate(whole: EncoderDecoder, beam: int) -> dict:
-            start = time.perf_counter()
-            whole.eval()  # no dropout: a run stopped mid-epoch (steps, seconds) ends in training mode
-            # On N workers each decodes every N-th sentence; all score the same gathered list.
-            hypotheses = sharded_map(
-                lambda sources: beam_translate(
-                    whole,
-                    vocab,
-                    list(sources),
-                    beam_size=beam,
-                    length_penalty=float(data["length_penalty"]),
-                    max_len_a=float(data["max_len_a"]),
-                    max_len_b=int(data["max_len_b"]),
-                ),
-                [a for a, _ in valid],
-            )
-            scores = corpus_scores(
-                hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
-            )
-            return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
-
-        if not resume:
-            save("last", resumable=True)
-            record("last")
-
-        def batch_loss(batch: list[int]) -> tuple[torch.Tensor, int]:  # this epoch's examples
-            mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
-            s, t_in, t_out = seq2seq_batch(
-                [epoch_data[batch[i]] for i in mine], pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id
-            )
-            smoothing, rdrop = train["label_smoothing"], train["rdrop"]
-            loss, n = seq2seq_loss(model, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
-            return loss, n if counted else 0
-
-        bar = progress_report(
-            total_steps, initial=trainer.steps, desc="qkv translation", unit="step", disable=not (progress and main)
+    def translated(whole: EncoderDecoder, beam: int) -> dict:
+        start = time.perf_counter()
+        # On N workers each decodes every N-th sentence; all score the same gathered list.
+        hypotheses = sharded_map(
+            lambda sources: beam_translate(
+                whole,
+                vocab,
+                list(sources),
+                beam_size=beam,
+                length_penalty=float(data["length_penalty"]),
+                max_len_a=float(data["max_len_a"]),
+                max_len_b=int(data["max_len_b"]),
+            ),
+            [a for a, _ in valid],
         )
-        seconds_cap = train["seconds"]
+        scores = corpus_scores(
+            hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
+        )
+        return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
 
-        def stopped() -> str | None:
-            # Checked before every step and epoch, not only after: a resumed run that had already
-            # stopped (its last/ saved, then killed while the final models were compared, or run
-            # again) must go straight to the end, not train one more step or epoch. A cap raised
-            # on --resume (RESUME_MAY_CHANGE) lets it continue.
-            if train["patience"] is not None and state["bad"] >= int(train["patience"]):
-                return "patience"
-            if state["epoch"] >= int(train["epochs"]):
-                return "epochs"
-            if step_cap is not None and trainer.steps >= step_cap:
-                return "steps"
-            if seconds_cap is not None and state["seconds"] >= seconds_cap:
-                return "seconds"
-            return None
+    def score(whole: EncoderDecoder) -> dict[str, float]:  # each validation: loss, BLEU at data.valid_beam
+        valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
+        scores = translated(whole, int(data["valid_beam"]))
+        return {"loss": round(valid_loss, 4), "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
-        stop = None
-        session_start, session_tokens = time.perf_counter(), 0
-        with StopRequest() as signals:
-            while stop is None:
-                stop = stopped()
-                if stop is not None:
-                    break
-                tick = time.perf_counter()  # an epoch's draw of segmentations is training time
-                epoch_data = epoch_examples(state["epoch"])
-                lengths = [max(len(s), len(t) + 1) for s, t in epoch_data]
-                order = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + state["epoch"])
-                while state["batch"] < len(order):
-                    stop = stopped()
-                    if stop is not None:
-                        break
-                    group = order[state["batch"] : state["batch"] + accumulate]
-                    signals.check(trainer.steps, lambda: save("last", resumable=True) or str(run / "last"))
-                    try:
-                        loss, n_tokens = trainer.step([lambda batch=batch: batch_loss(batch) for batch in group])
-                    except NonFinite as e:
-                        last = run / "last"
-                        saved = f"the last checkpoint: {last}" if last.is_dir() else "no checkpoint was saved yet"
-                        raise UserError(f"{e}; {saved}") from None
-                    now = time.perf_counter()
-                    # On N workers: the longest elapsed time, and any stop request, agreed by all.
-                    state["seconds"] = signals.agree(state["seconds"] + now - tick)
-                    tick = now
-                    state["batch"] += len(group)
-                    state["tokens"] += n_tokens
-                    session_tokens += n_tokens
-                    state["losses"].append(round(loss, 4))
-                    bar.update(1)
-                    if trainer.steps % 10 == 0:
-                        rate = session_tokens / max(now - session_start, 1e-9)
-                        bar.set_postfix(
-                            epoch=state["epoch"] + 1, loss=f"{loss:.3f}", lr=f"{trainer.lr:.2e}", tok_s=f"{rate:.0f}"
-                        )
-                        scalars.add("train/loss", loss, trainer.steps)
-                        scalars.add("train/lr", trainer.lr, trainer.steps)
-                        scalars.add("train/tokens_per_second", rate, trainer.steps)
-                    if (
-                        train["save_every"]
-                        and trainer.steps % int(train["save_every"]) == 0
-                        and state["batch"] < len(order)
-                    ):
-                        save("last", resumable=True)
-                if state["batch"] >= len(order):  # the epoch is complete: validate, keep checkpoints
-                    whole = plain_copy(model)  # FSDP: decoding needs the whole weights
-                    scores = validate(whole, int(data["valid_beam"]))
-                    valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
-                    state["epoch"] += 1
-                    state["batch"] = 0
-                    entry = {
-                        "epoch": state["epoch"],
-                        "step": trainer.steps,
-                        "train_seconds": round(state["seconds"], 1),
-                        "valid_loss": round(valid_loss, 4),
-                        "valid_bleu": scores["bleu"],
-                        "valid_chrf": scores["chrf"],
-                    }
-                    state["history"].append(entry)
-                    scalars.add("valid/loss", valid_loss, trainer.steps)
-                    scalars.add("valid/bleu", scores["bleu"], trainer.steps)
-                    scalars.add("valid/chrf", scores["chrf"], trainer.steps)
-                    if progress and main:
-                        bar.write(
-                            f"epoch {entry['epoch']}: step {entry['step']}, valid loss {valid_loss:.4f}, "
-                            f"BLEU {scores['bleu']} (beam {data['valid_beam']}, {scores['seconds']}s)",
-                            file=sys.stderr,
-                        )
-                    if state["best"] is None or scores["bleu"] > state["best"]["valid_bleu"]:
-                        state["best"], state["bad"] = entry, 0
-                        save("best")
-                    else:
-                        state["bad"] += 1
-                    keep = int(train["average_last"])
-                    if keep:
-                        save(f"epoch-{state['epoch']:03d}")
-                        for old in sorted(run.glob("epoch-[0-9][0-9][0-9]"))[:-keep] if main else []:
-                            shutil.rmtree(old)
-                        barrier()
-                stop = stopped()
-                state["stopped_by"] = stop  # in last/ and run.json while the final models are compared
-                save("last", resumable=True)
-                record("last")
-        state["stopped_by"] = stop  # a resumed run that stopped at once: this session's verdict
-        bar.close()
-        scalars.close()
+    def evaluate(whole: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        # The final checkpoint's validation at the final beam: measured when the candidates were
+        # compared, or (a run without validation) now.
+        scores = validated if validated is not None else translated(whole, int(data["beam_size"]))
+        keys = ("bleu", "chrf", "bleu_signature", "hypotheses")
+        return {}, {**{k: scores[k] for k in keys}, "eval_seconds": scores["seconds"]}
 
-        # The final model: best and (if asked) averaged, compared on validation BLEU at the final beam
-        # (on N workers, all of them, each decoding its share; rank 0 writes).
-        model = plain_copy(model)
-        candidates = {}
-        if (run / "best").is_dir():
-            best_model, _ = load_model(run / "best")
-            model.load_state_dict(best_model.state_dict())
-            candidates["best"] = validate(model, int(data["beam_size"]))
-        epochs = sorted(run.glob("epoch-[0-9][0-9][0-9]"))
-        if len(epochs) > 1:
-            average_checkpoints(epochs, model)
-            candidates["averaged"] = validate(model, int(data["beam_size"]))
-            save("averaged", scores={k: v for k, v in candidates["averaged"].items() if k != "hypotheses"})
-        if not candidates:  # stopped before the first epoch ended
-            last_model, _ = load_model(run / "last")
-            model.load_state_dict(last_model.state_dict())
-            candidates["last"] = validate(model, int(data["beam_size"]))
-        final = max(candidates, key=lambda name: candidates[name]["bleu"])
-        if final != "averaged":
-            final_model, _ = load_model(run / final)
-            model.load_state_dict(final_model.state_dict())
-        scores = candidates[final]
-        model.eval()  # the returned model is for inference (bench/mt.py translates the test set with it)
-        state["final_scores"] = {
-            name: {k: v for k, v in c.items() if k != "hypotheses"} for name, c in candidates.items()
-        }
-        record(final)
-    result = FitResult(steps=trainer.steps, seconds=state["seconds"], losses=state["losses"], tokens=state["tokens"])
-    return {
-        "bleu": scores["bleu"],
-        "chrf": scores["chrf"],
-        "bleu_signature": scores["bleu_signature"],
-        "final": final,
-        "epochs": state["epoch"],
-        "stopped_by": stop,
-        "history": state["history"],
-        "vocabulary": vocabulary,
-        "over_long_pairs": {"train": len(over_long), "valid": len(valid_over_long)},  # as in run.json
-        "eval_seconds": scores["seconds"],
-        **fit_summary(result, model, vocab),  # "tokenizer": the Vocabularies
-        "hypotheses": scores["hypotheses"],
-    }
+    over = {"train": len(over_long), "valid": len(valid_over_long)}
+    return Setup(
+        model,
+        step_loss,
+        vocab,
+        evaluate,
+        score=score,
+        metric="bleu",
+        higher=True,
+        final_score=lambda whole: translated(whole, int(data["beam_size"])),
+        epochs=Epochs(count=int(train["epochs"]), begin=begin),
+        meta={"data_sha256": data_sha256, "over_long_pairs": over},  # as run.json records them
+        facts={"vocabulary": vocabulary, "over_long_pairs": over},
+    )
+
+
+def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-decoder on parallel text as ``recipe`` says (:func:`prepare_translation`)
+    in the run directory ``out``; ``resume`` continues it."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def report(summary: dict, recipe: dict) -> tuple[dict, str]:
@@ -753,14 +482,10 @@ TASK = Task(
     name="translation",
     defaults=TRANSLATION_DEFAULTS,
     model_kind="encoder_decoder",
-    train=train_translation,
+    prepare=prepare_translation,
     report=report,
     rules={
         ("train", "epochs"): (int, lambda v: v > 0, "a positive integer"),
-        ("train", "accumulate"): (int, lambda v: v > 0, "a positive integer"),
-        ("train", "patience"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
-        ("train", "average_last"): (int, lambda v: v >= 0, "an integer >= 0"),
-        ("train", "tensorboard"): (bool, lambda v: True, "true or false"),
         ("train", "deterministic"): (bool, lambda v: True, "true or false"),
         ("data", "reverse"): (bool, lambda v: True, "true or false"),
         ("data", "train_pairs"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
@@ -794,4 +519,7 @@ TASK = Task(
     },
     check=_check_vocabularies,
     tuning_fields=ENCODER_DECODER_TUNING_FIELDS,
+    run_directory=True,
+    resume_may_change=RESUME_MAY_CHANGE,
+    resume_may_name=TOKENIZER_KEYS,
 )

@@ -1,5 +1,5 @@
-"""Text in, speech out: the text-to-speech task (:data:`TASK`, named ``tts``), its runner
-:func:`train_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
+"""Text in, speech out: the text-to-speech task (:data:`TASK`, named ``tts``), its parts of a run
+:func:`prepare_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): Multi30k's English captions spoken by one espeak-ng
 voice (``espeak``: the model learns to speak any English sentence in that voice), FSDD's six
@@ -14,7 +14,7 @@ drawn by (seed, step) as every resumable qkv task does. When training ends, the 
 sentences are synthesized (``synthesis.py``) and voiced by Griffin-Lim (``vocoder.py``) into
 ``OUT/samples/``, with the alignment and the spectrogram beside its reference drawn as PNGs.
 
-What is not here: the model (``models/tts.py``), its losses (``training.py``), synthesis
+What is not here: the model (``models/tts.py``), its losses (``losses.py``), synthesis
 (``synthesis.py``), the vocoder (``vocoder.py``), intelligibility and mel-cepstral distortion
 (``bench/tts.py``), the command line (``cli/speak.py``).
 """
@@ -30,27 +30,25 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from qkv import runner
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import build_model
 from qkv.decoding import pad_rows
 from qkv.distributed import share
 from qkv.errors import UserError
 from qkv.files import write_atomic
+from qkv.losses import share_loss, tts_counts, tts_loss
 from qkv.models.tts import TransformerTTS
 from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
     FIT_TRAIN_DEFAULTS,
+    Setup,
+    Start,
     Task,
-    audio_timing,
     batch_of_step,
-    finished_model,
-    fit_recipe,
-    fit_summary,
     length_batches,
     require_steps,
-    save_model_dir,
-    start_run,
     step_seed,
 )
 from qkv.speech_corpora import (
@@ -62,10 +60,10 @@ from qkv.speech_corpora import (
     read_manifest,
 )
 from qkv.synthesis import Synthesis, synthesize
+from qkv.tasks.asr import validation_split
 from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.training import tts_loss
 from qkv.vocoder import GriffinLim, write_wav
 
 CORPORA = ("espeak", "fsdd_digit_strings", "manifests")
@@ -119,6 +117,8 @@ TTS_DEFAULTS: dict = {
         "corpus_seed": 0,
         "train": None,  # manifests: train.tsv (path, seconds, speaker, text)
         "test": None,  # manifests: test.tsv
+        "valid": None,  # manifests: valid.tsv, the validation split train.valid_every scores (null: none)
+        "valid_limit": 200,  # validation (train.valid_every) reads the first N validation utterances (null: all)
         "speakers": False,  # a speaker embedding per speaker of the training manifest
         "symbols": "chars",  # what the model reads: "chars", or "phonemes" (IPA from espeak-ng --ipa, data.voice)
         "test_sentences": 20,  # synthesized into OUT/samples when training ends
@@ -260,6 +260,8 @@ def load_corpus(data: dict) -> Corpus:
             seed=int(data["corpus_seed"]),
         )
     splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
+    if data["valid"] is not None:
+        splits["val"] = read_manifest(data["valid"])
     return Corpus("manifests", Path(data["train"]).parent, splits)
 
 
@@ -332,14 +334,15 @@ def speak(
 # ---------------------------------------------------------------------------------------------
 
 
-def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train a Transformer-TTS model as ``recipe`` says, speak the test sentences, save it to ``out``.
+def prepare_tts(recipe: dict, start: Start) -> Setup:
+    """A Transformer-TTS model's parts of a run: corpus, frames, symbols, model, step loss,
+    validation (the teacher-forced loss on the validation split) and the evaluation: the test
+    sentences spoken into the model directory.
 
     Utterances longer than the decoder's window (``max_len`` steps of r frames) are left out
     and named in ``problems``.
     """
-    out = Path(out)
-    last = start_run(out, recipe, resume=resume)
+    last, progress = start.checkpoint, start.progress
     train, data = recipe["train"], recipe["data"]
     seed = int(train["seed"])
     problems: list[str] = []
@@ -373,59 +376,114 @@ def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: b
     }
     del frames
     model = build_model("tts", fields)
-    r = model.config.reduction
     batches = length_batches([m.shape[0] for m in mels], int(train["batch_frames"]))
     speaker_of = {name: i for i, name in enumerate(speaker_names)}
     seconds_per_frame = config.hop_length / config.sample_rate
 
+    weights = {k: train[k] for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
+
     def step_loss(m: TransformerTTS, step: int) -> tuple[Tensor, float]:
         rows = batches[batch_of_step(len(batches), step, seed)]
         torch.manual_seed(step_seed(seed, step))  # the dropout draws of this step, whatever came before
-        mel, valid = pad_features([m.scale(mels[i].float()) for i in rows])  # (B, T, M), (B, T)
-        pad = (-mel.shape[1]) % r  # whole steps of r frames
-        mel = torch.nn.functional.pad(mel, (0, 0, 0, pad)) * torch.nn.functional.pad(valid, (0, pad))[..., None]
-        valid = torch.nn.functional.pad(valid, (0, pad))  # (B, T)
-        text, text_valid = pad_rows([ids[i] for i in rows], tokenizer.pad_id, left=False)  # (B, S)
+        mel, valid, text, text_valid = tts_batch(m, [mels[i] for i in rows], [ids[i] for i in rows], tokenizer.pad_id)
         who = torch.tensor([speaker_of[utterances[i].speaker] for i in rows]) if speaker_names else None
         mine, counted = share(len(rows))  # this worker's rows of the step's batch (all of them alone)
+        # A share's loss is its part of the whole batch's (each term a mean over the whole batch's
+        # frames or attention cells), weighted by its seconds of audio, the count the rate reports.
+        whole = tts_counts(text_valid, valid, reduction=m.config.reduction) if len(mine) < len(rows) else None
+        all_seconds = float(valid.sum()) * seconds_per_frame
         mel, valid, text, text_valid = mel[mine], valid[mine], text[mine], text_valid[mine]
         who = who[mine] if who is not None else None
-        loss, _, _ = tts_loss(
-            m,
-            text,
-            text_valid,
-            mel,
-            valid,
-            who,
-            guided_weight=float(train["guided_weight"]),
-            guided_sigma=float(train["guided_sigma"]),
-            guided_layers=int(train["guided_layers"]),
-            stop_weight=float(train["stop_weight"]),
-        )
-        # The rate counts seconds of audio; on N workers they weight each worker's loss.
-        return loss, float(valid.sum()) * seconds_per_frame if counted else 0.0
+        part, _, _ = tts_loss(m, text, text_valid, mel, valid, who, **weights, whole=whole)
+        seconds = float(valid.sum()) * seconds_per_frame
+        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
-    result = fit_recipe(
+    validate = None
+    if train["valid_every"]:
+        validate = validation_loss(corpus, tokenizer, data, config, speaker_of, window, train, progress=progress)
+
+    def evaluate(m: TransformerTTS, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        mels.clear()
+        # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
+        return {}, speak_test_sentences(m, tokenizer, corpus, data, out, speaker_names, progress=progress)
+
+    return Setup(
         model,
         step_loss,
-        train,
-        progress=progress,
-        desc="qkv tts",
+        tokenizer,
+        evaluate,
+        score=validate,
+        meta={"speakers": speaker_names},
+        facts={"problems": problems},
         unit="audio_s",
-        out=out,
-        recipe=recipe,
-        tokenizer=tokenizer,
-        resume_from=last,
     )
-    model = finished_model(model)  # the whole model on the CPU, on rank 0 (FSDP: every worker gathers)
-    if model is None:  # rank 0 alone evaluates and writes the model directory
-        return {}
-    mels.clear()
-    timing = audio_timing(result)
-    save_model_dir(model, tokenizer, out, extra={"task": "tts", "recipe": recipe, "speakers": speaker_names, **timing})
-    # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
-    samples = speak_test_sentences(model, tokenizer, corpus, data, out, speaker_names, progress=progress)
-    return {**samples, "problems": problems, **fit_summary(result, model, tokenizer)}
+
+
+def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train a Transformer-TTS model as ``recipe`` says (:func:`prepare_tts`), speak the test
+    sentences, save it to ``out``."""
+    return runner.train(TASK, recipe, out, progress=progress, resume=resume)
+
+
+def tts_batch(
+    model: TransformerTTS, mels: list[Tensor], ids: list[list[int]], pad_id: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A teacher-forced batch: the log-mels as the model reads them (scaled), padded to whole
+    decoder steps of r frames, and the symbols.
+
+    Shapes: mels: B tensors (T_b, M) -> mel (B, T, M), T a multiple of r; valid (B, T); text
+    (B, S); text_valid (B, S).
+    """
+    mel, valid = pad_features([model.scale(m.float()) for m in mels])  # (B, T, M), (B, T)
+    pad = (-mel.shape[1]) % model.config.reduction  # whole steps of r frames
+    mel = torch.nn.functional.pad(mel, (0, 0, 0, pad)) * torch.nn.functional.pad(valid, (0, pad))[..., None]
+    valid = torch.nn.functional.pad(valid, (0, pad))  # (B, T)
+    text, text_valid = pad_rows(ids, pad_id, left=False)  # (B, S), (B, S)
+    return mel, valid, text, text_valid
+
+
+def validation_loss(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    data: dict,
+    config: FeatureConfig,
+    speaker_of: dict[str, int],
+    window: int,
+    train: dict,
+    *,
+    progress: bool,
+) -> Callable[[TransformerTTS], dict[str, float]]:
+    """Validation for ``train.valid_every``: the teacher-forced loss (``losses.tts_loss``, the
+    training loss) on the validation split (``tasks.asr.validation_split``), per frame; the
+    pre-net's dropout, which stays on, draws the same masks every time (seeded, the training's
+    random state kept aside). Its frames are computed once, now."""
+    utterances = validation_split(corpus, data)
+    texts = readings([u.text for u in utterances], symbols=data["symbols"], voice=data["voice"])
+    mels = log_mels(utterances, config, progress=progress, desc="features (validation)")
+    rows = [i for i, m in enumerate(mels) if m.shape[0] <= window and texts[i]]
+    if not rows:
+        raise UserError("train.valid_every: no validation utterance fits the decoder's window")
+    ids = tokenizer.encode_batch([texts[i] for i in rows])
+    mels = [mels[i] for i in rows]
+    who = [speaker_of.get(utterances[i].speaker, 0) for i in rows] if speaker_of else None
+    batches = length_batches([m.shape[0] for m in mels], int(train["batch_frames"]))
+    weights = {k: train[k] for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
+
+    @torch.no_grad()
+    def score(model: TransformerTTS) -> dict[str, float]:
+        total, frames = 0.0, 0
+        with torch.random.fork_rng():
+            torch.manual_seed(int(train["seed"]))
+            for batch in batches:
+                mel, valid, text, text_valid = tts_batch(
+                    model, [mels[i] for i in batch], [ids[i] for i in batch], tokenizer.pad_id
+                )
+                speakers = torch.tensor([who[i] for i in batch]) if who is not None else None
+                loss, _, n = tts_loss(model, text, text_valid, mel, valid, speakers, **weights)
+                total, frames = total + loss.item() * n, frames + n
+        return {"loss": total / max(frames, 1)}
+
+    return score
 
 
 def speak_test_sentences(
@@ -514,7 +572,7 @@ TASK = Task(
     name="tts",
     defaults=TTS_DEFAULTS,
     model_kind="tts",
-    train=train_tts,
+    prepare=prepare_tts,
     report=report,
     rules={
         ("data", "corpus"): (str, lambda v: v in CORPORA, f"one of {', '.join(CORPORA)}"),
@@ -528,6 +586,8 @@ TASK = Task(
         ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "valid"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
+        ("data", "valid_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("data", "speakers"): (bool, lambda v: True, "true or false"),
         ("data", "symbols"): (str, lambda v: v in SYMBOLS_KINDS, f"one of {', '.join(SYMBOLS_KINDS)}"),
         ("data", "test_sentences"): (int, lambda v: v >= 0, "an integer >= 0"),
