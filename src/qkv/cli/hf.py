@@ -11,6 +11,7 @@ import sys
 
 EPILOG_IMPORT_HF = """examples:
   qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
+  qkv import-hf ~/hf/SmolLM2-135M-Instruct models/smollm2 && qkv chat --model models/smollm2
   qkv import-hf ~/hf/bert-base-uncased models/bert --json
 """
 
@@ -61,21 +62,24 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "import-hf",
-        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Marian, Whisper) into a qkv "
-        "model",
+        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Llama, Qwen2, Mistral, "
+        "Gemma 3, Marian, Whisper) into a qkv model",
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
         "BertForSequenceClassification, RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification "
-        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, MarianMTModel or "
-        "WhisperForConditionalGeneration and write "
+        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM, "
+        "Qwen2ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, MarianMTModel or "
+        "WhisperForConditionalGeneration (weights whole or in shards: model.safetensors.index.json) and write "
         "a qkv model directory "
         "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
         "(shared vocabulary) and kept for export; a Whisper's start tokens (languages, tasks) are recorded for "
         "qkv transcribe --language/--task; tensors the model does not use are named on stderr. "
         "A sentence-transformers directory (modules.json) is read too: its pooling, Normalize module and "
         "max_seq_length are recorded for qkv embed. A tokenizer.json's padding and truncation are not kept: "
-        "qkv pads, masks and cuts to the window itself. Other families (MPNet, DeBERTa, T5, LLaMA, ...) "
-        "are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export back as BERT.",
+        "qkv pads, masks and cuts to the window itself. A Llama-family checkpoint's tokenizer settings, "
+        "generation_config.json and chat template are kept for qkv chat and export. Other families (MPNet, "
+        "DeBERTa, T5, Phi, ...) are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export "
+        "back as BERT.",
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
@@ -90,9 +94,10 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "export-hf",
-        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian, Whisper)",
-        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only), "
-        "Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers "
+        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Llama family, Marian, Whisper)",
+        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's or a Llama family's "
+        "(decoder_only: RoPE models as the Llama, Qwen2, Mistral or Gemma 3 they were imported as, else as "
+        "Llama), Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers "
         "loads with from_pretrained: config.json, "
         "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
         "naming the config field.",
