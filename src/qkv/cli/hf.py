@@ -16,6 +16,12 @@ EPILOG_IMPORT_HF = """examples:
 """
 
 
+EPILOG_IMPORT_GGUF = """examples:
+  qkv import-gguf ~/models/SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2 && qkv chat --model models/smollm2
+  qkv import-gguf ~/models/qwen2.5-0.5b-instruct-q8_0.gguf models/qwen --json
+"""
+
+
 EPILOG_EXPORT_HF = """example:
   qkv export-hf models/gpt2 hf/gpt2     # then transformers: AutoModelForCausalLM.from_pretrained("hf/gpt2")
 """
@@ -83,10 +89,38 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
-    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes)")
+    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes), or a .gguf file")
     p.add_argument("dst", help="qkv model directory to write")
     p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
     p.set_defaults(run=cmd_import_hf)
+
+
+def add_import_gguf_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``import-gguf`` command's arguments (``import-hf`` reads a ``.gguf`` file too)."""
+    p = sub.add_parser(
+        "import-gguf",
+        help="convert a GGUF file (llama.cpp's: Llama, SmolLM, Qwen2, Mistral, Gemma 3) into a qkv model",
+        description="Read a GGUF file with the gguf package (llama.cpp's reader): the architecture and its "
+        "hyper-parameters, every tensor dequantised to float32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+        "Q2_K to Q6_K), the tokenizer from its metadata (vocabulary, merges, special tokens) and its chat template, "
+        "and write a qkv model directory that computes what the file's model computes. Nothing is downloaded.",
+        epilog=EPILOG_IMPORT_GGUF,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="a .gguf file")
+    p.add_argument("dst", help="qkv model directory to write")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_import_gguf)
+
+
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from qkv.errors import UserError
+
+    if Path(args.src).suffix != ".gguf":
+        raise UserError(f"{args.src} is not a .gguf file; qkv import-hf reads checkpoint directories")
+    return cmd_import_hf(args)
 
 
 def add_export_parser(sub: argparse._SubParsersAction) -> None:

@@ -77,8 +77,11 @@ from qkv.hf.common import (
     untied_copies,
 )
 from qkv.hf.distilbert import DISTILBERT, distilbert_fields, distilbert_to_qkv, qkv_to_distilbert
+from qkv.hf.gguf import GGUFCheckpoint, read_gguf
 from qkv.hf.gpt2 import GPT2, gpt2_config, gpt2_fields, gpt2_to_qkv, gpt2_tokenizer, qkv_to_gpt2
 from qkv.hf.llama import (
+    CHAT_TEMPLATE,
+    GENERATION_CONFIG,
     LLAMA,
     LLAMA_FILES,
     llama_architecture,
@@ -107,7 +110,6 @@ from qkv.hf.sentence_transformers import (
     window,
 )
 from qkv.hf.whisper import (
-    GENERATION_CONFIG,
     PREPROCESSOR_CONFIG,
     WHISPER,
     WHISPER_FIELD,
@@ -146,10 +148,16 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     src, dst = Path(src), Path(dst)
     check_output(dst)
     notes: list[str] = []
-    st = read_sentence_transformers(src) if src.is_dir() else None
-    hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
-    config, architecture = read_config(hf_dir, SUPPORTED)
-    file, stored = read_tensors(hf_dir)
+    gguf = read_gguf(src) if src.suffix == ".gguf" and not src.is_dir() else None
+    if gguf is not None:  # one file holds what a checkpoint directory would (gguf.py)
+        st, hf_dir = None, src.parent
+        config, architecture = HFConfig(src, gguf.fields), gguf.fields["architectures"][0]
+        file, stored = src, gguf.tensors
+    else:
+        st = read_sentence_transformers(src) if src.is_dir() else None
+        hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
+        config, architecture = read_config(hf_dir, SUPPORTED)
+        file, stored = read_tensors(hf_dir)
     labels = None
     if architecture in BERT:
         kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
@@ -224,6 +232,11 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             settings, settings_notes = whisper_settings(hf_dir, config, c, found[0] if found else None)
             extra[WHISPER_FIELD] = settings.record()
             notes += settings_notes
+        elif gguf is not None:
+            # The file's chat template and end-of-turn ids are kept for chat, as a checkpoint keeps them.
+            files = _gguf_files(gguf, Path(tmp))
+            if gguf.tokenizer is not None:
+                tokenizers, said = [(gguf.tokenizer, src)], f"{FILE} (from the GGUF metadata)"
         elif architecture in LLAMA:
             # The tokenizer's settings, generation defaults and chat template are kept for chat and export.
             files = {name: hf_dir / name for name in LLAMA_FILES if (hf_dir / name).is_file()}
@@ -283,6 +296,20 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         "embedding": extra.get(FIELD),
         "notes": notes,
     }
+
+
+def _gguf_files(gguf: GGUFCheckpoint, directory: Path) -> dict[str, Path]:
+    """A GGUF's chat template and end-of-turn ids as the files an imported checkpoint keeps
+    (``chat_template.jinja``, ``generation_config.json``), written in ``directory``."""
+    files = {}
+    if gguf.template is not None:
+        files[CHAT_TEMPLATE] = directory / CHAT_TEMPLATE
+        files[CHAT_TEMPLATE].write_text(gguf.template, encoding="utf-8")
+    if gguf.stops:
+        files[GENERATION_CONFIG] = directory / GENERATION_CONFIG
+        stops = sorted(set(gguf.stops), key=gguf.stops.index)
+        files[GENERATION_CONFIG].write_text(json.dumps({"eos_token_id": stops}, indent=2) + "\n", encoding="utf-8")
+    return files
 
 
 def _embedding_record(positions: int, hf_dir: Path, st: SentenceTransformers | None, notes: list[str]) -> dict:
