@@ -18,8 +18,9 @@ What is not here: fitting a conversation to the model's window and decoding the 
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -119,7 +120,9 @@ class Conversation:
             ) from None
 
     @classmethod
-    def read(cls, directory: Path, files: Collection[str], *, eos_id: int | None, token_of) -> Conversation | None:
+    def read(
+        cls, directory: Path, files: Collection[str], *, eos_id: int | None, token_of: Callable[[int], str | None]
+    ) -> Conversation | None:
         """The conversation of a model directory whose listed ``files`` hold a chat template
         (None: none does); ``eos_id``, the model's END, always ends a reply; ``token_of``
         maps an id to its token (for generation_config.json's END ids)."""
@@ -175,8 +178,10 @@ def _ids(value: object, path: Path) -> list[int]:
     return values
 
 
+@functools.cache
 def _compiled(template: str, source: Path | None):
-    """The template compiled in transformers' sandboxed environment (its filters and globals)."""
+    """The template compiled in transformers' sandboxed environment (its filters and globals),
+    once per template: a chat renders it every turn."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -132,17 +132,23 @@ def llama_fields(config: HFConfig, architecture: str) -> dict:
         "sliding_blocks": sliding,
     }
     if gemma:
-        scalar = config.number("query_pre_attn_scalar", 256)
-        local_base, local_scaling = rope_of(config, SLIDING)
-        if local_scaling is not None:
-            raise config.refuse("rope_parameters", "Gemma 3's sliding layers rotate unscaled in qkv")
-        fields.update(
-            qk_norm=True,
-            sandwich_norm=True,
-            attention_scale=None if scalar == head_dim else scalar**-0.5,
-            local_rope_base=local_base if window is not None else None,
-        )
+        fields.update(_gemma_fields(config, head_dim, window))
     return fields
+
+
+def _gemma_fields(config: HFConfig, head_dim: int, window: int | None) -> dict:
+    """What Gemma 3 adds: per-head query/key norms, sandwich norms, its score scale and its
+    sliding layers' own RoPE base (unscaled)."""
+    scalar = config.number("query_pre_attn_scalar", 256)
+    local_base, local_scaling = rope_of(config, SLIDING)
+    if local_scaling is not None:
+        raise config.refuse("rope_parameters", "Gemma 3's sliding layers rotate unscaled in qkv")
+    return {
+        "qk_norm": True,
+        "sandwich_norm": True,
+        "attention_scale": None if scalar == head_dim else scalar**-0.5,
+        "local_rope_base": local_base if window is not None else None,
+    }
 
 
 def stop_ids(config: HFConfig, vocab_size: int) -> list[int]:
