@@ -293,6 +293,15 @@ def test_gguf_import_equals_transformers_reading_the_file(arch: str, tmp_path: P
     stops = json.loads((tmp_path / "qkv" / "generation_config.json").read_text())["eos_token_id"]
     assert tokenizer_meta["eot_token_id"] in stops and "chat_template.jinja" in meta["files"]
 
+    assert main(["export-hf", str(tmp_path / "qkv"), str(tmp_path / "exported")]) == 0  # and back out
+    capsys.readouterr()
+    back = type(hf).from_pretrained(tmp_path / "exported").eval()
+    with torch.no_grad():
+        assert (back(input_ids=tokens).logits - expected).abs().max().item() <= ATOL
+    back_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "exported")
+    assert all(back_tokenizer(t).input_ids == tokenizer.encode(t) for t in TEXTS)
+    assert back_tokenizer.chat_template == TEMPLATE
+
 
 def test_a_gguf_of_another_architecture_is_refused_by_name(tmp_path: Path, capsys) -> None:
     writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
