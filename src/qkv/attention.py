@@ -7,7 +7,9 @@ What is here:
     (:func:`attention_explicit`, which can return the weights A') and the fused path
     through ``torch.nn.functional.scaled_dot_product_attention`` (:func:`attention_fused`),
     tested equal to each other;
-  * rotary (RoPE) and ALiBi position maths, since they act inside attention;
+  * rotary (RoPE) and ALiBi position maths, since they act inside attention, with RoPE's
+    scalings past the trained window (:class:`RopeScaling`: linear, dynamic NTK, Llama 3.1's,
+    YaRN) and its settings (:class:`Rope`);
   * the two small steps around it: repeating grouped-query heads for the explicit path
     (:func:`repeat_kv_heads`) and growing a KV cache (:func:`extend_cache`: a ``(k, v)``
     tuple, or a preallocated :class:`KVBuffer` written in place);
@@ -27,7 +29,8 @@ in an equation name tensors, not dimensions (Q, K, V, A, A', O below).
     B  batch                      S  source (key/value) positions
     T  target (query) positions   D  model width, d_model
     H  query heads                G  key/value heads (grouped-query; G divides H)
-    K  head width, D // H         F  feed-forward width, d_ff
+    K  head width, D // H unless  F  feed-forward width, d_ff
+       a model sets it (Gemma)
     V  vocabulary size            N  rows picked or flattened: hypotheses (B·W), the
                                      positions ``only`` selects (only.sum()), texts, windows
   decoding and training:
@@ -137,54 +140,197 @@ def padding_mask(valid: Tensor) -> Tensor:
     return valid[:, None, None, :]  # (B, 1, 1, S)
 
 
-def causal_mask(t: int, s: int, *, device: torch.device | None = None) -> Tensor:
+def causal_mask(t: int, s: int, *, window: int | None = None, device: torch.device | None = None) -> Tensor:
     """Causal mask for ``t`` new queries placed at the end of ``s`` keys.
 
     Query i sits at absolute position ``s - t + i`` and may attend to keys 0..s-t+i.
     With ``t == s`` this is the usual lower triangle; with a KV cache (``t < s``) it is
-    the bottom rows of it.
+    the bottom rows of it. A ``window`` (sliding-window attention: Beltagy et al., 2020,
+    "Longformer", section 3.1; Mistral, Gemma) keeps only the newest ``window`` of those keys,
+    the query's own included: key j with j > q - window.
 
     Shapes:
         returns: (T, S) bool.
     """
     q_pos = torch.arange(s - t, s, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(s, device=device)[None, :]  # (1, S)
-    return k_pos <= q_pos  # (T, S)
+    if window is None:
+        return k_pos <= q_pos  # (T, S)
+    return (k_pos <= q_pos) & (k_pos > q_pos - window)  # (T, S)
 
 
 # ------------------------------------------------------------- position maths
 
 
-def rope_rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0) -> Tensor:
+ROPE_SCALINGS = ("linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a RoPE model reaches past the window it was pretrained on (the ``rope_scaling`` of a
+    Hugging Face config); :func:`rope_frequencies` applies it.
+
+    Attributes:
+        kind: "linear" (every frequency divided by ``factor``: Chen et al., 2023, "Extending
+            Context Window ... via Positional Interpolation"), "dynamic" (NTK-aware: the base
+            grows with the length read, bloc97/emozilla's rule as transformers has it), "llama3"
+            (Llama 3.1: low frequencies divided by ``factor``, high ones kept, a smooth ramp
+            between) or "yarn" (Peng et al., 2023, "YaRN", eqs. 18-21: a ramp between
+            interpolated and extrapolated frequencies, cos and sin scaled by ``attention_factor``).
+        factor: the scale s.
+        original_max_len: the pretraining window (dynamic: the length from which the base grows).
+        low_freq_factor, high_freq_factor: Llama 3.1's wavelength bounds (window / factor).
+        beta_fast, beta_slow: YaRN's ramp bounds, in rotations over the window.
+        attention_factor: YaRN's scale of cos and sin (None: 0.1·ln(s) + 1, eq. 21).
+        truncate: YaRN rounds its ramp's ends to whole dimensions.
+    """
+
+    kind: str
+    factor: float
+    original_max_len: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise ValueError(f"rope scaling kind must be one of {ROPE_SCALINGS}, got {self.kind!r}")
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling factor must be positive, got {self.factor!r}")
+        if self.kind != "linear" and not (isinstance(self.original_max_len, int) and self.original_max_len > 0):
+            raise ValueError(f"{self.kind} rope scaling needs original_max_len, a positive integer")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor > 0")
+
+    @classmethod
+    def of(cls, value: RopeScaling | dict | None) -> RopeScaling | None:
+        """A RopeScaling from itself, the dict config.json holds, or None."""
+        return cls(**value) if isinstance(value, dict) else value
+
+
+@dataclass(frozen=True)
+class Rope:
+    """A self-attention's RoPE settings: the base of its frequencies (HF's ``rope_theta``) and
+    its scaling past the trained window (None: none)."""
+
+    base: float = 10000.0
+    scaling: RopeScaling | None = None
+
+
+def rope_frequencies(
+    width: int, *, base: float = 10000.0, scaling: RopeScaling | None = None, length: int = 0, device=None
+) -> tuple[Tensor, float]:
+    """RoPE's inverse frequencies base^(-2i/K) for heads of ``width`` K, as ``scaling`` changes
+    them for a sequence of ``length`` positions (only "dynamic" reads it), and the factor
+    by which cos and sin are scaled (YaRN's attention factor; else 1). Each rule is the
+    formula of the paper or model named in :class:`RopeScaling`, written as transformers
+    computes it, so imported checkpoints rotate exactly as there.
+
+    Shapes: returns (K/2,) float32 and a Python float.
+    """
+    steps = torch.arange(0, width, 2, device=device, dtype=torch.float32) / width  # (K/2,): 2i/K
+    if scaling is None or scaling.kind in ("linear", "llama3"):
+        inv_freq = 1.0 / (base**steps)  # (K/2,)
+        if scaling is None:
+            return inv_freq, 1.0
+        if scaling.kind == "linear":  # positions p/s: the same as frequencies / s
+            return inv_freq / scaling.factor, 1.0
+        return _llama3_frequencies(inv_freq, scaling), 1.0
+    if scaling.kind == "dynamic":
+        # NTK-aware: base·(s·L/L₀ − (s − 1))^(K/(K−2)) for L = max(length, L₀) positions.
+        longest = max(length, scaling.original_max_len)
+        grown = base * ((scaling.factor * longest / scaling.original_max_len) - (scaling.factor - 1)) ** (
+            width / (width - 2)
+        )
+        return 1.0 / (grown**steps), 1.0
+    return _yarn_frequencies(width, base, scaling, steps)
+
+
+def _llama3_frequencies(inv_freq: Tensor, scaling: RopeScaling) -> Tensor:
+    """Llama 3.1: wavelengths longer than L₀/low_freq_factor divided by s, shorter than
+    L₀/high_freq_factor kept, a linear ramp (in L₀/wavelength) between. Shapes: (K/2,) -> (K/2,)."""
+    s, low, high, old = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_len
+    wavelength = 2 * math.pi / inv_freq  # (K/2,)
+    scaled = torch.where(wavelength > old / low, inv_freq / s, inv_freq)
+    smooth = (old / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / s + smooth * scaled
+    medium = ~(wavelength < old / high) & ~(wavelength > old / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_frequencies(width: int, base: float, scaling: RopeScaling, steps: Tensor) -> tuple[Tensor, float]:
+    """YaRN (Peng et al., 2023, section 3.2): dimensions that turn fewer than β_slow times over
+    the window are interpolated (frequency / s), more than β_fast times extrapolated (kept), a
+    linear ramp between (eq. 18-19); cos and sin scaled by 0.1·ln(s) + 1 (eq. 21) unless given.
+    Shapes: steps (K/2,); returns (K/2,) and a Python float."""
+    s, window = scaling.factor, scaling.original_max_len
+    factor = scaling.attention_factor if scaling.attention_factor is not None else _yarn_mscale(s)
+
+    def dimension(rotations: float) -> float:  # the dimension that turns ``rotations`` times over the window
+        return (width * math.log(window / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = dimension(scaling.beta_fast), dimension(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, width - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(width // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(steps.device)
+    extrapolated = 1 - ramp  # (K/2,): 1 keeps the frequency, 0 interpolates it
+    frequencies = base**steps  # (K/2,)
+    inv_freq = (1.0 / (s * frequencies)) * (1 - extrapolated) + (1.0 / frequencies) * extrapolated
+    return inv_freq, factor
+
+
+def _yarn_mscale(factor: float) -> float:
+    """YaRN's attention temperature √(1/t) = 0.1·ln(s) + 1 (eq. 21); 1 without stretching."""
+    return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+
+
+def rope_rotate(x: Tensor, positions: Tensor, *, base: float = 10000.0, scaling: RopeScaling | None = None) -> Tensor:
     """Rotary position embedding (Su et al., 2021, "RoFormer", eq. 34), rotate-half layout.
 
-    Pairs (x[i], x[i + K/2]) are rotated by angle pos * base^(-2i/K), so that the score
-    q·k depends on positions only through their difference.
+    Pairs (x[i], x[i + K/2]) are rotated by angle pos * base^(-2i/K) (as ``scaling`` changes
+    the frequencies), so that the score q·k depends on positions only through their difference.
 
     Shapes:
         x: (B, H, T, K); positions: (B, T) or (T,) integer positions.
         returns: (B, H, T, K).
     """
-    cos, sin = rope_cos_sin(positions, width=x.shape[-1], dtype=x.dtype, device=x.device, base=base)
+    cos, sin = rope_cos_sin(positions, width=x.shape[-1], dtype=x.dtype, device=x.device, base=base, scaling=scaling)
     return rope_apply(x, cos, sin)
 
 
 def rope_cos_sin(
-    positions: Tensor, *, width: int, dtype: torch.dtype, device: torch.device, base: float = 10000.0
+    positions: Tensor,
+    *,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    base: float = 10000.0,
+    scaling: RopeScaling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of RoPE's angles pos * base^(-2i/K) for heads of ``width`` K, each angle twice
-    (rotate-half layout). Computed once, they rotate queries and keys alike (:func:`rope_apply`).
+    (rotate-half layout), with the frequencies and factor of :func:`rope_frequencies`. Computed
+    once, they rotate queries and keys alike (:func:`rope_apply`).
 
     Shapes:
         positions: (B, T) or (T,); returns: cos, sin, each (B, 1, T, K) (B = 1 for (T,) positions).
     """
-    inv_freq = base ** (-torch.arange(0, width, 2, device=device, dtype=torch.float32) / width)
+    # Dynamic scaling reads how far the positions reach (a host sync; only that kind pays it).
+    length = int(positions.max()) + 1 if scaling is not None and scaling.kind == "dynamic" else 0
+    inv_freq, factor = rope_frequencies(width, base=base, scaling=scaling, length=length, device=device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, K/2)
     if angles.dim() == 2:
         angles = angles[None]  # (1, T, K/2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None].to(dtype)  # (B, 1, T, K)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None].to(dtype)  # (B, 1, T, K)
-    return cos, sin
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None]  # (B, 1, T, K)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None]  # (B, 1, T, K)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -253,10 +399,12 @@ def attention_explicit(
     bias: Tensor | None = None,
     normalization: str = "softmax",
     dropout: float = 0.0,
+    scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, one textbook step per line.
 
-    A = Q·Kᵀ / √K (Vaswani et al., 2017, eq. 1), plus an optional additive bias (ALiBi);
+    A = Q·Kᵀ / √K (Vaswani et al., 2017, eq. 1; ``scale`` replaces 1/√K where a model says
+    so: Gemma's 1/√query_pre_attn_scalar), plus an optional additive bias (ALiBi);
     positions the mask forbids are removed; A' = normalize(A); O = A'·V.
 
     ``normalization="softmax"`` normalizes each query row to sum to one. ``"sigmoid"``
@@ -281,7 +429,10 @@ def attention_explicit(
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    if scale is None:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    else:
+        scores = q @ k.transpose(-2, -1) * scale  # (B, H, T, S)
     if bias is not None:
         scores = scores + bias.to(scores.dtype)  # the bias is built in fp32 (exact distances)
     if normalization == "softmax":
@@ -312,8 +463,10 @@ def attention_fused(
     mask: Tensor | None = None,
     bias: Tensor | None = None,
     dropout: float = 0.0,
+    scale: float | None = None,
 ) -> Tensor:
-    """Softmax attention through PyTorch's fused kernel; equal to :func:`attention_explicit`.
+    """Softmax attention through PyTorch's fused kernel; equal to :func:`attention_explicit`
+    (``scale`` as there).
 
     Fully masked query rows are given one harmless key inside the kernel (so it cannot
     produce NaN) and their output is zeroed afterwards, as the explicit path does. With fewer
@@ -335,7 +488,7 @@ def attention_fused(
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout, enable_gqa=k.shape[1] != q.shape[1]
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )  # (B, H, T, K)
     if row_valid is not None and not bool(row_valid.all()):
         out = out * row_valid  # (B, H, T, K)
@@ -411,14 +564,22 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: model width D.
-        n_heads: query heads H; D must divide by H.
+        n_heads: query heads H; D must divide by H unless ``head_dim`` is given.
         n_kv_heads: key/value heads G (default H); H must divide by G.
+        head_dim: each head's width K (default D // H; Gemma's heads are wider).
         normalization: "softmax" or "sigmoid".
         dropout: dropout on the attention weights during training.
         bias: whether the four projections have biases.
         key_bias: with ``bias``, whether Wk has one too. A key bias adds q·b to every score of
             a query alike, which softmax cancels, so Whisper leaves it out (its ``k_proj``).
-        rope: rotate queries and keys by their positions (self-attention only).
+        output_bias: whether Wo has a bias (None: as ``bias``; Qwen2 has biases on Wq, Wk, Wv
+            alone).
+        rope: rotate queries and keys by their positions (self-attention only): True for
+            base 10000 unscaled, or a :class:`Rope` with its base and scaling.
+        qk_norm: RMS-normalise each head's queries and keys (learned gains of width K, epsilon
+            ``norm_eps``) before RoPE, as Gemma 3 and Qwen 3 do (Dehghani et al., 2023,
+            "Scaling Vision Transformers to 22B Parameters", section 3.1).
+        scale: scores are Q·Kᵀ times this (None: 1/√K).
 
     Shapes:
         x (B, T, D) and context (B, S, D) in, (B, T, D) out; see :meth:`forward`.
@@ -430,30 +591,40 @@ class MultiHeadAttention(nn.Module):
         n_heads: int,
         *,
         n_kv_heads: int | None = None,
+        head_dim: int | None = None,
         normalization: str = "softmax",
         dropout: float = 0.0,
         bias: bool = True,
         key_bias: bool = True,
-        rope: bool = False,
+        output_bias: bool | None = None,
+        rope: Rope | bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_kv_heads or n_heads
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"attention must be one of {NORMALIZATIONS}, got {normalization!r}")
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
-        self.normalization, self.dropout, self.rope = normalization, layers.check_p(dropout), rope
-        self.w_q = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)
-        self.w_k = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias and key_bias)
-        self.w_v = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
-        self.w_o = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)
+        self.head_dim = head_dim or d_model // n_heads
+        self.normalization, self.dropout = normalization, layers.check_p(dropout)
+        self.rope = Rope() if rope is True else rope or None
+        self.scale = scale
+        k = self.head_dim
+        self.w_q = nn.Linear(d_model, n_heads * k, bias=bias)
+        self.w_k = nn.Linear(d_model, n_kv_heads * k, bias=bias and key_bias)
+        self.w_v = nn.Linear(d_model, n_kv_heads * k, bias=bias)
+        self.w_o = nn.Linear(n_heads * k, d_model, bias=bias if output_bias is None else output_bias)
+        self.q_norm = nn.RMSNorm(k, eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(k, eps=norm_eps) if qk_norm else None
         self.w_qkv: nn.Linear | None = None  # [Wq; Wk; Wv] stacked, after fuse_qkv (decoding)
         # Q, K, V's widths in a stacked product's output: H*K, G*K, G*K.
-        self.qkv_widths = [n_heads * self.head_dim, n_kv_heads * self.head_dim, n_kv_heads * self.head_dim]
+        self.qkv_widths = [n_heads * k, n_kv_heads * k, n_kv_heads * k]
 
     def fuse_qkv(self) -> None:
         """Stack Wq, Wk and Wv into one projection ``w_qkv`` (they are removed): self-attention
@@ -534,13 +705,17 @@ class MultiHeadAttention(nn.Module):
         """
         if context is None:  # self-attention: Q = x·Wq, K = x·Wk, V = x·Wv
             q, k, v = self._project_self(x)  # (B, H, T, K), (B, G, T, K), (B, G, T, K)
-            if self.rope:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)  # each head's queries and keys, RMS-normalised
+            if self.rope is not None:
                 q, k = self._rotate(q, k, positions)  # (B, H, T, K), (B, G, T, K)
             k, v, cache = extend_cache(cache, k, v)  # (B, G, S, K) each: cached positions, then x's
         else:  # cross-attention: Q = x·Wq, K = context·Wk, V = context·Wv
             k, v = self._project_context(context, cache)  # (B, G, S, K) each
             cache = (k, v)
             q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
         out, weights = self._attend(q, k, v, mask, bias, need_weights)  # (B, H, T, K), (B, H, T, S) or None
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*K): heads concatenated
@@ -577,7 +752,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("a KVBuffer is a self-attention cache; cross-attention takes a (k, v) tuple")
         if cache is not None:
             return cache
-        return self._split(self.w_k(context), self.n_kv_heads), self._split(self.w_v(context), self.n_kv_heads)
+        k = self._split(self.w_k(context), self.n_kv_heads)  # (B, G, S, K)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return k, self._split(self.w_v(context), self.n_kv_heads)
 
     def _rotate(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
         """RoPE (:func:`rope_rotate`) on queries and keys, the angles computed once for both.
@@ -586,7 +764,10 @@ class MultiHeadAttention(nn.Module):
             q: (B, H, T, K); k: (B, G, T, K); positions: (B, T) or (T,). returns: q, k rotated.
         """
         assert positions is not None, "RoPE needs the positions of x"
-        cos, sin = rope_cos_sin(positions, width=self.head_dim, dtype=q.dtype, device=q.device)  # (B, 1, T, K)
+        rope = self.rope
+        cos, sin = rope_cos_sin(
+            positions, width=self.head_dim, dtype=q.dtype, device=q.device, base=rope.base, scaling=rope.scaling
+        )  # (B, 1, T, K)
         return rope_apply(q, cos, sin), rope_apply(k, cos, sin)
 
     def _attend(
@@ -602,9 +783,10 @@ class MultiHeadAttention(nn.Module):
         """
         dropout = self.dropout if self.training else 0.0
         if not need_weights and self.normalization == "softmax" and not _explicit_is_faster(q, k):
-            return attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout), None  # (B, H, T, K)
+            out = attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout, scale=self.scale)  # (B, H, T, K)
+            return out, None
         k, v = repeat_kv_heads(k, v, self.n_heads)  # (B, H, S, K) each
         out, weights = attention_explicit(
-            q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout
+            q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout, scale=self.scale
         )  # (B, H, T, K), (B, H, T, S)
         return out, (weights if need_weights else None)

@@ -17,6 +17,7 @@ What is not here: embeddings and output heads (they belong to each model file), 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,6 +28,8 @@ from qkv.attention import (
     KVBuffer,
     KVCache,
     MultiHeadAttention,
+    Rope,
+    RopeScaling,
     alibi_bias,
     causal_mask,
     padding_mask,
@@ -62,7 +65,8 @@ class BlockConfig:
         n_heads: attention heads H.
         n_kv_heads: key/value heads for grouped-query attention (None: H).
         d_ff: feed-forward width F.
-        activation: "relu", "gelu", "gelu_tanh" (GPT-2's tanh approximation), "silu" or "swiglu".
+        activation: "relu", "gelu", "gelu_tanh" (GPT-2's tanh approximation), "silu", or the
+            gated "swiglu" (Llama) and "geglu_tanh" (Gemma).
         norm: "layernorm" or "rmsnorm"; norm_eps its epsilon.
         norm_first: pre-norm (True) or post-norm (False, the original paper).
         attention: attention normalization, "softmax" or "sigmoid".
@@ -72,6 +76,18 @@ class BlockConfig:
         dropout: dropout on sub-layer outputs and embeddings.
         attention_dropout: dropout on attention weights.
         bias: biases in the linear layers.
+
+    Options that imported checkpoints need (each default leaves a model as it was):
+        head_dim: each attention head's width K (None: D // H; Gemma's heads are wider).
+        qkv_bias: biases on Wq, Wk, Wv whatever ``bias`` says (Qwen2: there and nowhere
+            else); None: as ``bias``.
+        qk_norm: RMS-normalise each head's queries and keys before RoPE (Gemma 3).
+        attention_scale: scores are Q·Kᵀ times this (None: 1/√K; Gemma: 1/√query_pre_attn_scalar).
+        sandwich_norm: with pre-norm, also normalise each sub-layer's output before it is added
+            to the residual stream (Gemma 2 and 3: x + Norm(Sublayer(Norm(x)))).
+        rope_base: RoPE's base (HF's ``rope_theta``; Llama 3: 500000).
+        rope_scaling: RoPE's scaling past the pretraining window (:class:`~qkv.attention.RopeScaling`;
+            config.json holds it as an object), or None.
     """
 
     d_model: int = 512
@@ -88,8 +104,19 @@ class BlockConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     bias: bool = True
+    head_dim: int | None = None
+    qkv_bias: bool | None = None
+    qk_norm: bool = False
+    attention_scale: float | None = None
+    sandwich_norm: bool = False
+    rope_base: float = 10000.0
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
+        try:  # config.json holds the scaling as an object
+            object.__setattr__(self, "rope_scaling", RopeScaling.of(self.rope_scaling))
+        except TypeError as e:
+            raise ValueError(f"rope_scaling: {e}") from None
         choices = {
             "activation": ACTIVATIONS,
             "norm": NORMS,
@@ -102,21 +129,43 @@ class BlockConfig:
         check_fields(
             self,
             positive_ints=("d_model", "n_heads", "d_ff", "max_len"),
-            booleans=("norm_first", "bias"),
+            booleans=("norm_first", "bias", "qk_norm", "sandwich_norm"),
         )
-        if self.n_kv_heads is not None:
-            check_fields(self, positive_ints=("n_kv_heads",))
-        if not isinstance(self.norm_eps, (int, float)) or isinstance(self.norm_eps, bool) or self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
-        if self.d_model % self.n_heads:
+        for name in ("n_kv_heads", "head_dim"):
+            if getattr(self, name) is not None:
+                check_fields(self, positive_ints=(name,))
+        if self.qkv_bias is not None:
+            check_fields(self, booleans=("qkv_bias",))
+        for name in ("norm_eps", "rope_base", "attention_scale"):
+            value = getattr(self, name)
+            if (value is not None or name != "attention_scale") and not _positive_number(value):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
-        if self.positions == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError("positions='rope' needs an even head width d_model // n_heads")
+        if self.positions == "rope" and self.head_width % 2:
+            raise ValueError("positions='rope' needs an even head width (d_model // n_heads, or head_dim)")
+        if self.rope_scaling is not None and self.positions != "rope":
+            raise ValueError("rope_scaling needs positions='rope'")
+        if self.sandwich_norm and not self.norm_first:
+            raise ValueError("sandwich_norm needs pre-norm blocks (norm_first=true)")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+    @property
+    def head_width(self) -> int:
+        """Each attention head's width K."""
+        return self.head_dim or self.d_model // self.n_heads
+
+    def rope(self) -> Rope | None:
+        """The RoPE of the blocks' self-attention (None: positions are not RoPE)."""
+        return Rope(self.rope_base, self.rope_scaling) if self.positions == "rope" else None
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def check_fields(config: object, *, positive_ints: tuple[str, ...] = (), booleans: tuple[str, ...] = ()) -> None:
@@ -130,17 +179,36 @@ def check_fields(config: object, *, positive_ints: tuple[str, ...] = (), boolean
             raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
 
 
-def _attention(config: BlockConfig, *, rope: bool, key_bias: bool) -> MultiHeadAttention:
+class LayerPlan(NamedTuple):
+    """What one decoder block does apart from the config's settings: its self-attention sees
+    only the newest ``window`` keys (sliding-window layers; None: all of them), and rotates
+    with ``rope`` (None: the config's)."""
+
+    window: int | None = None
+    rope: Rope | None = None
+
+
+def _attention(config: BlockConfig, *, rope: Rope | None, key_bias: bool) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.d_model,
         config.n_heads,
         n_kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
         normalization=config.attention,
         dropout=config.attention_dropout,
-        bias=config.bias,
+        bias=config.bias if config.qkv_bias is None else config.qkv_bias,
         key_bias=key_bias,
-        rope=rope,
+        output_bias=config.bias,
+        rope=rope or False,
+        qk_norm=config.qk_norm,
+        norm_eps=config.norm_eps,
+        scale=config.attention_scale,
     )
+
+
+def _sandwich(config: BlockConfig) -> nn.Module | None:
+    """The norm of a sub-layer's output in a sandwich-norm block (Gemma), else None."""
+    return make_norm(config.norm, config.d_model, eps=config.norm_eps) if config.sandwich_norm else None
 
 
 class EncoderBlock(nn.Module):
@@ -156,10 +224,11 @@ class EncoderBlock(nn.Module):
     def __init__(self, config: BlockConfig, *, key_bias: bool = True) -> None:
         super().__init__()
         self.norm_first = config.norm_first
-        self.self_attn = _attention(config, rope=config.positions == "rope", key_bias=key_bias)
+        self.self_attn = _attention(config, rope=config.rope(), key_bias=key_bias)
         self.ffn = FeedForward(config.d_model, config.d_ff, activation=config.activation, bias=config.bias)
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
+        self.post_norm_1, self.post_norm_2 = _sandwich(config), _sandwich(config)
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor, *, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
@@ -173,17 +242,19 @@ class EncoderBlock(nn.Module):
 
     def _sa_block(self, x: Tensor, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
         h, _, _ = self.self_attn(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
-        return self.dropout(h)
+        return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h))
 
     def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout(self.ffn(x))  # (B, S, D)
+        h = self.ffn(x)  # (B, S, D)
+        return self.dropout(h if self.post_norm_2 is None else self.post_norm_2(h))
 
 
 class DecoderBlock(nn.Module):
     """Masked self-attention, cross-attention to the encoder output (if any), then the FFN.
 
     Decoder-only models build it with ``cross_attention=False``; ``key_bias=False`` leaves the
-    bias out of both attentions' Wk (Whisper).
+    bias out of both attentions' Wk (Whisper); ``plan`` is what this block does apart from the
+    config (a sliding window, its own RoPE: :class:`LayerPlan`).
 
     Shapes:
         x: (B, T, D); self_mask: bool broadcastable to (B, H, T, S_self) where S_self counts
@@ -192,15 +263,22 @@ class DecoderBlock(nn.Module):
         the cross-attention weights (B, H, T, S) (self-attention ones without cross-attention).
     """
 
-    def __init__(self, config: BlockConfig, *, cross_attention: bool, key_bias: bool = True) -> None:
+    def __init__(
+        self, config: BlockConfig, *, cross_attention: bool, key_bias: bool = True, plan: LayerPlan | None = None
+    ) -> None:
         super().__init__()
+        plan = plan or LayerPlan()
         self.norm_first = config.norm_first
-        self.self_attn = _attention(config, rope=config.positions == "rope", key_bias=key_bias)
-        self.cross_attn = _attention(config, rope=False, key_bias=key_bias) if cross_attention else None
+        self.window = plan.window
+        self.self_attn = _attention(config, rope=plan.rope or config.rope(), key_bias=key_bias)
+        self.cross_attn = _attention(config, rope=None, key_bias=key_bias) if cross_attention else None
         self.ffn = FeedForward(config.d_model, config.d_ff, activation=config.activation, bias=config.bias)
         self.norm_1 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
         self.norm_2 = make_norm(config.norm, config.d_model, eps=config.norm_eps) if cross_attention else None
         self.norm_3 = make_norm(config.norm, config.d_model, eps=config.norm_eps)
+        self.post_norm_1 = _sandwich(config)
+        self.post_norm_2 = _sandwich(config) if cross_attention else None
+        self.post_norm_3 = _sandwich(config)
         self.dropout = Dropout(config.dropout)
 
     def forward(
@@ -253,7 +331,7 @@ class DecoderBlock(nn.Module):
             cache=cache,
             need_weights=need_weights and self.cross_attn is None,
         )  # (B, T, D)
-        return self.dropout(h), cache, weights
+        return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h)), cache, weights
 
     def _ca_block(
         self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: KVCache | None, need_weights: bool
@@ -261,10 +339,11 @@ class DecoderBlock(nn.Module):
         """Cross-attention to the encoder output ``memory`` (its keys and values projected on the
         first call, then taken from ``cache``), and its weights when ``need_weights``."""
         h, cache, weights = self.cross_attn(x, context=memory, mask=mask, cache=cache, need_weights=need_weights)
-        return self.dropout(h), cache, weights  # (B, T, D)
+        return self.dropout(h if self.post_norm_2 is None else self.post_norm_2(h)), cache, weights  # (B, T, D)
 
     def _ff_block(self, x: Tensor) -> Tensor:
-        return self.dropout(self.ffn(x))  # (B, T, D)
+        h = self.ffn(x)  # (B, T, D)
+        return self.dropout(h if self.post_norm_3 is None else self.post_norm_3(h))
 
 
 def cache_length(cache: list[BlockCache] | None) -> int:
@@ -306,7 +385,8 @@ class EncoderStack(nn.Module):
 class DecoderStack(nn.Module):
     """``n_layers`` decoder blocks: causal self-attention (with a KV cache) and, when built with
     ``cross_attention=True``, attention to the encoder output ``memory``. ``key_bias`` goes to
-    every block.
+    every block; ``plans`` (one :class:`LayerPlan` per block; None: none) gives blocks a
+    sliding window or their own RoPE. The causal mask is built once per window.
 
     Shapes:
         x: (B, T, D), the new positions only; positions: (B, T) or (T,).
@@ -317,10 +397,21 @@ class DecoderStack(nn.Module):
         weight tensor per block (cross-attention, or self-attention without it).
     """
 
-    def __init__(self, config: BlockConfig, n_layers: int, *, cross_attention: bool, key_bias: bool = True) -> None:
+    def __init__(
+        self,
+        config: BlockConfig,
+        n_layers: int,
+        *,
+        cross_attention: bool,
+        key_bias: bool = True,
+        plans: Sequence[LayerPlan] | None = None,
+    ) -> None:
         super().__init__()
+        plans = plans or [LayerPlan()] * n_layers
+        if len(plans) != n_layers:
+            raise ValueError(f"{len(plans)} layer plans for {n_layers} layers")
         self.blocks = nn.ModuleList(
-            DecoderBlock(config, cross_attention=cross_attention, key_bias=key_bias) for _ in range(n_layers)
+            DecoderBlock(config, cross_attention=cross_attention, key_bias=key_bias, plan=plan) for plan in plans
         )
         self.norm = _final_norm(config)
         self.alibi = config.positions == "alibi"
@@ -339,13 +430,7 @@ class DecoderStack(nn.Module):
     ) -> tuple[Tensor, list[BlockCache], list[Tensor] | None]:
         t = x.shape[1]
         s = cache_length(cache) + t
-        # One new position may see every key: its causal mask is all True, and None spares
-        # each block's attention the mask work (the decoding step).
-        self_mask = None
-        if t > 1 or key_mask is not None:
-            self_mask = causal_mask(t, s, device=x.device)[None, None]  # (1, 1, T, S_self)
-        if key_mask is not None:
-            self_mask = self_mask & padding_mask(key_mask)  # (B, 1, T, S_self)
+        masks = {w: self._self_mask(t, s, w, key_mask, x.device) for w in {b.window for b in self.blocks}}
         self_bias = (
             alibi_bias(self.n_heads, t, s, causal=True, device=x.device) if self.alibi else None
         )  # (1, H, T, S_self)
@@ -354,7 +439,7 @@ class DecoderStack(nn.Module):
         for i, block in enumerate(self.blocks):
             x, block_cache, w = block(
                 x,
-                self_mask=self_mask,
+                self_mask=masks[block.window],
                 self_bias=self_bias,
                 positions=positions,
                 memory=memory,
@@ -365,6 +450,21 @@ class DecoderStack(nn.Module):
             new_cache.append(block_cache)
             weights.append(w)
         return self.norm(x), new_cache, (weights if need_weights else None)
+
+    @staticmethod
+    def _self_mask(t: int, s: int, window: int | None, key_mask: Tensor | None, device) -> Tensor | None:
+        """The self-attention mask of ``t`` new positions after ``s - t`` cached ones, for blocks
+        with ``window`` (None: all keys). One new position that may see every key needs none:
+        None spares each block's attention the mask work (the decoding step).
+
+        Shapes: key_mask (B, S_self); returns (1 or B, 1, T, S_self) bool, or None.
+        """
+        if t == 1 and key_mask is None and (window is None or s <= window):
+            return None
+        mask = causal_mask(t, s, window=window, device=device)[None, None]  # (1, 1, T, S_self)
+        if key_mask is not None:
+            mask = mask & padding_mask(key_mask)  # (B, 1, T, S_self)
+        return mask
 
 
 def _final_norm(config: BlockConfig) -> nn.Module:

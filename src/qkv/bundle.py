@@ -9,7 +9,9 @@ for a Python user (``m = qkv.load("runs/de_en"); m.translate(["Ein Hund läuft."
 :func:`translations`, :func:`transcriptions` (with :func:`read_audio`, files as the model reads
 them), :func:`speeches`, :func:`embeddings`, :func:`generations` (with :func:`window_fit`, the
 rule by which inputs fit the model's window, and :func:`continued`, a language model's
-continuation piece by piece) and :func:`reply`.
+continuation piece by piece), :func:`reply` and, for an imported chat model with a chat template
+(``Bundle.conversation``), :func:`chat_reply` (the reply streamed piece by piece) with
+:func:`as_messages` (a dialogue as the template's messages).
 
 A job the model cannot do, and an option that does not apply to it, is refused in one line
 (a :class:`~qkv.errors.UserError`; an :class:`~qkv.errors.OptionError` names the option as the
@@ -32,8 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from qkv.audio import FeatureConfig, features, load_audio, load_many
+from qkv.chat import draw, template_reply
 from qkv.chat import reply as next_turn
 from qkv.checkpoint import load_model, model_dir, read_meta
+from qkv.conversation import Conversation
 from qkv.decoding import beam_search, generate, greedy, most_likely, sampler
 from qkv.embedding import Choice, EmbeddingSettings, choose, sentence_embeddings
 from qkv.ensemble import Ensemble
@@ -117,12 +121,15 @@ class Sampling:
         top_k: draw among the k most likely tokens (None: all).
         top_p: draw from the smallest set of tokens with this probability (None: all).
         seed: the draws' seed (None: a fresh one): one call with a seed is reproducible.
+        min_p: draw among the tokens at least this share as likely as the likeliest (min-p,
+            ``chat.min_p_filter``; None: all).
     """
 
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    min_p: float | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 1e-3:  # below it the scaled logits overflow
@@ -131,15 +138,36 @@ class Sampling:
             raise OptionError(f"top_k {self.top_k}: give a positive number of tokens", "top_k")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise OptionError(f"top_p {self.top_p}: give a probability in (0, 1]", "top_p")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise OptionError(f"min_p {self.min_p}: give a probability in [0, 1]", "min_p")
 
     def chooser(self, device: torch.device) -> Callable[[Tensor], Tensor]:
-        """What picks each token (``decoding.sampler``), one generator for all its draws."""
+        """What picks each token (``decoding.sampler``; with min-p, ``chat.draw``), one generator
+        for all its draws."""
         generator = torch.Generator(device=device)
         if self.seed is not None:
             generator.manual_seed(self.seed)
         else:
             generator.seed()
+        if self.min_p is not None:
+            return draw(
+                temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p, generator=generator
+            )
         return sampler(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, generator=generator)
+
+    @classmethod
+    def of(cls, defaults, *, seed: int | None = None) -> Sampling | None:
+        """The sampling a checkpoint's ``generation_config.json`` asks for
+        (:class:`~qkv.conversation.GenerationDefaults`), or None where it does not sample."""
+        if not defaults.do_sample:
+            return None
+        return cls(
+            temperature=defaults.temperature if defaults.temperature is not None else 1.0,
+            top_k=defaults.top_k or None,
+            top_p=defaults.top_p,
+            seed=seed,
+            min_p=defaults.min_p or None,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,6 +191,9 @@ class Bundle:
         speaking: how a text-to-speech model reads and when it stops, as its recipe says
             (``tasks.tts.speaking_of``; else None).
         speakers: a text-to-speech model's voices (empty: one voice).
+        conversation: an imported chat model's template, end-of-turn tokens and sampling
+            defaults (``conversation.Conversation``; None: it has no chat template, and chats
+            with turns joined by a separator).
     """
 
     path: Path
@@ -177,6 +208,7 @@ class Bundle:
     embedding: EmbeddingSettings | None = None
     speaking: dict | None = None
     speakers: tuple[str, ...] = ()
+    conversation: Conversation | None = None
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -272,12 +304,24 @@ class Bundle:
         separator: str = " __eou__ ",
         max_new_tokens: int = 60,
         sampling: Sampling | None = None,
+        system: str | None = None,
+        repetition_penalty: float = 1.0,
     ) -> str:
-        """The next turn after ``turns`` (the dialogue so far, oldest first), by :func:`reply`."""
+        """The next turn after ``turns`` (the dialogue so far, oldest first: the user's, the
+        model's, ...), by :func:`reply`: through the model's chat template where it has one
+        (``system``: the system prompt), else joined by ``separator``."""
         if isinstance(turns, str):
             raise TypeError("turns is the dialogue so far: a list of turns, oldest first")
         chosen = None if sampling is None else sampling.chooser(self.device)
-        return reply(self, turns, separator=separator, max_new_tokens=max_new_tokens, choose=chosen)
+        return reply(
+            self,
+            turns,
+            separator=separator,
+            max_new_tokens=max_new_tokens,
+            choose=chosen,
+            system=system,
+            repetition_penalty=repetition_penalty,
+        )
 
 
 def load(
@@ -317,7 +361,16 @@ def load(
         else None,
         speaking=speaking_of(meta) if kind == "tts" else None,
         speakers=tuple(meta.get("speakers") or ()),
+        conversation=_conversation(directory, meta, model, vocab) if kind == "decoder_only" else None,
     )
+
+
+def _conversation(directory: Path, meta: dict, model: nn.Module, vocab: Vocabularies | None) -> Conversation | None:
+    """An imported chat model's template, end-of-turn ids and sampling defaults (None: no template)."""
+    if vocab is None:
+        return None
+    token_of = vocab.target.backend.id_to_token
+    return Conversation.read(directory, meta.get("files", {}), eos_id=model.config.eos_id, token_of=token_of)
 
 
 def require(path: Path, kind: str, job: str) -> None:
@@ -777,12 +830,28 @@ def reply(
     max_new_tokens: int = 60,
     beam_size: int = 4,
     choose: Callable[[Tensor], Tensor] | None = None,
+    system: str | None = None,
+    repetition_penalty: float = 1.0,
 ) -> str:
-    """The model's next turn after ``turns`` (the dialogue so far, oldest first; ``chat.reply``:
-    the newest turns that fit the window). ``choose`` picks each token (a
-    :meth:`Sampling.chooser`, kept across the turns of one chat); without it a language model
-    is greedy and an encoder-decoder searches a beam of ``beam_size``."""
+    """The model's next turn after ``turns`` (the dialogue so far, oldest first: the user's
+    turns, then the model's, alternating). A model with a chat template (``bundle.conversation``)
+    reads them as the template renders them, after ``system`` (:func:`chat_reply`); one without
+    reads them joined by ``separator`` (``chat.reply``: the newest turns that fit the window).
+    ``choose`` picks each token (a :meth:`Sampling.chooser`, kept across the turns of one chat);
+    without it a language model is greedy and an encoder-decoder searches a beam of
+    ``beam_size``; ``repetition_penalty`` θ (a language model's): CTRL's penalty of the tokens
+    already in the text (1: none)."""
     bundle.require("chat")
+    if bundle.conversation is not None:
+        messages = as_messages(turns, system=system)
+        _, pieces = chat_reply(
+            bundle, messages, max_new_tokens=max_new_tokens, choose=choose, repetition_penalty=repetition_penalty
+        )
+        return "".join(pieces).strip()
+    if system is not None:
+        raise OptionError(f"{bundle.path} has no chat template: a system prompt needs one", "system")
+    if repetition_penalty != 1.0:
+        raise OptionError(f"{bundle.path} has no chat template: the repetition penalty needs one", "repetition_penalty")
     return next_turn(
         bundle.model,
         bundle.vocab,
@@ -791,6 +860,41 @@ def reply(
         max_new_tokens=max_new_tokens,
         beam_size=beam_size,
         choose=choose,
+    )
+
+
+def as_messages(turns: Sequence[str], *, system: str | None = None) -> list[dict[str, str]]:
+    """A dialogue (the user's turn, the model's, ...) as a chat template's messages, after the
+    system prompt where there is one."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    return messages + [{"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(turns)]
+
+
+def chat_reply(
+    bundle: Bundle,
+    messages: Sequence[dict[str, str]],
+    *,
+    max_new_tokens: int = 256,
+    choose: Callable[[Tensor], Tensor] | None = None,
+    repetition_penalty: float = 1.0,
+) -> tuple[int, Iterator[str]]:
+    """The assistant's next message after ``messages`` ({"role", "content"} each, oldest
+    first) through the model's chat template (``chat.template_reply``): how many of the oldest
+    messages were dropped to fit the window, and the reply's text piece by piece as it is made,
+    ending at an end-of-turn token."""
+    bundle.require("chat")
+    if bundle.conversation is None:
+        raise UserError(f"{bundle.path} has no chat template (chat_template.jinja or tokenizer_config.json)")
+    if not repetition_penalty > 0:
+        raise OptionError(f"repetition_penalty {repetition_penalty}: give a positive number", "repetition_penalty")
+    return template_reply(
+        bundle.model,
+        bundle.vocab.target,
+        bundle.conversation,
+        messages,
+        max_new_tokens=max_new_tokens,
+        choose=choose,
+        repetition=repetition_penalty,
     )
 
 

@@ -322,6 +322,8 @@ def read_meta(directory: str | Path) -> dict:
             raise UserError(f"{path} has no {key!r} field")
     if not isinstance(meta["config"], dict):
         raise UserError(f"{path}: 'config' must be a JSON object")
+    if not isinstance(meta["kind"], str) or meta["kind"] not in KINDS:
+        raise UserError(f"{path}: 'kind' is {meta['kind']!r}; qkv knows {', '.join(KINDS)}")
     files = meta.setdefault("files", {})
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
         raise UserError(f"{path}: 'files' must map file names to SHA-256 strings")

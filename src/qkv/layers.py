@@ -1,7 +1,7 @@
 """Position-wise layers: feed-forward networks, norms, token embeddings and absolute positions.
 
 What is here: :func:`dropout` and :class:`Dropout` (inverted dropout with a cheap mask),
-:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU),
+:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU, GEGLU),
 :func:`make_norm` (LayerNorm or RMSNorm), :func:`sinusoidal_encoding` (sines and cosines
 interleaved, or in two halves) and :class:`InputEmbedding`, which turns token ids
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")
+GATED = ("swiglu", "geglu_tanh")  # the activations with a third (gate) matrix
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "none")
 
@@ -100,7 +101,8 @@ class FeedForward(nn.Module):
     act is ReLU, GELU (exact, with erf), ``"gelu_tanh"`` (GELU's tanh approximation,
     Hendrycks & Gimpel, 2016, section 2, as GPT-2 uses) or SiLU (also called swish).
     ``activation="swiglu"`` is the gated form W2·(silu(W1·x) ⊙ W3·x) (Shazeer, 2020,
-    "GLU Variants Improve Transformer", eq. 6).
+    "GLU Variants Improve Transformer", eq. 6), ``"geglu_tanh"`` the same with the tanh GELU
+    in place of SiLU (GEGLU, ibid. eq. 5, as Gemma computes it).
 
     Shapes:
         x: (B, T, D); returns (B, T, D); the hidden layer is (B, T, F).
@@ -113,12 +115,14 @@ class FeedForward(nn.Module):
         self.activation = activation
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
-        self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if activation == "swiglu" else None
+        self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.w_1(x)  # (B, T, F)
-        if self.w_3 is not None:
+        if self.activation == "swiglu":
             h = F.silu(h) * self.w_3(x)  # (B, T, F)
+        elif self.activation == "geglu_tanh":
+            h = F.gelu(h, approximate="tanh") * self.w_3(x)  # (B, T, F)
         elif self.activation == "gelu":
             h = F.gelu(h)
         elif self.activation == "gelu_tanh":

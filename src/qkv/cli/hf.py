@@ -11,7 +11,14 @@ import sys
 
 EPILOG_IMPORT_HF = """examples:
   qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
+  qkv import-hf ~/hf/SmolLM2-135M-Instruct models/smollm2 && qkv chat --model models/smollm2
   qkv import-hf ~/hf/bert-base-uncased models/bert --json
+"""
+
+
+EPILOG_IMPORT_GGUF = """examples:
+  qkv import-gguf ~/models/SmolLM2-135M-Instruct.Q4_1.gguf models/smollm2 && qkv chat --model models/smollm2
+  qkv import-gguf ~/models/qwen2.5-0.5b-instruct-q8_0.gguf models/qwen --json
 """
 
 
@@ -61,28 +68,59 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "import-hf",
-        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Marian, Whisper) into a qkv "
-        "model",
+        help="convert a local Hugging Face checkpoint (BERT, RoBERTa, DistilBERT, GPT-2, Llama, Qwen2, Mistral, "
+        "Gemma 3, Marian, Whisper) into a qkv model",
         description="Read a Hugging Face checkpoint directory (config.json + model.safetensors or "
         "pytorch_model.bin, and its tokenizer files) of BertModel, BertForMaskedLM, "
         "BertForSequenceClassification, RobertaModel, RobertaForMaskedLM, RobertaForSequenceClassification "
-        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, MarianMTModel or "
-        "WhisperForConditionalGeneration and write "
+        "(and XLMRoberta*), DistilBertModel, DistilBertForMaskedLM, GPT2LMHeadModel, LlamaForCausalLM, "
+        "Qwen2ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, MarianMTModel or "
+        "WhisperForConditionalGeneration (weights whole or in shards: model.safetensors.index.json) and write "
         "a qkv model directory "
         "that computes the same outputs. Nothing is downloaded. Marian's SentencePiece files are converted "
         "(shared vocabulary) and kept for export; a Whisper's start tokens (languages, tasks) are recorded for "
         "qkv transcribe --language/--task; tensors the model does not use are named on stderr. "
         "A sentence-transformers directory (modules.json) is read too: its pooling, Normalize module and "
         "max_seq_length are recorded for qkv embed. A tokenizer.json's padding and truncation are not kept: "
-        "qkv pads, masks and cuts to the window itself. Other families (MPNet, DeBERTa, T5, LLaMA, ...) "
-        "are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export back as BERT.",
+        "qkv pads, masks and cuts to the window itself. A Llama-family checkpoint's tokenizer settings, "
+        "generation_config.json and chat template are kept for qkv chat and export. Other families (MPNet, "
+        "DeBERTa, T5, Phi, ...) are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export "
+        "back as BERT.",
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
-    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes)")
+    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes), or a .gguf file")
     p.add_argument("dst", help="qkv model directory to write")
     p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
     p.set_defaults(run=cmd_import_hf)
+
+
+def add_import_gguf_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``import-gguf`` command's arguments (``import-hf`` reads a ``.gguf`` file too)."""
+    p = sub.add_parser(
+        "import-gguf",
+        help="convert a GGUF file (llama.cpp's: Llama, SmolLM, Qwen2, Mistral, Gemma 3) into a qkv model",
+        description="Read a GGUF file with the gguf package (llama.cpp's reader): the architecture and its "
+        "hyper-parameters, every tensor dequantised to float32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+        "Q2_K to Q6_K), the tokenizer from its metadata (vocabulary, merges, special tokens) and its chat template, "
+        "and write a qkv model directory that computes what the file's model computes. Nothing is downloaded.",
+        epilog=EPILOG_IMPORT_GGUF,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("src", help="a .gguf file")
+    p.add_argument("dst", help="qkv model directory to write")
+    p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
+    p.set_defaults(run=cmd_import_gguf)
+
+
+def cmd_import_gguf(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from qkv.errors import UserError
+
+    if Path(args.src).suffix != ".gguf":
+        raise UserError(f"{args.src} is not a .gguf file; qkv import-hf reads checkpoint directories")
+    return cmd_import_hf(args)
 
 
 def add_export_parser(sub: argparse._SubParsersAction) -> None:
@@ -90,9 +128,10 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser(
         "export-hf",
-        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Marian, Whisper)",
-        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's (decoder_only), "
-        "Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers "
+        help="write a qkv model directory as a Hugging Face checkpoint (BERT, GPT-2, Llama family, Marian, Whisper)",
+        description="Write a qkv model whose architecture is BERT's (encoder_only), GPT-2's or a Llama family's "
+        "(decoder_only: RoPE models as the Llama, Qwen2, Mistral or Gemma 3 they were imported as, else as "
+        "Llama), Marian's (encoder_decoder) or Whisper's (speech_encoder_decoder) as a directory that transformers "
         "loads with from_pretrained: config.json, "
         "model.safetensors and the tokenizer files. A model those architectures cannot express is refused, "
         "naming the config field.",

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_parser(sub)
     evaluate.add_parser(sub)
     hf.add_import_parser(sub)
+    hf.add_import_gguf_parser(sub)
     hf.add_export_parser(sub)
     embed.add_parser(sub)
     serve.add_parser(sub)

@@ -128,7 +128,8 @@ def _reserved(cache: list, room: int) -> list:
 
 def _kv_width(c) -> int:
     """The width of one position's keys (or values) in a self-attention cache."""
-    return c.d_model // c.n_heads * (getattr(c, "n_kv_heads", None) or c.n_heads)
+    width = getattr(c, "head_width", None) or c.d_model // c.n_heads  # a model may set its own head width
+    return width * (getattr(c, "n_kv_heads", None) or c.n_heads)
 
 
 # ---------------------------------------------------------------------------- encoder-decoders

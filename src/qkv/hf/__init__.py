@@ -6,6 +6,11 @@
     roberta.py   RoBERTa and XLM-RoBERTa (Model, ForMaskedLM, ForSequenceClassification) -> encoder_only
     distilbert.py  DistilBERT (DistilBertModel, DistilBertForMaskedLM) -> encoder_only
     gpt2.py      GPT-2 (GPT2LMHeadModel) <-> decoder_only
+    llama.py     the Llama family (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
+                 Gemma3ForCausalLM) <-> decoder_only: RoPE and its scalings, sliding windows,
+                 Gemma's norms; its tokenizer, and the files chat and export keep
+    gguf.py      GGUF files (llama.cpp's): metadata, tensors and tokenizer read with the gguf
+                 package into what a Llama-family checkpoint directory would hold
     marian.py    Marian (MarianMTModel) <-> encoder_decoder, and MarianTokenizer's files
     whisper.py   Whisper (WhisperForConditionalGeneration) <-> speech_encoder_decoder, its
                  features, tokenizer and the decoder's start tokens (language, task)

@@ -10,12 +10,14 @@ export checks); :class:`TokenizerSettings`, :func:`load_tokenizer` and :func:`qk
 What is not: any one family's config fields, tensor names or tokenizer (``bert.py``,
 ``gpt2.py``, ``marian.py``), and the import and export that use all of this (``convert.py``).
 
-Weights are read from ``model.safetensors``, or from ``pytorch_model.bin`` with
-``torch.load(weights_only=True)`` (nothing is unpickled beyond tensors); fp16/bf16 weights
-become fp32. Not supported: sharded checkpoints (``*.index.json``); quantized ones
-(``quantization_config``, or a weight that is not floating-point). Buffers (position and type
-ids, old GPT-2 checkpoints' causal mask) and second copies of tied weights are not reported as
-ignored tensors.
+Weights are read from ``model.safetensors``, from the shards that
+``model.safetensors.index.json`` names (its ``weight_map``: each tensor's file), or from
+``pytorch_model.bin`` with ``torch.load(weights_only=True)`` (nothing is unpickled beyond
+tensors); fp16/bf16 weights become fp32. Not supported: sharded pickles
+(``pytorch_model.bin.index.json``); quantized checkpoints (``quantization_config``, or a weight
+that is not floating-point). Buffers (position and type ids, old GPT-2 checkpoints' causal mask,
+old Llamas' RoPE frequencies) and second copies of tied weights are not reported as ignored
+tensors.
 
 transformers 5.x ties a second name of a weight to the first only with
 ``tie_word_embeddings``; without it the model computes with the second, and the first may be
@@ -59,9 +61,12 @@ HF_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_BIN = "pytorch_model.bin"
+WEIGHTS_INDEX = f"{WEIGHTS}.index.json"  # a sharded checkpoint's map of tensors to files
 # Buffers that HF checkpoints may hold and no model computes with (BERT's position and type ids,
 # old GPT-2 checkpoints' causal mask): not reported as ignored tensors.
-BUFFERS = re.compile(r"(?:^|\.)(?:position_ids|token_type_ids)$|(?:^|\.)attn\.(?:masked_)?bias$")
+BUFFERS = re.compile(
+    r"(?:^|\.)(?:position_ids|token_type_ids)$|(?:^|\.)attn\.(?:masked_)?bias$|(?:^|\.)rotary_emb\.inv_freq$"
+)
 
 # HF activation names -> qkv's (HF's gelu_new and gelu_pytorch_tanh are both the tanh GELU).
 ACTIVATIONS_FROM_HF = {
@@ -153,13 +158,13 @@ def read_config(directory: Path, supported: tuple[str, ...]) -> tuple[HFConfig, 
 
 
 def read_tensors(directory: Path) -> tuple[Path, State]:
-    """The tensors of ``model.safetensors`` (or of ``pytorch_model.bin``, tensors only) and their file."""
-    safetensors, pickled = directory / WEIGHTS, directory / WEIGHTS_BIN
+    """The tensors of ``model.safetensors``, of the shards its index names, or of
+    ``pytorch_model.bin`` (tensors only), and the file named in errors (the index for shards)."""
+    safetensors, pickled, index = directory / WEIGHTS, directory / WEIGHTS_BIN, directory / WEIGHTS_INDEX
     if safetensors.is_file():
-        try:
-            return safetensors, load_file(safetensors)
-        except (SafetensorError, OSError) as e:
-            raise UserError(f"{safetensors} cannot be read as safetensors: {e}") from None
+        return safetensors, _safetensors(safetensors)
+    if index.is_file():
+        return index, _shards(index)
     if pickled.is_file():
         try:
             with warnings.catch_warnings():  # "Detected pickle protocol 4 ...": the error says enough
@@ -173,10 +178,36 @@ def read_tensors(directory: Path) -> tuple[Path, State]:
         if not isinstance(tensors, dict) or not all(isinstance(v, Tensor) for v in tensors.values()):
             raise UserError(f"{pickled} does not hold a dictionary of tensors")
         return pickled, tensors
-    for index in (f"{WEIGHTS}.index.json", f"{WEIGHTS_BIN}.index.json"):
-        if (directory / index).is_file():
-            raise UserError(f"{directory / index}: sharded checkpoints are not supported; merge the shards first")
+    if (directory / f"{WEIGHTS_BIN}.index.json").is_file():
+        raise UserError(f"{directory / WEIGHTS_BIN}.index.json: sharded pickles are not read; save as safetensors")
     raise UserError(f"{directory} has neither {WEIGHTS} nor {WEIGHTS_BIN}")
+
+
+def _safetensors(path: Path) -> State:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{path} cannot be read as safetensors: {e}") from None
+
+
+def _shards(index: Path) -> State:
+    """Every tensor of a sharded checkpoint: each shard its index's ``weight_map`` names, read
+    once, keeping the tensors the map gives it."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UserError(f"{index}: field 'weight_map' must map tensor names to shard files")
+    tensors: State = {}
+    for file in sorted(set(weight_map.values())):
+        shard = index.parent / file
+        if Path(file).name != file or not shard.is_file():
+            raise UserError(f"{index}: shard {file!r} is not a file beside it")
+        loaded = _safetensors(shard)
+        for name, where in weight_map.items():
+            if where == file:
+                if name not in loaded:
+                    raise UserError(f"{index}: tensor {name!r} is not in {file}, where weight_map puts it")
+                tensors[name] = loaded[name]
+    return tensors
 
 
 def _unpickler_reason(error: Exception) -> str:
@@ -321,6 +352,12 @@ def untied_copies(
         for stack in ("encoder", "decoder"):
             tensors[f"model.{stack}.embed_tokens.weight"] = tensors["model.shared.weight"].clone()
     return tensors
+
+
+def renamed(tensors: Mapping[str, Tensor], pairs: list[tuple[str, str]]) -> State:
+    """The tensor each pair's second name holds, under its first name: the one mover of the
+    name tables (a table read one way imports, the other way exports)."""
+    return {new: tensors[old] for new, old in pairs}
 
 
 def linear(names: list[tuple[str, str]], qkv: str, hf: str, *, bias: bool = True) -> None:

@@ -77,7 +77,20 @@ from qkv.hf.common import (
     untied_copies,
 )
 from qkv.hf.distilbert import DISTILBERT, distilbert_fields, distilbert_to_qkv, qkv_to_distilbert
+from qkv.hf.gguf import GGUFCheckpoint, read_gguf
 from qkv.hf.gpt2 import GPT2, gpt2_config, gpt2_fields, gpt2_to_qkv, gpt2_tokenizer, qkv_to_gpt2
+from qkv.hf.llama import (
+    CHAT_TEMPLATE,
+    GENERATION_CONFIG,
+    LLAMA,
+    LLAMA_FILES,
+    llama_architecture,
+    llama_config,
+    llama_fields,
+    llama_to_qkv,
+    llama_tokenizer,
+    qkv_to_llama,
+)
 from qkv.hf.marian import (
     MARIAN,
     MARIAN_TOKENIZER_FILES,
@@ -97,7 +110,6 @@ from qkv.hf.sentence_transformers import (
     window,
 )
 from qkv.hf.whisper import (
-    GENERATION_CONFIG,
     PREPROCESSOR_CONFIG,
     WHISPER,
     WHISPER_FIELD,
@@ -121,7 +133,7 @@ from qkv.models.speech import SpeechConfig
 from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
 
 # The architectures import_hf reads, family by family (a new family adds its tuple here).
-SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + MARIAN + WHISPER
+SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + LLAMA + MARIAN + WHISPER
 
 
 def import_hf(src: str | Path, dst: str | Path) -> dict:
@@ -136,10 +148,16 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     src, dst = Path(src), Path(dst)
     check_output(dst)
     notes: list[str] = []
-    st = read_sentence_transformers(src) if src.is_dir() else None
-    hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
-    config, architecture = read_config(hf_dir, SUPPORTED)
-    file, stored = read_tensors(hf_dir)
+    gguf = read_gguf(src) if src.suffix == ".gguf" and not src.is_dir() else None
+    if gguf is not None:  # one file holds what a checkpoint directory would (gguf.py)
+        st, hf_dir = None, src.parent
+        config, architecture = HFConfig(src, gguf.fields), gguf.fields["architectures"][0]
+        file, stored = src, gguf.tensors
+    else:
+        st = read_sentence_transformers(src) if src.is_dir() else None
+        hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
+        config, architecture = read_config(hf_dir, SUPPORTED)
+        file, stored = read_tensors(hf_dir)
     labels = None
     if architecture in BERT:
         kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
@@ -153,6 +171,9 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     elif architecture in GPT2:
         kind, fields = "decoder_only", gpt2_fields(config)
         to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
+    elif architecture in LLAMA:
+        kind, fields = "decoder_only", llama_fields(config, architecture)
+        to_qkv, from_qkv, prefix = llama_to_qkv, qkv_to_llama, ""
     elif architecture in WHISPER:
         features, feature_notes = whisper_features(hf_dir, config)
         notes += feature_notes
@@ -211,6 +232,20 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
             settings, settings_notes = whisper_settings(hf_dir, config, c, found[0] if found else None)
             extra[WHISPER_FIELD] = settings.record()
             notes += settings_notes
+        elif gguf is not None:
+            # The file's chat template and end-of-turn ids are kept for chat, as a checkpoint keeps them.
+            files = _gguf_files(gguf, Path(tmp))
+            if gguf.tokenizer is not None:
+                tokenizers, said = [(gguf.tokenizer, src)], f"{FILE} (from the GGUF metadata)"
+        elif architecture in LLAMA:
+            # The tokenizer's settings, generation defaults and chat template are kept for chat and export.
+            files = {name: hf_dir / name for name in LLAMA_FILES if (hf_dir / name).is_file()}
+            found = llama_tokenizer(hf_dir, config)
+            if found is not None:
+                tokenizers, said = [found], FILE
+            elif (hf_dir / "tokenizer.model").is_file():
+                notes.append(f"{hf_dir / 'tokenizer.model'}: a SentencePiece model without tokenizer.json is not read")
+            said += f" (kept {', '.join(files)})" if files else ""
         else:
             readers = {**dict.fromkeys(ROBERTA, roberta_tokenizer), **dict.fromkeys(GPT2, gpt2_tokenizer)}
             found = readers.get(architecture, bert_tokenizer)(hf_dir)  # BERT's for BERT and DistilBERT
@@ -235,7 +270,7 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
                 raise UserError(f"{tokenizers[-1][1]}: {e}") from None
             if architecture in BERT + DISTILBERT:
                 ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
-            elif architecture in GPT2 + ROBERTA:  # RoBERTa's BEGIN and END: <s> and </s>
+            elif architecture in GPT2 + ROBERTA + LLAMA:  # RoBERTa's BEGIN and END: <s> and </s>
                 ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
             elif architecture in WHISPER:  # BEGIN: <|startoftranscript|>; bos_token_id is <|endoftext|>
                 ids = {"pad_token_id": "pad", "eos_token_id": "eos", "decoder_start_token_id": "bos"}
@@ -261,6 +296,20 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         "embedding": extra.get(FIELD),
         "notes": notes,
     }
+
+
+def _gguf_files(gguf: GGUFCheckpoint, directory: Path) -> dict[str, Path]:
+    """A GGUF's chat template and end-of-turn ids as the files an imported checkpoint keeps
+    (``chat_template.jinja``, ``generation_config.json``), written in ``directory``."""
+    files = {}
+    if gguf.template is not None:
+        files[CHAT_TEMPLATE] = directory / CHAT_TEMPLATE
+        files[CHAT_TEMPLATE].write_text(gguf.template, encoding="utf-8")
+    if gguf.stops:
+        files[GENERATION_CONFIG] = directory / GENERATION_CONFIG
+        stops = sorted(set(gguf.stops), key=gguf.stops.index)
+        files[GENERATION_CONFIG].write_text(json.dumps({"eos_token_id": stops}, indent=2) + "\n", encoding="utf-8")
+    return files
 
 
 def _embedding_record(positions: int, hf_dir: Path, st: SentenceTransformers | None, notes: list[str]) -> dict:
@@ -305,6 +354,10 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
     if isinstance(config, EncoderOnlyConfig):
         hf_config = bert_config(config, classifier_labels(src, meta, config.n_classes))
         tensors = qkv_to_bert(state, config)
+    elif isinstance(config, DecoderOnlyConfig) and config.positions == "rope":
+        imported = (meta.get("hf") or {}).get("architecture")
+        architecture = imported if imported in LLAMA else llama_architecture(config)
+        hf_config, tensors = llama_config(config, architecture), qkv_to_llama(state, config)
     elif isinstance(config, DecoderOnlyConfig):
         hf_config, tensors = gpt2_config(config), qkv_to_gpt2(state, config)
     elif isinstance(config, SpeechConfig):
@@ -341,6 +394,9 @@ def export_hf(src: str | Path, dst: str | Path) -> dict:
                         shutil.copyfile(src / name, tmp / name)
                     elif name in written:
                         (tmp / name).write_text(json.dumps(written[name], indent=2) + "\n", encoding="utf-8")
+            for name in LLAMA_FILES:  # an imported Llama's own tokenizer settings, generation defaults, template
+                if name in files and not isinstance(config, SpeechConfig):
+                    shutil.copyfile(src / name, tmp / name)
             if FILE in files and "source.spm" not in files:
                 tokenizer = Tokenizer.load(src / FILE)
                 shutil.copyfile(src / FILE, tmp / FILE)
@@ -386,10 +442,9 @@ def _check_token_ids(config: HFConfig, tokenizer: Tokenizer, fields: Mapping[str
     has that role, the two must agree."""
     for field, role in fields.items():
         value = config.fields.get(field)
-        if isinstance(value, list) and len(value) == 1:
-            value = value[0]
+        values = value if isinstance(value, list) else [value]  # Llama 3's END: several ids, one of them
         have = getattr(tokenizer, f"{role}_id")
-        if value is not None and have is not None and value != have:
+        if value is not None and have is not None and have not in values:
             raise UserError(
                 f"{config.path}: field {field!r} is {value!r}, but the tokenizer ({source}) gives its {role} token "
                 f"{tokenizer.specials[role]!r} the id {have}"

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, cache_length, check_fields
+from qkv.attention import Rope
+from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, LayerPlan, cache_length, check_fields
 from qkv.layers import InputEmbedding
 
 
@@ -31,6 +32,12 @@ class DecoderOnlyConfig(BlockConfig):
         scale_embeddings: multiply embeddings by √D (initialised with std 1/√D, so tokens
             and sinusoidal positions start at the same scale).
         pad_id, bos_id, eos_id: special token ids, or None where the vocabulary has none.
+        sliding_window: sliding-window attention (Mistral, Gemma 3): the layers of
+            ``sliding_blocks`` attend only to the newest ``sliding_window`` positions, their
+            own included (None: every layer attends to all).
+        sliding_blocks: the indices of those layers (None: every layer).
+        local_rope_base: RoPE's base in the sliding layers, unscaled (Gemma 3's
+            ``rope_local_base_freq``; None: the same RoPE as the other layers).
     """
 
     vocab_size: int = 50304
@@ -40,14 +47,40 @@ class DecoderOnlyConfig(BlockConfig):
     pad_id: int | None = None
     bos_id: int | None = None
     eos_id: int | None = None
+    sliding_window: int | None = None
+    sliding_blocks: tuple[int, ...] | None = None
+    local_rope_base: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.sliding_blocks, list):  # config.json holds a list
+            object.__setattr__(self, "sliding_blocks", tuple(self.sliding_blocks))
         check_fields(self, positive_ints=("vocab_size", "n_layers"), booleans=("tie_output", "scale_embeddings"))
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary")
+        if self.sliding_window is not None:
+            check_fields(self, positive_ints=("sliding_window",))
+        elif self.sliding_blocks is not None or self.local_rope_base is not None:
+            raise ValueError("sliding_blocks and local_rope_base need a sliding_window")
+        layers = self.sliding_blocks or ()
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layers for i in layers):
+            raise ValueError(
+                f"sliding_blocks must be layer indices in [0, {self.n_layers}), got {self.sliding_blocks!r}"
+            )
+        if self.local_rope_base is not None and (self.positions != "rope" or not self.local_rope_base > 0):
+            raise ValueError("local_rope_base must be a positive number, with positions='rope'")
+
+    def layer_plans(self) -> list[LayerPlan]:
+        """What each decoder block does apart from the shared settings: the sliding layers' window
+        and, with ``local_rope_base``, their own unscaled RoPE."""
+        sliding = set(range(self.n_layers) if self.sliding_blocks is None else self.sliding_blocks)
+        local = Rope(self.local_rope_base) if self.local_rope_base is not None else None
+        return [
+            LayerPlan(self.sliding_window, local) if self.sliding_window is not None and i in sliding else LayerPlan()
+            for i in range(self.n_layers)
+        ]
 
 
 class DecoderOnly(nn.Module):
@@ -68,7 +101,7 @@ class DecoderOnly(nn.Module):
             scale=c.scale_embeddings,
             dropout=c.dropout,
         )
-        self.decoder = DecoderStack(c, c.n_layers, cross_attention=False)
+        self.decoder = DecoderStack(c, c.n_layers, cross_attention=False, plans=c.layer_plans())
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_output:
             self.output.weight = self.embed.token.weight
