@@ -140,10 +140,10 @@ def test_a_banned_word_is_never_written_however_spelt_and_nothing_else_changes(a
     logits_of = table(vocab, seed=len(after))
     decoder = Scripted(logits_of, vocab_size=vocab)
     ban = BannedWords(["cat"], TEXTS, after=after)
-    found = beam_search(decoder, [[5]], beam_size=vocab ** (cap - 1), max_new_tokens=cap, nbest=8, scorers=[ban])[0]
+    found = beam_search(decoder, [[5]], beam_size=vocab ** (cap - 1), max_new_tokens=cap, nbest=40, scorers=[ban])[0]
     allowed = [(t, s) for t, s in every_output(logits_of, vocab=vocab, eos=2, cap=cap) if not writes_cat(t, after)]
-    assert [h.tokens for h in found] == [t for t, _ in allowed[:8]]
-    assert [h.score for h in found] == pytest.approx([s for _, s in allowed[:8]], abs=1e-5)
+    assert [h.tokens for h in found] == [t for t, _ in allowed[:40]]
+    assert [h.score for h in found] == pytest.approx([s for _, s in allowed[:40]], abs=1e-5)
     everything = every_output(logits_of, vocab=vocab, eos=2, cap=cap)
     assert any(writes_cat(t, after) for t, _ in everything[:8]), "the ban changed nothing"
     assert any("concat" in after + "".join(TEXTS[t] for t in tokens) for tokens, _ in allowed)
@@ -157,6 +157,14 @@ def test_banned_words_hold_in_greedy_and_sampling_and_refuse_a_text_that_holds_o
         row[[4, 5, 6][min(len(tokens), 2)]] = 6.0
         return row
 
+    def loves_concat(tokens: list[int]) -> torch.Tensor:  # "con" + "c" + "at": no word starts with cat
+        row = torch.zeros(vocab)
+        row[[10, 4, 5, 2][min(len(tokens), 3)]] = 6.0
+        return row
+
+    assert greedy(
+        Scripted(loves_concat, vocab_size=vocab), [[5]], max_new_tokens=4, scorers=[BannedWords(["cat"], TEXTS)]
+    ) == [[10, 4, 5]]
     decoder = Scripted(loves_cat, vocab_size=vocab)
     assert greedy(decoder, [[5]], max_new_tokens=3) == [[4, 5, 6]]
     ban = BannedWords(["cat"], TEXTS)
@@ -178,17 +186,18 @@ def test_banned_sequences_are_hugging_faces_bad_words_ids() -> None:
     vocab, cap = 6, 4
     logits_of = table(vocab, seed=9)
     decoder = Scripted(logits_of, vocab_size=vocab)
-    banned = [[3, 4], [5], [4, 4, 3]]
-    scorer = BannedSequences(banned, after=[4])
+    banned = [[4, 3], [5], [3, 3, 1]]
+    scorer = BannedSequences(banned, after=[4])  # no output starts with 3
 
     def bad(tokens: list[int]) -> bool:
         seen = [4, *tokens]  # "after": the text before the output ends with token 4
         return any(contains(seen, tuple(b)) for b in banned)
 
-    found = beam_search(decoder, [[1]], beam_size=vocab ** (cap - 1), max_new_tokens=cap, nbest=6, scorers=[scorer])
+    found = beam_search(decoder, [[1]], beam_size=vocab ** (cap - 1), max_new_tokens=cap, nbest=40, scorers=[scorer])
     allowed = [(t, s) for t, s in every_output(logits_of, vocab=vocab, eos=2, cap=cap) if not bad(t)]
-    assert [h.tokens for h in found[0]] == [t for t, _ in allowed[:6]]
-    assert [h.score for h in found[0]] == pytest.approx([s for _, s in allowed[:6]], abs=1e-5)
+    assert [h.tokens for h in found[0]] == [t for t, _ in allowed[:40]]
+    assert [h.score for h in found[0]] == pytest.approx([s for _, s in allowed[:40]], abs=1e-5)
+    assert sum(bad(t) for t, _ in every_output(logits_of, vocab=vocab, eos=2, cap=cap)[:40]) >= 5
     with pytest.raises(ValueError, match="banned sequences must hold ids"):
         greedy(decoder, [[1]], max_new_tokens=2, scorers=[BannedSequences([[vocab]])])
 
@@ -234,9 +243,12 @@ def test_without_terms_the_constrained_search_is_beam_search(length_penalty: flo
     decoder = Scripted(table(7, seed=1), vocab_size=7)
     for beam in (1, 2, 3, 5):
         plain = beam_search(decoder, [[1], [2], [3]], beam_size=beam, max_new_tokens=6, nbest=beam)
-        assert constrained_beam_search(
-            decoder, [[1], [2], [3]], required=[[]] * 3, beam_size=beam, max_new_tokens=6, nbest=beam
-        ) == plain
+        assert (
+            constrained_beam_search(
+                decoder, [[1], [2], [3]], required=[[]] * 3, beam_size=beam, max_new_tokens=6, nbest=beam
+            )
+            == plain
+        )
     written = [[Required(((4,),))]]  # the prefix writes it: nothing left to force
     forced = [1, 4, 3]
     assert constrained_beam_search(
@@ -244,15 +256,19 @@ def test_without_terms_the_constrained_search_is_beam_search(length_penalty: flo
     ) == beam_search(decoder, [[1]], beam_size=3, max_new_tokens=5, nbest=3, prefix=forced)
     torch.manual_seed(3)
     ed = EncoderDecoder(
-        EncoderDecoderConfig(src_vocab_size=17, tgt_vocab_size=13, n_encoder_layers=1, n_decoder_layers=2, max_len=19, **SMALL)
-    ).eval()  # fmt: skip
+        EncoderDecoderConfig(
+            src_vocab_size=17, tgt_vocab_size=13, n_encoder_layers=1, n_decoder_layers=2, max_len=19, **SMALL
+        )
+    ).eval()
     lm = DecoderOnly(DecoderOnlyConfig(vocab_size=13, n_layers=2, max_len=19, pad_id=0, bos_id=1, eos_id=2, **SMALL))
     rows = [[5, 6, 7, 8], [9, 3], [4, 4, 4, 4, 11, 12]]
     ban = [BannedSequences([[5, 6], [7]])]
     for model in (ed, lm.eval()):
         for beam in (2, 4):
             plain = beam_search(model, rows, beam_size=beam, max_new_tokens=9, nbest=2, scorers=ban)
-            same = constrained_beam_search(model, rows, required=[[]] * 3, beam_size=beam, max_new_tokens=9, nbest=2, scorers=ban)  # fmt: skip
+            same = constrained_beam_search(
+                model, rows, required=[[]] * 3, beam_size=beam, max_new_tokens=9, nbest=2, scorers=ban
+            )
             assert same == plain
 
 
@@ -305,7 +321,9 @@ def test_constrained_beam_finds_a_required_word_that_greedy_misses() -> None:
     decoder = Scripted(dislikes_4, vocab_size=6)
     assert greedy(decoder, [[1]], max_new_tokens=8) == [[3, 3, 3]]
     assert all(4 not in h.tokens for h in beam_search(decoder, [[1]], beam_size=4, max_new_tokens=8, nbest=4)[0])
-    found = constrained_beam_search(decoder, [[1]], required=[[Required(((4,),))]], beam_size=4, max_new_tokens=8, nbest=4)  # fmt: skip
+    found = constrained_beam_search(
+        decoder, [[1]], required=[[Required(((4,),))]], beam_size=4, max_new_tokens=8, nbest=4
+    )
     assert len(found[0]) == 4 and all(4 in h.tokens and len(h.tokens) <= 8 for h in found[0])
     assert [h.score for h in found[0]] == sorted((h.score for h in found[0]), reverse=True)
 
@@ -315,7 +333,9 @@ def test_the_constrained_search_refuses_what_it_cannot_honour() -> None:
     with pytest.raises(ValueError, match="2 lists of required terms for 1 inputs"):
         constrained_beam_search(decoder, [[1]], required=[[], []], beam_size=2, max_new_tokens=3)
     with pytest.raises(ValueError, match="partial scorer"):
-        constrained_beam_search(decoder, [[1]], required=[[]], beam_size=2, max_new_tokens=3, scorers=[CTCPrefixScore(0.3)])  # fmt: skip
+        constrained_beam_search(
+            decoder, [[1]], required=[[]], beam_size=2, max_new_tokens=3, scorers=[CTCPrefixScore(0.3)]
+        )
     with pytest.raises(ValueError, match="non-empty token sequences"):
         Required(((),))
     with pytest.raises(ValueError, match="AT_START may only begin a way"):
@@ -380,7 +400,9 @@ def test_a_prefix_starts_every_output_of_every_family(models) -> None:
     assert all(t.tokens[:4] == ed.vocab.target.encode("a do") for t in found)
     for m in (ed, lm):
         for beam in (1, 3):
-            assert all(g[0].text.startswith(" mi") for g in bundles.generations(m, TEXTS_IN[:3], beam_size=beam, prefix=" mi"))  # fmt: skip
+            assert all(
+                g[0].text.startswith(" mi") for g in bundles.generations(m, TEXTS_IN[:3], beam_size=beam, prefix=" mi")
+            )
     drawn = lm.generate(["do", "re"], prefix=" mi", sampling=bundles.Sampling(seed=3))
     assert all(text.startswith(" mi") for text in drawn)
     assert lm.generate("do", prefix=" mi", max_new_tokens=5).startswith(" mi")  # not streamed: written whole
@@ -453,7 +475,7 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(models, tmp_path, capsys
         ed.translate(["do"], ban=["dog"], require=["dog"])
     with pytest.raises(OptionError, match="require 'Zürich': the model's vocabulary cannot write it"):
         ed.translate(["do"], require=["Zürich"])
-    with pytest.raises(OptionError, match="prefix .* is 15 tokens; the model's window takes at most 14"):
+    with pytest.raises(OptionError, match=r"prefix .* is 15 tokens; the model.s window takes at most 14"):
         ed.translate(["do"], prefix="a" * 15)
     with pytest.raises(OptionError, match="ban is a list of words"):
         ed.translate(["do"], ban="dog")
@@ -471,6 +493,8 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(models, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err == "qkv generate: error: --require needs beam search: --beam 1 is greedy decoding"
     glossary.write_text("hund\tdog\n", encoding="utf-8")
-    assert main(["translate", *common, "--terms", str(glossary), "--prefix", " ", "--ban", "mi", "--require", "re"]) == 0
+    assert (
+        main(["translate", *common, "--terms", str(glossary), "--prefix", " ", "--ban", "mi", "--require", "re"]) == 0
+    )
     written = capsys.readouterr().out
     assert written.startswith(" ") and "dog" in written and "re" in written

@@ -455,11 +455,14 @@ def constraints(
     if not wanted and not terms:
         return Constraints(shown, tuple(scorers), None)
     ways = {word: _ways(target, word, "require") for word in wanted}
-    ways |= {t: _ways(target, t, "terms") for _, t in terms if t not in ways}
     required = []
     for text in sources:
-        given = wanted + [t for s, t in terms if text is not None and _holds_word(text, s) and t not in wanted]
-        required.append([ways[word] for word in dict.fromkeys(given) if not _holds_word(written, word)])
+        # A substring test first: a long glossary meets each text in C before any pattern does.
+        found = [t for s, t in terms if text is not None and s in text and _holds_word(text, s)]
+        for word in found:
+            if word not in ways:
+                ways[word] = _ways(target, word, "terms")
+        required.append([ways[word] for word in dict.fromkeys(wanted + found) if not _holds_word(written, word)])
     return Constraints(shown, tuple(scorers), required)
 
 
