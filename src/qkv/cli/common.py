@@ -149,7 +149,8 @@ def add_constraints(p: argparse.ArgumentParser, *, terms: bool = False) -> None:
         "--prefix",
         metavar="TEXT",
         help="every output starts with TEXT, written as part of the output: the model goes on from it as if it "
-        "had written it (a language model reads it after the prompt)",
+        "had written it (a language model reads it after its prompt, an imported Whisper after its start tokens "
+        "and a space)",
     )
     group.add_argument(
         "--ban",
