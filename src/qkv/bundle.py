@@ -454,6 +454,18 @@ def constraints(
         raise OptionError(f"{both[0]!r} is both banned and required", "ban", "require")
     if not wanted and not terms:
         return Constraints(shown, tuple(scorers), None)
+    return Constraints(shown, tuple(scorers), _required(target, sources, wanted, terms, written))
+
+
+def _required(
+    target: Tokenizer,
+    sources: Sequence[str | None],
+    wanted: list[str],
+    terms: Sequence[tuple[str, str]],
+    written: str,
+) -> list[list[Required]]:
+    """Each input's required terms: the ``wanted`` words and the targets of the ``terms`` whose
+    source its text holds, each once, but those the prefix (``written``) already writes."""
     ways = {word: _ways(target, word, "require") for word in wanted}
     required = []
     for text in sources:
@@ -463,7 +475,7 @@ def constraints(
             if word not in ways:
                 ways[word] = _ways(target, word, "terms")
         required.append([ways[word] for word in dict.fromkeys(wanted + found) if not _holds_word(written, word)])
-    return Constraints(shown, tuple(scorers), required)
+    return required
 
 
 def read_terms(path: str | Path) -> list[tuple[str, str]]:
