@@ -11,7 +11,10 @@ them), :func:`speeches`, :func:`embeddings`, :func:`generations` (with :func:`wi
 rule by which inputs fit the model's window, and :func:`continued`, a language model's
 continuation piece by piece), :func:`reply` and, for an imported chat model with a chat template
 (``Bundle.conversation``), :func:`chat_reply` (the reply streamed piece by piece) with
-:func:`as_messages` (a dialogue as the template's messages).
+:func:`as_messages` (a dialogue as the template's messages). The decoding jobs take constraints alike
+(:func:`constraints`: a forced ``prefix``, banned words ``ban``, required words ``require`` and,
+for translation, ``terms`` read by :func:`read_terms`), and apply an imported checkpoint's own
+``bad_words_ids``.
 
 A job the model cannot do, and an option that does not apply to it, is refused in one line
 (a :class:`~qkv.errors.UserError`; an :class:`~qkv.errors.OptionError` names the option as the
@@ -24,6 +27,7 @@ What is not here: what loading is built on (``checkpoint.py``, ``loading.py``), 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +42,19 @@ from qkv.chat import draw, template_reply
 from qkv.chat import reply as next_turn
 from qkv.checkpoint import load_model, model_dir, read_meta
 from qkv.conversation import Conversation
-from qkv.decoding import beam_search, generate, greedy, most_likely, sampler
+from qkv.decoding import (
+    AT_START,
+    BannedSequences,
+    BannedWords,
+    Required,
+    Scorer,
+    beam_search,
+    constrained_beam_search,
+    generate,
+    greedy,
+    most_likely,
+    sampler,
+)
 from qkv.embedding import Choice, EmbeddingSettings, choose, sentence_embeddings
 from qkv.ensemble import Ensemble
 from qkv.errors import OptionError, UserError
@@ -49,7 +65,7 @@ from qkv.streaming import continuation_text
 from qkv.synthesis import Synthesis
 from qkv.tasks.asr import too_short, transcribe
 from qkv.tasks.tts import speak, speaking_of
-from qkv.tokenization import Vocabularies
+from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.vocoder import write_wav
 
 JOBS = {  # what each kind of model does
@@ -241,10 +257,23 @@ class Bundle:
         """Refuse, in one line naming what the model does, a ``job`` it cannot do."""
         require(self.path, self.kind, job)
 
-    def translate(self, texts: str | Sequence[str], *, beam_size: int | None = None) -> str | list[str]:
-        """Each text's best translation (a text: its translation), by :func:`translations`."""
-        found = [hyps[0].text for hyps in translations(self, _listed(texts), beam_size=beam_size)]
-        return found[0] if isinstance(texts, str) else found
+    def translate(
+        self,
+        texts: str | Sequence[str],
+        *,
+        beam_size: int | None = None,
+        prefix: str | None = None,
+        ban: Sequence[str] = (),
+        require: Sequence[str] = (),
+        terms: Sequence[tuple[str, str]] = (),
+    ) -> str | list[str]:
+        """Each text's best translation (a text: its translation), by :func:`translations`, with
+        its constraints (:func:`constraints`)."""
+        found = translations(
+            self, _listed(texts), beam_size=beam_size, prefix=prefix, ban=ban, require=require, terms=terms
+        )
+        best = [hyps[0].text for hyps in found]
+        return best[0] if isinstance(texts, str) else best
 
     def transcribe(
         self,
@@ -253,11 +282,24 @@ class Bundle:
         beam_size: int | None = None,
         language: str | None = None,
         task: str | None = None,
+        prefix: str | None = None,
+        ban: Sequence[str] = (),
+        require: Sequence[str] = (),
     ) -> str | list[str]:
         """Each file's or waveform's text (one: its text), by :func:`transcriptions`; ``language``
-        and ``task`` ("transcribe" or "translate"): an imported Whisper's."""
+        and ``task`` ("transcribe" or "translate"): an imported Whisper's; ``prefix``, ``ban``,
+        ``require``: constraints (:func:`constraints`)."""
         one = _one_audio(audio)
-        found = transcriptions(self, [audio] if one else list(audio), beam_size=beam_size, language=language, task=task)
+        found = transcriptions(
+            self,
+            [audio] if one else list(audio),
+            beam_size=beam_size,
+            language=language,
+            task=task,
+            prefix=prefix,
+            ban=ban,
+            require=require,
+        )
         texts = [t.text for t in found]
         return texts[0] if one else texts
 
@@ -285,14 +327,26 @@ class Bundle:
         max_new_tokens: int = 64,
         beam_size: int = 1,
         sampling: Sampling | None = None,
+        prefix: str | None = None,
+        ban: Sequence[str] = (),
+        require: Sequence[str] = (),
     ) -> str | list[str]:
-        """Each input's output, by :func:`generations`: greedy, beam search or drawn. One
-        prompt to a language model, beam 1, is continued past the window as it slides
-        (:func:`continued`, as ``qkv generate --prompt`` streams it)."""
-        if isinstance(prompts, str) and self.kind == "decoder_only" and beam_size == 1:
+        """Each input's output, by :func:`generations`: greedy, beam search or drawn, with its
+        constraints (:func:`constraints`). One prompt to a language model, beam 1, without
+        constraints, is continued past the window as it slides (:func:`continued`, as ``qkv
+        generate --prompt`` streams it)."""
+        plain = prefix is None and not ban and not require
+        if isinstance(prompts, str) and self.kind == "decoder_only" and beam_size == 1 and plain:
             return "".join(continued(self, prompts, max_new_tokens=max_new_tokens, sampling=sampling))
         found = generations(
-            self, _listed(prompts), max_new_tokens=max_new_tokens, beam_size=beam_size, sampling=sampling
+            self,
+            _listed(prompts),
+            max_new_tokens=max_new_tokens,
+            beam_size=beam_size,
+            sampling=sampling,
+            prefix=prefix,
+            ban=ban,
+            require=require,
         )
         texts = [outputs[0].text for outputs in found]
         return texts[0] if isinstance(prompts, str) else texts
@@ -385,6 +439,182 @@ def require(path: Path, kind: str, job: str) -> None:
     raise UserError(f"{path} holds {KIND_NAMES[kind]}: it {does}; it cannot {job}: {doers} does")
 
 
+# ----------------------------------------------------------------------------- constraints
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """A decoding job's constraints as its search takes them (:func:`constraints`).
+
+    Attributes:
+        shown: the forced prefix's target tokens: decoded first (after an encoder-decoder's
+            BEGIN, at the end of a language model's prompt) and part of every output.
+        scorers: the bans (the checkpoint's ``bad_words_ids``, the banned words).
+        required: each input's required terms (None: plain search, no term anywhere).
+    """
+
+    shown: list[int] = field(default_factory=list)
+    scorers: tuple[Scorer, ...] = ()
+    required: list[list[Required]] | None = None
+
+    def forced(self, bundle: Bundle) -> list[int] | None:
+        """An encoder-decoder's forced first tokens (BEGIN, then the prefix), or None: BEGIN alone."""
+        return [bundle.model.config.bos_id, *self.shown] if self.shown else None
+
+
+def constraints(
+    bundle: Bundle,
+    sources: Sequence[str | None],
+    *,
+    prefix: str | None = None,
+    ban: Sequence[str] = (),
+    require: Sequence[str] = (),
+    terms: Sequence[tuple[str, str]] = (),
+    beam_size: int = 1,
+    sampling: bool = False,
+) -> Constraints:
+    """What a job's outputs must obey, for inputs whose texts are ``sources`` (None: audio).
+
+    ``prefix``: text every output starts with, as written (encoded without special tokens; an
+    imported Whisper's after a space, as openai/whisper does); it is part of the output text.
+    ``ban``: words no output writes, however the tokens spell them (``decoding.BannedWords``:
+    where a word starts, as written, and so also the words it starts). ``require``: words every
+    output contains, and ``terms``: (source, target) pairs whose target is required of each input
+    whose text holds the source as a word (as written); both need beam search
+    (``decoding.constrained_beam_search``) and are forced as the tokenizer writes them at a
+    text's start or after a space. A word the prefix already writes is not required again. An
+    imported checkpoint's ``bad_words_ids`` (config.json's ``hf``) are banned whatever is given.
+    Without any, a job decodes exactly as it does without constraints.
+    """
+    if (require or terms) and (sampling or beam_size < 2):
+        named = [name for name, given in (("require", require), ("terms", terms)) if given]
+        how = ("sampling", "draws each token") if sampling else ("beam_size", f"{beam_size} is greedy decoding")
+        need = "needs" if len(named) == 1 else "need"
+        raise OptionError(f"{' and '.join(named)} {need} beam search: {how[0]} {how[1]}", *named, how[0])
+    target = bundle.vocab.target
+    shown = _prefix_tokens(bundle, prefix)
+    written = target.decode(shown)
+    scorers: list[Scorer] = _checkpoint_bans(bundle, shown)
+    words = _words(ban, "ban")
+    if words:
+        for word in words:
+            if _starts_word(word, written):
+                raise OptionError(f"prefix {prefix!r} writes the banned word {word!r}", "prefix", "ban")
+        scorers.append(BannedWords(words, target.token_texts(), after=written))
+    wanted = _words(require, "require")
+    both = sorted(set(words) & set(wanted))
+    if both:
+        raise OptionError(f"{both[0]!r} is both banned and required", "ban", "require")
+    if not wanted and not terms:
+        return Constraints(shown, tuple(scorers), None)
+    return Constraints(shown, tuple(scorers), _required(target, sources, wanted, terms, written))
+
+
+def _required(
+    target: Tokenizer,
+    sources: Sequence[str | None],
+    wanted: list[str],
+    terms: Sequence[tuple[str, str]],
+    written: str,
+) -> list[list[Required]]:
+    """Each input's required terms: the ``wanted`` words and the targets of the ``terms`` whose
+    source its text holds, each once, but those the prefix (``written``) already writes."""
+    ways = {word: _ways(target, word, "require") for word in wanted}
+    required = []
+    for text in sources:
+        # A substring test first: a long glossary meets each text in C before any pattern does.
+        found = [t for s, t in terms if text is not None and s in text and _holds_word(text, s)]
+        for word in found:
+            if word not in ways:
+                ways[word] = _ways(target, word, "terms")
+        required.append([ways[word] for word in dict.fromkeys(wanted + found) if not _holds_word(written, word)])
+    return required
+
+
+def read_terms(path: str | Path) -> list[tuple[str, str]]:
+    """Terminology from a file of SOURCE<TAB>TARGET lines (UTF-8; blank lines skipped), as
+    :func:`translations` takes it; a line that is not two non-empty fields is refused naming
+    the file and line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read terms {path}: {getattr(e, 'strerror', None) or 'not UTF-8 text'}") from None
+    pairs = []
+    for number, line in enumerate(lines, 1):
+        fields = line.split("\t")
+        if not line.strip():
+            continue
+        if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
+            raise UserError(f"{path}:{number}: expected SOURCE<TAB>TARGET, two non-empty fields; got {line!r}")
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    return pairs
+
+
+def _words(given: Sequence[str], option: str) -> list[str]:
+    """The words of a ``ban`` or ``require`` option, stripped, each once; an empty one refused."""
+    if isinstance(given, str):
+        raise OptionError(f"{option} is a list of words, not one string", option)
+    words = [w.strip() for w in given]
+    if any(not w for w in words):
+        raise OptionError(f"{option}: give words, not an empty one", option)
+    return list(dict.fromkeys(words))
+
+
+def _starts_word(word: str, text: str) -> bool:
+    """Whether ``text`` writes ``word`` where a word starts (as ``decoding.BannedWords`` matches)."""
+    boundary = r"(?<!\w)" if re.match(r"\w", word) else ""  # a word starting with "$" starts anywhere
+    return re.search(boundary + re.escape(word), text) is not None
+
+
+def _holds_word(text: str, word: str) -> bool:
+    """Whether ``text`` holds ``word`` as a word of its own (nothing of a word just before or after it)."""
+    return re.search(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text) is not None
+
+
+def _ways(tokenizer: Tokenizer, word: str, option: str) -> Required:
+    """A required word as token sequences: as the tokenizer writes it after a space (the tokens
+    "a " + word adds to "a") and, where that differs, at a text's start (only there: glued to
+    other text it would write another word), without any unknown token."""
+    alone = tuple(tokenizer.encode(word, add_special_tokens=False))
+    head = tokenizer.encode("a", add_special_tokens=False)
+    spaced = tokenizer.encode("a " + word, add_special_tokens=False)
+    after_space = tuple(spaced[len(head) :]) if spaced[: len(head)] == head else ()
+    ways = {w for w in (alone, after_space) if w and tokenizer.unk_id not in w}
+    ways = {w if w == after_space else (AT_START, *w) for w in ways}
+    if not ways:
+        raise OptionError(f"{option} {word!r}: the model's vocabulary cannot write it", option)
+    return Required(tuple(sorted(ways)))
+
+
+def _prefix_tokens(bundle: Bundle, prefix: str | None) -> list[int]:
+    """The target tokens of a forced ``prefix`` (none without one); one the vocabulary cannot
+    write, or longer than half the window, is refused."""
+    if prefix is None:
+        return []
+    target, half = bundle.vocab.target, bundle.window // 2
+    ids = target.encode(" " + prefix.strip() if bundle.whisper is not None else prefix, add_special_tokens=False)
+    if not ids or target.unk_id in ids:
+        raise OptionError(f"prefix {prefix!r}: the model's vocabulary cannot write it", "prefix")
+    if len(ids) > half:
+        raise OptionError(f"prefix {prefix!r} is {len(ids)} tokens; the model's window takes at most {half}", "prefix")
+    return ids
+
+
+def _checkpoint_bans(bundle: Bundle, shown: list[int]) -> list[Scorer]:
+    """An imported checkpoint's ``bad_words_ids`` (config.json's ``hf``), as Hugging Face's
+    generation applies them (e.g. Marian's padding token, never written); none for others."""
+    sequences = (bundle.meta.get("hf") or {}).get("bad_words_ids")
+    if not sequences:
+        return []
+    vocab = getattr(bundle.model.config, "tgt_vocab_size", None) or bundle.model.config.vocab_size
+    good = isinstance(sequences, list) and all(
+        isinstance(seq, list) and seq and all(type(t) is int and 0 <= t < vocab for t in seq) for seq in sequences
+    )
+    if not good:
+        raise UserError(f"{bundle.path / 'config.json'}: hf.bad_words_ids must be lists of token ids below {vocab}")
+    return [BannedSequences(sequences, after=shown)]
+
+
 # ----------------------------------------------------------------------------- translate
 
 
@@ -400,22 +630,30 @@ def translations(
     max_tokens: int = 8192,
     ensemble: Sequence[Bundle] = (),
     on_batch: Callable[[int], None] | None = None,
+    prefix: str | None = None,
+    ban: Sequence[str] = (),
+    require: Sequence[str] = (),
+    terms: Sequence[tuple[str, str]] = (),
 ) -> list[list[Translation]]:
     """Each text's ``nbest`` best translations, in input order (``seq2seq.translate``: beam
     search over batches of similar length, at most ``max_tokens`` source tokens times the beam
     each; a source cut to the window; an empty text gives empty outputs). Unset settings are
     the recipe's (:attr:`Bundle.decode`). ``ensemble``: other encoder_decoder models with the
     same vocabularies, decoded with this one as one (the mean of their distributions).
-    ``on_batch(n)`` after every n texts (a progress bar)."""
+    ``on_batch(n)`` after every n texts (a progress bar). ``prefix``, ``ban``, ``require``,
+    ``terms``: constraints (:func:`constraints`; a translation's tokens and text start with the
+    prefix's)."""
     bundle.require("translate")
     d = bundle.decode
     beam = d.beam_size if beam_size is None else beam_size
     if nbest > beam:
         raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
     model = _ensemble(bundle, ensemble) if ensemble else bundle.model
+    steer = constraints(bundle, texts, prefix=prefix, ban=ban, require=require, terms=terms, beam_size=beam)
     found: list[list[Translation]] = []
     for start in range(0, len(texts), TRANSLATE_CHUNK):
         chunk = list(texts[start : start + TRANSLATE_CHUNK])
+        required = None if steer.required is None else steer.required[start : start + TRANSLATE_CHUNK]
         found += translate(
             model,
             bundle.vocab,
@@ -426,6 +664,9 @@ def translations(
             max_len_a=d.max_len_a if max_len_a is None else max_len_a,
             max_len_b=d.max_len_b if max_len_b is None else max_len_b,
             max_tokens=max_tokens,
+            prefix=steer.shown,
+            scorers=steer.scorers,
+            required=required,
         )
         if on_batch is not None:
             on_batch(len(chunk))
@@ -508,6 +749,9 @@ def transcriptions(
     task: str | None = None,
     batch_size: int = 32,
     on_batch: Callable[[int], None] | None = None,
+    prefix: str | None = None,
+    ban: Sequence[str] = (),
+    require: Sequence[str] = (),
 ) -> list[Transcript]:
     """Each input's transcript, in order: audio files (read at the model's rate) or mono
     waveforms (N,) at :attr:`Bundle.sample_rate`.
@@ -518,47 +762,68 @@ def transcriptions(
     tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
     Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
     a multilingual one without ``language`` from each input's own language, detected as
-    Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar).
+    Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar). ``prefix``,
+    ``ban``, ``require``: constraints (:func:`constraints`; the prefix follows an imported
+    Whisper's start tokens, and a transcript's tokens and text start with it); not with
+    ``ctc_only``, and ``require`` not joint with the CTC prefix score.
     """
     bundle.require("transcribe")
     if lm_weight is not None and lm is None:
         raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
     if bundle.whisper is None and (language is not None or task is not None):
         raise OptionError("language and task apply to imported Whisper models only", "language", "task")
+    d = bundle.decode
+    beam = d.beam_size if beam_size is None else beam_size
+    named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
+    if ctc_only and named:
+        raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
+    if require and (d.ctc_weight if ctc_weight is None else ctc_weight) > 0:
+        raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+    steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
     fused = None
     if lm is not None:
         bf16 = bundle.precision == "bf16"
         fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
-    d = bundle.decode
     feats, seconds = [], []
     for i, item in enumerate(audio):
         wave = _waveform(bundle, item, i)
         began = time.perf_counter()
         feats.append(features(wave, bundle.features))  # (T, M)
         seconds.append(time.perf_counter() - began)
-    prefixes, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
+    starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
     groups: dict[tuple[int, ...] | None, list[int]] = {}
-    for i, prefix in enumerate(prefixes):
-        groups.setdefault(prefix, []).append(i)
+    for i, start in enumerate(starts):
+        groups.setdefault(start, []).append(i)
     found: list[Transcript | None] = [None] * len(feats)
-    for prefix, rows in groups.items():
+    for start, rows in groups.items():
         heard = transcribe(
             bundle.model,
             bundle.vocab.target,
             [feats[i] for i in rows],
-            beam_size=d.beam_size if beam_size is None else beam_size,
+            beam_size=beam,
             ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
             ctc_only=ctc_only,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,
             batch_size=batch_size,
-            prefix=None if prefix is None else list(prefix),
+            prefix=_started_with(bundle, start, steer.shown),
             on_batch=on_batch,
             lm=fused,
             lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
+            scorers=steer.scorers,
+            required=None if steer.required is None else [steer.required[i] for i in rows],
         )
         for i, h in zip(rows, heard, strict=True):
-            found[i] = Transcript(h.text.strip(), h.ids, languages[i], seconds[i], h.seconds)
+            ids = [*steer.shown, *h.ids]
+            text = bundle.vocab.target.decode(ids) if steer.shown else h.text
+            found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds)
     return [t for t in found if t is not None]
+
+
+def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int]) -> list[int] | None:
+    """The decoder's forced first tokens: the start tokens (None: BEGIN alone), then the prefix's."""
+    if not shown:
+        return None if start is None else list(start)
+    return [*(start or [bundle.model.config.bos_id]), *shown]
 
 
 def _waveform(bundle: Bundle, item: Audio, i: int) -> Tensor:
@@ -757,26 +1022,43 @@ def generations(
     nbest: int = 1,
     sampling: Sampling | None = None,
     batch_size: int = 64,
+    prefix: str | None = None,
+    ban: Sequence[str] = (),
+    require: Sequence[str] = (),
 ) -> list[list[Generated]]:
     """Each input's outputs, in order: an encoder-decoder's for the text as its source, a
     language model's continuation of it as a prompt; greedy, the ``nbest`` best of a beam
     search of ``beam_size``, or drawn (``sampling``, one generator for the whole call: the same
     seed and ``batch_size`` give the same outputs). An input is cut to the window
     (:func:`window_cut`) and an output stops where the window is full; an empty input gives
-    ``nbest`` empty outputs in its place."""
+    ``nbest`` empty outputs in its place. ``prefix``, ``ban``, ``require``: constraints
+    (:func:`constraints`; a language model reads the prefix after the prompt, and an output's
+    tokens and text start with it)."""
     bundle.require("generate")
     if nbest > beam_size:
         raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
     if sampling is not None and beam_size > 1:
         raise OptionError("sampling draws one output per input: no beam_size above 1", "sampling", "beam_size")
+    steer = constraints(
+        bundle, texts, prefix=prefix, ban=ban, require=require, beam_size=beam_size, sampling=sampling is not None
+    )
     chosen = None if sampling is None else sampling.chooser(bundle.device)
+    read_after = steer.shown if bundle.kind == "decoder_only" else []  # a prompt goes on with the prefix
     found: list[list[Generated]] = []
     for start in range(0, len(texts), batch_size):
         chunk = list(texts[start : start + batch_size])
         todo = [i for i, text in enumerate(chunk) if text.strip()]
-        inputs = [window_cut(bundle, ids) for ids in bundle.vocab.source.encode_batch([chunk[i] for i in todo])]
+        encoded = bundle.vocab.source.encode_batch([chunk[i] for i in todo])
+        inputs = [window_cut(bundle, [*ids, *read_after]) for ids in encoded]
+        required = None if steer.required is None else [steer.required[start + i] for i in todo]
         outputs = _decoded(
-            bundle, inputs, max_new_tokens=max_new_tokens, beam_size=beam_size, nbest=nbest, choose=chosen
+            bundle,
+            inputs,
+            max_new_tokens=max_new_tokens,
+            beam_size=beam_size,
+            nbest=nbest,
+            choose=chosen,
+            steer=Constraints(steer.shown, steer.scorers, required),
         )
         results = dict(zip(todo, outputs, strict=True)) if inputs else {}
         found += [results.get(i, [Generated("", [], None)] * nbest) for i in range(len(chunk))]
@@ -784,21 +1066,56 @@ def generations(
 
 
 def _decoded(
-    bundle: Bundle, inputs: list[list[int]], *, max_new_tokens: int, beam_size: int, nbest: int, choose
+    bundle: Bundle,
+    inputs: list[list[int]],
+    *,
+    max_new_tokens: int,
+    beam_size: int,
+    nbest: int,
+    choose,
+    steer: Constraints,
 ) -> list[list[Generated]]:
-    """The outputs of token inputs: drawn by ``choose``, else beam search above beam 1, else greedy."""
-    target = bundle.vocab.target
+    """The outputs of token inputs: drawn by ``choose``, else constrained beam search with
+    required terms, else beam search above beam 1, else greedy; each output's tokens and text
+    start with the prefix's."""
     if not inputs:
         return []
+    model, scorers = bundle.model, steer.scorers
+    forced = None if bundle.kind == "decoder_only" else steer.forced(bundle)
+
+    def output(tokens: list[int], score: float | None) -> Generated:
+        written = [*steer.shown, *tokens]
+        return Generated(bundle.vocab.target.decode(written), written, score)
+
     if choose is not None:
-        drawn = generate(bundle.model, inputs, max_new_tokens=max_new_tokens, choose=choose)
-        return [[Generated(target.decode(ids), ids, None)] for ids in drawn]
+        drawn = generate(model, inputs, max_new_tokens=max_new_tokens, choose=choose, prefix=forced, scorers=scorers)
+        return [[output(ids, None)] for ids in drawn]
+    if steer.required is not None:
+        hyps = constrained_beam_search(
+            model,
+            inputs,
+            required=steer.required,
+            beam_size=beam_size,
+            max_new_tokens=max_new_tokens,
+            nbest=nbest,
+            prefix=forced,
+            scorers=scorers,
+        )
+        return [[output(h.tokens, h.score) for h in hs] for hs in hyps]
     if beam_size > 1:
-        hyps = beam_search(bundle.model, inputs, beam_size=beam_size, max_new_tokens=max_new_tokens, nbest=nbest)
-        return [[Generated(target.decode(h.tokens), h.tokens, h.score) for h in hs] for hs in hyps]
+        hyps = beam_search(
+            model,
+            inputs,
+            beam_size=beam_size,
+            max_new_tokens=max_new_tokens,
+            nbest=nbest,
+            prefix=forced,
+            scorers=scorers,
+        )
+        return [[output(h.tokens, h.score) for h in hs] for hs in hyps]
     return [
-        [Generated(target.decode(ids), ids, None)]
-        for ids in greedy(bundle.model, inputs, max_new_tokens=max_new_tokens)
+        [output(ids, None)]
+        for ids in greedy(model, inputs, max_new_tokens=max_new_tokens, prefix=forced, scorers=scorers)
     ]
 
 

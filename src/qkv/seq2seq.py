@@ -14,11 +14,12 @@ task runners (``tasks/``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from qkv.decoding import beam_search
+from qkv.decoding import Required, Scorer, beam_search, constrained_beam_search
 from qkv.ensemble import Ensemble
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.tokenization import Tokenizer, Vocabularies
@@ -59,6 +60,9 @@ def translate(
     max_len_a: float = 1.5,
     max_len_b: int = 10,
     max_tokens: int = 8192,
+    prefix: Sequence[int] = (),
+    scorers: Sequence[Scorer] = (),
+    required: Sequence[Sequence[Required]] | None = None,
 ) -> list[list[Translation]]:
     """The ``nbest`` best outputs of every text, in input order.
 
@@ -67,8 +71,14 @@ def translate(
     output may have at most ⌊a·S⌋ + b tokens, S its own source's length (the max-length rule
     of fairseq's ``--max-len-a/-b``). An empty (or all-blank) text gives empty outputs. Texts are
     encoded with the source tokenizer, outputs decoded with the target one.
+
+    Constraints (``decoding``): ``prefix``, target tokens every output starts with (forced
+    after BEGIN, and part of each output's tokens and text; the cap counts the tokens after
+    them); ``scorers``, full scorers such as bans; ``required``, each text's required terms,
+    searched for by ``decoding.constrained_beam_search`` (None: plain beam search).
     """
     vocab = Vocabularies.of(tokenizers)
+    forced = [model.config.bos_id, *prefix] if prefix else None
     sources = source_ids(vocab.source, texts, window=model.config.max_len)
     found: list[list[Translation]] = [[Translation("", [], 0.0)] * nbest for _ in texts]
     todo = sorted((i for i in range(len(texts)) if texts[i].strip() and sources[i]), key=lambda i: len(sources[i]))
@@ -79,16 +89,34 @@ def translate(
         while end < len(todo) and len(sources[todo[end]]) * (end - k + 1) <= budget:
             end += 1
         chunk, k = todo[k:end], end
-        hypotheses = beam_search(
-            model,
-            [sources[i] for i in chunk],
-            beam_size=beam_size,
-            nbest=nbest,
-            length_penalty=length_penalty,
-            max_new_tokens=[int(max_len_a * len(sources[i])) + max_len_b for i in chunk],
-        )
+        caps = [int(max_len_a * len(sources[i])) + max_len_b for i in chunk]
+        inputs = [sources[i] for i in chunk]
+        if required is None:
+            hypotheses = beam_search(
+                model,
+                inputs,
+                beam_size=beam_size,
+                nbest=nbest,
+                length_penalty=length_penalty,
+                max_new_tokens=caps,
+                prefix=forced,
+                scorers=scorers,
+            )
+        else:
+            hypotheses = constrained_beam_search(
+                model,
+                inputs,
+                required=[required[i] for i in chunk],
+                beam_size=beam_size,
+                nbest=nbest,
+                length_penalty=length_penalty,
+                max_new_tokens=caps,
+                prefix=forced,
+                scorers=scorers,
+            )
         for i, hyps in zip(chunk, hypotheses, strict=True):
-            found[i] = [Translation(vocab.target.decode(h.tokens), h.tokens, h.score) for h in hyps]
+            written = [[*prefix, *h.tokens] for h in hyps]
+            found[i] = [Translation(vocab.target.decode(t), t, h.score) for t, h in zip(written, hyps, strict=True)]
             # Always nbest outputs, so they can be matched to inputs by counting.
             found[i] += [Translation("", [], float("-inf"))] * (nbest - len(found[i]))
     return found

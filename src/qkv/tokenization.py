@@ -78,6 +78,7 @@ class Tokenizer:
         self.path: Path | None = None  # the file it was loaded from, named in the library's errors
         self.prepare: Callable[[str], str] | None = None  # see reading()
         self.add_special_tokens = add_special_tokens
+        self._token_texts: list[str] | None = None  # see token_texts()
         if specials is None:
             specials = dict(zip(ROLES, SPECIALS, strict=True))
         unknown = sorted(set(specials) - set(ROLES))
@@ -246,6 +247,7 @@ class Tokenizer:
         """
         if self.mask_id is None:
             self.backend.add_special_tokens([MASK])
+            self._token_texts = None
         return self
 
     def reading(self, prepare: Callable[[str], str]) -> Tokenizer:
@@ -286,6 +288,24 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         with self._library("decode ids"):
             return self.backend.decode(ids, skip_special_tokens=True)
+
+    def token_texts(self) -> list[str]:
+        """Each id's text as :meth:`decode` writes it after another token: "▁cat" is " cat", a
+        word-level token gets the space decoding puts between words, a special token writes
+        "" (what banning a word matches tokens against: ``decoding.BannedWords``). Found as
+        what one id adds to the text of a word-like token before it; computed once."""
+        if self._token_texts is None:
+            ids = range(self.vocab_size)
+            with self._library("decode ids"):
+                alone = self.backend.decode_batch([[t] for t in ids], skip_special_tokens=True)
+                anchor = next((t for t in ids if alone[t].strip().isalnum()), None)
+                pairs = [[t] if anchor is None else [anchor, t] for t in ids]
+                after = self.backend.decode_batch(pairs, skip_special_tokens=True)
+            before = "" if anchor is None else alone[anchor]
+            self._token_texts = [
+                a[len(before) :] if a.startswith(before) else t for a, t in zip(after, alone, strict=True)
+            ]
+        return self._token_texts
 
     @contextmanager
     def _library(self, what: str) -> Iterator[None]:

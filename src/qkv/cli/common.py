@@ -139,3 +139,38 @@ def sampling_flags(args: argparse.Namespace) -> str:
     """The flags that asked for sampling, as typed (for an error message)."""
     given = [f"--{name.replace('_', '-')}" for name in SAMPLING_OPTIONS if getattr(args, name) is not None]
     return ", ".join((["--sample"] if args.sample else []) + given)
+
+
+def add_constraints(p: argparse.ArgumentParser, *, terms: bool = False) -> None:
+    """--prefix, --ban and --require (and, for translation, --terms): what every output obeys
+    (``bundle.constraints``)."""
+    group = p.add_argument_group("constraints (docs/translation.md, 'Constraints')")
+    group.add_argument(
+        "--prefix",
+        metavar="TEXT",
+        help="every output starts with TEXT, written as part of the output: the model goes on from it as if it "
+        "had written it (a language model reads it after its prompt, an imported Whisper after its start tokens "
+        "and a space)",
+    )
+    group.add_argument(
+        "--ban",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="never write WORD, however the tokens would spell it; matched where a word starts and as written, so "
+        "the words it starts are banned too (repeatable)",
+    )
+    group.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="every output contains WORD: lexically constrained beam search, so --beam 2 or more (repeatable)",
+    )
+    if terms:
+        group.add_argument(
+            "--terms",
+            metavar="FILE",
+            help="terminology: lines of SOURCE<TAB>TARGET; TARGET is required (as --require) of each input that "
+            "holds SOURCE as a word",
+        )

@@ -12,6 +12,7 @@ import sys
 
 from qkv.cli.common import (
     Output,
+    add_constraints,
     add_precision,
     positive_int,
     probability,
@@ -27,6 +28,7 @@ EPILOG_GENERATE = """examples:
   echo "52,017" | qkv generate --model qkv-demo/model --beam 4 --nbest 2
   qkv generate --model qkv-demo/model --input numbers.txt --output words.txt
   qkv generate --model runs/shakespeare --prompt "ROMEO:" --sample --top-k 20 --seed 1 --max-new-tokens 50
+  qkv generate --model runs/shakespeare --prompt "ROMEO:" --prefix " O" --ban death --beam 4 --require love
 """
 
 
@@ -38,11 +40,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = sampling_of(args)
     if sampling is not None and args.beam > 1:
         raise UserError(f"{sampling_flags(args)} and --beam are exclusive: sampling draws one output per input")
+    if args.require and (sampling is not None or args.beam == 1):  # said before the model is read
+        why = f"{sampling_flags(args)} draws each token" if sampling is not None else "--beam 1 is greedy decoding"
+        raise UserError(f"--require needs beam search: {why}")
     out = Output(args.output)
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="generate")
     lines = [args.prompt] if args.prompt is not None else read_input_lines(args.input)
     window, fit = bundle.window, window_fit(bundle, lines)
-    if bundle.kind == "decoder_only" and args.prompt is not None and args.output is None and args.beam == 1:
+    constrained = args.prefix is not None or args.ban or args.require
+    streams = args.prompt is not None and args.output is None and args.beam == 1 and not constrained
+    if bundle.kind == "decoder_only" and streams:
         # One prompt continued by a language model: each piece of text printed as it is made,
         # the window sliding on past max_len (decoding.continuation).
         if fit.cut:
@@ -72,6 +79,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         nbest=args.nbest,
         sampling=sampling,
         batch_size=args.batch_size,
+        prefix=args.prefix,
+        ban=args.ban,
+        require=args.require,
     )
     for outputs in found:  # --nbest lines per input, an empty input's too (outputs match inputs by counting)
         for g in outputs:
@@ -90,7 +100,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="translate / continue text with a trained model (stdin or a file)",
         description="Read one input per line (stdin, --input FILE or --prompt TEXT) and write one output per "
         "line, in order; an empty line gives an empty line. Greedy by default; --beam N for beam search, "
-        "--sample for sampling. A language model given --prompt streams its continuation as it is made. "
+        "--sample for sampling. A language model given --prompt streams its continuation as it is made "
+        "(without constraints). "
         "An input longer than the model's window is cut (a source keeps its first max_len tokens, a prompt "
         "its newest max_len // 2; a note on stderr names the line); the output stops where the window is full, "
         "except a streamed --prompt, which slides on past it (see docs/textbook.md, 'The window').",
@@ -112,5 +123,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=probability, default=None, help="sample from the smallest set with this probability")
     p.add_argument("--seed", type=seed, default=None, help="sampling seed (reproducible output)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="inputs decoded together")
+    add_constraints(p)
     add_precision(p)
     p.set_defaults(run=cmd_generate)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from qkv.cli.common import Output, add_precision, number, positive_int, read_input_lines
+from qkv.cli.common import Output, add_constraints, add_precision, number, positive_int, read_input_lines
 from qkv.errors import UserError
 
 LM_WEIGHT = 0.3  # bundle.LM_WEIGHT, the library's default (the help says it without importing torch)
@@ -27,6 +27,7 @@ EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model runs/speech_en --lm runs/speech_en_lm --lm-weight 0.3 talk.wav   # with a language model
   qkv transcribe --model whisper-tiny --language de --task translate talk.flac   # an imported Whisper
   find calls -name '*.wav' | qkv transcribe --model runs/speech_en --input - --skip-bad
+  qkv transcribe --model runs/speech_en --ctc-weight 0 --require Zurich --ban um talk.wav   # constraints
 
 Each line of output is PATH<TAB>TEXT; with --json one JSON object per file (path, text,
 audio_seconds, load_seconds, decode_seconds), and a summary line on stderr.
@@ -84,6 +85,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         task=args.task,
         batch_size=args.batch_size if args.batch_size else 32,
         on_batch=bar.update,
+        prefix=args.prefix,
+        ban=args.ban,
+        require=args.require,
     )
     bar.close()
     elapsed = time.perf_counter() - start
@@ -165,5 +169,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", choices=("transcribe", "translate"), help="Whisper: transcribe, or translate to English")
     p.add_argument("--json", action="store_true", help="one JSON object per file, with timings")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_constraints(p)
     add_precision(p)
     p.set_defaults(run=cmd_transcribe)

@@ -11,7 +11,7 @@ import math
 import sys
 import time
 
-from qkv.cli.common import Output, add_precision, number, read_input_lines
+from qkv.cli.common import Output, add_constraints, add_precision, number, read_input_lines
 from qkv.errors import UserError
 
 EPILOG_TRANSLATE = """examples:
@@ -19,16 +19,19 @@ EPILOG_TRANSLATE = """examples:
   echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --nbest 3 --beam 5
   qkv translate --model runs/multi30k_de_en --input test.de --output test.en --alignments test.align
   qkv translate --model runs/en_de_seed0 --ensemble runs/en_de_seed1 --beam 5 < test.en > test.de
+  echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --prefix "The dog" --ban runs
+  qkv translate --model runs/multi30k_de_en --require puppy --terms glossary.tsv < test.de > test.en
 """
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from qkv.bundle import load, translations, window_fit
+    from qkv.bundle import load, read_terms, translations, window_fit
     from qkv.progress import progress
     from qkv.seq2seq import alignments, source_ids
 
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
+    terms = read_terms(args.terms) if args.terms else []
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="translate")
     others = [load(path, bf16=args.bf16, int8=args.int8) for path in args.ensemble]
     out = Output(args.output)
@@ -53,6 +56,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         ensemble=others,
         on_batch=bar.update,
+        prefix=args.prefix,
+        ban=args.ban,
+        require=args.require,
+        terms=terms,
     )
     bar.close()
     seconds = time.perf_counter() - start
@@ -90,7 +97,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "has at most a*S + b tokens (S: its source's length). --nbest N writes N lines per input, each "
         "text<TAB>score (an empty input: N empty lines). --alignments FILE writes, per output line, "
         "source-output token index pairs (i-j) from the last decoder layer's cross-attention. --model may be a "
-        "run directory (its final checkpoint).",
+        "run directory (its final checkpoint). Constraints: --prefix starts every output (and is written as its "
+        "start), --ban keeps words out, --require and --terms put words in.",
         epilog=EPILOG_TRANSLATE,
         formatter_class=raw,
     )
@@ -135,5 +143,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--alignments", metavar="FILE", help="write cross-attention alignments to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    add_constraints(p, terms=True)
     add_precision(p)
     p.set_defaults(run=cmd_translate)

@@ -6,8 +6,12 @@ that take both.
     by :func:`decoder_for`;
   * ``scorers.py``: what a search adds to the decoder's log-probabilities, each with a weight
     (the CTC prefix score, a fused language model, banned tokens; a new one is one class);
+  * ``bans.py``: scorers that ban token sequences (a checkpoint's ``bad_words_ids``) and words,
+    however the tokens spell them;
   * ``search.py``: greedy, sampling, the token stream, batched beam search with an ``on_step``
     hook, CTC best path;
+  * ``constrained.py``: beam search whose outputs contain required terms (dynamic beam
+    allocation, Post & Vilar, 2018);
   * ``planning.py``: each input's cap within the window, and how many inputs fit in memory.
 
 Copies of a model prepared for faster decoding (stacked projections, int8) are
@@ -17,6 +21,8 @@ an ``on_step`` hook. What is not here: tokenization, the models.
 The names below are the package's public interface: import them from ``qkv.decoding``.
 """
 
+from qkv.decoding.bans import BannedSequences, BannedWords
+from qkv.decoding.constrained import AT_START, Required, bank_sizes, constrained_beam_search
 from qkv.decoding.decoders import (
     Decoder,
     DecodingModel,
@@ -47,9 +53,12 @@ from qkv.decoding.search import (
 )
 
 __all__ = [
+    "AT_START",
     "DECODING_SHARE",
     "DONE",
+    "BannedSequences",
     "BannedTokens",
+    "BannedWords",
     "BeamStep",
     "CTCPrefixScore",
     "Candidate",
@@ -59,10 +68,13 @@ __all__ = [
     "Inputs",
     "LanguageModelScore",
     "MaxNew",
+    "Required",
     "Scorer",
+    "bank_sizes",
     "beam_search",
     "check_inputs",
     "collect",
+    "constrained_beam_search",
     "continuation",
     "ctc_greedy",
     "decoder_for",

@@ -34,7 +34,7 @@ from qkv import runner
 from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
-from qkv.decoding import beam_search, ctc_greedy, joint_scorers
+from qkv.decoding import Required, Scorer, beam_search, constrained_beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
 from qkv.errors import OptionError, UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
@@ -249,6 +249,8 @@ def transcribe(
     on_batch: Callable[[int], None] | None = None,
     lm: DecoderOnly | None = None,
     lm_weight: float = 0.0,
+    scorers: Sequence[Scorer] = (),
+    required: Sequence[Sequence[Required]] | None = None,
 ) -> list[Transcription]:
     """Decode feature tensors, in batches of similar length (less padding), results in input order.
 
@@ -257,7 +259,9 @@ def transcribe(
     decoder. ``prefix``: the decoder's forced first tokens (an imported Whisper's start
     tokens); None: BEGIN alone. ``on_batch(n)`` is called after each batch of n. ``lm``,
     ``lm_weight``: a language model of the same tokens fused into the beam search
-    (``loading.load_fusion_lm``; ``decoding.LanguageModelScore``).
+    (``loading.load_fusion_lm``; ``decoding.LanguageModelScore``). ``scorers``: more full
+    scorers (bans, ``decoding.BannedWords``); ``required``: each input's required terms, searched
+    for by ``decoding.constrained_beam_search`` (not joint with the CTC prefix score).
 
     Shapes: feats: N tensors (T_n, M) -> N transcriptions.
     """
@@ -270,9 +274,12 @@ def transcribe(
     for i, f in enumerate(feats):
         if too_short(model, f.shape[0]):
             raise UserError(f"input {i + 1} is too short for the model: {f.shape[0]} frames leave its front-end none")
-    decoder_weight, scorers = joint_scorers(
-        ctc_weight=ctc_weight if ctc_weight > 0 else None, lm=lm, lm_weight=lm_weight
-    )
+    if ctc_only and (scorers or required is not None):
+        raise OptionError("ctc_only decodes with the CTC head alone: no bans or required terms", "ctc_only")
+    if required is not None and ctc_weight:
+        raise OptionError("required terms are searched for by the decoder alone: not with ctc_weight", "ctc_weight")
+    decoder_weight, joint = joint_scorers(ctc_weight=ctc_weight if ctc_weight > 0 else None, lm=lm, lm_weight=lm_weight)
+    scorers = [*joint, *scorers]
     order = sorted(range(len(feats)), key=lambda i: feats[i].shape[0])
     results: list[Transcription | None] = [None] * len(feats)
     dtype = next(model.parameters()).dtype
@@ -282,6 +289,19 @@ def transcribe(
         inputs = [feats[i].to(dtype) for i in rows]
         if ctc_only:
             outputs = ctc_greedy(model, inputs)
+        elif required is not None:
+            best = constrained_beam_search(
+                model,
+                inputs,
+                required=[required[i] for i in rows],
+                beam_size=beam_size,
+                max_new_tokens=model.config.max_len,
+                length_penalty=length_penalty,
+                prefix=prefix,
+                decoder_weight=decoder_weight,
+                scorers=scorers,
+            )
+            outputs = [hyps[0].tokens for hyps in best]
         else:
             best = beam_search(
                 model,
