@@ -34,7 +34,7 @@ from transformers import (  # noqa: E402
     MarianMTModel,
 )
 
-from qkv.checkpoint import load_model, save_model  # noqa: E402
+from qkv.checkpoint import load_model, read_meta, save_model  # noqa: E402
 from qkv.cli.main import main  # noqa: E402
 from qkv.decoding import greedy  # noqa: E402
 from qkv.errors import UserError  # noqa: E402
@@ -645,6 +645,37 @@ def test_marian_translate_end_to_end(marian_files: Path, tmp_path: Path) -> None
         assert (exported / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
     assert not (exported / "tokenizer.json").exists()  # qkv's conversion stays in qkv
     assert MarianTokenizer.from_pretrained(exported)(MARIAN_TEXTS).input_ids == hf_tokenizer(MARIAN_TEXTS).input_ids
+
+
+def test_marian_bad_words_are_recorded_and_never_translated(marian_files: Path, tmp_path: Path) -> None:
+    """A Marian's bad_words_ids (its generation_config.json) land in config.json's ``hf`` and qkv
+    translate never writes them: its greedy output equals HF's generate with the same ban, and
+    differs from the output without it (the banned token was the model's choice)."""
+    from transformers import MarianTokenizer
+
+    hf_tokenizer = MarianTokenizer.from_pretrained(marian_files)
+    hf, _ = import_marian(marian_files, tmp_path / "plain")
+    sources = [*TEXTS[:4], "Café 123"]
+    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        free = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=12)
+    chosen = int(free[0, 1])  # the first token the model writes, banned below
+    banned_dir = tmp_path / "banned-hf"
+    hf.save_pretrained(banned_dir)
+    hf_tokenizer.save_pretrained(banned_dir)
+    generation = json.loads((banned_dir / "generation_config.json").read_text())
+    (banned_dir / "generation_config.json").write_text(json.dumps({**generation, "bad_words_ids": [[chosen]]}))
+    import_hf(banned_dir, tmp_path / "qkv")
+    assert read_meta(tmp_path / "qkv")["hf"]["bad_words_ids"] == [[chosen]]
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=12, bad_words_ids=[[chosen]])
+    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert expected != hf_tokenizer.batch_decode(free, skip_special_tokens=True)
+    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
+    argv = ["translate", "--model", str(tmp_path / "qkv"), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
+    argv += ["--max-len-a", "0", "--max-len-b", "12", "--output", str(tmp_path / "out.txt"), "--quiet"]
+    assert main(argv) == 0
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
 
 
 @pytest.fixture(scope="module")

@@ -40,8 +40,9 @@ Not supported (a :class:`~qkv.errors.UserError` names the file and the field or 
 architectures (the error lists those import reads); a qkv translation model trained with separate vocabularies
 (``target_tokenizer.json``) is not exported, as Marian's separate vocabularies are
 SentencePiece files qkv does not write. Generation settings (``generation_config.json``: beams,
-``bad_words_ids``, forced END; Whisper's suppressed tokens) are not applied (a Whisper's file is
-kept for export). The models do not import this package.
+forced END; Whisper's suppressed tokens) are not applied (a Whisper's file is kept for export), but
+a Marian's ``bad_words_ids`` are recorded in config.json's ``hf`` and banned when it translates.
+The models do not import this package.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from qkv.hf.llama import (
 from qkv.hf.marian import (
     MARIAN,
     MARIAN_TOKENIZER_FILES,
+    marian_bad_words,
     marian_config,
     marian_fields,
     marian_positions,
@@ -210,6 +212,8 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     ignored = ignored_tensors(tensors, used, names)
 
     extra: dict = {"hf": {"architecture": architecture}}
+    if architecture in MARIAN and (banned := marian_bad_words(hf_dir, config, model.config.tgt_vocab_size)):
+        extra["hf"]["bad_words_ids"] = banned  # applied when translating, as HF's generate applies them
     if labels is not None:
         extra["labels"] = labels  # as qkv's own classifiers store them (tasks/bert.py)
     with tempfile.TemporaryDirectory() as tmp:

@@ -125,6 +125,22 @@ def marian_fields(config: HFConfig) -> dict:
     }
 
 
+def marian_bad_words(hf_dir: Path, config: HFConfig, vocab_size: int) -> list[list[int]] | None:
+    """The token sequences a Marian checkpoint never generates (``bad_words_ids``: its
+    generation_config.json's, else its config.json's; Marian's own ban its padding id, which HF's
+    ``generate`` applies), checked to be lists of ids below ``vocab_size``; None where it has none."""
+    path = hf_dir / "generation_config.json"
+    generation = read_json_object(path) if path.is_file() else {}
+    found = generation.get("bad_words_ids", config.fields.get("bad_words_ids"))
+    if found is None:
+        return None
+    if not isinstance(found, list) or not all(
+        isinstance(seq, list) and seq and all(type(t) is int and 0 <= t < vocab_size for t in seq) for seq in found
+    ):
+        raise config.refuse("bad_words_ids", f"must be lists of token ids below {vocab_size}")
+    return found
+
+
 def _marian_names(config: EncoderDecoderConfig) -> list[tuple[str, str]]:
     """(qkv name, HF name) of every Marian tensor but ``final_logits_bias`` (shaped (1, V) there)."""
     if config.share_embeddings:
