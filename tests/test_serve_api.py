@@ -247,6 +247,38 @@ def test_bad_requests_are_422_naming_the_problem(client, path, body, kind, says)
     assert says is None or says in message, message
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/translate", '{"text": "a", "length_penalty": Infinity}', "length_penalty"),
+        ("/v1/translate", '{"text": "a", "timeout": NaN}', "timeout"),
+        ("/v1/translate", '{"text": "a", "max_len_a": 1e999}', "max_len_a"),
+        ("/v1/chat", '{"model": "lm", "messages": ["a"], "seed": 123456789012345678901234567890}', "seed"),
+        ("/v1/generate", '{"prompt": "a", "top_k": 18446744073709551616}', "top_k"),
+        ("/v1/generate", '{"prompt": "a", "max_new_tokens": -Infinity}', "max_new_tokens"),
+        ("/v1/translate", '{"text": ["a", "\\ud800"]}', "text"),
+        ("/v1/chat", '{"model": "lm", "messages": ["\\udfff"]}', "messages"),
+    ],
+)
+def test_non_finite_numbers_huge_integers_and_lone_surrogates_are_422(client, path, body, field):
+    """JSON's Infinity and NaN, integers past what the code holds, and text UTF-8 cannot write
+    are refused, naming the field (they were 500s: the error copied the value and failed)."""
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    message = error(response, 422, "invalid_request")
+    assert message.startswith(f"{field}:"), message
+    assert response.content.isascii() and "Infinity" not in response.text and "NaN" not in response.text
+
+
+def test_an_error_never_copies_what_the_client_sent(client):
+    huge = "\u00e9" * 3000 + "\x00"
+    for body in ({"text": "a", huge: 1}, {"text": "a", "model": "x" * 255 + "\x00"}, {"text": [huge] * 3}):
+        response = client.post("/v1/translate", json=body)
+        assert response.status_code in (404, 413, 422) and len(response.content) < 1500, response.text[:300]
+        assert huge[:50] not in response.text and "\x00" not in response.text
+    message = error(client.post("/v1/translate", json={"text": "a", "model": "é" * 100}), 404, "unknown_model")
+    assert "\\xe9" in message and "(100 characters)" in message  # described: ASCII, cut, its length said
+
+
 def test_unknown_model_route_and_method(client):
     assert "no model named '/etc/passwd'" in error(
         client.post("/v1/translate", json={"model": "/etc/passwd", "text": "a"}), 404, "unknown_model"
@@ -442,6 +474,41 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     assert _wait_idle(server.url) < 5
     assert httpx.post(f"{server.url}/v1/translate", json={"text": "a"}).status_code == 200
     assert 'qkv_refused_total{reason="disconnected"} 1.0' in httpx.get(f"{server.url}/metrics").text
+
+
+def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as bytes on a new connection; the answer's status, headers and body."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    return int(status.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000,  # headers over 16 KiB, and no end
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+)
+def test_malformed_http_gets_the_json_error(server, request_bytes):
+    """A request uvicorn cannot parse is answered 400 in the API's JSON shape, and the server lives on."""
+    status, headers, body = _raw(server.url, request_bytes)
+    assert status == 400 and headers["content-type"] == "application/json", (status, headers, body)
+    err = json.loads(body)["error"]
+    assert err["code"] == 400 and err["type"] == "malformed_request" and "HTTP" in err["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_sigterm_lets_the_request_in_flight_finish(server):

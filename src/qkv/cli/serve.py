@@ -54,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from qkv.serve.app import create_app
+    from qkv.serve.http import JsonErrorsH11
     from qkv.serve.models import load_served
 
     served = load_served(args.model, bf16=args.bf16, int8=args.int8)
@@ -78,6 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"qkv serve: note: listening on {args.host}: reachable from other machines", file=sys.stderr)
     config = uvicorn.Config(
         create_app(served, settings),
+        http=JsonErrorsH11,  # a request uvicorn cannot parse gets the API's JSON error
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=int(args.timeout) + 5,  # requests in flight finish, streams too

@@ -35,29 +35,14 @@ from functools import partial
 from importlib import resources
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
 
-from qkv.errors import UserError
 from qkv.serve import models as work
 from qkv.serve import schemas as s
 from qkv.serve.batching import Batcher, BatchStats, Busy, Job, Slots
+from qkv.serve.errors import ApiError, add_handlers, described, error_body
 from qkv.serve.metrics import Metrics
 from qkv.serve.settings import Settings
-
-
-class ApiError(Exception):
-    """An answer other than 200: its status code, a short type and a sentence."""
-
-    def __init__(self, code: int, kind: str, message: str, *, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.kind, self.message, self.headers = code, kind, message, headers
-
-
-def error_body(code: int, kind: str, message: str) -> dict:
-    return {"error": {"code": code, "type": kind, "message": message}}
-
 
 ERRORS = {code: {"model": s.ErrorResponse} for code in (404, 413, 422, 429, 504)}
 ENDPOINT_PATHS = (
@@ -139,15 +124,6 @@ class Guard:
         return b"".join(chunks)
 
 
-def _validation_message(errors: list) -> str:
-    """The first problems of a request body, one clause each: 'text: String should have ...'."""
-    parts = []
-    for e in errors[:3]:
-        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts) + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
-
-
 def create_app(models: dict[str, work.Served], settings: Settings | None = None) -> FastAPI:
     """The ASGI app serving ``models`` (by name) within ``settings``."""
     settings = settings or Settings()
@@ -185,26 +161,7 @@ def create_app(models: dict[str, work.Served], settings: Settings | None = None)
         for path, (name, media) in STATIC.items()
     }
 
-    # ------------------------------------------------------------------ errors
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError):
-        return JSONResponse(error_body(e.code, e.kind, e.message), e.code, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, e: RequestValidationError):
-        body = error_body(422, "invalid_request", _validation_message(e.errors()))
-        body["error"]["detail"] = json.loads(json.dumps(e.errors(), default=str))
-        return JSONResponse(body, 422)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException):
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return JSONResponse(error_body(e.status_code, kind, str(e.detail)), e.status_code, headers=e.headers)
-
-    @app.exception_handler(UserError)
-    async def user_error(request: Request, e: UserError):
-        return JSONResponse(error_body(422, "invalid_request", str(e)), 422)
+    add_handlers(app)
 
     # ------------------------------------------------------------------ shared checks
 
@@ -212,7 +169,7 @@ def create_app(models: dict[str, work.Served], settings: Settings | None = None)
         """The model a request names, or the one model that answers ``endpoint``."""
         if name is not None:
             if name not in models:
-                raise ApiError(404, "unknown_model", f"no model named {name!r}; GET /v1/models lists them")
+                raise ApiError(404, "unknown_model", f"no model named {described(name)}; GET /v1/models lists them")
             served = models[name]
             if endpoint not in served.endpoints:
                 answers = ", ".join(f"/v1/{e}" for e in served.endpoints)
