@@ -154,6 +154,28 @@ def test_embed_and_classify_are_the_library_ones(client, served):
     assert labels == predict_labels(m.model, m.vocab.source, texts, labels=["inform", "question"])
 
 
+def test_every_job_answers_what_the_commands_job_function_answers(client, paths):
+    """The server and the command line share one library function per job (qkv.bundle's), on
+    a model loaded apart by qkv.load as a command loads it."""
+    import qkv
+    from qkv.bundle import Sampling, continued, embeddings, reply, translations
+
+    de_en, lm, acts = (qkv.load(paths[n]) for n in ("de_en", "lm", "acts"))
+    texts = ["Ein Hund läuft.", "你好"]
+    got = client.post("/v1/translate", json={"text": texts, "beam_size": 2, "nbest": 2}).json()["translations"]
+    want = translations(de_en, texts, beam_size=2, nbest=2, max_len_a=1.5, max_len_b=10)
+    assert [[h["text"] for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in want]
+    body = {"model": "lm", "prompt": "A dog", "max_new_tokens": 12, "top_k": 5, "seed": 3}
+    drawn = "".join(continued(lm, "A dog", max_new_tokens=12, sampling=Sampling(top_k=5, seed=3)))
+    assert client.post("/v1/generate", json=body).json()["text"] == drawn
+    chat = {"model": "de_en", "messages": ["hello", "你好"], "max_new_tokens": 6, "beam_size": 2}
+    assert client.post("/v1/chat", json=chat).json()["reply"] == reply(
+        de_en, chat["messages"], max_new_tokens=6, beam_size=2
+    )
+    vectors = client.post("/v1/embed", json={"text": texts, "pooling": "cls"}).json()["embeddings"]
+    assert torch.allclose(torch.tensor(vectors), embeddings(acts, texts, pooling="cls").vectors, atol=1e-6)
+
+
 def test_attention_of_an_encoder_decoder_every_layer_and_head(client, served):
     m = served["de_en"]
     text = "Grüße aus 北京"

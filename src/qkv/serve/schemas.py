@@ -215,3 +215,6 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+ERRORS = {code: {"model": ErrorResponse} for code in (404, 413, 422, 429, 504)}  # the answers a model route may give
