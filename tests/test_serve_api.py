@@ -528,6 +528,7 @@ def test_malformed_http_gets_the_json_error(server, request_bytes):
     """A request uvicorn cannot parse is answered 400 in the API's JSON shape, and the server lives on."""
     status, headers, body = _raw(server.url, request_bytes)
     assert status == 400 and headers["content-type"] == "application/json", (status, headers, body)
+    assert len(headers["x-request-id"]) == 32  # its line in the access log carries it too
     err = json.loads(body)["error"]
     assert err["code"] == 400 and err["type"] == "malformed_request" and "HTTP" in err["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200

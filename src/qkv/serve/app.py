@@ -18,11 +18,14 @@ the :class:`~qkv.serve.settings.Settings` (every limit) and returns the ASGI app
 
 Each family's endpoints are one router of ``routes/``; what they share (the models, the limits,
 the metrics, the slots, the batcher) is one :class:`~qkv.serve.service.Service`, in
-``app.state.service``. Every error is JSON, ``{"error": {"code", "type", "message"}}``
-(``errors.py``): a body too large 413; a bad field, a text too long, too many texts, too many
-new tokens or too wide a beam 422; an unknown model 404; every slot taken 429 with Retry-After;
-no answer within the timeout 504. A streamed generation that fails after its first event ends
-with an ``error`` event instead.
+``app.state.service``. Around them, the middleware (``middleware.py``): a request id and the
+access log, CORS when origins are named, the API key and rate limit, the body limit.
+
+Every error is JSON, ``{"error": {"code", "type", "message"}}`` (``errors.py``): no key or a
+wrong one 401; a body too large 413; a bad field, a text too long, too many texts, too many new
+tokens or too wide a beam 422; an unknown model 404; every slot taken, or over the rate limit,
+429 with Retry-After; no answer within the timeout 504. A streamed generation that fails after
+its first event ends with an ``error`` event instead.
 
 What is not here: the routes (``routes/``), the work (``jobs.py``, through ``qkv.bundle``),
 batching (``batching.py``), the command (``qkv.cli.serve``), which binds the socket and runs
@@ -34,9 +37,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
+from qkv.serve.access import Keys, RateLimiter
 from qkv.serve.errors import add_handlers
-from qkv.serve.middleware import Guard
+from qkv.serve.middleware import BodyLimit, Gate, Observe
 from qkv.serve.models import Served
 from qkv.serve.routes import attention, chat, classify, embed, generate, info, translate
 from qkv.serve.service import Service
@@ -66,5 +71,18 @@ def create_app(models: dict[str, Served], settings: Settings | None = None) -> F
     for family in (info, translate, generate, chat, embed, classify, attention):
         app.include_router(family.router)
     add_handlers(app)
-    app.add_middleware(Guard, settings=settings, metrics=service.metrics)
+    metrics = service.metrics
+    # Each add_middleware wraps the ones before: the last added is the outermost.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    limiter = RateLimiter(settings.rate_limit) if settings.rate_limit > 0 else None
+    app.add_middleware(Gate, keys=Keys(settings.api_keys), limiter=limiter, metrics=metrics)
+    if settings.cors_origins:  # outside the gate: a browser's preflight carries no key
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After"],
+        )
+    app.add_middleware(Observe, metrics=metrics)
     return app

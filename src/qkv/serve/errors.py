@@ -4,7 +4,7 @@ What is here: :class:`ApiError` (raised by validation and the routes), :func:`er
 shape, ``{"error": {"code", "type", "message"}}``), :func:`described` (a client's text as an
 error may show it: ASCII, short), :func:`validation_message` and :func:`validation_detail` (a
 422 from pydantic's errors without the input they hold), and :func:`add_handlers`, which answers
-every exception the app sees in that shape (a bug too: 500, logged with its traceback).
+the app's exceptions in that shape (a bug's 500 is ``middleware.Observe``'s).
 
 An error body never copies what a client sent: a value the client sent may be a megabyte, a
 non-finite number (which JSON cannot hold) or a lone surrogate (which UTF-8 cannot), and the
@@ -16,7 +16,6 @@ What is not here: the HTTP layer's own errors before a request reaches the app (
 from __future__ import annotations
 
 import json
-import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +24,6 @@ from starlette.exceptions import HTTPException
 
 from qkv.errors import UserError
 
-LOG = logging.getLogger("qkv.serve")
 SHOWN = 40  # characters of a client's text an error shows at most
 KINDS = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}
 
@@ -99,9 +97,10 @@ def validation_message(errors: list) -> str:
 
 
 def add_handlers(app: FastAPI) -> None:
-    """Answer every exception in the JSON shape: ApiError as it says; a bad field 422 (which
+    """Answer the app's exceptions in the JSON shape: ApiError as it says; a bad field 422 (which
     fields, never their values); Starlette's HTTP errors (404, 405, a body that does not parse)
-    with their code; a UserError from the library 422; anything else 500, logged."""
+    with their code; a UserError from the library 422. Anything else is a bug: the outermost
+    middleware answers it 500 and logs it (``middleware.Observe``)."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -121,8 +120,3 @@ def add_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def user_error(request: Request, e: UserError):
         return error_response(422, "invalid_request", str(e))
-
-    @app.exception_handler(Exception)
-    async def bug(request: Request, e: Exception):
-        LOG.error("%s %s: %s", request.method, request.url.path, type(e).__name__, exc_info=e)
-        return error_response(500, "internal_error", "the server failed on this request; its log says why")
