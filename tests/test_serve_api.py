@@ -253,6 +253,7 @@ def test_body_too_large_is_413(client):
         ("/v1/translate", {"text": "a", "beam_size": 6}, "too_many", "beam_size 6"),
         ("/v1/translate", {"text": "a", "beam_size": 2, "nbest": 3}, "invalid_request", "nbest 3"),
         ("/v1/translate", {"text": "a", "beam_size": 0}, "invalid_request", "beam_size"),
+        ("/v1/translate", {"text": "a", "max_len_a": 0, "max_len_b": 0}, "invalid_request", "no room for a token"),
         ("/v1/translate", {"text": "a", "speed": "fast"}, "invalid_request", "speed"),
         ("/v1/translate", {"model": "lm", "text": "a"}, "wrong_model", "does not answer /v1/translate"),
         ("/v1/generate", {"prompt": "a", "max_new_tokens": 41}, "too_many", "max_new_tokens 41"),

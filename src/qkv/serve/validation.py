@@ -69,6 +69,12 @@ def validate_translate(
     check_beam(req.beam_size, settings, req.nbest)
     ids = served.vocab.source.encode_batch(texts)
     check_window(served, ids)
+    for i, (text, row) in enumerate(zip(texts, ids, strict=True)):
+        if text.strip() and row and int(req.max_len_a * len(row)) + req.max_len_b < 1:  # an empty text: empty outputs
+            where = f"text {i}" if len(texts) > 1 else "the text"
+            raise ApiError(
+                422, "invalid_request", f"max_len_a and max_len_b leave {where} no room for a token (a·S + b < 1)"
+            )
     return texts, ids
 
 
