@@ -67,6 +67,7 @@ def start_server(model: str, *, batching: bool, port: int) -> subprocess.Popen:
 
     argv = [sys.executable, "-m", "qkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--max-active", "256"] + ([] if batching else ["--no-batching"])
+    argv += ["--no-access-log"]  # its stderr is a pipe read only on failure (and the records before had no log)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

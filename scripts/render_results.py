@@ -53,6 +53,10 @@ BENCHMARKS = {
         "Fuzzing: bad input never crashes",
         "`python bench/fuzz.py`: the properties of `tests/test_fuzz.py` on many more inputs per category",
     ),
+    "fuzz_api": (
+        "Fuzzing the HTTP API: no request makes a 5xx",
+        "`python bench/fuzz_api.py`: the property of `tests/test_fuzz_api.py`, thousands of requests per operation",
+    ),
     "probes": ("Probes", "short measurements behind a design choice (A/B runs, quick trials)"),
 }
 

@@ -65,21 +65,25 @@ def free_port() -> int:
 class Server:
     """``qkv serve`` in a subprocess on a free loopback port; ``url`` once it answers /health."""
 
-    def __init__(self, models: list[Path], *options: str, cwd: Path) -> None:
+    def __init__(self, models: list[Path], *options: str, cwd: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "qkv", "serve", "--port", str(self.port)]
         for model in models:
             argv += ["--model", str(model)]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-        env["OMP_NUM_THREADS"] = "1"  # a shared machine: one core per server is plenty for tiny models
-        self.process = subprocess.Popen(
-            [*argv, *options], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        environ = {**os.environ, **(env or {})}
+        environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+        environ["OMP_NUM_THREADS"] = "1"  # a shared machine: one core per server is plenty for tiny models
+        # The log (a line per request) goes to a file: a pipe nobody reads would fill and stop the server.
+        self.log = Path(cwd) / f"serve-{self.port}.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [*argv, *options], cwd=cwd, env=environ, stdout=subprocess.DEVNULL, stderr=log, text=True
+            )
         deadline = time.monotonic() + 90
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"qkv serve exited {self.process.returncode}: {self.process.stderr.read()}")
+                raise RuntimeError(f"qkv serve exited {self.process.returncode}: {self.stderr()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     break
@@ -90,6 +94,10 @@ class Server:
                 raise RuntimeError("qkv serve did not answer /health within 90 s")
             time.sleep(0.2)
 
+    def stderr(self) -> str:
+        """What the server has written to stderr so far (its log)."""
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
     def terminate(self) -> None:
         self.process.send_signal(signal.SIGTERM)
 
@@ -98,11 +106,11 @@ class Server:
         if self.process.poll() is None:
             self.terminate()
         try:
-            _, err = self.process.communicate(timeout=30)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            _, err = self.process.communicate()
-        return self.process.returncode, err
+            self.process.wait()
+        return self.process.returncode, self.stderr()
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:

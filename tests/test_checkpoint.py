@@ -332,6 +332,23 @@ def test_saved_directory_has_ordinary_permissions(tmp_path: Path) -> None:
     assert os.access(tmp_path / "m", os.R_OK | os.X_OK)
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_every_saved_file_has_the_permissions_the_umask_gives(tmp_path: Path, mask: int) -> None:
+    """One rule for a model directory's files, the weights too (safetensors alone writes them
+    0600): what the umask gives a new file, as config.json and an ordinary open() get."""
+    extra = tmp_path / "notes.txt"
+    extra.write_text("hello")
+    before = os.umask(mask)
+    try:
+        save_model(make("encoder_only"), tmp_path / "m", files={"notes.txt": extra})
+    finally:
+        os.umask(before)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
+    assert {"model.safetensors", "config.json", "notes.txt"} <= set(modes)
+    assert set(modes.values()) == {0o666 & ~mask}, {k: oct(v) for k, v in modes.items()}
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
 def test_save_refuses_the_working_directory(tmp_path: Path, monkeypatch) -> None:
     """A save never replaces the working directory or one above it, which it would move away."""
     work = tmp_path / "work"

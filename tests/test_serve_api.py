@@ -154,6 +154,28 @@ def test_embed_and_classify_are_the_library_ones(client, served):
     assert labels == predict_labels(m.model, m.vocab.source, texts, labels=["inform", "question"])
 
 
+def test_every_job_answers_what_the_commands_job_function_answers(client, paths):
+    """The server and the command line share one library function per job (qkv.bundle's), on
+    a model loaded apart by qkv.load as a command loads it."""
+    import qkv
+    from qkv.bundle import Sampling, continued, embeddings, reply, translations
+
+    de_en, lm, acts = (qkv.load(paths[n]) for n in ("de_en", "lm", "acts"))
+    texts = ["Ein Hund läuft.", "你好"]
+    got = client.post("/v1/translate", json={"text": texts, "beam_size": 2, "nbest": 2}).json()["translations"]
+    want = translations(de_en, texts, beam_size=2, nbest=2, max_len_a=1.5, max_len_b=10)
+    assert [[h["text"] for h in hyps] for hyps in got] == [[h.text for h in hyps] for hyps in want]
+    body = {"model": "lm", "prompt": "A dog", "max_new_tokens": 12, "top_k": 5, "seed": 3}
+    drawn = "".join(continued(lm, "A dog", max_new_tokens=12, sampling=Sampling(top_k=5, seed=3)))
+    assert client.post("/v1/generate", json=body).json()["text"] == drawn
+    chat = {"model": "de_en", "messages": ["hello", "你好"], "max_new_tokens": 6, "beam_size": 2}
+    assert client.post("/v1/chat", json=chat).json()["reply"] == reply(
+        de_en, chat["messages"], max_new_tokens=6, beam_size=2
+    )
+    vectors = client.post("/v1/embed", json={"text": texts, "pooling": "cls"}).json()["embeddings"]
+    assert torch.allclose(torch.tensor(vectors), embeddings(acts, texts, pooling="cls").vectors, atol=1e-6)
+
+
 def test_attention_of_an_encoder_decoder_every_layer_and_head(client, served):
     m = served["de_en"]
     text = "Grüße aus 北京"
@@ -231,6 +253,7 @@ def test_body_too_large_is_413(client):
         ("/v1/translate", {"text": "a", "beam_size": 6}, "too_many", "beam_size 6"),
         ("/v1/translate", {"text": "a", "beam_size": 2, "nbest": 3}, "invalid_request", "nbest 3"),
         ("/v1/translate", {"text": "a", "beam_size": 0}, "invalid_request", "beam_size"),
+        ("/v1/translate", {"text": "a", "max_len_a": 0, "max_len_b": 0}, "invalid_request", "no room for a token"),
         ("/v1/translate", {"text": "a", "speed": "fast"}, "invalid_request", "speed"),
         ("/v1/translate", {"model": "lm", "text": "a"}, "wrong_model", "does not answer /v1/translate"),
         ("/v1/generate", {"prompt": "a", "max_new_tokens": 41}, "too_many", "max_new_tokens 41"),
@@ -245,6 +268,38 @@ def test_bad_requests_are_422_naming_the_problem(client, path, body, kind, says)
     response = client.post(path, json=body) if isinstance(body, dict) else client.post(path, content=body)
     message = error(response, 422, kind)
     assert says is None or says in message, message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/translate", '{"text": "a", "length_penalty": Infinity}', "length_penalty"),
+        ("/v1/translate", '{"text": "a", "timeout": NaN}', "timeout"),
+        ("/v1/translate", '{"text": "a", "max_len_a": 1e999}', "max_len_a"),
+        ("/v1/chat", '{"model": "lm", "messages": ["a"], "seed": 123456789012345678901234567890}', "seed"),
+        ("/v1/generate", '{"prompt": "a", "top_k": 18446744073709551616}', "top_k"),
+        ("/v1/generate", '{"prompt": "a", "max_new_tokens": -Infinity}', "max_new_tokens"),
+        ("/v1/translate", '{"text": ["a", "\\ud800"]}', "text"),
+        ("/v1/chat", '{"model": "lm", "messages": ["\\udfff"]}', "messages"),
+    ],
+)
+def test_non_finite_numbers_huge_integers_and_lone_surrogates_are_422(client, path, body, field):
+    """JSON's Infinity and NaN, integers past what the code holds, and text UTF-8 cannot write
+    are refused, naming the field (they were 500s: the error copied the value and failed)."""
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    message = error(response, 422, "invalid_request")
+    assert message.startswith(f"{field}:"), message
+    assert response.content.isascii() and "Infinity" not in response.text and "NaN" not in response.text
+
+
+def test_an_error_never_copies_what_the_client_sent(client):
+    huge = "\u00e9" * 3000 + "\x00"
+    for body in ({"text": "a", huge: 1}, {"text": "a", "model": "x" * 255 + "\x00"}, {"text": [huge] * 3}):
+        response = client.post("/v1/translate", json=body)
+        assert response.status_code in (404, 413, 422) and len(response.content) < 1500, response.text[:300]
+        assert huge[:50] not in response.text and "\x00" not in response.text
+    message = error(client.post("/v1/translate", json={"text": "a", "model": "é" * 100}), 404, "unknown_model")
+    assert "\\xe9" in message and "(100 characters)" in message  # described: ASCII, cut, its length said
 
 
 def test_unknown_model_route_and_method(client):
@@ -442,6 +497,42 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     assert _wait_idle(server.url) < 5
     assert httpx.post(f"{server.url}/v1/translate", json={"text": "a"}).status_code == 200
     assert 'qkv_refused_total{reason="disconnected"} 1.0' in httpx.get(f"{server.url}/metrics").text
+
+
+def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as bytes on a new connection; the answer's status, headers and body."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+    return int(status.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000,  # headers over 16 KiB, and no end
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+        b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        b"GET /he alth HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+)
+def test_malformed_http_gets_the_json_error(server, request_bytes):
+    """A request uvicorn cannot parse is answered 400 in the API's JSON shape, and the server lives on."""
+    status, headers, body = _raw(server.url, request_bytes)
+    assert status == 400 and headers["content-type"] == "application/json", (status, headers, body)
+    assert len(headers["x-request-id"]) == 32  # its line in the access log carries it too
+    err = json.loads(body)["error"]
+    assert err["code"] == 400 and err["type"] == "malformed_request" and "HTTP" in err["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_sigterm_lets_the_request_in_flight_finish(server):

@@ -1120,18 +1120,26 @@ def _decoded(
 
 
 def continued(
-    bundle: Bundle, prompt: str, *, max_new_tokens: int = 64, sampling: Sampling | None = None
+    bundle: Bundle,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    sampling: Sampling | None = None,
+    choose: Callable[[Tensor], Tensor] | None = None,
 ) -> Iterator[str]:
     """The pieces of text a language model's continuation of ``prompt`` adds, each as soon as
-    it is whole (``streaming.continuation_text``): greedy, or drawn with ``sampling``. A prompt
-    longer than the window keeps its newest ``max_len`` tokens, and the output slides on past
-    the window."""
+    it is whole (``streaming.continuation_text``): greedy, or drawn with ``sampling``, or picked
+    by ``choose`` (a :meth:`Sampling.chooser` or ``decoding.most_likely`` the caller wraps: the
+    server counts the tokens made through it). A prompt longer than the window keeps its newest
+    ``max_len`` tokens, and the output slides on past the window."""
     bundle.require("generate")
     if bundle.kind != "decoder_only":
         raise UserError(
             f"{bundle.path} holds {KIND_NAMES[bundle.kind]}: it writes outputs of sources, not continuations"
         )
-    chosen = most_likely if sampling is None else sampling.chooser(bundle.device)
+    if sampling is not None and choose is not None:
+        raise OptionError("sampling and choose both pick the tokens: give one", "sampling", "choose")
+    chosen = choose or (most_likely if sampling is None else sampling.chooser(bundle.device))
     ids = bundle.vocab.source.encode_batch([prompt])[0]
     return continuation_text(bundle.model, bundle.vocab, ids, max_new_tokens=max_new_tokens, choose=chosen)
 

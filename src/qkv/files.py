@@ -86,8 +86,9 @@ def write_atomic(path: str | Path, data: bytes) -> None:
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Write the directory ``path`` whole or not at all: yields an empty temporary sibling to fill.
 
-    When the block ends normally, every file in the sibling is flushed to disk and the sibling
-    replaces ``path`` (whatever directory is there is removed; the caller decides whether it may
+    When the block ends normally, every file in the sibling gets the permissions the umask gives
+    a new file (as :func:`write_atomic`'s: 0644 and 0755 under the usual 022), is flushed to
+    disk, and the sibling replaces ``path`` (whatever directory is there is removed; the caller decides whether it may
     be). Directories cannot be swapped in one rename, so for an instant the previous version
     sits at ``.NAME.old``; if the second rename fails it is put back. When the block raises, the
     sibling is removed and ``path`` is left as it was. The parent directory must exist.
@@ -102,10 +103,16 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     old = path.with_name(f".{path.name}.old")
     moved = False
     try:
-        os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes it private (0700); the directory is an ordinary one
         yield tmp
+        mask = umask()
+        # One rule for every file: the permissions the umask gives a new file (0644 under the
+        # usual 022), whoever wrote it (safetensors writes 0600; mkdtemp makes a directory 0700).
+        os.chmod(tmp, 0o777 & ~mask)
         for file in sorted(tmp.rglob("*")):
-            if file.is_file():
+            if file.is_dir():
+                os.chmod(file, 0o777 & ~mask)
+            elif file.is_file():
+                os.chmod(file, 0o666 & ~mask)
                 with open(file, "rb") as f:
                     os.fsync(f.fileno())
         _fsync_directory(tmp)

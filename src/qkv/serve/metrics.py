@@ -9,9 +9,10 @@ counts):
     qkv_output_tokens_total{endpoint}      tokens written: rate() of it is tokens/s
     qkv_tokens_per_second                  tokens/s of the latest forward pass (gauge)
     qkv_active_requests                    requests held (waiting, running, streaming)
-    qkv_refused_total{reason}              busy (429), timeout (504), too_large (413), disconnected
+    qkv_refused_total{reason}              busy (429), rate_limited (429), unauthorized (401),
+                                           timeout (504), too_large (413), disconnected
 
-What is not here: when each is counted (``app.py``, ``batching.py``).
+What is not here: when each is counted (``middleware.py``, ``service.py``, ``batching.py``).
 """
 
 from __future__ import annotations

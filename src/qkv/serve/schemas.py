@@ -1,8 +1,12 @@
 """The API's request and response bodies (pydantic), as the OpenAPI page at ``/docs`` shows them.
 
 Field limits that do not depend on the server's settings are checked here (a 422 naming the
-field); the settings' limits (longest text, most new tokens, widest beam, most texts per
-request) are checked by the app against ``Settings``, with the same kind of answer.
+field): every number finite, every integer within what the code holds (a seed within 64 bits,
+as ``torch.Generator.manual_seed`` takes it; the others within 32), every text Unicode (a lone
+surrogate, which JSON's ``\ud800`` can carry, is not), a model's name short. The settings'
+limits (longest text, most new tokens, widest beam, most texts per request) are checked by the
+routes against ``Settings`` (``validation.py``), with the same kind of answer; the body's size
+bounds every list and text before either.
 
 What is not here: the endpoints (``app.py``).
 """
@@ -11,31 +15,54 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+INT32 = 2**31 - 1  # the largest count (beam, tokens, top-k) a request may name: what a tensor's size holds
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes (qkv's --seed, too)
+
 
 Texts = str | list[str]
+
+
+def unicode_text(value: object) -> object:
+    """``value`` (a field's) if every text in it is Unicode, which UTF-8 can write: JSON's
+    ``"\\ud800"`` is a lone surrogate, which is not."""
+    texts = value if isinstance(value, list) else [value]
+    for text in texts:
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError("holds a lone surrogate (\\ud800 to \\udfff), which is not Unicode text") from None
+    return value
 
 
 class Request(BaseModel):
     """What every request may say: which model (by the name ``GET /v1/models`` lists; may be
     left out when one model serves the endpoint) and how long to wait at most."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    model: str | None = Field(None, description="a model name from GET /v1/models")
+    model: str | None = Field(None, max_length=255, description="a model name from GET /v1/models")
     timeout: float | None = Field(
         None, gt=0, description="seconds to wait for the answer at most (default and cap: the server's timeout)"
     )
+
+    _unicode = field_validator("*")(unicode_text)
 
 
 class Sampling(BaseModel):
     """Sampling options: any of them means sampling (as in ``qkv generate``)."""
 
+    model_config = ConfigDict(allow_inf_nan=False)
+
     sample: bool = Field(False, description="sample instead of greedy decoding")
     temperature: float | None = Field(None, ge=1e-3, description="sampling temperature (default 1)")
-    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+    top_k: int | None = Field(None, ge=1, le=INT32, description="sample among the k most likely tokens")
     top_p: float | None = Field(None, gt=0, le=1, description="sample from the smallest set with this probability")
-    seed: int | None = Field(None, description="sampling seed (a reproducible output)")
+    seed: int | None = Field(
+        None, ge=SEED_MIN, le=SEED_MAX, description="sampling seed, -2**63 to 2**64 - 1 (a reproducible output)"
+    )
 
     def sampling(self) -> bool:
         return self.sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.seed))
@@ -43,8 +70,8 @@ class Sampling(BaseModel):
 
 class TranslateRequest(Request):
     text: Texts = Field(description="a sentence, or a list of sentences translated together")
-    beam_size: int = Field(5, ge=1, description="beam width (1: greedy)")
-    nbest: int = Field(1, ge=1, description="outputs per sentence, best first, each with its score")
+    beam_size: int = Field(5, ge=1, le=INT32, description="beam width (1: greedy)")
+    nbest: int = Field(1, ge=1, le=INT32, description="outputs per sentence, best first, each with its score")
     length_penalty: float = Field(1.0, ge=0, le=10, description="score = log p / length^penalty")
     max_len_a: float = Field(1.5, ge=0, le=10, description="outputs have at most a*S + b tokens (S: source tokens)")
     max_len_b: int = Field(10, ge=0, le=1000, description="see max_len_a")
@@ -62,7 +89,7 @@ class TranslateResponse(BaseModel):
 
 class GenerateRequest(Request, Sampling):
     prompt: str = Field(description="the text to continue (empty: from BEGIN)")
-    max_new_tokens: int = Field(64, ge=1, description="longest continuation")
+    max_new_tokens: int = Field(64, ge=1, le=INT32, description="longest continuation")
     stream: bool = Field(False, description="send the text as Server-Sent Events as it is made")
 
 
@@ -75,8 +102,8 @@ class GenerateResponse(BaseModel):
 class ChatRequest(Request, Sampling):
     messages: list[str] = Field(min_length=1, description="the dialogue so far, oldest turn first; the last is yours")
     separator: str = Field(" __eou__ ", max_length=32, description="the text that ends a turn")
-    max_new_tokens: int = Field(60, ge=1, description="longest reply")
-    beam_size: int = Field(4, ge=1, description="an encoder-decoder's beam width (when not sampling)")
+    max_new_tokens: int = Field(60, ge=1, le=INT32, description="longest reply")
+    beam_size: int = Field(4, ge=1, le=INT32, description="an encoder-decoder's beam width (when not sampling)")
 
 
 class ChatResponse(BaseModel):
@@ -112,10 +139,13 @@ class AttentionRequest(Request):
     output: str | None = Field(
         None, description="the output to read (teacher-forced); default: the model's own, decoded now"
     )
-    beam_size: int = Field(1, ge=1, description="beam width of the decoding (encoder-decoder)")
+    beam_size: int = Field(1, ge=1, le=INT32, description="beam width of the decoding (encoder-decoder)")
     length_penalty: float = Field(1.0, ge=0, le=10)
     max_new_tokens: int | None = Field(
-        None, ge=1, description="longest output decoded (default: qkv translate's 1.5 S + 10; a language model: 32)"
+        None,
+        ge=1,
+        le=INT32,
+        description="longest output decoded (default: qkv translate's 1.5 S + 10; a language model: 32)",
     )
     trace: bool = Field(False, description="also the beam search's trace (encoder-decoder)")
 
@@ -185,3 +215,6 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+ERRORS = {code: {"model": ErrorResponse} for code in (404, 413, 422, 429, 504)}  # the answers a model route may give

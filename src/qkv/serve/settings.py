@@ -1,14 +1,14 @@
-"""The server's limits, with their defaults: a module of its own, so that ``qkv``'s parser can
-show them without importing the server (FastAPI, uvicorn)."""
+"""The server's limits and who may call it, with their defaults: a module of its own, so that
+``qkv``'s parser can show them without importing the server (FastAPI, uvicorn)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The server's limits (``qkv serve`` options of the same names).
+    """The server's limits and who may call it (``qkv serve`` options of the same names).
 
     Attributes:
         max_body_bytes: largest request body (413 beyond).
@@ -22,6 +22,11 @@ class Settings:
         batching: merge requests that arrive together into one forward pass.
         batch_wait_ms: how long a request waits for others to join its batch.
         max_batch_tokens: a batch's budget, in source tokens times beam width.
+        api_keys: the keys a request must carry as ``Authorization: Bearer KEY`` (every path
+            but ``/health``; 401 without one); empty: none needed. Never shown in a repr.
+        rate_limit: requests a minute a key (without keys, a client address) may make, in
+            bursts of as many (429 with Retry-After beyond); 0: no limit.
+        cors_origins: the origins whose pages a browser lets call the API (CORS); empty: none.
     """
 
     max_body_bytes: int = 256 * 1024
@@ -34,3 +39,6 @@ class Settings:
     batching: bool = True
     batch_wait_ms: float = 5.0
     max_batch_tokens: int = 8192
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    rate_limit: float = 0.0
+    cors_origins: tuple[str, ...] = ()

@@ -1,0 +1,115 @@
+"""A request checked against the server's limits and the model's window, before any work.
+
+What is here: one named function per endpoint (:func:`validate_translate`,
+:func:`validate_generate`, :func:`validate_chat`, :func:`validate_texts_request` for embed and
+classify, :func:`validate_attention`), each raising :class:`~qkv.serve.errors.ApiError` (422)
+on the first limit broken and returning what the route works on, and the checks they share
+(:func:`check_texts`, :func:`check_window`, :func:`check_new_tokens`, :func:`check_beam`).
+
+The schema (``schemas.py``) has already checked every field's type and range; what is checked
+here depends on ``Settings`` (longest text, most texts, most new tokens, widest beam) or on the
+model (its window in tokens, what its kind can do).
+
+What is not here: the models a request may name (``Service.pick`` in ``service.py``).
+"""
+
+from __future__ import annotations
+
+from qkv.serve import schemas as s
+from qkv.serve.errors import ApiError
+from qkv.serve.models import Served
+from qkv.serve.settings import Settings
+
+
+def check_texts(texts: list[str], settings: Settings, *, what: str = "text") -> None:
+    """At least one text, at most ``max_texts``, none over ``max_chars`` characters."""
+    if not texts:
+        raise ApiError(422, "invalid_request", f"no {what} given")
+    if len(texts) > settings.max_texts:
+        raise ApiError(422, "too_many", f"{len(texts)} {what}s in one request; at most {settings.max_texts}")
+    for i, text in enumerate(texts):
+        if len(text) > settings.max_chars:
+            where = f"{what} {i}" if len(texts) > 1 else what
+            raise ApiError(422, "too_long", f"{where} has {len(text)} characters; at most {settings.max_chars}")
+
+
+def check_window(served: Served, ids: list[list[int]], *, what: str = "text", room: int = 0) -> None:
+    """Every row of token ids within the model's window, less ``room`` (an encoder's BEGIN and END)."""
+    window = served.window - room
+    for i, row in enumerate(ids):
+        if len(row) > window:
+            where = f"{what} {i}" if len(ids) > 1 else what
+            raise ApiError(
+                422, "too_long", f"{where} has {len(row)} tokens; model {served.name} reads at most {window}"
+            )
+
+
+def check_new_tokens(n: int, settings: Settings) -> None:
+    if n > settings.max_new_tokens:
+        raise ApiError(422, "too_many", f"max_new_tokens {n} is over the server's limit of {settings.max_new_tokens}")
+
+
+def check_beam(beam: int, settings: Settings, nbest: int = 1) -> None:
+    if beam > settings.max_beam:
+        raise ApiError(422, "too_many", f"beam_size {beam} is over the server's limit of {settings.max_beam}")
+    if nbest > beam:
+        raise ApiError(422, "invalid_request", f"nbest {nbest} needs a beam_size of at least {nbest}")
+
+
+def listed(text: str | list[str]) -> list[str]:
+    return [text] if isinstance(text, str) else text
+
+
+def validate_translate(
+    req: s.TranslateRequest, served: Served, settings: Settings
+) -> tuple[list[str], list[list[int]]]:
+    """The texts of a translation request and their source token ids."""
+    texts = listed(req.text)
+    check_texts(texts, settings)
+    check_beam(req.beam_size, settings, req.nbest)
+    ids = served.vocab.source.encode_batch(texts)
+    check_window(served, ids)
+    for i, (text, row) in enumerate(zip(texts, ids, strict=True)):
+        if text.strip() and row and int(req.max_len_a * len(row)) + req.max_len_b < 1:  # an empty text: empty outputs
+            where = f"text {i}" if len(texts) > 1 else "the text"
+            raise ApiError(
+                422, "invalid_request", f"max_len_a and max_len_b leave {where} no room for a token (a·S + b < 1)"
+            )
+    return texts, ids
+
+
+def validate_generate(req: s.GenerateRequest, served: Served, settings: Settings) -> list[int]:
+    """The prompt's token ids (a prompt of any length: the continuation slides past the window)."""
+    check_texts([req.prompt], settings, what="prompt")
+    check_new_tokens(req.max_new_tokens, settings)
+    return served.vocab.source.encode(req.prompt)
+
+
+def validate_chat(req: s.ChatRequest, settings: Settings) -> None:
+    """A dialogue within the limits (the turns that fit the window are chosen by the library)."""
+    check_texts(req.messages, settings, what="message")
+    check_new_tokens(req.max_new_tokens, settings)
+    check_beam(req.beam_size, settings)
+
+
+def validate_texts_request(
+    req: s.EmbedRequest | s.ClassifyRequest, served: Served, settings: Settings
+) -> tuple[list[str], list[list[int]]]:
+    """The texts of an encoder's request and their token ids, each with room for BEGIN and END."""
+    texts = listed(req.text)
+    check_texts(texts, settings)
+    ids = served.vocab.source.encode_batch(texts)
+    check_window(served, ids, room=2)
+    return texts, ids
+
+
+def validate_attention(req: s.AttentionRequest, served: Served, settings: Settings) -> None:
+    """One text (and the output to read) within the limits; a trace only of an encoder-decoder."""
+    check_texts([req.text], settings)
+    if req.output is not None:
+        check_texts([req.output], settings, what="output")
+    check_beam(req.beam_size, settings)
+    if req.max_new_tokens is not None:
+        check_new_tokens(req.max_new_tokens, settings)
+    if req.trace and served.kind != "encoder_decoder":
+        raise ApiError(422, "invalid_request", f"a beam trace needs an encoder-decoder; {served.name} is {served.kind}")
