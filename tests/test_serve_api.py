@@ -476,7 +476,8 @@ def test_real_server_streams_events_and_answers_429_when_full(server):
     with httpx.Client(base_url=server.url, timeout=30) as c:
         one = c.post("/v1/translate", json={"text": "Ein Hund", "beam_size": 2})
         assert one.status_code == 200
-        body = {"model": "lm", "prompt": "A dog", "max_new_tokens": 60, "stream": True}
+        # Long enough that it still holds the slot when the next request arrives (60 tokens took ~50 ms).
+        body = {"model": "lm", "prompt": "A dog", "max_new_tokens": 1000, "stream": True}
         with c.stream("POST", "/v1/generate", json=body) as events:
             assert events.headers["content-type"].startswith("text/event-stream")
             lines = events.iter_lines()

@@ -217,4 +217,6 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-ERRORS = {code: {"model": ErrorResponse} for code in (404, 413, 422, 429, 504)}  # the answers a model route may give
+ERRORS = {
+    code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 429, 504)
+}  # the answers a model route may give
