@@ -599,7 +599,7 @@ def test_sentence_transformers_over_xlmr_and_distilbert(architecture: str, tmp_p
     [
         "MPNetForMaskedLM",
         "T5ForConditionalGeneration",
-        "LlamaForCausalLM",
+        "FalconForCausalLM",
         "DebertaV2Model",
         "DistilBertForSequenceClassification",  # its head (pre_classifier + ReLU) is not qkv's pooler
     ],

@@ -914,7 +914,7 @@ def _voices(bundle: Bundle, speaker: str | None, n: int) -> list[int] | None:
     if speaker is None:
         if bundle.speakers:
             names = ", ".join(bundle.speakers)
-            raise OptionError(f"{bundle.path} speaks in several voices: choose one as speaker ({names})", "speaker")
+            raise OptionError(f"{bundle.path} speaks in several voices: choose one with speaker ({names})", "speaker")
         return None
     if speaker not in bundle.speakers:
         known = ", ".join(bundle.speakers) if bundle.speakers else "none: it has one voice"

@@ -39,12 +39,21 @@ def cmd_embed(args: argparse.Namespace) -> int:
     import numpy as np
 
     from qkv.bundle import embeddings, load
+    from qkv.embedding import choose
 
     suffix = Path(args.output).suffix
     if suffix not in (".npy", ".jsonl"):
         raise UserError(f"--output {args.output}: the name must end in .npy (NumPy float32) or .jsonl (JSON lines)")
     out = Output(args.output)  # checks the directory before any work
     bundle = load(args.model, job="embed")
+    # The options are checked before stdin is read: a wrong one must not wait for input first.
+    choose(
+        bundle.embedding,
+        model_max_len=bundle.window,
+        pooling=args.pooling,
+        normalize=args.normalize,
+        max_len=args.max_len,
+    )
     lines = read_input_lines(args.input)
     found = embeddings(
         bundle, lines, pooling=args.pooling, normalize=args.normalize, max_len=args.max_len, batch_size=args.batch_size
