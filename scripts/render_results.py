@@ -57,6 +57,10 @@ BENCHMARKS = {
         "Fuzzing the HTTP API: no request makes a 5xx",
         "`python bench/fuzz_api.py`: the property of `tests/test_fuzz_api.py`, thousands of requests per operation",
     ),
+    "decode_ab": (
+        "Decoding speed against the commit before a change",
+        "`python bench/decode_ab.py --before CHECKOUT`: each tree in its own process, rounds alternating",
+    ),
     "probes": ("Probes", "short measurements behind a design choice (A/B runs, quick trials)"),
 }
 
