@@ -43,44 +43,13 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 from qkv.seq2seq import translate
 from qkv.tokenization import FILE, Tokenizer
+from test_generation import ScriptedDecoder as Scripted  # the mock Decoder with known log-probabilities
 
 SMALL = {"d_model": 15, "n_heads": 3, "d_ff": 7, "dropout": 0.0}
 RATE = 16000
 
 
 # ----------------------------------------------------------------------------- mock decoders
-
-
-class Scripted:
-    """A Decoder (qkv.decoding's protocol) whose next-token logits depend only on the tokens a
-    row has read (its source, then what it was fed): known log-probabilities for a search."""
-
-    def __init__(self, logits_of, *, vocab_size: int, eos_id: int | None = 2, window: int = 50) -> None:
-        self.logits_of, self.vocab_size, self.eos_id, self.window = logits_of, vocab_size, eos_id, window
-        self.prompted, self.device = False, torch.device("cpu")
-
-    def start(self, inputs):
-        rows = [[] for _ in inputs]
-        return torch.stack([self.logits_of(r) for r in rows]), rows
-
-    def step(self, state, tokens):
-        rows = [[*r, int(t)] for r, t in zip(state, tokens.tolist(), strict=True)]
-        return torch.stack([self.logits_of(r) for r in rows]), rows
-
-    def reorder(self, state, rows, *, within_inputs=False):
-        return [list(state[i]) for i in rows.tolist()]
-
-    def reserve(self, state, room):
-        return state
-
-    def caps(self, inputs, wanted, prefix):
-        return [min(n, self.window) for n in wanted]
-
-    def source_length(self, row):
-        return len(row)
-
-    def bytes_needed(self, *, inputs, beam, source, steps):
-        return 0
 
 
 def table(vocab: int, seed: int, scale: float = 2.0):

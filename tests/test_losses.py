@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkv.losses import on_model, seq2seq_batch, seq2seq_loss, sequence_loss, symmetric_kl
-from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from test_training import _model  # the same tiny encoder-decoder (V = 13)
 
 PAD, BOS, EOS = 0, 1, 2
 V = 13
@@ -57,22 +57,6 @@ def test_seq2seq_batch_shapes_padding_bos_eos():
     assert tgt_out.tolist() == [[8, 9, EOS, PAD, PAD], [8, 9, 10, 11, EOS]]
     # The decoder input is the expected output shifted right by one.
     assert torch.equal(tgt_in[1, 1:], tgt_out[1, :-1])
-
-
-def _model(seed: int = 0, *, dropout: float = 0.0) -> EncoderDecoder:
-    torch.manual_seed(seed)
-    config = EncoderDecoderConfig(
-        src_vocab_size=V,
-        tgt_vocab_size=V,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=1,
-        n_decoder_layers=1,
-        dropout=dropout,
-        max_len=16,
-    )
-    return EncoderDecoder(config)
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

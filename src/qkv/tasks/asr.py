@@ -21,6 +21,7 @@ What is not here: features (``audio.py``), the corpora (``speech_corpora/``), th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -289,21 +290,11 @@ def transcribe(
         inputs = [feats[i].to(dtype) for i in rows]
         if ctc_only:
             outputs = ctc_greedy(model, inputs)
-        elif required is not None:
-            best = constrained_beam_search(
-                model,
-                inputs,
-                required=[required[i] for i in rows],
-                beam_size=beam_size,
-                max_new_tokens=model.config.max_len,
-                length_penalty=length_penalty,
-                prefix=prefix,
-                decoder_weight=decoder_weight,
-                scorers=scorers,
-            )
-            outputs = [hyps[0].tokens for hyps in best]
         else:
-            best = beam_search(
+            search = beam_search
+            if required is not None:  # dynamic beam allocation, the same search otherwise
+                search = functools.partial(constrained_beam_search, required=[required[i] for i in rows])
+            best = search(
                 model,
                 inputs,
                 beam_size=beam_size,
