@@ -47,6 +47,7 @@ reported. ``--set`` overrides recipe keys (a shorter run, say). Records go to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -135,7 +136,7 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, float | None]
             seconds[stage] = None  # its cost is not in this run's wall time
             continue
         print(f"pipeline stage {stage}: recipes/{recipe_name}.yaml {' '.join(filled)}", flush=True)
-        runner.train(TASKS[recipe["task"]], recipe, directory, progress=True, resume=args.resume and directory.exists())
+        runner.train(TASKS[recipe.task], recipe, directory, progress=True, resume=args.resume and directory.exists())
         seconds[stage] = round(time.perf_counter() - began, 1)
     if name == "speech_en":
         args.model, args.lm = dirs["speech_en"], dirs["speech_en_lm"]
@@ -164,7 +165,7 @@ def train_or_load(name: str, args: argparse.Namespace) -> tuple[dict, float | No
         return summary, time.perf_counter() - start
     path = model_dir(args.model)
     model, meta = load_model(path, kind="speech_encoder_decoder")
-    recipe = meta.get("recipe") or recipe
+    recipe = TASKS["asr"].from_stored(meta["recipe"]) if meta.get("recipe") else recipe
     tokenizer = Tokenizer.load(path / FILE)
     if args.lm:
         from qkv.loading import load_fusion_lm
@@ -191,17 +192,18 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     from qkv.evaluation import corpus_scores
     from qkv.loading import load_for_generation
     from qkv.seq2seq import beam_translate
+    from qkv.tasks import TASKS
     from qkv.tasks.asr import load_corpus, output_text, score_model
     from qkv.tokenization import FILE, Tokenizer
 
     asr_path = model_dir(asr_dir)
     asr, meta = load_model(asr_path, kind="speech_encoder_decoder")
-    recipe = meta["recipe"]
-    if recipe["data"]["corpus"] != "espeak_de" or recipe["data"]["translate"]:
+    recipe = TASKS["asr"].from_stored(meta["recipe"])
+    if recipe.data.corpus != "espeak_de" or recipe.data.translate:
         raise SystemExit(f"{asr_path}: the cascade needs German speech recognition (recipes/speech_de.yaml)")
-    recipe = {**recipe, "data": {**recipe["data"], "test_limit": limit}}
+    recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, test_limit=limit))
     german = score_model(asr, Tokenizer.load(asr_path / FILE), recipe)
-    corpus, split = load_corpus(recipe["data"])
+    corpus, split = load_corpus(recipe.data)
     references = [output_text(u, translate=True, normalize=False) for u in corpus[split][:limit]]
     mt, vocab = load_for_generation(str(mt_dir))
     english = beam_translate(mt, vocab, german["hypotheses"], beam_size=4)

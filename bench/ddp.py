@@ -41,16 +41,16 @@ def prepare(path: Path, batches: int) -> None:
     from qkv.tasks.translation import _encode_pairs, vocabularies_for
 
     recipe = load_recipe(str(ROOT / "recipes" / "multi30k_de_en.yaml"), [])
-    data = recipe["data"]
-    pairs = read_parallel(*data["train"])
+    data = recipe.data
+    pairs = read_parallel(*data.train)
     vocab, _ = vocabularies_for(data, checkpoint=None, pairs=pairs)
-    window = int(recipe["model"]["max_len"])
+    window = int(recipe.model["max_len"])
     examples, _, _ = _encode_pairs(vocab, pairs, window=window, long="drop")
     lengths = [max(len(s), len(t) + 1) for s, t in examples]
-    order = batches_by_tokens(lengths, max_tokens=int(recipe["train"]["max_tokens"]), seed=0)[:batches]
+    order = batches_by_tokens(lengths, max_tokens=recipe.train.max_tokens, seed=0)[:batches]
     target = vocab.target
     fields = {
-        **recipe["model"],
+        **recipe.model,
         "src_vocab_size": vocab.source.vocab_size,
         "tgt_vocab_size": target.vocab_size,
         "pad_id": target.pad_id,
@@ -58,7 +58,7 @@ def prepare(path: Path, batches: int) -> None:
         "eos_id": target.eos_id,
     }
     batches_data = [[examples[i] for i in batch] for batch in order]
-    path.write_text(json.dumps({"fields": fields, "batches": batches_data, "train": recipe["train"]}))
+    path.write_text(json.dumps({"fields": fields, "batches": batches_data, "train": recipe.to_dict()["train"]}))
 
 
 def worker(path: Path, mode: str, out: Path) -> None:

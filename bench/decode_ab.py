@@ -9,7 +9,9 @@ at batch 1 and 32 and beam 5 at batch 8; ``bench/lm_speed.py``'s GPT (d=384, 6 l
 256) greedy generation of 255 tokens at batch 1 and 16; and a speech encoder-decoder with a CTC
 head (d=256, 4+4 layers, 80 mels, Conv2d subsampling) decoding 8 utterances of 4 s with beam 4
 joint with the CTC prefix score (λ = 0.3). Random weights, fixed seeds: both trees decode the
-same models on the same inputs (checked: same outputs).
+same models on the same inputs (checked: same outputs). Training rows: each tree's own
+``qkv train`` on its own ``recipes/numbers.yaml`` and ``recipes/shakespeare_char_cpu.yaml`` for
+a few hundred steps (its training tokens/s: the one loop, and its recipe layout, of each tree).
 
 Each tree runs in a process of its own (``--worker SRC``), rounds alternating before / after, so
 neither runs beside the other's threads or warm caches; a row's figure is its best over the
@@ -97,6 +99,34 @@ def worker() -> dict:
     return {"rows": rows, "outputs": outputs, "threads": torch.get_num_threads()}
 
 
+# Training rows: the tree's own `qkv train` on its own shipped recipe (the one loop of each tree,
+# the recipe layout of each), a few hundred steps; the rate is the summary's training tokens/s
+# (validation and the final scoring excluded).
+TRAINING = {
+    "train numbers (enc-dec d64 2+2, batch 128), tokens/s": ("numbers.yaml", 400),
+    "train shakespeare char (gpt d128 4 layers, batch 12), tokens/s": ("shakespeare_char_cpu.yaml", 300),
+}
+
+
+def training_rates(src: Path) -> dict[str, float]:
+    """Each training row trained by the tree whose package is in ``src``, in a process of its own."""
+    import os
+    import tempfile
+
+    rates = {}
+    for row, (recipe, steps) in TRAINING.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [sys.executable, "-m", "qkv", "train", str(src.parent / "recipes" / recipe), "--out", f"{tmp}/m"]
+            argv += ["--set", f"train.steps={steps}", "--set", "train.seconds=null", "--quiet", "--json"]
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+            if done.returncode != 0:
+                raise SystemExit(f"training {row} with {src} failed:\n{done.stderr[-3000:]}")
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            rates[row] = float(next(v for k, v in result.items() if k.endswith("_per_second")))
+    return rates
+
+
 def asr_rate(beam_search) -> tuple[float, list]:
     """Audio seconds decoded per second: a speech model with a CTC head, beam 4, joint CTC."""
     import torch
@@ -146,7 +176,9 @@ def run_tree(src: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"worker for {src} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found["rows"].update(training_rates(src))
+    return found
 
 
 def main() -> int:
@@ -177,7 +209,7 @@ def main() -> int:
         unit = "audio s/s" if row.startswith("asr") else "tokens/s"
         records.append(
             {
-                "metric": f"decoding speed, {row}",
+                "metric": f"{'training' if row.startswith('train') else 'decoding'} speed, {row}",
                 "figure": round(after, 1),
                 "unit": unit,
                 "peer": f"qkv before the change ({before_commit})",

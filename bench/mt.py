@@ -101,12 +101,12 @@ def main() -> int:
         summary = _trained(recipe, out, skip=args.skip_training, resume=args.resume)
         members = [summary]
     else:
-        seed = int(recipe["train"]["seed"])
+        seed = recipe.train.seed
         # The recipe's training-time cap is for the whole ensemble (a --set train.seconds caps
         # each run instead): each run may use an equal share of what the runs before it left,
         # so N runs train no longer than one run may (validation and decoding come on top, N
         # times), and time a run did not need (it ended by its epochs) goes to the next.
-        total = recipe["train"]["seconds"] if override(args.set, "train.seconds") is None else None
+        total = recipe.train.seconds if override(args.set, "train.seconds") is None else None
         members = []
         for k in range(args.ensemble):
             share = []
@@ -132,19 +132,18 @@ def main() -> int:
     if args.direction == "en-zh":
         pairs = [(b, a) for a, b in pairs]  # the TSV is zh<TAB>en
     sources, references = [a for a, _ in pairs], [b for _, b in pairs]
-    data = recipe["data"]
     # A cascade's translation model (data.source_as_transcript) reads what a recognizer writes.
-    vocab = reading_as_trained(summary["tokenizer"], recipe)
+    vocab = reading_as_trained(summary["tokenizer"], recipe.to_dict())
 
     def translated(model) -> list[str]:
         return beam_translate(
             model,
             vocab,
             sources,
-            beam_size=int(data["beam_size"]),
-            length_penalty=float(data["length_penalty"]),
-            max_len_a=float(data["max_len_a"]),
-            max_len_b=int(data["max_len_b"]),
+            beam_size=recipe.decode.beam_size,
+            length_penalty=float(recipe.decode.length_penalty),
+            max_len_a=float(recipe.decode.max_len_a),
+            max_len_b=recipe.decode.max_len_b,
         )
 
     def scored(hypotheses: list[str]) -> tuple[dict, dict | None, float]:
@@ -188,7 +187,7 @@ def main() -> int:
     )
     if len(members) > 1:
         print(
-            f"ensemble of {len(members)} (seeds {recipe['train']['seed']}..): members alone "
+            f"ensemble of {len(members)} (seeds {recipe.train.seed}..): members alone "
             + ", ".join(
                 f"{b} BLEU ({t / 60:.1f} min)"
                 for b, t in zip(result["member_bleu"], result["member_train_seconds"], strict=True)

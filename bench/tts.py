@@ -129,7 +129,7 @@ def main() -> int:
         nargs=2,
         type=number(int, lambda v: v >= 0, "an integer >= 0"),
         metavar=("BACK", "AHEAD"),
-        help="keep cross-attention near its peak while speaking (default: the recipe's data.attention_window)",
+        help="keep cross-attention near its peak while speaking (default: the recipe's decode.attention_window)",
     )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts.json")
     args = p.parse_args()
@@ -142,6 +142,7 @@ def main() -> int:
     from qkv.audio import features, load_audio
     from qkv.checkpoint import load_model, model_dir
     from qkv.evaluation import error_rates
+    from qkv.tasks import TASKS
     from qkv.tasks.asr import transcribe
     from qkv.tasks.tts import load_corpus, speak, speaking_of
     from qkv.tokenization import FILE, Tokenizer
@@ -153,7 +154,7 @@ def main() -> int:
     tts_tokens, asr_tokens = Tokenizer.load(tts_dir / FILE), Tokenizer.load(asr_dir / FILE)
     voices = list(tts_meta.get("speakers") or [])  # FSDD: the speakers, in embedding order
     count = args.sentences if args.sentences is not None else (None if voices else 200)
-    test = load_corpus(tts_meta["recipe"]["data"])["test"][:count]
+    test = load_corpus(TASKS["tts"].from_stored(tts_meta["recipe"]).data)["test"][:count]
     texts = [u.text for u in test]
     unknown = sorted({u.speaker for u in test} - set(voices)) if voices else []
     if unknown:
@@ -168,8 +169,8 @@ def main() -> int:
     audio = sum(w.numel() for _, w in spoken) / rate
     stopped = sum(not s.hit_cap for s, _ in spoken) / len(spoken)
 
-    decoding = asr_meta["recipe"]["data"]
-    options = {"beam_size": int(decoding["beam_size"]), "ctc_weight": float(decoding["ctc_weight"])}
+    decoding = TASKS["asr"].from_stored(asr_meta["recipe"]).decode
+    options = {"beam_size": decoding.beam_size, "ctc_weight": float(decoding.ctc_weight)}
     config = asr.config.features
     synthesized = [features(w.float(), config) for _, w in spoken]
     recorded = [features(load_audio(u.path, max_seconds=None), config) for u in test]

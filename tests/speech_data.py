@@ -65,5 +65,5 @@ def tiny_asr_overrides(manifest: Path) -> list[str]:
         "train.lr=3e-3",
         "train.spec_augment=false",
         "train.label_smoothing=0.0",
-        "data.beam_size=2",
+        "decode.beam_size=2",
     ]

@@ -120,25 +120,25 @@ def test_every_epoch_takes_every_batch_once_in_its_own_order() -> None:
 def test_the_shipped_speech_recipes_load() -> None:
     for name in ("fsdd_digits", "fsdd_digit_strings", "speech_en", "speech_de_en"):
         recipe = load_recipe(ROOT / "recipes" / f"{name}.yaml")
-        assert recipe["task"] == "asr"
-        assert recipe["model"]["features"]["n_mels"] == 80
+        assert recipe.task == "asr"
+        assert recipe.model["features"]["n_mels"] == 80
 
 
 def test_the_cascade_translator_recipe_has_the_speech_translation_decoder_shape() -> None:
     """recipes/speech_de_en_mt.yaml exists to start speech_de_en's decoder: every decoder field
     init_decoder compares agrees, and it reads sources as the recognizer writes them."""
     mt, st = (load_recipe(ROOT / "recipes" / f"{name}.yaml") for name in ("speech_de_en_mt", "speech_de_en"))
-    writer = build_model("encoder_decoder", {**mt["model"], "src_vocab_size": 97, "tgt_vocab_size": 97}).config
-    speech = build_model("speech_encoder_decoder", {**st["model"], "vocab_size": 97}).config
+    writer = build_model("encoder_decoder", {**mt.model, "src_vocab_size": 97, "tgt_vocab_size": 97}).config
+    speech = build_model("speech_encoder_decoder", {**st.model, "vocab_size": 97}).config
     assert [getattr(writer, n) for n in DECODER_FIELDS] == [getattr(speech, n) for n in DECODER_FIELDS]
-    assert mt["task"] == "translation" and mt["data"]["source_as_transcript"] is True
+    assert mt.task == "translation" and mt.data.source_as_transcript is True
 
 
 @pytest.mark.parametrize(
     ("item", "named"),
     [
         ("data.corpus=librispeech", "data.corpus"),
-        ("train.ctc_weight=1.5", "train.ctc_weight"),
+        ("train.ctc_loss_weight=1.5", "train.ctc_loss_weight"),
         ("data.translate=true", "data.translate"),
         ("model.features.kind=mfcc", "kind"),
         ("model.frontend=lstm", "frontend"),

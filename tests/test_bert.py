@@ -311,7 +311,7 @@ def test_dailydialog_classifier_and_mlm_through_the_cli(tmp_path, capsys) -> Non
 
 def test_recipe_data_sources_are_checked() -> None:
     for path in ("dailydialog_mlm.yaml", "dailydialog_acts.yaml"):
-        assert load_recipe(RECIPES / path)["model"]["d_model"] == 256
+        assert load_recipe(RECIPES / path).model["d_model"] == 256
     with pytest.raises(UserError, match="exclude each other"):
         load_recipe(None, ["task=mlm", "data.sentences=x.txt"])
     with pytest.raises(UserError, match=r"set data\.sentences"):

@@ -234,7 +234,7 @@ def _run(argv: list[str], *, cwd: Path, stdin: str | None = None) -> subprocess.
 
 
 TINY = [
-    *("--set", "train.steps=5", "--set", "data.eval_examples=5", "--set", "data.beam_size=2"),
+    *("--set", "train.steps=5", "--set", "data.eval_examples=5", "--set", "decode.beam_size=2"),
     *("--set", "model.d_model=15", "--set", "model.n_heads=3", "--set", "model.d_ff=7"),
     *("--set", "model.n_encoder_layers=1", "--set", "model.n_decoder_layers=1"),
 ]
@@ -587,7 +587,7 @@ def test_asr_pipelines_load_and_fit_their_90_minutes(monkeypatch, tmp_path):
             names = set(re.findall(r"\{(\w+)\}", " ".join(overrides)))
             assert names <= set(done), f"{name}: stage {stage} uses a later stage's directory"
             recipe = load_recipe(ROOT / "recipes" / f"{recipe_name}.yaml", [o.format(**done) for o in overrides])
-            budget += recipe["train"]["seconds"]
+            budget += recipe.train.seconds
             done[stage] = str(tmp_path / stage)
         assert budget <= (90 - 15) * 60, f"{name}: {budget / 60:.0f} min of training leaves too little of 90"
     # --set: every stage's, or one stage's (STAGE:KEY=VALUE); a colon in a value names no stage.

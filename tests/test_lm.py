@@ -149,7 +149,7 @@ def test_lm_recipe_user_errors(capsys, tmp_path) -> None:
     assert main([*argv, "--set", f"data.text={tmp_path}"]) == 2
     assert "directory" in capsys.readouterr().err
     recipe = load_recipe(RECIPE, ["train.lr=3e-4", "model.norm_eps=1e-6"])
-    assert recipe["train"]["lr"] == pytest.approx(3e-4) and recipe["model"]["norm_eps"] == pytest.approx(1e-6)
+    assert recipe.train.lr == pytest.approx(3e-4) and recipe.model["norm_eps"] == pytest.approx(1e-6)
 
 
 def test_dialogue_lm_with_subword_lines_and_a_validation_file(tmp_path, capsys) -> None:

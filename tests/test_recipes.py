@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -9,13 +11,14 @@ import torch
 
 from qkv import runner
 from qkv.checkpoint import read_meta
+from qkv.cli.main import main
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
-from qkv.recipes import override
+from qkv.recipes import DecodeConfig, TrainConfig, override, upgrade_stored
 from qkv.seq2seq import cross_attention
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.lm import LM_DEFAULTS
-from qkv.tasks.numbers import NUMBERS_DEFAULTS
+from qkv.tasks.lm import LM_MODEL, LmData
+from qkv.tasks.numbers import NumbersTrain
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml"
 
@@ -28,25 +31,35 @@ def _yaml(tmp_path: Path, text: str, name: str = "recipe.yaml") -> Path:
 
 def test_defaults_without_a_file():
     recipe = load_recipe(None)
-    assert recipe == NUMBERS_DEFAULTS
-    assert recipe["task"] == "numbers" and recipe["train"]["steps"] == 3000
-    recipe["train"]["steps"] = 1  # a copy: the defaults are not changed
-    assert NUMBERS_DEFAULTS["train"]["steps"] == 3000
+    assert recipe.to_dict(TASKS["numbers"].decode) == TASKS["numbers"].defaults
+    assert recipe.task == "numbers" and recipe.train.steps == 3000 and recipe.decode.beam_size == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.train.steps = 1  # sections are frozen: a run reads what was checked
+    assert isinstance(recipe.train, NumbersTrain) and isinstance(recipe.train, TrainConfig)
+
+
+def test_every_shipped_recipe_loads_typed():
+    """Every recipe in recipes/ loads into its task's dataclasses, with no key left over."""
+    for path in sorted(RECIPE.parent.glob("*.yaml")):
+        recipe = load_recipe(path)
+        task = TASKS[recipe.task]
+        assert type(recipe.train) is task.train and type(recipe.data) is task.data, path
+        assert isinstance(recipe.decode, DecodeConfig)
 
 
 def test_the_shipped_recipe_loads():
     recipe = load_recipe(RECIPE)
-    assert recipe["task"] == "numbers"
-    assert recipe["model"]["d_model"] == 64 and recipe["data"]["beam_size"] == 4
+    assert recipe.task == "numbers"
+    assert recipe.model["d_model"] == 64 and recipe.decode.beam_size == 4
 
 
 def test_yaml_file_overrides_defaults(tmp_path):
     path = _yaml(tmp_path, "model:\n  d_model: 32\n  positions: rope\ntrain:\n  steps: 9\n")
     recipe = load_recipe(path)
-    assert recipe["model"]["d_model"] == 32
-    assert recipe["model"]["positions"] == "rope"  # any model field, checked when the model is built
-    assert recipe["model"]["n_heads"] == 4  # untouched keys keep their defaults
-    assert recipe["train"]["steps"] == 9 and recipe["train"]["lr"] == NUMBERS_DEFAULTS["train"]["lr"]
+    assert recipe.model["d_model"] == 32
+    assert recipe.model["positions"] == "rope"  # any model field, checked when the model is built
+    assert recipe.model["n_heads"] == 4  # untouched keys keep their defaults
+    assert recipe.train.steps == 9 and recipe.train.lr == NumbersTrain().lr
 
 
 def test_set_overrides_are_yaml_typed_and_win_over_the_file(tmp_path):
@@ -54,10 +67,45 @@ def test_set_overrides_are_yaml_typed_and_win_over_the_file(tmp_path):
     recipe = load_recipe(
         path, ["train.steps=7", "model.dropout=0.1", "model.tie_output=false", "train.seconds=null", "task=numbers"]
     )
-    assert recipe["train"]["steps"] == 7 and type(recipe["train"]["steps"]) is int
-    assert recipe["model"]["dropout"] == 0.1 and type(recipe["model"]["dropout"]) is float
-    assert recipe["model"]["tie_output"] is False
-    assert recipe["train"]["seconds"] is None
+    assert recipe.train.steps == 7 and type(recipe.train.steps) is int
+    assert recipe.model["dropout"] == 0.1 and type(recipe.model["dropout"]) is float
+    assert recipe.model["tie_output"] is False
+    assert recipe.train.seconds is None
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("data.beam_size=2", "data.beam_size has moved: it is decode.beam_size now"),
+        ("train.ctc_weight=0.5", "train.ctc_weight has moved: it is train.ctc_loss_weight now"),
+        ("data.ctc_weight=0.5", "data.ctc_weight has moved: it is decode.ctc_weight now"),
+        ("data.stop_threshold=0.2", "data.stop_threshold has moved: it is decode.stop_threshold now"),
+    ],
+)
+def test_a_key_that_moved_is_named_with_its_new_place(tmp_path, capsys, given, said):
+    """A recipe (a file or --set) naming a key of before the decode section: one line naming
+    the new key, exit 2 on the command line; the double meaning of ctc_weight is gone."""
+    task = "tts" if "stop" in given else "asr" if "ctc" in given else "numbers"
+    with pytest.raises(UserError, match=re.escape(said)):
+        load_recipe(None, [f"task={task}", given])
+    section, key = given.split("=")[0].split(".")
+    path = _yaml(tmp_path, f"task: {task}\n{section}:\n  {key}: 1\n")
+    code = main(["train", str(path), "--out", str(tmp_path / "out")])
+    assert code == 2 and said in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_decode_key_of_another_task_is_refused():
+    with pytest.raises(UserError, match=r"decode\.stop_threshold does not apply to this task"):
+        load_recipe(None, ["decode.stop_threshold=0.3"])  # numbers: a beam search, no stop token
+
+
+def test_a_stored_recipe_of_before_is_read_in_todays_layout():
+    """A checkpoint's recipe of before the decode section (its decoding settings under data,
+    the CTC loss weight as train.ctc_weight) reads as today's: what resume and qkv.load see."""
+    old = {"task": "asr", "train": {"ctc_weight": 0.2}, "data": {"beam_size": 3, "ctc_weight": 0.4, "corpus": "x"}}
+    new = upgrade_stored(old)
+    assert new["decode"] == {"beam_size": 3, "ctc_weight": 0.4} and new["data"] == {"corpus": "x"}
+    assert new["train"] == {"ctc_loss_weight": 0.2} and old["data"]["beam_size"] == 3  # a copy
 
 
 @pytest.mark.parametrize(
@@ -142,16 +190,16 @@ def test_task_selects_its_defaults(tmp_path):
     path = tmp_path / "lm.yaml"
     path.write_text("task: lm\ntrain:\n  steps: 5\n")
     recipe = load_recipe(path)
-    assert recipe["model"]["n_layers"] == LM_DEFAULTS["model"]["n_layers"] and recipe["train"]["steps"] == 5
-    assert load_recipe(None, ["task=lm"])["data"] == LM_DEFAULTS["data"]
+    assert recipe.model["n_layers"] == LM_MODEL["n_layers"] and recipe.train.steps == 5
+    assert load_recipe(None, ["task=lm"]).data == LmData()
     with pytest.raises(UserError, match="beam_size"):
-        load_recipe(path, ["data.beam_size=2"])  # a key of the numbers task
+        load_recipe(path, ["decode.beam_size=2"])  # a key of the numbers task
 
 
 def test_rdrop_is_a_translation_option_and_must_not_be_negative():
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "multi30k_en_de_lc.yaml"
-    assert load_recipe(recipe)["train"]["rdrop"] == 0.0  # off unless asked for
-    assert load_recipe(recipe, ["train.rdrop=5"])["train"]["rdrop"] == 5.0
+    assert load_recipe(recipe).train.rdrop == 0.0  # off unless asked for
+    assert load_recipe(recipe, ["train.rdrop=5"]).train.rdrop == 5.0
     for bad in ("-1", "true", "x"):
         with pytest.raises(UserError, match=r"train\.rdrop must be a number >= 0"):
             load_recipe(recipe, [f"train.rdrop={bad}"])
@@ -165,7 +213,7 @@ def test_override_reads_a_key_as_load_recipe_does() -> None:
     items = ["train.steps=3", " train.seconds = 60 ", "train.seconds=90"]
     assert override(items, "train.seconds") == "90" and override(items, "train.steps") == "3"
     assert override(items, "train.lr") is None and override([], "task") is None
-    assert override(["task = lm"], "task") == "lm" and load_recipe(None, ["task = lm"])["task"] == "lm"
+    assert override(["task = lm"], "task") == "lm" and load_recipe(None, ["task = lm"]).task == "lm"
 
 
 def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
@@ -177,7 +225,7 @@ def test_with_ema_the_average_is_what_is_saved_and_evaluated(tmp_path) -> None:
     from qkv.tasks.numbers import evaluate_numbers
 
     tiny = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "train.steps=13", "train.batch_size=7",
-            "data.eval_examples=11", "train.warmup=2", "data.beam_size=1"]  # fmt: skip
+            "data.eval_examples=11", "train.warmup=2", "decode.beam_size=1"]  # fmt: skip
     plain = runner.train(TASKS["numbers"], load_recipe(None, tiny), tmp_path / "plain", progress=False)
     averaged = runner.train(
         TASKS["numbers"], load_recipe(None, [*tiny, "train.ema_decay=0.5"]), tmp_path / "ema", progress=False

@@ -143,7 +143,7 @@ def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
     steps after its checkpoint's (optimizer steps counted), and it ends as the uninterrupted run."""
     overrides = _corpus(tmp_path)[case]
     recipe = load_recipe(None, overrides)
-    task = recipe["task"]
+    task = recipe.task
     taken = []
     counting = register_optimizer_step_post_hook(lambda *_: taken.append(1))
     try:

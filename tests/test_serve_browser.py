@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "numbers.yaml")
 TINY = [
-    *("--set", "train.steps=20", "--set", "data.eval_examples=5", "--set", "data.beam_size=2"),
+    *("--set", "train.steps=20", "--set", "data.eval_examples=5", "--set", "decode.beam_size=2"),
     *("--set", "model.d_model=15", "--set", "model.n_heads=3", "--set", "model.d_ff=7"),
     *("--set", "model.n_encoder_layers=2", "--set", "model.n_decoder_layers=2"),
 ]

@@ -25,7 +25,7 @@ from qkv.ensemble import Ensemble
 from qkv.errors import UserError
 from qkv.seq2seq import beam_translate, source_ids, translate
 from qkv.tasks import load_recipe
-from qkv.tasks.translation import TRANSLATION_DEFAULTS, _encode_pairs, _epoch_examples, train_translation
+from qkv.tasks.translation import TRANSLATION_MODEL, _encode_pairs, _epoch_examples, train_translation
 from qkv.tokenization import Tokenizer, Vocabularies
 
 RECIPE = str(Path(__file__).resolve().parents[1] / "recipes" / "multi30k_de_en.yaml")
@@ -53,7 +53,7 @@ def _overrides(tmp_path: Path, steps: int | None = None, *, epochs: int = 3, n_t
         f"data.train={list(train)}",
         f"data.valid={list(valid)}",
         "data.vocab_size=40",
-        "data.beam_size=2",
+        "decode.beam_size=2",
         f"train.epochs={epochs}",
         f"train.steps={'null' if steps is None else steps}",
         "train.max_tokens=200",
@@ -198,7 +198,7 @@ def test_subword_sampling_draws_per_epoch_and_resumes_exactly(tmp_path) -> None:
     sampling = ["data.subword_nbest=8", "data.subword_alpha=0.3"]
     overrides = [*_overrides(tmp_path, epochs=2), "train.deterministic=true", *sampling]
     recipe = load_recipe(RECIPE, overrides)
-    pairs = read_parallel(*recipe["data"]["train"])
+    pairs = read_parallel(*recipe.data.train)
     vocab = Vocabularies.of(Tokenizer.train_subword([x for pair in pairs for x in pair], vocab_size=40))
     for long, window in (("drop", 13), ("drop", 4), ("truncate", 4)):
         examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=long)
@@ -267,7 +267,7 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     assert tuned["model"].config == dataclasses.replace(pretrained.config, dropout=0.3)
     a, b = pretrained.state_dict(), tuned["model"].state_dict()
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-9) for k in a)
-    valid = [x for x, _ in read_parallel(*load_recipe(RECIPE, overrides)["data"]["valid"])]
+    valid = [x for x, _ in read_parallel(*load_recipe(RECIPE, overrides).data.valid)]
     assert beam_translate(tuned["model"], tuned["tokenizer"], valid, beam_size=2) == beam_translate(
         pretrained, tuned["tokenizer"], valid, beam_size=2
     )
@@ -277,7 +277,7 @@ def test_fine_tuning_takes_the_pretrained_architecture(tmp_path) -> None:
     # pretrained model's architecture, the task's dropout; and it resumes so.
     bare = [o for o in tuning if not o.startswith("model.")]
     plain = train_translation(load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False)
-    expected = dataclasses.replace(pretrained.config, dropout=TRANSLATION_DEFAULTS["model"]["dropout"])
+    expected = dataclasses.replace(pretrained.config, dropout=TRANSLATION_MODEL["dropout"])
     assert plain["model"].config == expected
     again = train_translation(
         load_recipe(None, ["task=translation", *bare]), tmp_path / "plain", progress=False, resume=True
@@ -606,7 +606,7 @@ def test_separate_vocabularies_recipe_errors(tmp_path) -> None:
     with pytest.raises(UserError, match=r"data\.vocab must be joint or separate"):
         load_recipe(RECIPE, ["data.vocab=shared", "model.share_embeddings=false"])
     recipe = load_recipe(RECIPE, [*SEPARATE, "data.vocab_size=700", "data.src_vocab_size=null"])
-    assert (recipe["data"]["vocab"], recipe["data"]["tgt_vocab_size"]) == ("separate", 30)
+    assert (recipe.data.vocab, recipe.data.tgt_vocab_size) == ("separate", 30)
     # A target tokenizer whose special tokens sit at other ids than the source's is refused.
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
@@ -670,7 +670,7 @@ def test_multi30k_smoke(tmp_path) -> None:
         "data.train_pairs=2000",
         "data.valid_pairs=60",
         "data.vocab_size=1000",
-        "data.beam_size=2",
+        "decode.beam_size=2",
         "train.epochs=12",
         "train.max_tokens=1024",
         "train.warmup=100",

@@ -201,14 +201,14 @@ def test_text_normalisation_reads_numbers_and_symbols() -> None:
 
 def test_the_shipped_tts_recipe_loads_and_bad_values_are_named() -> None:
     recipe = load_recipe(ROOT / "recipes" / "tts_en.yaml")
-    assert recipe["task"] == "tts" and recipe["data"]["corpus"] == "espeak"
+    assert recipe.task == "tts" and recipe.data.corpus == "espeak"
     for item, named in [
         ("model.features.normalize=true", "normalize"),
         ("data.speakers=true", "data.speakers"),
         ("train.guided_weight=-1", "train.guided_weight"),
         ("model.reduction=0", "reduction"),
-        ("data.attention_window=[1]", "data.attention_window"),
-        ("data.attention_window=[1, 0]", "data.attention_window"),
+        ("decode.attention_window=[1]", "decode.attention_window"),
+        ("decode.attention_window=[1, 0]", "decode.attention_window"),
     ]:
         with pytest.raises(UserError, match=named.replace(".", r"\.")):
             load_recipe(ROOT / "recipes" / "tts_en.yaml", [item])

@@ -60,6 +60,7 @@ from qkv.ensemble import Ensemble
 from qkv.errors import OptionError, UserError
 from qkv.hf.whisper import WhisperSettings, most_likely_languages, settings_in
 from qkv.loading import KIND_NAMES, check_options, load_fusion_lm, matching_vocabularies, prepared, reading_as_trained
+from qkv.recipes import upgrade_stored
 from qkv.seq2seq import Translation, cut_source, translate
 from qkv.streaming import continuation_text
 from qkv.synthesis import Synthesis
@@ -97,16 +98,17 @@ Audio = str | Path | Tensor | np.ndarray  # a file, or a mono waveform (N,) at t
 
 @dataclass(frozen=True)
 class DecodeDefaults:
-    """How a model's jobs decode unless told otherwise: its recipe's ``data`` settings where
-    it records them (what its test split was scored with), else qkv's.
+    """How a model's jobs decode unless told otherwise: its recipe's ``decode`` settings where
+    it records them (what its test split was scored with; a model trained before the decode
+    section: its ``data`` settings, :func:`~qkv.recipes.upgrade_stored`), else qkv's.
 
     Attributes:
-        beam_size: beam width (``data.beam_size``; else 4).
-        length_penalty: score = log p / length^penalty (``data.length_penalty``; else 1).
+        beam_size: beam width (``decode.beam_size``; else 4).
+        length_penalty: score = log p / length^penalty (``decode.length_penalty``; else 1).
         max_len_a, max_len_b: an output of a source of S tokens has at most a·S + b tokens
-            (``data.max_len_a``, ``data.max_len_b``; else 1.5 and 10, fairseq's rule).
+            (``decode.max_len_a``, ``decode.max_len_b``; else 1.5 and 10, fairseq's rule).
         ctc_weight: the CTC prefix score's weight in joint decoding, for a speech model with a
-            CTC head (``data.ctc_weight``; else 0: attention alone).
+            CTC head (``decode.ctc_weight``; else 0: attention alone).
     """
 
     beam_size: int = 4
@@ -118,13 +120,13 @@ class DecodeDefaults:
     @classmethod
     def of(cls, recipe: dict | None, *, ctc: bool) -> DecodeDefaults:
         """The defaults ``recipe`` (a model directory's, or None) records; ``ctc``: the model has a CTC head."""
-        data, base = (recipe or {}).get("data") or {}, cls()
+        decode, base = upgrade_stored(recipe).get("decode") or {}, cls()
         return cls(
-            beam_size=int(data.get("beam_size", base.beam_size)),
-            length_penalty=float(data.get("length_penalty", base.length_penalty)),
-            max_len_a=float(data.get("max_len_a", base.max_len_a)),
-            max_len_b=int(data.get("max_len_b", base.max_len_b)),
-            ctc_weight=float(data.get("ctc_weight", base.ctc_weight)) if ctc else 0.0,
+            beam_size=int(decode.get("beam_size", base.beam_size)),
+            length_penalty=float(decode.get("length_penalty", base.length_penalty)),
+            max_len_a=float(decode.get("max_len_a", base.max_len_a)),
+            max_len_b=int(decode.get("max_len_b", base.max_len_b)),
+            ctc_weight=float(decode.get("ctc_weight", base.ctc_weight)) if ctc else 0.0,
         )
 
 

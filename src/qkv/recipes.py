@@ -1,10 +1,15 @@
 """Recipes: a YAML file that names a task, a model and training settings; what every task shares.
 
-What is here: :class:`Task` (what a task module tells the loader, the runner and the command
-line) with :class:`Start` and :class:`Setup` (what a task is given and gives back: its own parts
-of a run), :func:`load_recipe` (a task's defaults, the YAML file, ``--set key=value`` overrides;
-values checked by :data:`COMMON_RULES` and the task's own rules, errors naming the file and key),
-and the pieces the tasks share: :data:`FIT_TRAIN_DEFAULTS`, :func:`seq2seq_model`,
+What is here: the typed recipe, :class:`Recipe` with its sections :class:`TrainConfig` (how
+every task trains; a task's subclass adds its own settings) and :class:`DecodeConfig` (how the
+run's model decodes when scored, which its model directory then records), the model section
+(the family's config fields) and the task's own data dataclass; :class:`Task` (what a task
+module tells the loader, the runner and the command line) with :class:`Start` and
+:class:`Setup` (what a task is given and gives back: its own parts of a run);
+:func:`load_recipe` (a task's defaults, the YAML file, ``--set key=value`` overrides; values
+checked by :data:`COMMON_RULES` and the task's own rules, errors naming the file and key, keys
+that moved (:data:`MOVED`) named with their new place; :func:`upgrade_stored` reads a
+checkpoint's recipe of before), and the pieces the tasks share: :func:`seq2seq_model`,
 :func:`tokenizer_for` / :func:`find_tokenizer` (a checkpoint's, a given or a newly trained
 vocabulary, with the SHA-256 check), :func:`fine_tuning_fields` and the batch orders
 (:func:`length_batches`, :func:`batch_of_step`, :func:`step_seed`).
@@ -18,9 +23,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 import yaml
@@ -106,37 +113,236 @@ RESUME_MAY_CHANGE = ("seconds", "save_every", "patience", "average_last", "tenso
 
 
 @dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How a run trains (the recipe's ``train`` section): what every task shares. A task whose
+    training has settings of its own (a loss weight, a batch measured in frames) extends it with
+    a subclass, which also gives the shared settings the task's own defaults.
+
+    Attributes:
+        steps: optimizer steps (None: the task counts epochs instead, as translation may).
+        seconds: stop after this much training time (None: no limit).
+        lr, warmup, schedule, min_lr: the peak learning rate, its warm-up steps, its decay
+            (``training.SCHEDULES``) and its floor.
+        weight_decay, beta2: AdamW's decoupled weight decay and second-moment decay (β1 is 0.9).
+        clip: gradient-norm clipping (0: none). bf16: autocast to bfloat16.
+        label_smoothing: ε of the smoothed cross-entropy (Szegedy et al., 2016).
+        seed: every random draw of the run follows from it.
+        accumulate: batches per optimizer step (K batches of B train as one of K·B).
+        ema_decay: d of a moving average of the weights, saved and evaluated in their place (0: off).
+        valid_every: steps between validations by the task's own metric ("epoch": at each
+            epoch's end; None: none); the best is kept.
+        patience: stop after this many validations without a better score (None: never).
+        average_last: average the last N validated checkpoints; the final model is the better of
+            that and the best.
+        tensorboard: TensorBoard scalars in ``OUT/tensorboard``.
+        save_every: steps between checkpoints in ``OUT/last`` (``--resume``); 0: on a signal only.
+        on_nonfinite: a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it.
+        parallel: on N workers (``--nproc``): "ddp" (the whole model each) or "fsdp" (sharded).
+        device: "cpu", "cuda" (each worker its GPU) or "auto" (cuda when there is one).
+    """
+
+    steps: int | None = None
+    seconds: float | None = None
+    lr: float = 1e-3
+    warmup: int = 0
+    schedule: str = "cosine"
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    beta2: float = 0.98
+    clip: float = 1.0
+    bf16: bool = False
+    label_smoothing: float = 0.0
+    seed: int = 0
+    accumulate: int = 1
+    ema_decay: float = 0.0
+    valid_every: int | str | None = None
+    patience: int | None = None
+    average_last: int = 0
+    tensorboard: bool = False
+    save_every: int = 500
+    on_nonfinite: str = "stop"
+    parallel: str = "ddp"
+    device: str = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """How a task's model decodes when the run scores it, and what its model directory then
+    records as the decoding defaults of ``qkv translate`` / ``transcribe`` / ``speak`` and the
+    server (the recipe's ``decode`` section). A task names the settings that apply to it
+    (``Task.decode``); a recipe that sets another is refused.
+
+    Attributes:
+        beam_size: beam width of the final scoring (1: greedy).
+        valid_beam: beam width of the validations during training (1: greedy).
+        length_penalty: hypotheses ranked by log p / length^penalty (GNMT's simple form).
+        max_len_a, max_len_b: an output of a source of S tokens has at most a·S + b tokens
+            (fairseq's rule).
+        ctc_weight: λ of the joint CTC/attention score λ·CTC + (1 − λ)·attention (Watanabe et
+            al., 2017) in decoding (0: the attention decoder alone). Not the loss weight:
+            that is ``train.ctc_loss_weight``.
+        lm: a language-model directory (same tokens) fused into the beam search (None: none).
+        lm_weight: its weight in the shallow fusion (ESPnet's usual 0.3).
+        stop_threshold: a TTS decoder stops when its stop probability passes this.
+        attention_window: [back, ahead]: TTS synthesis keeps cross-attention near its peak (None: free).
+    """
+
+    beam_size: int = 4
+    valid_beam: int = 1
+    length_penalty: float = 1.0
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    ctc_weight: float = 0.3
+    lm: str | None = None
+    lm_weight: float = 0.3
+    stop_threshold: float = 0.5
+    attention_window: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A loaded, checked recipe: what :func:`load_recipe` returns and a task's run reads.
+
+    Attributes:
+        task: the task's name (``tasks.TASKS``).
+        model: the model section: fields of the family's config (``checkpoint.KINDS``), checked
+            against it; a mapping, not the config itself, because the vocabulary sizes and
+            special ids come from the tokenizer at the start of the run, and a fine-tuned model
+            takes every field its recipe does not name from the pretrained model.
+        train: :class:`TrainConfig` (the task's subclass).
+        data: the task's own data settings (its dataclass, ``Task.data``).
+        decode: :class:`DecodeConfig`.
+    """
+
+    task: str
+    model: Mapping
+    train: TrainConfig
+    data: object
+    decode: DecodeConfig
+
+    def to_dict(self, decode_keys: Sequence[str] | None = None) -> dict:
+        """The recipe as plain data (what checkpoints store as JSON): ``decode`` holds
+        ``decode_keys`` (the task's, ``Task.decode``; None: all)."""
+        decode = dataclasses.asdict(self.decode)
+        return _plain(
+            {
+                "task": self.task,
+                "model": dict(self.model),
+                "train": dataclasses.asdict(self.train),
+                "data": dataclasses.asdict(self.data),
+                "decode": {k: v for k, v in decode.items() if decode_keys is None or k in decode_keys},
+            }
+        )
+
+
+def _plain(value):
+    """``value`` as JSON would give it back: tuples as lists, mappings as dicts (a copy)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# Keys that moved to another place, from a recipe (or a stored checkpoint's recipe) of before
+# the decode section: a recipe naming one is refused with the new name, a stored one is moved.
+MOVED = {
+    **{
+        f"data.{key}": f"decode.{key}"
+        for key in (
+            "beam_size",
+            "valid_beam",
+            "length_penalty",
+            "max_len_a",
+            "max_len_b",
+            "ctc_weight",
+            "stop_threshold",
+            "attention_window",
+        )
+    },
+    "train.ctc_weight": "train.ctc_loss_weight",
+}
+
+
+def upgrade_stored(recipe: Mapping | None) -> dict:
+    """A stored recipe (a checkpoint's ``config.json``) in today's layout: keys of :data:`MOVED`
+    moved where they are now; a copy (None: an empty recipe)."""
+    out = copy.deepcopy(dict(recipe or {}))
+    for old, new in MOVED.items():
+        (section, key), (to, name) = old.split("."), new.split(".")
+        if isinstance(out.get(section), dict) and key in out[section]:
+            out.setdefault(to, {}).setdefault(name, out[section].pop(key))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     """What recipes, the runner and the command line know of a task; each module of ``qkv.tasks`` defines one.
 
-    ``defaults``: every key a recipe of the task may set, with its default (the model section
-    takes the fields of the family's config dataclass). ``model_kind``: the family
+    ``model``: the model section's defaults (fields of the family's config dataclass).
+    ``train``: the task's :class:`TrainConfig` (a subclass with its defaults and its own
+    settings); ``data``: its data settings (a frozen dataclass); ``decode``: the
+    :class:`DecodeConfig` settings that apply to it. ``model_kind``: the family
     (``checkpoint.KINDS``). ``prepare``: its own parts of a run, ``prepare(recipe, start)`` ->
     :class:`Setup` (``runner.train`` starts the run, trains, saves, evaluates). ``report``:
     ``report(summary, recipe)`` -> (the scores as JSON fields, one sentence saying them).
     ``rules``: value rules for the task's own keys, added to :data:`COMMON_RULES`. ``check``:
-    rules across keys, run after the values are checked. ``tuning_fields``: the model fields a
-    model fine-tuned from a pretrained one (``train.init``) may set for itself. ``rate_unit``:
-    what the training rate counts. ``loss_name``: what the training loss is, as the loss
-    picture's axis says it. ``run_directory``: the task trains in a run directory (``runs.py``)
-    rather than into its model directory. ``resume_may_change``: the train keys ``--resume``
-    may change; ``resume_may_name``: (section, key) of tokenizer files it may name (the task
-    checks them against the checkpoint's).
+    rules across keys, ``check(recipe, where)``, run on the typed recipe. ``tuning_fields``: the
+    model fields a model fine-tuned from a pretrained one (``train.init``) may set for itself.
+    ``rate_unit``: what the training rate counts. ``loss_name``: what the training loss is, as
+    the loss picture's axis says it. ``run_directory``: the task trains in a run directory
+    (``runs.py``) rather than into its model directory. ``resume_may_change``: the train keys
+    ``--resume`` may change; ``resume_may_name``: (section, key) of tokenizer files it may name
+    (the task checks them against the checkpoint's).
     """
 
     name: str
-    defaults: dict
+    model: Mapping
+    train: type[TrainConfig]
+    data: type
     model_kind: str
-    prepare: Callable[[dict, Start], Setup]
-    report: Callable[[dict, dict], tuple[dict, str]]
+    prepare: Callable[[Recipe, Start], Setup]
+    report: Callable[[dict, Recipe], tuple[dict, str]]
+    decode: tuple[str, ...] = ()
     rules: Mapping[tuple[str, str], Rule] = dataclasses.field(default_factory=dict)
-    check: Callable[[dict, str], None] | None = None
+    check: Callable[[Recipe, str], None] | None = None
     tuning_fields: tuple[str, ...] = ()
     rate_unit: str = "tokens"
     loss_name: str = "cross-entropy (nats/token)"
     run_directory: bool = False
     resume_may_change: tuple[str, ...] = RESUME_MAY_CHANGE
     resume_may_name: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def defaults(self) -> dict:
+        """Every key a recipe of the task may set, with its default, as plain data (a fresh copy)."""
+        return Recipe(self.name, self.model, self.train(), self.data(), DecodeConfig()).to_dict(self.decode)
+
+    def from_stored(self, recipe: Mapping | None) -> Recipe:
+        """The :class:`Recipe` a checkpoint's ``config.json`` records (``meta["recipe"]``): in
+        today's layout (:func:`upgrade_stored`), keys added since taking their defaults and
+        keys since removed left out."""
+        stored, defaults = upgrade_stored(recipe), self.defaults
+        plain = {
+            section: {**value, **{k: v for k, v in (stored.get(section) or {}).items() if k in value}}
+            for section, value in defaults.items()
+            if isinstance(value, dict)
+        }
+        plain["model"] = {**defaults["model"], **(stored.get("model") or {})}
+        return self.typed(plain)
+
+    def typed(self, recipe: Mapping) -> Recipe:
+        """The :class:`Recipe` of a checked recipe given as plain data (``to_dict``'s layout)."""
+        decode = {k: v for k, v in recipe.get("decode", {}).items() if k in self.decode}
+        if decode.get("attention_window") is not None:
+            decode["attention_window"] = tuple(decode["attention_window"])
+        return Recipe(
+            task=self.name,
+            model=MappingProxyType(copy.deepcopy(dict(recipe["model"]))),
+            train=self.train(**recipe["train"]),
+            data=self.data(**copy.deepcopy(recipe["data"])),
+            decode=DecodeConfig(**decode),
+        )
 
 
 def read_yaml(text: str):
@@ -155,6 +361,11 @@ def _set(recipe: dict, key: str, value, *, where: str) -> None:
             raise UserError(f"{where}: {'.'.join(parts[: i + 1])} is not a section of the recipe")
         node = node[part]
     if parts[0] != "model" and parts[-1] not in node:
+        if key in MOVED:
+            raise UserError(f"{where}: {key} has moved: it is {MOVED[key]} now")
+        if parts[0] == "decode" and parts[-1] in {f.name for f in dataclasses.fields(DecodeConfig)}:
+            known = ", ".join(sorted(node)) or "none"
+            raise UserError(f"{where}: {key} does not apply to this task; its decode keys: {known}")
         raise UserError(f"{where}: unknown key {key!r}; known in this section: {', '.join(sorted(node))}")
     if isinstance(node.get(parts[-1]), dict) and isinstance(value, dict):
         for name, inner in value.items():  # a nested section (a speech model's features): key by key
@@ -178,8 +389,10 @@ def override(overrides: Sequence[str], key: str) -> str | None:
 
 def load_recipe(
     path: str | Path | None, overrides: Sequence[str] = (), *, tasks: Mapping[str, Task], default: str
-) -> dict:
-    """The task's defaults, then the YAML file (if any), then ``key=value`` overrides.
+) -> Recipe:
+    """The task's defaults, then the YAML file (if any), then ``key=value`` overrides: a
+    :class:`Recipe`, its values checked (errors name the file and the key; a key that moved is
+    named with its new place, :data:`MOVED`).
 
     Override values are read as YAML (``train.steps=7`` is an int). The task comes from
     ``task=`` among the overrides, else the file, else ``default``; ``tasks`` are the known
@@ -243,8 +456,6 @@ def load_recipe(
         # fields (dropout, a classifier's head: the recipe's to choose), not the architecture
         # defaults, which an imported model (post-norm, GELU, ...) rarely has.
         recipe["model"] = {k: v for k, v in recipe["model"].items() if f"model.{k}" in named or k in task.tuning_fields}
-    if task.check is not None:
-        task.check(recipe, where)
     # Check the model fields now, before any data is read (the vocabulary comes later).
     if task.model_kind == "encoder_decoder":
         vocab = {"src_vocab_size": 64, "tgt_vocab_size": 64}
@@ -266,7 +477,10 @@ def load_recipe(
                 raise UserError(f"unknown model field(s) {named}; known: {', '.join(sorted(known))}")
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
-    return recipe
+    typed = task.typed(recipe)
+    if task.check is not None:
+        task.check(typed, where)
+    return typed
 
 
 # Value rules every task shares: (section, key) -> Rule. A task adds its own (Task.rules);
@@ -305,7 +519,27 @@ COMMON_RULES: dict[tuple[str, str], Rule] = {
         f"one of {', '.join(PARALLEL)}",
     ),
     ("train", "device"): (str, lambda v: v in DEVICES, f"one of {', '.join(DEVICES)}"),
-    ("data", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
+    ("decode", "beam_size"): (int, lambda v: v > 0, "a positive integer"),
+    ("decode", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
+    ("decode", "length_penalty"): ((int, float), lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+    ("decode", "max_len_a"): ((int, float), lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+    ("decode", "max_len_b"): (int, lambda v: v >= 0, "an integer >= 0"),
+    ("decode", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("decode", "lm"): ((str, type(None)), lambda v: v is None or bool(v), "a language-model directory or null"),
+    ("decode", "lm_weight"): ((int, float), lambda v: 0 <= v < math.inf, "a finite number >= 0"),
+    ("decode", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("decode", "attention_window"): (
+        (list, type(None)),
+        lambda v: (
+            v is None
+            or (
+                len(v) == 2
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)
+                and v[1] >= 1  # with ahead 0 the window could never move past its first symbol
+            )
+        ),
+        "null or [back, ahead]: two integers >= 0, ahead >= 1",
+    ),
     ("data", "val_fraction"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
     ("data", "eval_batch_size"): (int, lambda v: v > 0, "a positive integer"),
     ("data", "vocab_size"): (int, lambda v: v > 8, "an integer > 8"),
@@ -346,18 +580,18 @@ def _check_values(recipe: dict, where: str, rules: Mapping[tuple[str, str], Rule
             raise UserError(f"{where}: {section}.{key} must be {what}, got {value!r}")
 
 
-def require_steps(recipe: dict, where: str) -> None:
+def require_steps(recipe: Recipe, where: str) -> None:
     """A task that trains for a number of steps (all but translation, which counts epochs)."""
-    if recipe["train"]["steps"] is None:
-        raise UserError(f"{where}: train.steps must be a positive integer for the {recipe['task']} task")
+    if recipe.train.steps is None:
+        raise UserError(f"{where}: train.steps must be a positive integer for the {recipe.task} task")
 
 
-def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> EncoderDecoder:
+def seq2seq_model(recipe: Recipe, tokenizers: Tokenizer | Vocabularies) -> EncoderDecoder:
     """A fresh encoder-decoder from the recipe's model section and its vocabularies (one
     tokenizer: a joint vocabulary). The special ids are the target's (equal to the source's)."""
     vocab = Vocabularies.of(tokenizers)
     fields = {
-        **recipe["model"],
+        **recipe.model,
         "src_vocab_size": vocab.source.vocab_size,
         "tgt_vocab_size": vocab.target.vocab_size,
         "pad_id": vocab.target.pad_id,
@@ -365,25 +599,6 @@ def seq2seq_model(recipe: dict, tokenizers: Tokenizer | Vocabularies) -> Encoder
         "eos_id": vocab.target.eos_id,
     }
     return build_model("encoder_decoder", fields)
-
-
-# The train keys every task shares, with their defaults (translation names its own).
-FIT_TRAIN_DEFAULTS: dict = {
-    "clip": 1.0,
-    "bf16": False,
-    "label_smoothing": 0.0,
-    "seed": 0,
-    "accumulate": 1,  # batches per optimizer step (gradient accumulation): K batches of B train as one of K·B
-    "ema_decay": 0.0,  # d of a moving average of the weights, saved and evaluated in their place (0: off)
-    "valid_every": None,  # steps between validations by the task's own metric (null: none); the best is kept
-    "patience": None,  # stop after this many validations without a better score (null: never)
-    "average_last": 0,  # average the last N validated checkpoints; the final model is the better of that and the best
-    "tensorboard": False,  # TensorBoard scalars in OUT/tensorboard (training loss, learning rate, rate; validation)
-    "save_every": 500,  # steps between checkpoints in OUT/last (--resume continues from it); 0: on a signal only
-    "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
-    "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
-    "device": "auto",  # where to train: "cpu", "cuda" (each worker its GPU) or "auto" (cuda when there is one)
-}
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -416,7 +631,7 @@ def batch_of_step(batches: int, step: int, seed: int) -> int:
     return int(order[within])
 
 
-def tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:
+def tokenizer_for(data, *, checkpoint: Path | None, pairs: list[tuple[str, ...]]) -> tuple[Tokenizer, str]:
     """The run's tokenizer: a checkpoint's (resume, fine-tuning), a given file, or a new one
     trained on every sentence of ``pairs``.
 
@@ -431,12 +646,12 @@ def tokenizer_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str,
         checkpoint=checkpoint,
         meta=read_meta(checkpoint) if checkpoint is not None else None,
         texts=lambda: (s for pair in pairs for s in pair),
-        vocab_size=int(data["vocab_size"]),
+        vocab_size=int(data.vocab_size),
     )
 
 
 def find_tokenizer(
-    data: dict,
+    data,
     key: str,
     file: str,
     *,
@@ -445,9 +660,11 @@ def find_tokenizer(
     texts: Callable[[], Iterable[str]],
     vocab_size: int,
 ) -> tuple[Tokenizer, str]:
-    """One tokenizer and what it is: the checkpoint's ``file`` (a file named by ``data.KEY`` must
-    be that one), else the file ``data.KEY`` names, else one of ``vocab_size`` trained on ``texts``."""
-    given = resolve(data[key]) if data[key] is not None else None
+    """One tokenizer and what it is: the checkpoint's ``file`` (a file named by ``data.KEY`` (a
+    task's data settings) must be that one), else the file ``data.KEY`` names, else one of
+    ``vocab_size`` trained on ``texts``."""
+    named = getattr(data, key)
+    given = resolve(named) if named is not None else None
     if given is not None and not given.is_file():
         raise UserError(f"data.{key}: {given} does not exist")
     if checkpoint is not None and meta is not None:
@@ -476,7 +693,7 @@ def _same_tokenizer(given: Path, stored: Path, *, digest: str) -> bool:
 
 
 def fine_tuning_fields(
-    model: nn.Module, recipe: dict, source: Path, *, may_differ: tuple[str, ...], use: str = "train.init"
+    model: nn.Module, recipe: Recipe, source: Path, *, may_differ: tuple[str, ...], use: str = "train.init"
 ) -> dict:
     """The config fields of a model that continues ``model`` (read from ``source``): its own,
     but for the ``may_differ`` fields the recipe's model section names. Any other field the
@@ -484,12 +701,12 @@ def fine_tuning_fields(
     compute something else. ``use`` (``train.init`` or ``--resume``) begins the error."""
     differ = [
         key
-        for key, value in recipe["model"].items()
+        for key, value in recipe.model.items()
         if key not in may_differ and getattr(model.config, key, value) != value
     ]
     if differ:
         has = ", ".join(f"{k}={getattr(model.config, k)}" for k in differ)
-        wants = ", ".join(f"{k}={recipe['model'][k]}" for k in differ)
+        wants = ", ".join(f"{k}={recipe.model[k]}" for k in differ)
         raise UserError(f"{use}: {source} has model {has}; the recipe says {wants}")
-    tuned = {k: v for k, v in recipe["model"].items() if k in may_differ}
+    tuned = {k: v for k, v in recipe.model.items() if k in may_differ}
     return {**dataclasses.asdict(model.config), **tuned}

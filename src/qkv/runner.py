@@ -30,7 +30,7 @@ from qkv.checkpoint import RUN_FILE, check_output, read_meta, save_model
 from qkv.distributed import barrier, plain_copy, world
 from qkv.errors import UserError
 from qkv.files import write_atomic
-from qkv.recipes import Setup, Start, Task
+from qkv.recipes import Recipe, Setup, Start, Task, TrainConfig, upgrade_stored
 from qkv.runs import (
     TRAINER_STATE,
     Scalars,
@@ -48,7 +48,7 @@ from qkv.training import Checkpointing, FitConfig, FitResult, Trainer, Validatio
 LAST = "last"  # the checkpoint a run resumes from, inside its model or run directory
 
 
-def train(task: Task, recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train(task: Task, recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train ``task`` as ``recipe`` says into ``out``; returns the summary ``task.report`` reads.
 
     Start: a fresh run needs an output it may write; ``resume`` continues ``OUT/last`` exactly
@@ -68,17 +68,18 @@ def train(task: Task, recipe: dict, out: str | Path, *, progress: bool = True, r
     began = time.perf_counter()
     out = Path(out)
     start = start_run_directory if task.run_directory else start_model_directory
-    recipe, checkpoint = start(task, recipe, out, resume=resume)
+    plain, checkpoint = start(task, recipe.to_dict(task.decode), out, resume=resume)
+    recipe = task.typed(plain)  # a resumed run's: the one it began with, but what may change
     setup = task.prepare(recipe, Start(out=out, checkpoint=checkpoint, progress=progress))
-    validation = validation_of(recipe["train"], setup, task=task.name)
+    validation = validation_of(recipe.train, setup, task=task.name)
     with tempfile.TemporaryDirectory() as tmp:
         run = _Output(task, recipe, out, setup, files=tokenizer_files(setup.tokenizer, Path(tmp)))
-        scalars = Scalars(out / "tensorboard" if recipe["train"]["tensorboard"] and world().main else None)
+        scalars = Scalars(out / "tensorboard" if recipe.train.tensorboard and world().main else None)
         try:
             result = fit(
                 setup.model,
                 setup.step_loss,
-                fit_config(recipe["train"]),
+                fit_config(recipe.train),
                 progress=progress,
                 desc=f"qkv {task.name}",
                 unit=setup.unit,
@@ -126,10 +127,15 @@ class _Output:
     task, the recipe and ``setup.meta``), a run directory's ``run.json``, the final model directory."""
 
     task: Task
-    recipe: dict
+    recipe: Recipe
     out: Path
     setup: Setup
     files: dict[str, Path]
+
+    @property
+    def stored(self) -> dict:
+        """The recipe as checkpoints record it (plain data)."""
+        return self.recipe.to_dict(self.task.decode)
 
     def save(
         self, model: nn.Module, name: str, *, trainer: Trainer | None = None, result: FitResult | None = None, **more
@@ -137,7 +143,7 @@ class _Output:
         """``model`` as the checkpoint ``name`` (with ``trainer``, resumable); on N workers every
         one calls it, rank 0 writes."""
         unfinished = {} if self.task.run_directory else {"unfinished": True}
-        extra = {"task": self.task.name, "recipe": self.recipe, **self.setup.meta, **unfinished, **more}
+        extra = {"task": self.task.name, "recipe": self.stored, **self.setup.meta, **unfinished, **more}
         progress = result.progress() if result is not None else None
         save_checkpoint(model, self.out / name, files=self.files, extra=extra, trainer=trainer, progress=progress)
         return str(self.out / name)
@@ -145,7 +151,7 @@ class _Output:
     def record(self, final: str, result: FitResult, **more) -> None:
         """A run directory's ``run.json``: the recipe, the run so far and which checkpoint is final."""
         if self.task.run_directory and world().main:
-            meta = {"qkv_version": __version__, "recipe": self.recipe, "final": final, **self.setup.meta}
+            meta = {"qkv_version": __version__, "recipe": self.stored, "final": final, **self.setup.meta}
             write_json(self.out / RUN_FILE, {**meta, **result.progress(), **more})
 
     def save_model(self, model: nn.Module, result: FitResult, *, chosen: dict) -> None:
@@ -153,7 +159,7 @@ class _Output:
         did; the run's checkpoints give way to it, TensorBoard's scalars stay."""
         timing = {"train_seconds": result.seconds, "steps": result.steps}
         timing[f"{self.task.rate_unit}_per_second"] = result.tokens / max(result.seconds, 1e-9)
-        extra = {"task": self.task.name, "recipe": self.recipe, **self.setup.meta, **timing, **chosen}
+        extra = {"task": self.task.name, "recipe": self.stored, **self.setup.meta, **timing, **chosen}
         save_model(model, self.out, files=self.files, extra=extra, carry=("tensorboard",))
 
     def checkpointing(self, *, resume_from: Path | None) -> Checkpointing:
@@ -180,7 +186,7 @@ class _Output:
 
         if world().main:
             self.out.mkdir(parents=True, exist_ok=True)
-        every = int(self.recipe["train"]["save_every"])
+        every = self.recipe.train.save_every
         return Checkpointing(save_last, load_last, every, keep, drop, always=self.task.run_directory)
 
 
@@ -191,7 +197,7 @@ def _final_model(
     (:func:`~qkv.runs.choose_final`, by the task's ``final_score`` or its validation score):
     without validation, the weights training ended with ("last"; a run directory saves a moving
     average as "ema", which its ``last/`` does not hold as its weights)."""
-    ema = float(run.recipe["train"]["ema_decay"]) > 0
+    ema = run.recipe.train.ema_decay > 0
     if validation is None:
         if run.task.run_directory and ema:
             run.save(whole, "ema")
@@ -239,6 +245,7 @@ def resumed_recipe(recipe: dict, saved: dict, where: Path, task: Task) -> dict:
     keys of ``task.resume_may_change`` (and the tokenizer files of ``task.resume_may_name``,
     checked against the checkpoint's by the task) taken from ``recipe``; any other difference is
     refused (one line naming the keys)."""
+    saved = upgrade_stored(saved)  # a run begun before the decode section
     saved = {
         **saved,
         **{
@@ -305,32 +312,31 @@ def start_run_directory(task: Task, recipe: dict, out: Path, *, resume: bool) ->
     return resumed_recipe(recipe, read_run(out)["recipe"], out, task), out / LAST
 
 
-def fit_config(train: dict) -> FitConfig:
+def fit_config(train: TrainConfig) -> FitConfig:
     """The :class:`~qkv.training.FitConfig` of a recipe's (checked) train section."""
     return FitConfig(
-        steps=train["steps"],
-        seconds=train["seconds"],
-        lr=float(train["lr"]),
-        warmup=int(train["warmup"]),
-        schedule=train["schedule"],
-        min_lr=float(train["min_lr"]),
-        weight_decay=float(train["weight_decay"]),
-        betas=(0.9, float(train["beta2"])),
-        clip=float(train["clip"]),
-        bf16=train["bf16"],
-        on_nonfinite=train["on_nonfinite"],
-        parallel=train["parallel"],
-        device=train["device"],
-        accumulate=int(train["accumulate"]),
-        ema_decay=float(train["ema_decay"]),
+        steps=train.steps,
+        seconds=train.seconds,
+        lr=float(train.lr),
+        warmup=train.warmup,
+        schedule=train.schedule,
+        min_lr=float(train.min_lr),
+        weight_decay=float(train.weight_decay),
+        betas=(0.9, float(train.beta2)),
+        clip=float(train.clip),
+        bf16=train.bf16,
+        on_nonfinite=train.on_nonfinite,
+        parallel=train.parallel,
+        device=train.device,
+        accumulate=train.accumulate,
+        ema_decay=float(train.ema_decay),
     )
 
 
-def validation_of(train: dict, setup: Setup, *, task: str) -> Validation | None:
+def validation_of(train: TrainConfig, setup: Setup, *, task: str) -> Validation | None:
     """The :class:`~qkv.training.Validation` a train section asks for (``valid_every``: steps, or
     ``epoch``; ``patience``; ``average_last``) with the task's score, or None (no validation)."""
-    every = train.get("valid_every")
-    if every is None:
+    if train.valid_every is None:
         return None
     if setup.score is None:
         raise UserError(f"train.valid_every: the {task} task has no validation")
@@ -338,7 +344,7 @@ def validation_of(train: dict, setup: Setup, *, task: str) -> Validation | None:
         score=setup.score,
         metric=setup.metric,
         higher=setup.higher,
-        every=0 if every == "epoch" else int(every),
-        patience=train["patience"],
-        keep=int(train["average_last"]),
+        every=0 if train.valid_every == "epoch" else int(train.valid_every),
+        patience=train.patience,
+        keep=train.average_last,
     )

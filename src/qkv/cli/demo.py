@@ -42,7 +42,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     overrides.append(f"data.eval_examples={args.examples}")
     recipe = load_recipe(None, overrides)
     out = Path(args.out)
-    steps = recipe["train"]["steps"]
+    steps = recipe.train.steps
     expected = min(steps / IDLE_STEPS_PER_SECOND, args.seconds)
     print(
         f"qkv demo: training an encoder-decoder Transformer to write numbers as English words "
@@ -60,7 +60,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model, tokenizer = summary["model"], summary["tokenizer"]
     held_out, outputs = summary["held_out"], summary["outputs"]
 
-    print(f"held-out examples (never seen in training), beam search width {recipe['data']['beam_size']}:")
+    print(f"held-out examples (never seen in training), beam search width {recipe.decode.beam_size}:")
     for (source, reference), output in list(zip(held_out, outputs, strict=True))[:8]:
         mark = "ok " if output == reference else "ERR"
         print(f"  {mark} {source:>9} -> {output}")

@@ -115,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stop-threshold",
         type=number(float, lambda v: 0 < v < 1, "a probability between 0 and 1"),
-        help="end a sentence when its stop probability passes this (default: the model's recipe, data.stop_threshold)",
+        help="end a sentence when its stop probability passes this (default: the recipe's decode.stop_threshold)",
     )
     p.add_argument(
         "--attention-window",
@@ -123,7 +123,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=number(int, lambda v: v >= 0, "an integer >= 0"),
         metavar=("BACK", "AHEAD"),
         help="keep cross-attention within BACK symbols before and AHEAD after its furthest peak "
-        "(default: the model's recipe, data.attention_window)",
+        "(default: the model's recipe, decode.attention_window)",
     )
     p.add_argument("--batch-size", type=positive_int, default=16, help="sentences synthesized at once (default 16)")
     p.add_argument("--seed", type=seed, default=0, help="the pre-net dropout's draws (default 0)")

@@ -42,12 +42,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UserError(f"--nproc must be a positive integer, got {args.nproc}")
     recipe = load_recipe(args.recipe, args.set)  # a bad recipe is said once, before any worker starts
-    on = recipe.get("train", {}).get("device", "auto")
+    on = recipe.train.device
     distributed.device(on)  # train.device cuda without a GPU: said now, not after the data is read
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return distributed.launch(worker_argv(args), nproc=args.nproc, max_restarts=args.max_restarts, on=on)
     out = Path(args.out).resolve()
-    task = TASKS[recipe["task"]]
+    task = TASKS[recipe.task]
     world = distributed.start(on=on)  # torchrun's environment: join the group (nothing for one process)
     # A group torchrun restarted after a failure continues the run from its last checkpoint.
     resume = args.resume or (distributed.restarted() and (out / "last" / TRAINER_STATE).is_file())
@@ -69,7 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     loss_curve(summary["losses"], out / "loss.png", title=f"training loss: {args.recipe}", ylabel=task.loss_name)
     unit = task.rate_unit  # what the loss is over: examples (classify), masked tokens (mlm), tokens
     result = {
-        "task": recipe["task"],
+        "task": recipe.task,
         "model": str(out),
         "steps": summary["steps"],
         "train_seconds": round(summary["train_seconds"], 1),

@@ -27,6 +27,6 @@ TASKS: dict[str, Task] = {
 }
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> dict:
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> recipes.Recipe:
     """:func:`qkv.recipes.load_recipe` over the known tasks; no task named: the numbers task."""
     return recipes.load_recipe(path, overrides, tasks=TASKS, default="numbers")

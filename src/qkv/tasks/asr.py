@@ -10,7 +10,7 @@ manifests of the user's own recordings. The corpus is built and cached by
 (float16) and batched by length under a budget of feature frames. Each step draws its batch and
 its SpecAugment masks from (seed, step) alone, so a resumed run trains exactly as an
 uninterrupted one. The loss is the joint CTC/attention loss (``training.speech_loss``); the
-test split is decoded by beam search, joint with the CTC prefix score when ``data.ctc_weight``
+test split is decoded by beam search, joint with the CTC prefix score when ``decode.ctc_weight``
 > 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
 
 What is not here: features (``audio.py``), the corpora (``speech_corpora/``), the model
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,16 +38,18 @@ from qkv.decoding import Required, Scorer, beam_search, constrained_beam_search,
 from qkv.distributed import share
 from qkv.errors import OptionError, UserError
 from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
+from qkv.loading import load_fusion_lm
 from qkv.losses import seq2seq_batch, share_loss, speech_loss, speech_tokens
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.plots import speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
+    Recipe,
     Setup,
     Start,
     Task,
+    TrainConfig,
     batch_of_step,
     length_batches,
     require_steps,
@@ -71,83 +72,85 @@ CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manif
 # A small speech Transformer that trains on two CPU cores: ESPnet's conv2d front-end (×4 fewer
 # frames), 6 encoder and 3 decoder blocks of width 144 (the encoder does the listening; a
 # transcript's decoder needs little), pre-norm, CTC weight 0.3 (Kim et al., 2017).
-ASR_DEFAULTS: dict = {
-    "task": "asr",
-    "model": {
-        "d_model": 144,
-        "n_heads": 4,
-        "d_ff": 576,
-        "n_encoder_layers": 6,
-        "n_decoder_layers": 3,
-        "max_len": 160,
-        "dropout": 0.1,
-        "frontend": "conv2d",
-        "encoder_positions": "sinusoidal",
-        "positions": "sinusoidal",
-        "ctc": True,
-        "features": {"kind": "logmel", "n_mels": 80, "normalize": True},
-    },
-    "train": {
-        "steps": 3000,
-        "seconds": None,
-        "batch_frames": 12000,  # feature frames (10 ms each) per batch, padding included: 120 s of audio
-        "lr": 1e-3,
-        "warmup": 300,
-        "schedule": "cosine",
-        "min_lr": 1e-5,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        "ctc_weight": 0.3,  # λ of the loss λ·CTC + (1 − λ)·attention
-        "spec_augment": True,
-        "freq_masks": 2,
-        "freq_width": 15,
-        "time_masks": 2,
-        "time_width": 40,
-        "time_ratio": 0.2,
-        "time_warp": 0,
-        "init_encoder": None,  # a speech model directory whose front-end and encoder start ours
-        "init_decoder": None,  # a translation model whose decoder (and target tokenizer) start ours
-        **FIT_TRAIN_DEFAULTS,
-        "label_smoothing": 0.1,
-    },
-    "data": {
-        "corpus": "fsdd_digits",
-        "translate": False,  # espeak_de: English text out (speech translation); else the transcript
-        "normalize": True,  # train on normalize_transcript(text): lowercase, no punctuation
-        "held_out": "theo",  # fsdd_digit_strings: the speaker only the test set holds
-        "train_utterances": 6000,  # fsdd_digit_strings
-        "test_utterances": 500,  # fsdd_digit_strings
-        "speed_perturb": [1.0],  # fsdd_digit_strings: each training string at one of these speeds
-        "sentences": None,  # espeak corpora: the first N sentences of every split (null: all)
-        "corpus_seed": 0,
-        "train": None,  # manifests: train.tsv (path, seconds, speaker, text[, target])
-        "test": None,  # manifests: test.tsv
-        "valid": None,  # manifests: valid.tsv, the validation split train.valid_every decodes (null: none)
-        "tokenizer": "char",  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
-        "vocab_size": 1000,
-        "beam_size": 4,
-        "ctc_weight": 0.3,  # joint CTC/attention decoding of the test split (0: attention only)
-        "length_penalty": 1.0,
-        "eval_batch_size": 32,
-        "test_limit": None,  # decode only the first N test utterances (null: all)
-        "valid_limit": 200,  # validation (train.valid_every) decodes the first N validation utterances (null: all)
-    },
+ASR_MODEL: dict = {
+    "d_model": 144,
+    "n_heads": 4,
+    "d_ff": 576,
+    "n_encoder_layers": 6,
+    "n_decoder_layers": 3,
+    "max_len": 160,
+    "dropout": 0.1,
+    "frontend": "conv2d",
+    "encoder_positions": "sinusoidal",
+    "positions": "sinusoidal",
+    "ctc": True,
+    "features": {"kind": "logmel", "n_mels": 80, "normalize": True},
 }
 
 
-def _check(recipe: dict, where: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class AsrTrain(TrainConfig):
+    """Speech recognition's training (``train``): the shared settings with its defaults, batches of
+    up to ``batch_frames`` feature frames, the CTC loss weight, SpecAugment, and encoder/decoder
+    initialisation from other models."""
+
+    steps: int | None = 3000
+    batch_frames: int = 12000  # feature frames (10 ms each) per batch, padding included: 120 s of audio
+    warmup: int = 300
+    min_lr: float = 1e-5
+    ctc_loss_weight: float = 0.3  # λ of the loss λ·CTC + (1 − λ)·attention (decoding's: decode.ctc_weight)
+    spec_augment: bool = True
+    freq_masks: int = 2
+    freq_width: int = 15
+    time_masks: int = 2
+    time_width: int = 40
+    time_ratio: float = 0.2
+    time_warp: int = 0
+    init_encoder: str | None = None  # a speech model directory whose front-end and encoder start ours
+    init_decoder: str | None = None  # a translation model whose decoder (and target tokenizer) start ours
+    label_smoothing: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class AsrData:
+    """Speech recognition's corpus and vocabulary (``data``)."""
+
+    corpus: str = "fsdd_digits"
+    translate: bool = False  # espeak_de: English text out (speech translation); else the transcript
+    normalize: bool = True  # train on normalize_transcript(text): lowercase, no punctuation
+    held_out: str = "theo"  # fsdd_digit_strings: the speaker only the test set holds
+    train_utterances: int = 6000  # fsdd_digit_strings
+    test_utterances: int = 500  # fsdd_digit_strings
+    speed_perturb: Sequence[float] = (1.0,)  # fsdd_digit_strings: each training string at one of these speeds
+    sentences: int | None = None  # espeak corpora: the first N sentences of every split (null: all)
+    corpus_seed: int = 0
+    train: str | None = None  # manifests: train.tsv (path, seconds, speaker, text[, target])
+    test: str | None = None  # manifests: test.tsv
+    valid: str | None = None  # manifests: valid.tsv, the validation split train.valid_every decodes (null: none)
+    tokenizer: str = "char"  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
+    vocab_size: int = 1000
+    eval_batch_size: int = 32
+    test_limit: int | None = None  # decode only the first N test utterances (null: all)
+    valid_limit: int | None = (
+        200  # validation (train.valid_every) decodes the first N validation utterances (null: all)
+    )
+
+
+def _check(recipe: Recipe, where: str) -> None:
     require_steps(recipe, where)
-    data = recipe["data"]
-    if data["translate"] and data["corpus"] not in ("espeak_de", "manifests"):
+    data = recipe.data
+    if data.translate and data.corpus not in ("espeak_de", "manifests"):
         raise UserError(f"{where}: data.translate needs data.corpus espeak_de or manifests with a target column")
-    if data["corpus"] == "manifests" and (data["train"] is None or data["test"] is None):
+    if data.corpus == "manifests" and (data.train is None or data.test is None):
         raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
-    if not recipe["model"].get("ctc", True):
-        for key in ("train.ctc_weight", "data.ctc_weight"):
-            section, name = key.split(".")
-            if recipe[section][name] > 0:
+    if not recipe.model.get("ctc", True):
+        for key, value in (
+            ("train.ctc_loss_weight", recipe.train.ctc_loss_weight),
+            ("decode.ctc_weight", recipe.decode.ctc_weight),
+        ):
+            if value > 0:
                 raise UserError(f"{where}: {key} must be 0 for a model without a CTC head (model.ctc: false)")
-    if not isinstance(recipe["model"].get("features", {}), dict):
+    if not isinstance(recipe.model.get("features", {}), dict):
         raise UserError(f"{where}: model.features must be a mapping of feature settings")
 
 
@@ -156,36 +159,36 @@ def _check(recipe: dict, where: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_corpus(data: dict) -> tuple[Corpus, str]:
+def load_corpus(data: AsrData) -> tuple[Corpus, str]:
     """The recipe's corpus (built and cached where it must be) and the name of its test split."""
-    kind = data["corpus"]
+    kind = data.corpus
     if kind == "fsdd_digits":
         return fsdd_digits(), "test"
     if kind == "fsdd_digit_strings":
         corpus = fsdd_digit_strings(
-            held_out=str(data["held_out"]),
-            train_utterances=int(data["train_utterances"]),
-            test_utterances=int(data["test_utterances"]),
-            seed=int(data["corpus_seed"]),
-            speeds=tuple(float(f) for f in data["speed_perturb"]),
+            held_out=str(data.held_out),
+            train_utterances=int(data.train_utterances),
+            test_utterances=int(data.test_utterances),
+            seed=int(data.corpus_seed),
+            speeds=tuple(float(f) for f in data.speed_perturb),
         )
         return corpus, "test"
     if kind in ("espeak_en", "espeak_de"):
-        corpus = espeak_corpus(language=kind[-2:], sentences=data["sentences"], seed=int(data["corpus_seed"]))
+        corpus = espeak_corpus(language=kind[-2:], sentences=data.sentences, seed=int(data.corpus_seed))
         return corpus, "test"
-    splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
-    if data["valid"] is not None:
-        splits["val"] = read_manifest(data["valid"])
-    return Corpus("manifests", Path(data["train"]).parent, splits), "test"
+    splits = {"train": read_manifest(data.train), "test": read_manifest(data.test)}
+    if data.valid is not None:
+        splits["val"] = read_manifest(data.valid)
+    return Corpus("manifests", Path(data.train).parent, splits), "test"
 
 
-def validation_split(corpus: Corpus, data: dict) -> list[Utterance]:
+def validation_split(corpus: Corpus, data: AsrData) -> list[Utterance]:
     """The utterances validation (``train.valid_every``) scores: the first ``data.valid_limit`` of
     the corpus's validation split ("val"); a corpus without one is refused."""
     if "val" not in corpus.splits:
         how = "set data.valid (a manifest)" if corpus.name == "manifests" else "use a corpus that has one"
         raise UserError(f"train.valid_every: the {corpus.name} corpus has no validation split; {how}")
-    return corpus["val"][: data["valid_limit"]]
+    return corpus["val"][: data.valid_limit]
 
 
 def output_text(u: Utterance, *, translate: bool, normalize: bool) -> str:
@@ -331,7 +334,8 @@ def cross_attention(model: SpeechEncoderDecoder, feats: Tensor, ids: list[int]) 
 def draw_cross_attention(
     model: SpeechEncoderDecoder, tokenizer: Tokenizer, feats: Tensor, ids: list[int], path: Path, *, title: str
 ) -> Path:
-    """PNG of :func:`cross_attention` under the utterance's spectrogram (``plots.speech_attention``)."""
+    """PNG of :func:`cross_attention` under the utterance's spectrogram
+    (``plots.speech_attention``)."""
     weights = cross_attention(model, feats, ids)
     labels = [tokenizer.id_to_token(t) for t in ids] + ["END"]
     labels = [label.replace(" ", "␣") for label in labels]
@@ -367,15 +371,15 @@ SOURCES = {
 }
 
 
-def pretrained_source(train: dict, key: str, last: Path | None) -> Path | None:
+def pretrained_source(train: AsrTrain, key: str, last: Path | None) -> Path | None:
     """The model directory ``train[key]`` (``init_encoder`` or ``init_decoder``) names (a
     training run: its final checkpoint), checked before any data is read: a UserError beginning
     with the key if it is missing, unreadable or not of the kind :data:`SOURCES` says. None when
     the key is unset or the run resumes (its checkpoint holds those parts already)."""
-    if train[key] is None or last is not None:
+    if getattr(train, key) is None or last is not None:
         return None
     try:
-        directory = model_dir(Path(train[key]).expanduser())
+        directory = model_dir(Path(getattr(train, key)).expanduser())
         kind = read_meta(directory)["kind"]
     except UserError as e:
         raise UserError(f"train.{key}: {e}") from None
@@ -482,11 +486,11 @@ def init_decoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
     return directory
 
 
-def _started(recipe: dict, tokenizer: Tokenizer, source: Path | None, writer: Path | None) -> SpeechEncoderDecoder:
+def _started(recipe: Recipe, tokenizer: Tokenizer, source: Path | None, writer: Path | None) -> SpeechEncoderDecoder:
     """The recipe's model for ``tokenizer``'s vocabulary, seeded, its encoder started from
     ``source``'s and its decoder from ``writer``'s where they are given."""
-    torch.manual_seed(int(recipe["train"]["seed"]))
-    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, **{n: getattr(tokenizer, n) for n in IDS}}
+    torch.manual_seed(int(recipe.train.seed))
+    fields = {**recipe.model, "vocab_size": tokenizer.vocab_size, **{n: getattr(tokenizer, n) for n in IDS}}
     model = build_model("speech_encoder_decoder", fields)
     if source is not None:
         init_encoder(model, source)
@@ -495,20 +499,20 @@ def _started(recipe: dict, tokenizer: Tokenizer, source: Path | None, writer: Pa
     return model
 
 
-def _tokenizer(data: dict, texts: list[str], last: Path | None) -> Tokenizer:
+def _tokenizer(data: AsrData, texts: list[str], last: Path | None) -> Tokenizer:
     if last is not None:
         return Tokenizer.load(last / TOKENIZER_FILE)
-    if data["tokenizer"] == "char":
+    if data.tokenizer == "char":
         return Tokenizer.train_char_level(texts)
-    if data["tokenizer"] == "subword":
-        return Tokenizer.train_subword(texts, vocab_size=int(data["vocab_size"]))
-    path = Path(data["tokenizer"])
+    if data.tokenizer == "subword":
+        return Tokenizer.train_subword(texts, vocab_size=int(data.vocab_size))
+    path = Path(data.tokenizer)
     if not path.is_file():
         raise UserError(f"data.tokenizer: {path} does not exist (char, subword or a tokenizer.json)")
     return Tokenizer.load(path)
 
 
-def prepare_asr(recipe: dict, start: Start) -> Setup:
+def prepare_asr(recipe: Recipe, start: Start) -> Setup:
     """A speech encoder–decoder's parts of a run: corpus, features, tokenizer, model (its encoder
     and decoder started from pretrained ones where the recipe says), step loss, validation (WER
     or BLEU on the validation split) and the evaluation on the test split.
@@ -518,21 +522,21 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
     first test utterance's spectrogram with the attention of the words the model wrote.
     """
     last, progress = start.checkpoint, start.progress
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = int(train.seed)
     problems: list[str] = []
     # The sources of the encoder and decoder are checked before the corpus is read; resumed, the
     # checkpoint holds those parts already and the sources are only named (as the recipe gives them).
     source, writer = pretrained_source(train, "init_encoder", last), pretrained_source(train, "init_decoder", last)
     # Recorded as read where they are read now; resumed, as the recipe names them.
-    encoder_from = str(source) if source is not None else train["init_encoder"]
-    decoder_from = str(writer) if writer is not None else train["init_decoder"]
+    encoder_from = str(source) if source is not None else train.init_encoder
+    decoder_from = str(writer) if writer is not None else train.init_decoder
     # With a translator's decoder the vocabulary is known at once: the model is built and checked
     # against its sources before the corpus (which may take minutes to build) is read.
     tokenizer = decoder_tokenizer(writer) if writer is not None else None
     model = _started(recipe, tokenizer, source, writer) if tokenizer is not None else None
     corpus, test_split = load_corpus(data)
-    translate, normalize = bool(data["translate"]), bool(data["normalize"])
+    translate, normalize = bool(data.translate), bool(data.normalize)
     train_utts = corpus["train"]
     texts = [output_text(u, translate=translate, normalize=normalize) for u in train_utts]
     if tokenizer is None or model is None:
@@ -559,16 +563,19 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
     if not train_feats:
         raise UserError("no training utterance is long enough for the model's front-end")
     frames = [f.shape[0] for f in train_feats]
-    budget = int(train["batch_frames"])
+    budget = int(train.batch_frames)
     batches = length_batches(frames, budget)
     c = model.config
-    augment = {k: train[k] for k in ("freq_masks", "freq_width", "time_masks", "time_width", "time_ratio", "time_warp")}
+    augment = {
+        k: getattr(train, k)
+        for k in ("freq_masks", "freq_width", "time_masks", "time_width", "time_ratio", "time_warp")
+    }
     seconds_per_frame = config.hop_length / config.sample_rate
 
     def step_loss(m: SpeechEncoderDecoder, step: int) -> tuple[Tensor, float]:
         rows = batches[batch_of_step(len(batches), step, seed)]
         feats, valid = pad_features([train_feats[i].float() for i in rows])  # (B, T, M), (B, T)
-        if train["spec_augment"]:
+        if train.spec_augment:
             generator = torch.Generator().manual_seed(step_seed(seed, step))
             feats = spec_augment(feats, generator, valid=valid, **augment)  # (B, T, M)
         _, t_in, t_out = seq2seq_batch(
@@ -588,14 +595,14 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
             t_in,
             t_out,
             pad_id=c.pad_id,
-            ctc_weight=float(train["ctc_weight"]),
-            label_smoothing=float(train["label_smoothing"]),
+            ctc_weight=float(train.ctc_loss_weight),
+            label_smoothing=float(train.label_smoothing),
             whole=whole,
         )
         seconds = float(valid.sum()) * seconds_per_frame
         return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
-    validate = validation_scorer(corpus, tokenizer, data, config, progress=progress) if train["valid_every"] else None
+    validate = validation_scorer(corpus, tokenizer, recipe, config, progress=progress) if train.valid_every else None
 
     def evaluate(m: SpeechEncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
         train_feats.clear()  # the training features' memory, before the test set's
@@ -626,20 +633,21 @@ def prepare_asr(recipe: dict, start: Start) -> Setup:
     )
 
 
-def train_asr(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train_asr(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train a speech encoder–decoder as ``recipe`` says (:func:`prepare_asr`), score it on the
     test split, save it to ``out``."""
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
 def validation_scorer(
-    corpus: Corpus, tokenizer: Tokenizer, data: dict, config: FeatureConfig, *, progress: bool
+    corpus: Corpus, tokenizer: Tokenizer, recipe: Recipe, config: FeatureConfig, *, progress: bool
 ) -> Callable[[SpeechEncoderDecoder], dict[str, float]]:
     """Validation for ``train.valid_every``: the validation split (:func:`validation_split`)
     decoded as the test split is (the recipe's beam and CTC weight) and scored: WER and CER, or
     BLEU and chrF for translation. Its features are computed once, now."""
+    data, decode = recipe.data, recipe.decode
     utterances = validation_split(corpus, data)
-    translate = bool(data["translate"])
+    translate = bool(data.translate)
     feats = compute_features(utterances, config, progress=progress, desc="features (validation)")
     references = [output_text(u, translate=translate, normalize=False) for u in utterances]
 
@@ -648,10 +656,10 @@ def validation_scorer(
             model,
             tokenizer,
             feats,
-            beam_size=int(data["beam_size"]),
-            ctc_weight=float(data["ctc_weight"]),
-            length_penalty=float(data["length_penalty"]),
-            batch_size=int(data["eval_batch_size"]),
+            beam_size=decode.beam_size,
+            ctc_weight=float(decode.ctc_weight),
+            length_penalty=float(decode.length_penalty),
+            batch_size=data.eval_batch_size,
         )
         scores = _scores([d.text for d in decoded], references, translate=translate)
         return {k: v for k, v in scores.items() if k in ("wer", "cer", "bleu", "chrf")}
@@ -662,22 +670,26 @@ def validation_scorer(
 def score_model(
     model: SpeechEncoderDecoder,
     tokenizer: Tokenizer,
-    recipe: dict,
+    recipe: Recipe,
     *,
     progress: bool = True,
     test: tuple[Corpus, str] | None = None,
     lm: DecoderOnly | None = None,
-    lm_weight: float = 0.0,
+    lm_weight: float | None = None,
 ) -> dict:
     """Decode the recipe's test split (``data.test_limit`` of it) with the recipe's decoding
     settings and score it: WER, CER and utterance accuracy, or BLEU for translation; with
     the hypotheses, references, timings and decoding speed (seconds of audio per second).
     ``test``: the corpus and split, when the caller has them (else :func:`load_corpus`).
-    ``lm``, ``lm_weight``: a language model fused into the beam search (:func:`transcribe`)."""
-    data = recipe["data"]
+    ``lm``, ``lm_weight``: a language model fused into the beam search (:func:`transcribe`);
+    None: the recipe's ``decode.lm`` and ``decode.lm_weight`` (no ``decode.lm``: none)."""
+    data, decode = recipe.data, recipe.decode
+    if lm is None and decode.lm is not None:
+        lm = load_fusion_lm(decode.lm, tokenizer, model=model)
+    lm_weight = (decode.lm_weight if lm is not None else 0.0) if lm_weight is None else lm_weight
     corpus, split = test if test is not None else load_corpus(data)
-    utterances = corpus[split][: data["test_limit"]] if data["test_limit"] else corpus[split]
-    translate = bool(data["translate"])
+    utterances = corpus[split][: data.test_limit] if data.test_limit else corpus[split]
+    translate = bool(data.translate)
     config = model.config.features
     start = time.perf_counter()
     feats = compute_features(utterances, config, progress=progress, desc="features (test)")
@@ -686,10 +698,10 @@ def score_model(
         model,
         tokenizer,
         feats,
-        beam_size=int(data["beam_size"]),
-        ctc_weight=float(data["ctc_weight"]),
-        length_penalty=float(data["length_penalty"]),
-        batch_size=int(data["eval_batch_size"]),
+        beam_size=decode.beam_size,
+        ctc_weight=float(decode.ctc_weight),
+        length_penalty=float(decode.length_penalty),
+        batch_size=data.eval_batch_size,
         on_batch=bar.update,
         lm=lm,
         lm_weight=lm_weight,
@@ -727,7 +739,7 @@ def _scores(hypotheses: list[str], references: list[str], *, translate: bool) ->
     }
 
 
-def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's scores for the command line: WER / CER and utterance accuracy, or BLEU."""
     n, split = summary["test_utterances"], summary["test_split"]
     if "bleu" in summary:
@@ -747,7 +759,10 @@ def _corpus_name(v: object) -> bool:
 
 TASK = Task(
     name="asr",
-    defaults=ASR_DEFAULTS,
+    model=ASR_MODEL,
+    train=AsrTrain,
+    data=AsrData,
+    decode=("beam_size", "ctc_weight", "length_penalty", "lm", "lm_weight"),
     model_kind="speech_encoder_decoder",
     prepare=prepare_asr,
     report=report,
@@ -764,13 +779,11 @@ TASK = Task(
         ("data", "train"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "test"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "tokenizer"): (str, lambda v: bool(v), "char, subword or a tokenizer.json path"),
-        ("data", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
-        ("data", "length_penalty"): ((int, float), lambda v: math.isfinite(v), "a finite number"),
         ("data", "test_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("data", "valid"): ((str, type(None)), lambda v: v is None or bool(v), "a manifest TSV path or null"),
         ("data", "valid_limit"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
         ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (feature frames per batch)"),
-        ("train", "ctc_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+        ("train", "ctc_loss_weight"): ((int, float), lambda v: 0 <= v <= 1, "a number in [0, 1]"),
         ("train", "spec_augment"): (bool, lambda v: True, "true or false"),
         ("train", "freq_masks"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "freq_width"): (int, lambda v: v >= 0, "an integer >= 0"),

@@ -11,6 +11,7 @@ What is not here: recipe loading (``recipes.py``), the runner (``runner.py``), t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -46,10 +47,11 @@ from qkv.losses import (
 )
 from qkv.models.encoder_only import EncoderOnly
 from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
+    Recipe,
     Setup,
     Start,
     Task,
+    TrainConfig,
     fine_tuning_fields,
     require_steps,
     step_seed,
@@ -78,85 +80,87 @@ ENCODER_MODEL: dict = {
 ENCODER_HEAD_FIELDS = ("dropout", "attention_dropout", "pooling", "pooler", "n_classes", "mlm_head")
 
 
-MLM_DEFAULTS: dict = {
-    "task": "mlm",
-    "model": dict(ENCODER_MODEL),
-    "train": {
-        "steps": 4000,
-        "seconds": None,
-        "batch_size": 64,  # sentences per step
-        "lr": 1e-3,
-        "warmup": 400,
-        "schedule": "cosine",
-        "min_lr": 1e-5,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        **FIT_TRAIN_DEFAULTS,
-    },
-    "data": {
-        "dailydialog": "text",  # "text": DailyDialog's utterances (train / validation splits); null: sentences
-        "dailydialog_dir": "dailydialog",  # the DailyDialog folder (as given, or under $QKV_DATA)
-        "sentences": None,  # a text file, one sentence per line (with dailydialog: null)
-        "valid_sentences": None,  # its validation file (null: the last val_fraction of the sentences)
-        "val_fraction": 0.05,
-        "train_examples": None,  # use only the first N training sentences
-        "valid_examples": None,  # validate on the first N validation sentences
-        "tokenizer": None,  # an existing tokenizer.json (else a unigram vocabulary is trained); a mask is added
-        "vocab_size": 8000,
-        "mask_rate": 0.15,  # the share of tokens selected for prediction (80% masked, 10% random, 10% kept)
-        "eval_batch_size": 64,
-    },
-}
+MLM_MODEL: dict = dict(ENCODER_MODEL)
 
 
-CLASSIFY_DEFAULTS: dict = {
-    "task": "classify",
-    "model": {**ENCODER_MODEL, "pooling": "mean"},
-    "train": {
-        "steps": 2000,
-        "seconds": None,
-        "batch_size": 32,  # examples per step
-        "lr": 3e-4,
-        "warmup": 200,
-        "schedule": "cosine",
-        "min_lr": 0.0,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        **FIT_TRAIN_DEFAULTS,
-        "init": None,  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
-    },
-    "data": {
-        "dailydialog": "act",  # "act" or "emotion": DailyDialog's per-utterance labels; null: train_tsv
-        "dailydialog_dir": "dailydialog",
-        "context": False,  # DailyDialog: read the previous utterance too ([BEGIN] previous [END] utterance [END])
-        "train_tsv": None,  # text<TAB>label lines (with dailydialog: null)
-        "valid_tsv": None,  # its validation file (null: the last val_fraction of the training lines)
-        "val_fraction": 0.1,
-        "train_examples": None,
-        "valid_examples": None,
-        "tokenizer": None,
-        "vocab_size": 8000,
-        "eval_batch_size": 64,
-    },
-}
+@dataclasses.dataclass(frozen=True)
+class MlmTrain(TrainConfig):
+    """Masked-LM pretraining (``train``): the shared settings with its defaults, and ``batch_size``
+    sentences per step."""
+
+    steps: int | None = 4000
+    batch_size: int = 64  # sentences per step
+    warmup: int = 400
+    min_lr: float = 1e-5
 
 
-def _check(recipe: dict, where: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class MlmData:
+    """Masked-LM pretraining's sentences (``data``): DailyDialog's utterances or a file of
+    sentences."""
+
+    dailydialog: str | None = "text"  # "text": DailyDialog's utterances (train / validation splits); null: sentences
+    dailydialog_dir: str = "dailydialog"  # the DailyDialog folder (as given, or under $QKV_DATA)
+    sentences: str | None = None  # a text file, one sentence per line (with dailydialog: null)
+    valid_sentences: str | None = None  # its validation file (null: the last val_fraction of the sentences)
+    val_fraction: float = 0.05
+    train_examples: int | None = None  # use only the first N training sentences
+    valid_examples: int | None = None  # validate on the first N validation sentences
+    tokenizer: str | None = None  # an existing tokenizer.json (else a unigram vocabulary is trained); a mask is added
+    vocab_size: int = 8000
+    mask_rate: float = 0.15  # the share of tokens selected for prediction (80% masked, 10% random, 10% kept)
+    eval_batch_size: int = 64
+
+
+CLASSIFY_MODEL: dict = {**ENCODER_MODEL, "pooling": "mean"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyTrain(TrainConfig):
+    """A classifier's training (``train``): the shared settings with its defaults, ``batch_size``
+    examples per step, and ``init``: a pretrained encoder to fine-tune."""
+
+    steps: int | None = 2000
+    batch_size: int = 32  # examples per step
+    lr: float = 3e-4
+    warmup: int = 200
+    init: str | None = None  # a pretrained encoder_only model directory (its tokenizer is used); null: from scratch
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifyData:
+    """A classifier's labelled examples (``data``): DailyDialog's dialogue acts or emotions, or TSV
+    files."""
+
+    dailydialog: str | None = "act"  # "act" or "emotion": DailyDialog's per-utterance labels; null: train_tsv
+    dailydialog_dir: str = "dailydialog"
+    context: bool = False  # DailyDialog: read the previous utterance too ([BEGIN] previous [END] utterance [END])
+    train_tsv: str | None = None  # text<TAB>label lines (with dailydialog: null)
+    valid_tsv: str | None = None  # its validation file (null: the last val_fraction of the training lines)
+    val_fraction: float = 0.1
+    train_examples: int | None = None
+    valid_examples: int | None = None
+    tokenizer: str | None = None
+    vocab_size: int = 8000
+    eval_batch_size: int = 64
+
+
+def _check(recipe: Recipe, where: str) -> None:
     """The data sources of an mlm or classify recipe: DailyDialog or a file, exactly one."""
     require_steps(recipe, where)
-    data, task = recipe["data"], recipe["task"]
+    data, task = recipe.data, recipe.task
     own_file, own_valid = ("sentences", "valid_sentences") if task == "mlm" else ("train_tsv", "valid_tsv")
     kinds = ("text",) if task == "mlm" else ("act", "emotion")
-    if data["dailydialog"] is not None:
-        if data["dailydialog"] not in kinds:
+    if data.dailydialog is not None:
+        if data.dailydialog not in kinds:
             wanted = "text (its utterances)" if task == "mlm" else "act or emotion (its labels)"
             raise UserError(f"{where}: data.dailydialog must be {wanted} or null for the {task} task")
         for key in (own_file, own_valid):
-            if data[key] is not None:
+            if getattr(data, key) is not None:
                 raise UserError(f"{where}: data.{key} and data.dailydialog exclude each other; set one to null")
-    elif data[own_file] is None:
+    elif getattr(data, own_file) is None:
         raise UserError(f"{where}: set data.{own_file} (a file) or data.dailydialog for the {task} task")
-    if task == "classify" and data["context"] and data["dailydialog"] is None:
+    if task == "classify" and data.context and data.dailydialog is None:
         raise UserError(f"{where}: data.context needs data.dailydialog (a TSV line has no previous utterance)")
 
 
@@ -206,29 +210,29 @@ def _masked(
     return inputs, valid, labels
 
 
-def _mlm_sentences(data: dict) -> tuple[list[str], list[str], str]:
+def _mlm_sentences(data: MlmData) -> tuple[list[str], list[str], str]:
     """Training and validation sentences of an mlm recipe, and where they come from."""
-    if data["dailydialog"] is not None:
-        folder = data["dailydialog_dir"]
+    if data.dailydialog is not None:
+        folder = data.dailydialog_dir
         train = [u for dialogue in read_dailydialog(folder, "train")[0] for u, _ in dialogue]
         valid = [u for dialogue in read_dailydialog(folder, "validation")[0] for u, _ in dialogue]
         source = f"DailyDialog utterances ({folder})"
     else:
-        path = resolve(data["sentences"])
+        path = resolve(data.sentences)
         train = [line for line in read_lines(path) if line.strip()]
         source = str(path)
-        if data["valid_sentences"] is not None:
-            valid = [line for line in read_lines(resolve(data["valid_sentences"])) if line.strip()]
+        if data.valid_sentences is not None:
+            valid = [line for line in read_lines(resolve(data.valid_sentences)) if line.strip()]
         else:
-            split = int(len(train) * (1 - float(data["val_fraction"])))
+            split = int(len(train) * (1 - float(data.val_fraction)))
             train, valid = train[:split], train[split:]
-    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    train, valid = train[: data.train_examples], valid[: data.valid_examples]
     if not train or not valid:
         raise UserError(f"{source}: too few sentences for training and validation ({len(train)} and {len(valid)})")
     return train, valid, source
 
 
-def prepare_mlm(recipe: dict, start: Start) -> Setup:
+def prepare_mlm(recipe: Recipe, start: Start) -> Setup:
     """Masked-LM pretraining of an encoder-only model (Devlin et al., 2019): the task's parts of a run.
 
     Sentences (DailyDialog's utterances, or the lines of a text file) are framed as [BEGIN]
@@ -241,23 +245,23 @@ def prepare_mlm(recipe: dict, start: Start) -> Setup:
     validation score too (``train.valid_every``).
     """
     last = start.checkpoint
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = int(train.seed)
     torch.manual_seed(seed)
     sentences, valid, source = _mlm_sentences(data)
     tokenizer, vocabulary = tokenizer_for(data, checkpoint=last, pairs=[(s,) for s in sentences])
     tokenizer.add_mask()
-    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    fields = {**recipe.model, "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
     model = build_model("encoder_only", fields)
     window = model.config.max_len
     examples, truncated = _frame(tokenizer, sentences, max_len=window)
     valid_examples, _ = _frame(tokenizer, valid, max_len=window)
     specials = set(_special_ids(tokenizer))
     random_ids = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in specials])
-    rate, batch_size = float(data["mask_rate"]), int(train["batch_size"])
+    rate, batch_size = float(data.mask_rate), int(train.batch_size)
     # The validation sentences are masked once, now, with their own seed (the same for every run).
     valid_generator = torch.Generator().manual_seed(seed + 1)
-    size = int(data["eval_batch_size"])
+    size = int(data.eval_batch_size)
     valid_batches = [
         _masked(valid_examples[i : i + size], tokenizer, random_ids=random_ids, rate=rate, generator=valid_generator)
         for i in range(0, len(valid_examples), size)
@@ -288,7 +292,7 @@ def prepare_mlm(recipe: dict, start: Start) -> Setup:
         if len(targets) == 0:  # this worker's rows hold no masked token: a zero loss, gradients for none
             return logits.sum() * 0.0, 0
         loss = sequence_loss(  # (1, N, V) against (1, N)
-            logits[None], targets[None], ignore_id=None, label_smoothing=train["label_smoothing"]
+            logits[None], targets[None], ignore_id=None, label_smoothing=train.label_smoothing
         )
         return loss, len(targets) if counted else 0
 
@@ -312,20 +316,21 @@ def prepare_mlm(recipe: dict, start: Start) -> Setup:
     return Setup(model, step_loss, tokenizer, evaluate, score=score, facts=facts, unit="masked_tok")
 
 
-def train_mlm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Pretrain an encoder-only model by masked-LM as ``recipe`` says (:func:`prepare_mlm`); save it to ``out``."""
+def train_mlm(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Pretrain an encoder-only model by masked-LM as ``recipe`` says (:func:`prepare_mlm`); save
+    it to ``out``."""
     return runner.train(MLM, recipe, out, progress=progress, resume=resume)
 
 
 Labelled = tuple[str | None, str, str]  # (context or None, text, label)
 
 
-def _classify_examples(data: dict) -> tuple[list[Labelled], list[Labelled], list[str], list[str], str]:
+def _classify_examples(data: ClassifyData) -> tuple[list[Labelled], list[Labelled], list[str], list[str], str]:
     """Training and validation examples of a classify recipe, the label names (class ids in
     order), the problems found in the data (DailyDialog lines skipped) and the source."""
     problems: list[str] = []
-    if data["dailydialog"] is not None:
-        folder, kind = data["dailydialog_dir"], data["dailydialog"]
+    if data.dailydialog is not None:
+        folder, kind = data.dailydialog_dir, data.dailydialog
         splits = []
         for split in ("train", "validation"):
             dialogues, found = read_dailydialog(folder, split, labels=kind)
@@ -334,28 +339,28 @@ def _classify_examples(data: dict) -> tuple[list[Labelled], list[Labelled], list
             for dialogue in dialogues:
                 previous = None
                 for text, label in dialogue:
-                    examples.append((previous if data["context"] else None, text, str(label)))
+                    examples.append((previous if data.context else None, text, str(label)))
                     previous = text
             splits.append(examples)
         train, valid = splits
         names = list(DAILYDIALOG_LABELS[kind])
         source = f"DailyDialog {kind} labels ({folder})"
     else:
-        path = resolve(data["train_tsv"])
+        path = resolve(data.train_tsv)
         train = [(None, text, label) for text, label in read_labelled(path)]
         source = str(path)
-        if data["valid_tsv"] is not None:
-            valid_path = resolve(data["valid_tsv"])
+        if data.valid_tsv is not None:
+            valid_path = resolve(data.valid_tsv)
             valid = [(None, text, label) for text, label in read_labelled(valid_path)]
             names = sorted({label for _, _, label in train})
             for number, (_, _, label) in enumerate(valid, start=1):
                 if label not in names:
                     raise UserError(f"{valid_path}:{number}: label {label!r} does not occur in {path}")
         else:
-            split = int(len(train) * (1 - float(data["val_fraction"])))
+            split = int(len(train) * (1 - float(data.val_fraction)))
             names = sorted({label for _, _, label in train})
             train, valid = train[:split], train[split:]
-    train, valid = train[: data["train_examples"]], valid[: data["valid_examples"]]
+    train, valid = train[: data.train_examples], valid[: data.valid_examples]
     if not train or not valid:
         raise UserError(f"{source}: too few examples for training and validation ({len(train)} and {len(valid)})")
     if len(names) < 2:
@@ -404,7 +409,7 @@ def predict_labels(
     return [labels[c] for c in _predict(model, rows, batch_size=batch_size)]
 
 
-def prepare_classifier(recipe: dict, start: Start) -> Setup:
+def prepare_classifier(recipe: Recipe, start: Start) -> Setup:
     """An encoder-only sequence classifier: the task's parts of a run.
 
     Examples are (text, label): DailyDialog utterances with their dialog act or emotion
@@ -418,16 +423,16 @@ def prepare_classifier(recipe: dict, start: Start) -> Setup:
     saved in config.json ("labels"), in class-id order.
     """
     last = start.checkpoint
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = int(train.seed)
     torch.manual_seed(seed)
     examples, valid, names, problems, source = _classify_examples(data)
-    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    init = Path(train.init).expanduser() if train.init is not None else None
     start_from = model_dir(init) if init is not None else None
     texts = [(text,) for _, text, _ in examples]
     # Resumed: the unfinished run's own tokenizer (the same as a fresh run would make or take).
     tokenizer, vocabulary = tokenizer_for(data, checkpoint=last or start_from, pairs=texts)
-    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
+    fields = {**recipe.model, "vocab_size": tokenizer.vocab_size, "pad_id": tokenizer.pad_id}
     pretrained = None
     if start_from is not None:
         pretrained, _ = load_model(start_from, kind="encoder_only")
@@ -436,11 +441,11 @@ def prepare_classifier(recipe: dict, start: Start) -> Setup:
     if pretrained is not None:
         _load_encoder(model, pretrained, start_from)
     window = model.config.max_len
-    contexts = [context for context, _, _ in examples] if data["context"] else None
+    contexts = [context for context, _, _ in examples] if data.context else None
     rows, truncated = _frame(tokenizer, [text for _, text, _ in examples], max_len=window, contexts=contexts)
     index = {name: i for i, name in enumerate(names)}
     targets = torch.tensor([index[label] for _, _, label in examples])  # (N,)
-    batch_size = int(train["batch_size"])
+    batch_size = int(train.batch_size)
 
     def step_loss(m: EncoderOnly, step: int) -> tuple[torch.Tensor, int]:
         generator = torch.Generator().manual_seed(step_seed(seed, step))  # resumed runs draw the same
@@ -451,22 +456,22 @@ def prepare_classifier(recipe: dict, start: Start) -> Setup:
         x, valid_tokens, wanted = on_model(m, x, valid_tokens, targets[pick])  # train.device
         logits = m.classify(x, mask=valid_tokens)  # (B, classes)
         loss = sequence_loss(  # one "token" per example: (B, 1, classes) against (B, 1)
-            logits[:, None], wanted[:, None], ignore_id=None, label_smoothing=train["label_smoothing"]
+            logits[:, None], wanted[:, None], ignore_id=None, label_smoothing=train.label_smoothing
         )
         return loss, len(pick) if counted else 0
 
     valid_texts = [text for _, text, _ in valid]
-    valid_contexts = [context for context, _, _ in valid] if data["context"] else None
+    valid_contexts = [context for context, _, _ in valid] if data.context else None
     gold = [label for _, _, label in valid]
 
     def score(m: EncoderOnly) -> dict[str, float]:  # validation (train.valid_every): accuracy
-        batch = int(data["eval_batch_size"])
+        batch = int(data.eval_batch_size)
         predicted = predict_labels(m, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=batch)
         return {"accuracy": accuracy(predicted, gold), "macro_f1": macro_f1(predicted, gold)}
 
     def evaluate(m: EncoderOnly, out: Path, validated: dict | None) -> tuple[dict, dict]:
         began = time.perf_counter()
-        batch = int(data["eval_batch_size"])
+        batch = int(data.eval_batch_size)
         predicted = predict_labels(m, tokenizer, valid_texts, labels=names, contexts=valid_contexts, batch_size=batch)
         majority = Counter(label for _, _, label in examples).most_common(1)[0][0]
         scores = {
@@ -506,12 +511,13 @@ def prepare_classifier(recipe: dict, start: Start) -> Setup:
     )
 
 
-def train_classifier(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
-    """Train an encoder-only sequence classifier as ``recipe`` says (:func:`prepare_classifier`); save it to ``out``."""
+def train_classifier(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Train an encoder-only sequence classifier as ``recipe`` says (:func:`prepare_classifier`);
+    save it to ``out``."""
     return runner.train(CLASSIFY, recipe, out, progress=progress, resume=resume)
 
 
-def report_mlm(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report_mlm(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's scores for the command line: masked-LM loss and accuracy on validation."""
     score = {k: round(summary[k], 4) for k in ("valid_loss", "valid_accuracy")}
     said = (
@@ -521,7 +527,7 @@ def report_mlm(summary: dict, recipe: dict) -> tuple[dict, str]:
     return score, said
 
 
-def report_classify(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report_classify(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's scores for the command line: accuracy and macro-F1 beside the majority class."""
     majority = summary["majority"]
     score = {
@@ -558,7 +564,9 @@ _RULES: dict = {
 
 MLM = Task(
     name="mlm",
-    defaults=MLM_DEFAULTS,
+    model=MLM_MODEL,
+    train=MlmTrain,
+    data=MlmData,
     model_kind="encoder_only",
     prepare=prepare_mlm,
     report=report_mlm,
@@ -571,7 +579,9 @@ MLM = Task(
 
 CLASSIFY = Task(
     name="classify",
-    defaults=CLASSIFY_DEFAULTS,
+    model=CLASSIFY_MODEL,
+    train=ClassifyTrain,
+    data=ClassifyData,
     model_kind="encoder_only",
     prepare=prepare_classifier,
     report=report_classify,

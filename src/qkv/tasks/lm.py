@@ -11,6 +11,7 @@ the KV cache (``decoding/``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -41,64 +42,66 @@ from qkv.losses import (
     sequence_loss,
 )
 from qkv.models.decoder_only import DecoderOnly
-from qkv.recipes import FIT_TRAIN_DEFAULTS, Setup, Start, Task, require_steps, step_seed
+from qkv.recipes import Recipe, Setup, Start, Task, TrainConfig, require_steps, step_seed
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 
 # Character-level language modelling; the defaults are nanoGPT's Shakespeare CPU
 # configuration (4 layers, 4 heads, width 128, context 64, batch 12, 2,000 steps).
-LM_DEFAULTS: dict = {
-    "task": "lm",
-    "model": {
-        "d_model": 128,
-        "n_heads": 4,
-        "d_ff": 512,
-        "n_layers": 4,
-        "max_len": 64,
-        "dropout": 0.0,
-        "positions": "learned",
-        "activation": "gelu",
-        "bias": False,
-        "scale_embeddings": False,
-        "tie_output": True,
-    },
-    "train": {
-        "steps": 2000,
-        "seconds": None,
-        "batch_size": 12,
-        "lr": 1e-3,
-        "warmup": 100,
-        "schedule": "cosine",
-        "min_lr": 1e-4,
-        "weight_decay": 0.1,
-        "beta2": 0.99,
-        **FIT_TRAIN_DEFAULTS,
-    },
-    "data": {
-        "text": "tinyshakespeare/input.txt",
-        "valid_text": None,  # a separate validation file (else the last val_fraction of the text)
-        "val_fraction": 0.1,
-        # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
-        # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
-        "documents": "text",
-        # "char", "subword" (a unigram vocabulary of vocab_size; newlines are pieces), or a model
-        # directory whose tokenizer is taken as it is (an LM fused with that model needs its tokens)
-        "tokenizer": "char",
-        "transcripts": False,  # lines as a speech recognizer writes them (lowercase, no punctuation)
-        "vocab_size": 4000,
-        "eval_batch_size": 64,
-    },
+LM_MODEL: dict = {
+    "d_model": 128,
+    "n_heads": 4,
+    "d_ff": 512,
+    "n_layers": 4,
+    "max_len": 64,
+    "dropout": 0.0,
+    "positions": "learned",
+    "activation": "gelu",
+    "bias": False,
+    "scale_embeddings": False,
+    "tie_output": True,
 }
 
 
-def _check(recipe: dict, where: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class LmTrain(TrainConfig):
+    """A language model's training (``train``): the shared settings with nanoGPT's Shakespeare
+    defaults, and ``batch_size`` windows of the context's length per step."""
+
+    steps: int | None = 2000
+    batch_size: int = 12
+    warmup: int = 100
+    min_lr: float = 1e-4
+    weight_decay: float = 0.1
+    beta2: float = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class LmData:
+    """A language model's text (``data``)."""
+
+    text: str = "tinyshakespeare/input.txt"
+    valid_text: str | None = None  # a separate validation file (else the last val_fraction of the text)
+    val_fraction: float = 0.1
+    # "text": one stream; "lines": every line a document ending with END; "dailydialog": the
+    # dialogues of the DailyDialog folder data.text (train / validation splits), one per document
+    documents: str = "text"
+    # "char", "subword" (a unigram vocabulary of vocab_size; newlines are pieces), or a model
+    # directory whose tokenizer is taken as it is (an LM fused with that model needs its tokens)
+    tokenizer: str = "char"
+    transcripts: bool = False  # lines as a speech recognizer writes them (lowercase, no punctuation)
+    vocab_size: int = 4000
+    eval_batch_size: int = 64
+
+
+def _check(recipe: Recipe, where: str) -> None:
     require_steps(recipe, where)
-    tokenizer = recipe["data"]["tokenizer"]
+    tokenizer = recipe.data.tokenizer
     if not isinstance(tokenizer, str) or not tokenizer:
         raise UserError(f"{where}: data.tokenizer must be char, subword or a model directory for the lm task")
-    if recipe["data"]["transcripts"] and recipe["data"]["documents"] != "lines":
+    if recipe.data.transcripts and recipe.data.documents != "lines":
         raise UserError(f"{where}: data.transcripts=true needs data.documents=lines (one transcript per line)")
-    if recipe["data"]["valid_text"] is not None and not isinstance(recipe["data"]["valid_text"], str):
+    if recipe.data.valid_text is not None and not isinstance(recipe.data.valid_text, str):
         raise UserError(f"{where}: data.valid_text must be a file path or null")
 
 
@@ -164,7 +167,7 @@ def reply_spans(tokenizer: Tokenizer, dialogues: list[list[str]], *, context: in
     return spans, offset
 
 
-def prepare_lm(recipe: dict, start: Start) -> Setup:
+def prepare_lm(recipe: Recipe, start: Start) -> Setup:
     """The language-modelling task's parts of a run (``runner.train`` does the rest).
 
     Validation text is ``data.valid_text`` or else the text's last ``val_fraction``, as nanoGPT
@@ -180,12 +183,12 @@ def prepare_lm(recipe: dict, start: Start) -> Setup:
     validation score too (``train.valid_every``).
     """
     last = start.checkpoint
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = int(train.seed)
     problems: list[str] = []
     valid_turns: list[list[str]] | None = None  # DailyDialog: the validation dialogues' utterances
-    if data["documents"] == "dailydialog":
-        path = Path(data["text"])
+    if data.documents == "dailydialog":
+        path = Path(data.text)
         split_docs, split_turns = {}, {}
         for split in ("train", "validation"):
             dialogues, _ = read_dailydialog(path, split)
@@ -197,21 +200,21 @@ def prepare_lm(recipe: dict, start: Start) -> Setup:
             problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
         train_text, valid_text = "\n".join(split_docs["train"]), "\n".join(split_docs["validation"])
         valid_turns = split_turns["validation"]
-    elif data["valid_text"] is not None:
-        path = resolve(data["text"])
+    elif data.valid_text is not None:
+        path = resolve(data.text)
         text = read_text(path)
-        train_text, valid_text = text, read_text(resolve(data["valid_text"]))
+        train_text, valid_text = text, read_text(resolve(data.valid_text))
     else:
-        path = resolve(data["text"])
+        path = resolve(data.text)
         text = read_text(path)
-        split = int(len(text) * (1 - float(data["val_fraction"])))
+        split = int(len(text) * (1 - float(data.val_fraction)))
         if split < 2 or len(text) - split < 2:
             raise UserError(f"{path}: too short to split into training and validation text")
         train_text, valid_text = text[:split], text[split:]
     # data.transcripts: the text a fused language model scores is what the recognizer writes.
-    read = {"documents": data["documents"], "transcripts": bool(data["transcripts"])}
+    read = {"documents": data.documents, "transcripts": bool(data.transcripts)}
     train_docs, valid_docs = documents_in(train_text, **read), documents_in(valid_text, **read)
-    wordless = len(split_documents(train_text, documents=data["documents"])) - len(train_docs)
+    wordless = len(split_documents(train_text, documents=data.documents)) - len(train_docs)
     if wordless:
         problems.append(f"{wordless} training lines without words left out")
     if not train_docs or not valid_docs:
@@ -219,20 +222,20 @@ def prepare_lm(recipe: dict, start: Start) -> Setup:
     torch.manual_seed(seed)
     if last is not None:
         tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
-    elif data["tokenizer"] not in ("char", "subword"):
-        tokenizer = _tokenizer_of(data["tokenizer"])
-    elif data["tokenizer"] == "subword":
+    elif data.tokenizer not in ("char", "subword"):
+        tokenizer = _tokenizer_of(data.tokenizer)
+    elif data.tokenizer == "subword":
         # A text stream keeps its line breaks as pieces; documents (lines) have none.
         tokenizer = Tokenizer.train_subword(
-            train_docs, vocab_size=int(data["vocab_size"]), newlines=data["documents"] == "text"
+            train_docs, vocab_size=int(data.vocab_size), newlines=data.documents == "text"
         )
     else:
         tokenizer = Tokenizer.train_char_level(train_docs)
-    train_ids = token_stream(tokenizer, train_docs, documents=data["documents"])
-    val_ids = token_stream(tokenizer, valid_docs, documents=data["documents"])
-    fields = {**recipe["model"], "vocab_size": tokenizer.vocab_size}
+    train_ids = token_stream(tokenizer, train_docs, documents=data.documents)
+    val_ids = token_stream(tokenizer, valid_docs, documents=data.documents)
+    fields = {**recipe.model, "vocab_size": tokenizer.vocab_size}
     model = build_model("decoder_only", fields)
-    context, batch_size = model.config.max_len, int(train["batch_size"])
+    context, batch_size = model.config.max_len, int(train.batch_size)
     if len(train_ids) <= context + 1:
         raise UserError(f"{path}: the training text is shorter than one context window ({context + 1} tokens)")
 
@@ -245,10 +248,10 @@ def prepare_lm(recipe: dict, start: Start) -> Setup:
         x = torch.stack([train_ids[s : s + context] for s in starts])  # (B, T)
         y = torch.stack([train_ids[s + 1 : s + context + 1] for s in starts])  # (B, T)
         x, y = on_model(m, x, y)  # train.device
-        loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train["label_smoothing"])
+        loss = sequence_loss(m(x), y, ignore_id=None, label_smoothing=train.label_smoothing)
         return loss, y.numel() if counted else 0
 
-    batch = int(data["eval_batch_size"])
+    batch = int(data.eval_batch_size)
 
     def score(m: DecoderOnly) -> dict[str, float]:  # validation (train.valid_every): the validation loss
         return {"loss": lm_loss(m, val_ids, context=context, batch_size=batch)}
@@ -271,12 +274,12 @@ def prepare_lm(recipe: dict, start: Start) -> Setup:
     return Setup(model, step_loss, tokenizer, evaluate, score=score, facts={"problems": problems})
 
 
-def train_lm(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train_lm(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train a decoder-only language model as ``recipe`` says (:func:`prepare_lm`); save it to ``out``."""
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
-def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's scores for the command line: validation loss (and, for dialogues, the replies')."""
     score = {"val_loss": round(summary["val_loss"], 4)}
     said = f"val_loss={summary['val_loss']:.4f} (nats/token on the validation split)"
@@ -291,7 +294,9 @@ def report(summary: dict, recipe: dict) -> tuple[dict, str]:
 
 TASK = Task(
     name="lm",
-    defaults=LM_DEFAULTS,
+    model=LM_MODEL,
+    train=LmTrain,
+    data=LmData,
     model_kind="decoder_only",
     prepare=prepare_lm,
     report=report,

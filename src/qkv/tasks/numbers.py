@@ -20,6 +20,7 @@ What is not here: tokenization (``tokenization.py``), batching (``losses.py``), 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import random
 import time
@@ -33,7 +34,7 @@ from qkv.errors import UserError
 from qkv.evaluation import exact_match
 from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.recipes import FIT_TRAIN_DEFAULTS, Setup, Start, Task, require_steps, seq2seq_model
+from qkv.recipes import Recipe, Setup, Start, Task, TrainConfig, require_steps, seq2seq_model
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
@@ -130,34 +131,37 @@ def numbers_pairs(count: int, *, seed: int, held_out: bool) -> list[tuple[str, s
     return [(format_digits(n, commas=rng.random() < 0.5), number_to_words(n)) for n in numbers]
 
 
-# Every key a numbers recipe may set, with its default.
-NUMBERS_DEFAULTS: dict = {
-    "task": "numbers",
-    "model": {
-        "d_model": 64,
-        "n_heads": 4,
-        "d_ff": 256,
-        "n_encoder_layers": 2,
-        "n_decoder_layers": 2,
-        "share_embeddings": True,
-        "tie_output": True,
-        "dropout": 0.0,
-        "max_len": 64,
-    },
-    "train": {
-        "steps": 3000,  # ~100 s on 2 Zen 4 cores
-        "seconds": None,
-        "batch_size": 128,
-        "lr": 3e-3,
-        "warmup": 100,
-        "schedule": "cosine",
-        "min_lr": 0.0,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        **FIT_TRAIN_DEFAULTS,
-    },
-    "data": {"eval_examples": 1000, "beam_size": 4},
+# The model section's defaults: a small encoder-decoder that learns the task in ~100 s.
+NUMBERS_MODEL: dict = {
+    "d_model": 64,
+    "n_heads": 4,
+    "d_ff": 256,
+    "n_encoder_layers": 2,
+    "n_decoder_layers": 2,
+    "share_embeddings": True,
+    "tie_output": True,
+    "dropout": 0.0,
+    "max_len": 64,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NumbersTrain(TrainConfig):
+    """The numbers task's training (``train``): the shared settings with its defaults, and a
+    batch of ``batch_size`` fresh pairs every step."""
+
+    steps: int | None = 3000  # ~100 s on 2 Zen 4 cores
+    lr: float = 3e-3
+    warmup: int = 100
+    batch_size: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class NumbersData:
+    """The numbers task's data (``data``): ``eval_examples`` held-out numbers scored at the end
+    (and as many others at each validation)."""
+
+    eval_examples: int = 1000
 
 
 # The longest numbers target is 10 words ("seven hundred seventy seven thousand ..."):
@@ -165,9 +169,9 @@ NUMBERS_DEFAULTS: dict = {
 NUMBERS_MIN_LEN = 11
 
 
-def _check(recipe: dict, where: str) -> None:
+def _check(recipe: Recipe, where: str) -> None:
     require_steps(recipe, where)
-    if recipe["model"].get("max_len", 512) < NUMBERS_MIN_LEN:
+    if recipe.model.get("max_len", 512) < NUMBERS_MIN_LEN:
         raise UserError(f"{where}: model.max_len must be at least {NUMBERS_MIN_LEN} for the numbers task")
 
 
@@ -179,13 +183,13 @@ def evaluate_numbers(
     return exact_match(outputs, [b for _, b in pairs]), outputs
 
 
-def prepare_numbers(recipe: dict, start: Start) -> Setup:
+def prepare_numbers(recipe: Recipe, start: Start) -> Setup:
     """The numbers task's parts of a run (``runner.train`` does the rest): a word-level
     vocabulary, the recipe's encoder-decoder, fresh pairs every step, validation by exact match
     on held-out numbers, and the evaluation: exact match on other held-out numbers (with the
     outputs, to show examples)."""
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = train.seed
     torch.manual_seed(seed)
     if start.checkpoint is not None:
         tokenizer = Tokenizer.load(start.checkpoint / TOKENIZER_FILE)
@@ -194,7 +198,7 @@ def prepare_numbers(recipe: dict, start: Start) -> Setup:
         pairs = numbers_pairs(20_000, seed=seed, held_out=False)
         tokenizer = Tokenizer.train_word_level(s for pair in pairs for s in pair)
     model = seq2seq_model(recipe, tokenizer)
-    batch_size, beam = int(train["batch_size"]), int(data["beam_size"])
+    batch_size, beam = train.batch_size, recipe.decode.beam_size
 
     def step_loss(m: EncoderDecoder, step: int) -> tuple[torch.Tensor, int]:
         # Fresh examples every step (never a held-out number), fixed by (seed, step).
@@ -206,18 +210,18 @@ def prepare_numbers(recipe: dict, start: Start) -> Setup:
         s, t_in, t_out = seq2seq_batch(
             list(zip(src, tgt, strict=True)), pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
         )
-        loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train["label_smoothing"])
+        loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=tokenizer.pad_id, label_smoothing=train.label_smoothing)
         return loss, n if counted else 0
 
     # Validation (train.valid_every): other held-out numbers than the test's, exact match.
-    valid_pairs = numbers_pairs(int(data["eval_examples"]), seed=seed + 2, held_out=True)
+    valid_pairs = numbers_pairs(data.eval_examples, seed=seed + 2, held_out=True)
 
     def score(m: EncoderDecoder) -> dict[str, float]:
         exact, _ = evaluate_numbers(m, tokenizer, pairs=valid_pairs, beam_size=beam)
         return {"exact_match": exact}
 
     def evaluate(m: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
-        held_out = numbers_pairs(int(data["eval_examples"]), seed=seed + 1, held_out=True)
+        held_out = numbers_pairs(data.eval_examples, seed=seed + 1, held_out=True)
         began = time.perf_counter()
         exact, outputs = evaluate_numbers(m, tokenizer, pairs=held_out, beam_size=beam)
         seconds = time.perf_counter() - began
@@ -231,7 +235,7 @@ def prepare_numbers(recipe: dict, start: Start) -> Setup:
     return Setup(model, step_loss, tokenizer, evaluate, score=score, metric="exact_match", higher=True)
 
 
-def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train_numbers(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train the numbers task as ``recipe`` says; save the model directory to ``out``.
 
     Returns a summary: exact match on held-out numbers, timings, and what is needed to
@@ -240,14 +244,17 @@ def train_numbers(recipe: dict, out: str | Path, *, progress: bool = True, resum
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
-def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's score for the command line: held-out exact match."""
     return {"exact_match": round(summary["exact_match"], 4)}, f"held-out exact match {summary['exact_match']:.1%}"
 
 
 TASK = Task(
     name="numbers",
-    defaults=NUMBERS_DEFAULTS,
+    model=NUMBERS_MODEL,
+    train=NumbersTrain,
+    data=NumbersData,
+    decode=("beam_size",),
     model_kind="encoder_decoder",
     prepare=prepare_numbers,
     report=report,

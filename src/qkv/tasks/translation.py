@@ -13,10 +13,11 @@ decoding algorithms (``decoding/``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -29,7 +30,17 @@ from qkv.errors import UserError
 from qkv.evaluation import BLEU_TOKENIZERS, corpus_scores, normalize_transcript
 from qkv.losses import seq2seq_batch, seq2seq_loss
 from qkv.models.encoder_decoder import EncoderDecoder
-from qkv.recipes import Setup, Start, Task, find_tokenizer, fine_tuning_fields, seq2seq_model, tokenizer_for
+from qkv.recipes import (
+    Recipe,
+    Setup,
+    Start,
+    Task,
+    TrainConfig,
+    find_tokenizer,
+    fine_tuning_fields,
+    seq2seq_model,
+    tokenizer_for,
+)
 from qkv.runs import read_run
 from qkv.seq2seq import beam_translate
 from qkv.tokenization import FILE as TOKENIZER_FILE
@@ -40,82 +51,69 @@ from qkv.training import Epochs
 # width-256 Transformer with a joint unigram vocabulary and shared embeddings by default.
 # Trains in epochs with validation after each, in a run directory (``runs.py``) that can be
 # resumed.
-TRANSLATION_DEFAULTS: dict = {
-    "task": "translation",
-    "model": {
-        "d_model": 256,
-        "n_heads": 4,
-        "d_ff": 1024,
-        "n_encoder_layers": 3,
-        "n_decoder_layers": 3,
-        "share_embeddings": True,
-        "tie_output": True,
-        "dropout": 0.1,
-        "max_len": 256,
-    },
-    "train": {
-        "epochs": 20,
-        "steps": None,  # a cap on optimizer steps (null: epochs decide)
-        "seconds": None,  # a cap on training wall time (validation excluded)
-        "max_tokens": 4096,  # padded source or target tokens per batch
-        "lr": 1e-3,
-        "warmup": 1000,
-        "schedule": "inverse_sqrt",
-        "min_lr": 0.0,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        "clip": 1.0,
-        "bf16": False,
-        "label_smoothing": 0.1,
-        "rdrop": 0.0,  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
-        "seed": 0,
-        "accumulate": 1,  # batches per optimizer step
-        "ema_decay": 0.0,  # d of a moving average of the weights, validated and saved in their place (0: off)
-        "save_every": 0,  # optimizer steps between mid-epoch checkpoints of last/ (0: validations only)
-        "valid_every": "epoch",  # validation loss and BLEU: at every epoch's end, or every N steps (null: none)
-        "patience": None,  # stop after this many validations (epochs) without a better validation BLEU
-        "average_last": 0,  # average the last N validated (epoch) checkpoints at the end (0: no averaging)
-        # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
-        # used; the fields the model section names must agree with it, but for
-        # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
-        "init": None,
-        "tensorboard": True,
-        "deterministic": False,  # torch.use_deterministic_algorithms (exact resumption is tested with it)
-        "on_nonfinite": "stop",  # a NaN/inf loss or gradient: "stop" (naming the step and module) or "skip" it
-        "parallel": "ddp",  # on N workers (--nproc, torchrun): "ddp" (whole model each) or "fsdp" (sharded)
-        "device": "auto",  # where to train: "cpu", "cuda" (each worker its GPU) or "auto" (cuda when there is one)
-    },
-    "data": {
-        "train": ["multi30k/train.de", "multi30k/train.en"],
-        "valid": ["multi30k/val.de", "multi30k/val.en"],
-        "reverse": False,  # swap the sides: translate the second file/column into the first
-        "source_as_transcript": False,  # sources as a speech recognizer writes them (a cascade's MT)
-        "train_pairs": None,  # use only the first N training pairs
-        "valid_pairs": None,  # validate on the first N validation pairs
-        # "joint": one vocabulary trained on both sides; "separate": a source vocabulary trained on
-        # the source sentences and a target one on the target sentences (needs
-        # model.share_embeddings=false), stored as tokenizer.json and target_tokenizer.json
-        "vocab": "joint",
-        "tokenizer": None,  # an existing tokenizer.json: the joint one, or the source's (else one is trained)
-        "target_tokenizer": None,  # separate only: an existing target tokenizer file (else one is trained)
-        "vocab_size": 8000,
-        "src_vocab_size": None,  # separate only: the source vocabulary's size (null: vocab_size)
-        "tgt_vocab_size": None,  # separate only: the target vocabulary's size (null: vocab_size)
-        "long": "drop",
-        # subword regularization (Kudo, 2018): each epoch, every training sentence in one of its
-        # subword_nbest most probable segmentations, drawn with probability ∝ P^subword_alpha;
-        # a unigram vocabulary only
-        "subword_nbest": 0,  # 0: off (always the best segmentation)
-        "subword_alpha": 0.1,
-        "valid_beam": 1,  # decoding for the per-epoch validation BLEU (1: greedy)
-        "beam_size": 4,  # decoding for the final validation BLEU
-        "length_penalty": 1.0,
-        "max_len_a": 1.5,  # outputs may have at most a·S + b tokens (S: source length)
-        "max_len_b": 10,
-        "bleu_tokenize": "13a",
-        "lowercase": False,
-    },
+TRANSLATION_MODEL: dict = {
+    "d_model": 256,
+    "n_heads": 4,
+    "d_ff": 1024,
+    "n_encoder_layers": 3,
+    "n_decoder_layers": 3,
+    "share_embeddings": True,
+    "tie_output": True,
+    "dropout": 0.1,
+    "max_len": 256,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationTrain(TrainConfig):
+    """Translation's training (``train``): the shared settings with its defaults, in epochs of
+    batches of up to ``max_tokens`` padded tokens, R-Drop, fine-tuning from ``init``."""
+
+    epochs: int = 20
+    max_tokens: int = 4096  # padded source or target tokens per batch
+    warmup: int = 1000
+    schedule: str = "inverse_sqrt"
+    label_smoothing: float = 0.1
+    rdrop: float = 0.0  # R-Drop's alpha (Liang et al., 2021): 0 off; > 0 runs each batch twice
+    save_every: int = 0  # optimizer steps between mid-epoch checkpoints of last/ (0: validations only)
+    # validation loss and BLEU: at every epoch's end, or every N steps (null: none)
+    valid_every: int | str | None = "epoch"
+    # a qkv model directory to start from (fine-tuning): its tokenizer and architecture are
+    # used; the fields the model section names must agree with it, but for
+    # ENCODER_DECODER_TUNING_FIELDS (unnamed ones are the pretrained model's)
+    init: str | None = None
+    tensorboard: bool = True
+    deterministic: bool = False  # torch.use_deterministic_algorithms (exact resumption is tested with it)
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationData:
+    """Translation's parallel text and vocabularies (``data``)."""
+
+    # one TSV file of pairs, or two aligned files (source, target)
+    train: Sequence[str] = ("multi30k/train.de", "multi30k/train.en")
+    valid: Sequence[str] = ("multi30k/val.de", "multi30k/val.en")
+    reverse: bool = False  # swap the sides: translate the second file/column into the first
+    source_as_transcript: bool = False  # sources as a speech recognizer writes them (a cascade's MT)
+    train_pairs: int | None = None  # use only the first N training pairs
+    valid_pairs: int | None = None  # validate on the first N validation pairs
+    # "joint": one vocabulary trained on both sides; "separate": a source vocabulary trained on
+    # the source sentences and a target one on the target sentences (needs
+    # model.share_embeddings=false), stored as tokenizer.json and target_tokenizer.json
+    vocab: str = "joint"
+    tokenizer: str | None = None  # an existing tokenizer.json: the joint one, or the source's (else one is trained)
+    target_tokenizer: str | None = None  # separate only: an existing target tokenizer file (else one is trained)
+    vocab_size: int = 8000
+    src_vocab_size: int | None = None  # separate only: the source vocabulary's size (null: vocab_size)
+    tgt_vocab_size: int | None = None  # separate only: the target vocabulary's size (null: vocab_size)
+    long: str = "drop"
+    # subword regularization (Kudo, 2018): each epoch, every training sentence in one of its
+    # subword_nbest most probable segmentations, drawn with probability ∝ P^subword_alpha;
+    # a unigram vocabulary only
+    subword_nbest: int = 0  # 0: off (always the best segmentation)
+    subword_alpha: float = 0.1
+    bleu_tokenize: str = "13a"
+    lowercase: bool = False
 
 
 # The model fields a translation model fine-tuned from a pretrained one (train.init) may set
@@ -128,22 +126,24 @@ def _paths(value: list) -> bool:
     return 1 <= len(value) <= 2 and all(isinstance(v, str) and v for v in value)
 
 
-def _check_vocabularies(recipe: dict, where: str) -> None:
+def _check_vocabularies(recipe: Recipe, where: str) -> None:
     """The vocabulary keys of a translation recipe: the per-side ones only with separate
     vocabularies, which cannot share one embedding table."""
-    data = recipe["data"]
-    if data["vocab"] == "joint":
+    data = recipe.data
+    if data.vocab == "joint":
         for key in ("target_tokenizer", "src_vocab_size", "tgt_vocab_size"):
-            if data[key] is not None:
+            if getattr(data, key) is not None:
                 raise UserError(f"{where}: data.{key} needs data.vocab=separate (a joint vocabulary has one)")
-    elif recipe["model"].get("share_embeddings", False):
+    elif recipe.model.get("share_embeddings", False):
         raise UserError(
             f"{where}: model.share_embeddings=true needs data.vocab=joint (one vocabulary for source and "
             f"target); set model.share_embeddings=false for separate vocabularies"
         )
 
 
-def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[str, str]]) -> tuple[Vocabularies, str]:
+def vocabularies_for(
+    data: TranslationData, *, checkpoint: Path | None, pairs: list[tuple[str, str]]
+) -> tuple[Vocabularies, str]:
     """A translation run's vocabularies, as :func:`tokenizer_for` finds one tokenizer, per
     ``data.vocab``: joint (``data.tokenizer``, or one trained on both sides of ``pairs``), or
     separate (the source's from ``data.tokenizer`` or trained on the sources, of
@@ -151,11 +151,11 @@ def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[s
     targets, of ``data.tgt_vocab_size``). A checkpoint's must be of the same kind as the recipe's.
     """
     meta = read_meta(checkpoint) if checkpoint is not None else None
-    separate = data["vocab"] == "separate"
+    separate = data.vocab == "separate"
     if meta is not None and (TARGET_FILE in meta["files"]) != separate:
         has = "separate" if TARGET_FILE in meta["files"] else "joint"
         raise UserError(
-            f"{checkpoint} has a {has} vocabulary but the recipe says data.vocab={data['vocab']}; set data.vocab={has}"
+            f"{checkpoint} has a {has} vocabulary but the recipe says data.vocab={data.vocab}; set data.vocab={has}"
         )
     if not separate:
         tokenizer, said = tokenizer_for(data, checkpoint=checkpoint, pairs=pairs)
@@ -168,7 +168,7 @@ def vocabularies_for(data: dict, *, checkpoint: Path | None, pairs: list[tuple[s
             checkpoint=checkpoint,
             meta=meta,
             texts=lambda side=side: (pair[side] for pair in pairs),
-            vocab_size=int(data[size] if data[size] is not None else data["vocab_size"]),
+            vocab_size=int(getattr(data, size) or data.vocab_size),
         )
         for side, (key, file, size) in enumerate(
             [("tokenizer", TOKENIZER_FILE, "src_vocab_size"), ("target_tokenizer", TARGET_FILE, "tgt_vocab_size")]
@@ -293,7 +293,7 @@ def over_long_note(over_long: list[int], *, files: list[str], total: int, window
     )
 
 
-def _checkpoint_model(checkpoint: Path, recipe: dict, *, use: str) -> EncoderDecoder:
+def _checkpoint_model(checkpoint: Path, recipe: Recipe, *, use: str) -> EncoderDecoder:
     """A model with ``checkpoint``'s architecture and weights, but for the recipe's
     ENCODER_DECODER_TUNING_FIELDS (:func:`~qkv.recipes.fine_tuning_fields`); ``use``
     (train.init or --resume) begins its errors."""
@@ -318,7 +318,7 @@ def _as_transcripts(pairs: list[tuple[str, str]], file: str) -> list[tuple[str, 
     return kept
 
 
-def prepare_translation(recipe: dict, start: Start) -> Setup:
+def prepare_translation(recipe: Recipe, start: Start) -> Setup:
     """An encoder-decoder on parallel text: the translation task's parts of a run, in a run
     directory (``runner.train`` starts it, trains, keeps the checkpoints, chooses the final one).
 
@@ -331,10 +331,10 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
     order is a function of the seed and a position (epoch, batch) is enough to resume. With
     ``data.subword_nbest`` each epoch trains on its own draw of segmentations
     (:func:`_epoch_examples`), also a function of the seed and epoch.
-    After every epoch: validation loss and BLEU (``data.valid_beam``), TensorBoard scalars,
+    After every epoch: validation loss and BLEU (``decode.valid_beam``), TensorBoard scalars,
     ``best``/``last``/``epoch-NNN`` checkpoints, early stopping (``train.patience``). At the
     end: the last N epoch checkpoints averaged (``train.average_last``) and the final model,
-    the better on validation BLEU with ``data.beam_size`` of best and averaged, is named in
+    the better on validation BLEU with ``decode.beam_size`` of best and averaged, is named in
     ``run.json``. ``resume`` continues from ``last`` exactly as if never stopped; a run that had
     stopped (by a cap or patience the resumed recipe keeps) goes straight to choosing the final
     model. ``train.init`` fine-tunes a model directory: its tokenizers, its architecture (the
@@ -342,23 +342,23 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
     and weights.
     """
     run, resume = start.out, start.checkpoint is not None
-    train, data = recipe["train"], recipe["data"]
+    train, data = recipe.train, recipe.data
     # The position in the data order that resume restores means nothing if the files changed.
-    data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data["train"], *data["valid"]])}
+    data_sha256 = {str(path): sha256_file(resolve(path)) for path in dict.fromkeys([*data.train, *data.valid])}
     if resume:
         _check_same_data(read_run(run).get("data_sha256"), data_sha256, run)
-    seed = int(train["seed"])
+    seed = int(train.seed)
     torch.manual_seed(seed)
-    if train["deterministic"]:
+    if train.deterministic:
         torch.use_deterministic_algorithms(True)
-    pairs = read_parallel(*data["train"])[: data["train_pairs"]]
-    valid = read_parallel(*data["valid"])[: data["valid_pairs"]]
-    if data["reverse"]:
+    pairs = read_parallel(*data.train)[: data.train_pairs]
+    valid = read_parallel(*data.valid)[: data.valid_pairs]
+    if data.reverse:
         pairs, valid = [(b, a) for a, b in pairs], [(b, a) for a, b in valid]
-    if data["source_as_transcript"]:  # lowercase, no punctuation: what the cascade's first half writes
-        where = data["train"][-1 if data["reverse"] else 0], data["valid"][-1 if data["reverse"] else 0]
+    if data.source_as_transcript:  # lowercase, no punctuation: what the cascade's first half writes
+        where = data.train[-1 if data.reverse else 0], data.valid[-1 if data.reverse else 0]
         pairs, valid = (_as_transcripts(p, file) for p, file in zip((pairs, valid), where, strict=True))
-    init = Path(train["init"]).expanduser() if train["init"] is not None else None
+    init = Path(train.init).expanduser() if train.init is not None else None
     start_from = start.checkpoint if resume else (model_dir(init) if init is not None else None)
     vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
     target = vocab.target  # its special ids are the model's (and the source tokenizer's)
@@ -369,7 +369,7 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
     else:
         model = _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
     window = model.config.max_len
-    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data["long"])
+    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data.long)
     if not examples:
         raise UserError("no training pair fits the model's window (model.max_len)")
     valid_examples, valid_over_long, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
@@ -377,8 +377,8 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
     # who did not expect over-long lines learns which ones at once.
     actions = {"drop": "dropped (data.long: drop)", "truncate": "truncated (data.long: truncate)"}
     for ids, files, total, action in (
-        (over_long, data["train"], len(pairs), actions[data["long"]]),
-        (valid_over_long, data["valid"], len(valid), "truncated for validation loss"),
+        (over_long, data.train, len(pairs), actions[data.long]),
+        (valid_over_long, data.valid, len(valid), "truncated for validation loss"),
     ):
         if ids:
             note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
@@ -387,12 +387,12 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
         vocab,
         [pairs[i] for i in rows],
         examples,
-        nbest=int(data["subword_nbest"]),
-        alpha=float(data["subword_alpha"]),
+        nbest=int(data.subword_nbest),
+        alpha=float(data.subword_alpha),
         window=window,
         seed=seed,
     )
-    max_tokens = int(train["max_tokens"])
+    max_tokens = int(train.max_tokens)
     current: dict = {}  # the epoch being trained: its examples and its order of batches
 
     def begin(epoch: int) -> int:
@@ -408,7 +408,7 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
         mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
         rows = [current["examples"][batch[i]] for i in mine]
         s, t_in, t_out = seq2seq_batch(rows, pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id)
-        smoothing, rdrop = train["label_smoothing"], train["rdrop"]
+        smoothing, rdrop = train.label_smoothing, train.rdrop
         loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
         return loss, n if counted else 0
 
@@ -421,26 +421,24 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
                 vocab,
                 list(sources),
                 beam_size=beam,
-                length_penalty=float(data["length_penalty"]),
-                max_len_a=float(data["max_len_a"]),
-                max_len_b=int(data["max_len_b"]),
+                length_penalty=float(recipe.decode.length_penalty),
+                max_len_a=float(recipe.decode.max_len_a),
+                max_len_b=recipe.decode.max_len_b,
             ),
             [a for a, _ in valid],
         )
-        scores = corpus_scores(
-            hypotheses, [b for _, b in valid], tokenize=data["bleu_tokenize"], lowercase=data["lowercase"]
-        )
+        scores = corpus_scores(hypotheses, [b for _, b in valid], tokenize=data.bleu_tokenize, lowercase=data.lowercase)
         return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
 
-    def score(whole: EncoderDecoder) -> dict[str, float]:  # each validation: loss, BLEU at data.valid_beam
+    def score(whole: EncoderDecoder) -> dict[str, float]:  # each validation: loss, BLEU at decode.valid_beam
         valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
-        scores = translated(whole, int(data["valid_beam"]))
+        scores = translated(whole, recipe.decode.valid_beam)
         return {"loss": round(valid_loss, 4), "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     def evaluate(whole: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
         # The final checkpoint's validation at the final beam: measured when the candidates were
         # compared, or (a run without validation) now.
-        scores = validated if validated is not None else translated(whole, int(data["beam_size"]))
+        scores = validated if validated is not None else translated(whole, recipe.decode.beam_size)
         keys = ("bleu", "chrf", "bleu_signature", "hypotheses")
         return {}, {**{k: scores[k] for k in keys}, "eval_seconds": scores["seconds"]}
 
@@ -453,34 +451,37 @@ def prepare_translation(recipe: dict, start: Start) -> Setup:
         score=score,
         metric="bleu",
         higher=True,
-        final_score=lambda whole: translated(whole, int(data["beam_size"])),
-        epochs=Epochs(count=int(train["epochs"]), begin=begin),
+        final_score=lambda whole: translated(whole, recipe.decode.beam_size),
+        epochs=Epochs(count=int(train.epochs), begin=begin),
         meta={"data_sha256": data_sha256, "over_long_pairs": over},  # as run.json records them
         facts={"vocabulary": vocabulary, "over_long_pairs": over},
     )
 
 
-def train_translation(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train_translation(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train an encoder-decoder on parallel text as ``recipe`` says (:func:`prepare_translation`)
     in the run directory ``out``; ``resume`` continues it."""
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
-def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's scores for the command line: validation BLEU and chrF of the final checkpoint."""
     keys = ("bleu", "chrf", "bleu_signature", "final", "epochs", "stopped_by", "over_long_pairs")
     said = (
         f"validation BLEU {summary['bleu']} chrF {summary['chrf']} ({summary['bleu_signature']}) "
         f"of the {summary['final']} checkpoint after {summary['epochs']} epochs (stopped by "
         f"{summary['stopped_by']}); over-long pairs: {summary['over_long_pairs']['train']} in training "
-        f"(data.long: {recipe['data']['long']}), {summary['over_long_pairs']['valid']} in validation (truncated)"
+        f"(data.long: {recipe.data.long}), {summary['over_long_pairs']['valid']} in validation (truncated)"
     )
     return {k: summary[k] for k in keys}, said
 
 
 TASK = Task(
     name="translation",
-    defaults=TRANSLATION_DEFAULTS,
+    model=TRANSLATION_MODEL,
+    train=TranslationTrain,
+    data=TranslationData,
+    decode=("beam_size", "valid_beam", "length_penalty", "max_len_a", "max_len_b"),
     model_kind="encoder_decoder",
     prepare=prepare_translation,
     report=report,
@@ -498,16 +499,12 @@ TASK = Task(
         ("data", "vocab"): (str, lambda v: v in ("joint", "separate"), "joint or separate"),
         ("data", "src_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
         ("data", "tgt_vocab_size"): ((int, type(None)), lambda v: v is None or v > 8, "an integer > 8 or null"),
-        ("data", "valid_beam"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "subword_nbest"): (
             int,
             lambda v: 0 <= v <= MAX_NBEST,
             f"an integer in 0..{MAX_NBEST} (0: no subword sampling)",
         ),
         ("data", "subword_alpha"): ((int, float), lambda v: v > 0, "a number > 0"),
-        ("data", "length_penalty"): ((int, float), lambda v: v >= 0, "a number >= 0"),
-        ("data", "max_len_a"): ((int, float), lambda v: v >= 0, "a number >= 0"),
-        ("data", "max_len_b"): (int, lambda v: v >= 0, "an integer >= 0"),
         ("train", "rdrop"): ((int, float), lambda v: v >= 0, "a number >= 0 (0: no R-Drop)"),
         ("train", "max_tokens"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "train"): (list, _paths, "a list of one TSV path or two aligned file paths"),

@@ -21,6 +21,7 @@ What is not here: the model (``models/tts.py``), its losses (``losses.py``), syn
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import unicodedata
@@ -42,14 +43,16 @@ from qkv.models.tts import TransformerTTS
 from qkv.plots import mel_comparison, speech_attention
 from qkv.progress import progress as progress_bar
 from qkv.recipes import (
-    FIT_TRAIN_DEFAULTS,
+    Recipe,
     Setup,
     Start,
     Task,
+    TrainConfig,
     batch_of_step,
     length_batches,
     require_steps,
     step_seed,
+    upgrade_stored,
 )
 from qkv.speech_corpora import (
     Corpus,
@@ -71,72 +74,70 @@ CORPORA = ("espeak", "fsdd_digit_strings", "manifests")
 # A small Transformer-TTS that learns a voice on two CPU cores: 3 + 3 blocks of width 128,
 # r = 3 frames a step (the decoder's sequence a third as long), guided attention on the last
 # two decoder blocks (Tachibana et al., 2018), the paper's pre-net dropout of 0.5.
-TTS_DEFAULTS: dict = {
-    "task": "tts",
-    "model": {
-        "d_model": 128,
-        "n_heads": 4,
-        "d_ff": 512,
-        "n_encoder_layers": 3,
-        "n_decoder_layers": 3,
-        "max_len": 400,  # decoder steps: 400 · r frames of 10 ms, 12 s at r = 3
-        "dropout": 0.1,
-        "reduction": 3,
-        "encoder_convs": 3,
-        "prenet_dim": 128,
-        "prenet_dropout": 0.5,
-        "postnet_layers": 5,
-        "postnet_channels": 128,
-        "features": {"kind": "logmel", "n_mels": 80, "normalize": False},
-    },
-    "train": {
-        "steps": 4000,
-        "seconds": None,
-        "batch_frames": 16000,  # target frames (10 ms each) per batch, padding included
-        "lr": 1e-3,
-        "warmup": 400,
-        "schedule": "cosine",
-        "min_lr": 1e-5,
-        "weight_decay": 0.01,
-        "beta2": 0.98,
-        "guided_weight": 1.0,
-        "guided_sigma": 0.2,
-        "guided_layers": 2,
-        "stop_weight": 5.0,
-        **FIT_TRAIN_DEFAULTS,
-    },
-    "data": {
-        "corpus": "espeak",
-        "voice": "en-us",  # espeak: voice and variant of the one voice the model learns
-        "variant": "m3",
-        "speed": 160,  # espeak: words per minute
-        "pitch": 50,
-        "sentences": 12000,  # espeak: the first N Multi30k sentences of each split (null: all)
-        "train_utterances": 6000,  # fsdd_digit_strings
-        "test_utterances": 300,  # fsdd_digit_strings
-        "corpus_seed": 0,
-        "train": None,  # manifests: train.tsv (path, seconds, speaker, text)
-        "test": None,  # manifests: test.tsv
-        "valid": None,  # manifests: valid.tsv, the validation split train.valid_every scores (null: none)
-        "valid_limit": 200,  # validation (train.valid_every) reads the first N validation utterances (null: all)
-        "speakers": False,  # a speaker embedding per speaker of the training manifest
-        "symbols": "chars",  # what the model reads: "chars", or "phonemes" (IPA from espeak-ng --ipa, data.voice)
-        "test_sentences": 20,  # synthesized into OUT/samples when training ends
-        "stop_threshold": 0.5,
-        "attention_window": None,  # [back, ahead]: synthesis keeps cross-attention near its peak
-        "seed": 0,  # the pre-net's dropout draws when synthesizing the samples
-    },
+TTS_MODEL: dict = {
+    "d_model": 128,
+    "n_heads": 4,
+    "d_ff": 512,
+    "n_encoder_layers": 3,
+    "n_decoder_layers": 3,
+    "max_len": 400,  # decoder steps: 400 · r frames of 10 ms, 12 s at r = 3
+    "dropout": 0.1,
+    "reduction": 3,
+    "encoder_convs": 3,
+    "prenet_dim": 128,
+    "prenet_dropout": 0.5,
+    "postnet_layers": 5,
+    "postnet_channels": 128,
+    "features": {"kind": "logmel", "n_mels": 80, "normalize": False},
 }
 
 
-def _check(recipe: dict, where: str) -> None:
+@dataclasses.dataclass(frozen=True)
+class TtsTrain(TrainConfig):
+    """Text-to-speech training (``train``): the shared settings with its defaults, batches of up to
+    ``batch_frames`` target frames, guided attention and the stop token's loss weight."""
+
+    steps: int | None = 4000
+    batch_frames: int = 16000  # target frames (10 ms each) per batch, padding included
+    warmup: int = 400
+    min_lr: float = 1e-5
+    guided_weight: float = 1.0
+    guided_sigma: float = 0.2
+    guided_layers: int = 2
+    stop_weight: float = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TtsData:
+    """Text-to-speech's corpus and what the model reads (``data``)."""
+
+    corpus: str = "espeak"
+    voice: str = "en-us"  # espeak: voice and variant of the one voice the model learns
+    variant: str = "m3"
+    speed: int = 160  # espeak: words per minute
+    pitch: int = 50
+    sentences: int | None = 12000  # espeak: the first N Multi30k sentences of each split (null: all)
+    train_utterances: int = 6000  # fsdd_digit_strings
+    test_utterances: int = 300  # fsdd_digit_strings
+    corpus_seed: int = 0
+    train: str | None = None  # manifests: train.tsv (path, seconds, speaker, text)
+    test: str | None = None  # manifests: test.tsv
+    valid: str | None = None  # manifests: valid.tsv, the validation split train.valid_every scores (null: none)
+    valid_limit: int | None = 200  # validation (train.valid_every) reads the first N validation utterances (null: all)
+    speakers: bool = False  # a speaker embedding per speaker of the training manifest
+    symbols: str = "chars"  # what the model reads: "chars", or "phonemes" (IPA from espeak-ng --ipa, data.voice)
+    test_sentences: int = 20  # synthesized into OUT/samples when training ends
+    seed: int = 0  # the pre-net's dropout draws when synthesizing the samples
+
+
+def _check(recipe: Recipe, where: str) -> None:
     require_steps(recipe, where)
-    data = recipe["data"]
-    if data["corpus"] == "manifests" and (data["train"] is None or data["test"] is None):
+    data = recipe.data
+    if data.corpus == "manifests" and (data.train is None or data.test is None):
         raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
-    if data["speakers"] and data["corpus"] == "espeak":
+    if data.speakers and data.corpus == "espeak":
         raise UserError(f"{where}: data.speakers: an espeak corpus has one voice")
-    features = recipe["model"].get("features", {})
+    features = recipe.model.get("features", {})
     if not isinstance(features, dict) or features.get("normalize", False) or features.get("kind", "logmel") != "logmel":
         raise UserError(f"{where}: model.features must be un-normalised log-mels (kind logmel, normalize false)")
 
@@ -184,7 +185,7 @@ def readings(texts: Sequence[str], *, symbols: str = "chars", voice: str = "en-u
 
 
 def valid_attention_window(window: object) -> bool:
-    """Whether ``window`` can be a ``data.attention_window``: null, or [back, ahead], two integers
+    """Whether ``window`` can be a ``decode.attention_window``: null, or [back, ahead], two integers
     >= 0 with ahead >= 1 (with ahead 0 the window could never move past its first symbol)."""
     return window is None or (
         isinstance(window, list)
@@ -201,9 +202,11 @@ def speaking_of(
     with: ``symbols``, ``voice``, ``stop_threshold`` and ``attention_window`` (keyword arguments
     of :func:`speak`); either of the last two given (a command's ``--stop-threshold``,
     ``--attention-window``) replaces the recipe's."""
-    data = {**TTS_DEFAULTS["data"], **((meta.get("recipe") or {}).get("data") or {})}
-    stop = float(data["stop_threshold"]) if stop_threshold is None else stop_threshold
-    window = data["attention_window"] if attention_window is None else list(attention_window)
+    stored = upgrade_stored(meta.get("recipe"))  # a model of before the decode section too
+    data = {**dataclasses.asdict(TtsData()), **(stored.get("data") or {})}
+    decode = {"stop_threshold": 0.5, "attention_window": None, **(stored.get("decode") or {})}
+    stop = float(decode["stop_threshold"]) if stop_threshold is None else stop_threshold
+    window = decode["attention_window"] if attention_window is None else list(attention_window)
     if not valid_attention_window(window):
         raise UserError(f"attention window {window}: AHEAD must be at least 1, or speech can never move on")
     return {
@@ -238,31 +241,31 @@ def symbol_ids(
 # ---------------------------------------------------------------------------------------------
 
 
-def load_corpus(data: dict) -> Corpus:
+def load_corpus(data: TtsData) -> Corpus:
     """The recipe's corpus (built and cached where it must be)."""
-    if data["corpus"] == "espeak":
+    if data.corpus == "espeak":
         return espeak_corpus(
             language="en",
-            sentences=data["sentences"],
-            voices=[data["voice"]],
-            train_variants=[data["variant"]],
-            test_variants=[data["variant"]],
-            speeds=(int(data["speed"]), int(data["speed"])),
-            pitches=(int(data["pitch"]), int(data["pitch"])),
-            seed=int(data["corpus_seed"]),
+            sentences=data.sentences,
+            voices=[data.voice],
+            train_variants=[data.variant],
+            test_variants=[data.variant],
+            speeds=(int(data.speed), int(data.speed)),
+            pitches=(int(data.pitch), int(data.pitch)),
+            seed=int(data.corpus_seed),
             unseen_test_voices=False,  # one voice: the test sentences are references in it
         )
-    if data["corpus"] == "fsdd_digit_strings":  # every voice in training: none held out
+    if data.corpus == "fsdd_digit_strings":  # every voice in training: none held out
         return fsdd_digit_strings(
             held_out=None,
-            train_utterances=int(data["train_utterances"]),
-            test_utterances=int(data["test_utterances"]),
-            seed=int(data["corpus_seed"]),
+            train_utterances=int(data.train_utterances),
+            test_utterances=int(data.test_utterances),
+            seed=int(data.corpus_seed),
         )
-    splits = {"train": read_manifest(data["train"]), "test": read_manifest(data["test"])}
-    if data["valid"] is not None:
-        splits["val"] = read_manifest(data["valid"])
-    return Corpus("manifests", Path(data["train"]).parent, splits)
+    splits = {"train": read_manifest(data.train), "test": read_manifest(data.test)}
+    if data.valid is not None:
+        splits["val"] = read_manifest(data.valid)
+    return Corpus("manifests", Path(data.train).parent, splits)
 
 
 def log_mels(utterances: Sequence[Utterance], config: FeatureConfig, *, progress: bool, desc: str) -> list[Tensor]:
@@ -334,7 +337,7 @@ def speak(
 # ---------------------------------------------------------------------------------------------
 
 
-def prepare_tts(recipe: dict, start: Start) -> Setup:
+def prepare_tts(recipe: Recipe, start: Start) -> Setup:
     """A Transformer-TTS model's parts of a run: corpus, frames, symbols, model, step loss,
     validation (the teacher-forced loss on the validation split) and the evaluation: the test
     sentences spoken into the model directory.
@@ -343,17 +346,17 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
     and named in ``problems``.
     """
     last, progress = start.checkpoint, start.progress
-    train, data = recipe["train"], recipe["data"]
-    seed = int(train["seed"])
+    train, data = recipe.train, recipe.data
+    seed = int(train.seed)
     problems: list[str] = []
     corpus = load_corpus(data)
     utterances = corpus["train"]
-    texts = readings([u.text for u in utterances], symbols=data["symbols"], voice=data["voice"])
+    texts = readings([u.text for u in utterances], symbols=data.symbols, voice=data.voice)
     tokenizer = Tokenizer.load(last / TOKENIZER_FILE) if last is not None else Tokenizer.train_char_level(texts)
-    speaker_names = sorted({u.speaker for u in utterances}) if data["speakers"] else []
-    config = FeatureConfig.from_dict(recipe["model"]["features"])
+    speaker_names = sorted({u.speaker for u in utterances}) if data.speakers else []
+    config = FeatureConfig.from_dict(recipe.model["features"])
     mels = log_mels(utterances, config, progress=progress, desc="features (train)")
-    window = int(recipe["model"]["max_len"]) * int(recipe["model"]["reduction"])
+    window = int(recipe.model["max_len"]) * int(recipe.model["reduction"])
     keep = [i for i, m in enumerate(mels) if m.shape[0] <= window and texts[i]]
     if len(keep) < len(mels):
         problems.append(
@@ -367,7 +370,7 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
     frames = torch.cat([m.float() for m in mels])  # (ΣT, M)
     torch.manual_seed(seed)
     fields = {
-        **recipe["model"],
+        **recipe.model,
         "vocab_size": tokenizer.vocab_size,
         "pad_id": tokenizer.pad_id,
         "n_speakers": len(speaker_names),
@@ -376,11 +379,11 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
     }
     del frames
     model = build_model("tts", fields)
-    batches = length_batches([m.shape[0] for m in mels], int(train["batch_frames"]))
+    batches = length_batches([m.shape[0] for m in mels], int(train.batch_frames))
     speaker_of = {name: i for i, name in enumerate(speaker_names)}
     seconds_per_frame = config.hop_length / config.sample_rate
 
-    weights = {k: train[k] for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
+    weights = {k: getattr(train, k) for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
 
     def step_loss(m: TransformerTTS, step: int) -> tuple[Tensor, float]:
         rows = batches[batch_of_step(len(batches), step, seed)]
@@ -399,13 +402,13 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
         return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
 
     validate = None
-    if train["valid_every"]:
+    if train.valid_every:
         validate = validation_loss(corpus, tokenizer, data, config, speaker_of, window, train, progress=progress)
 
     def evaluate(m: TransformerTTS, out: Path, validated: dict | None) -> tuple[dict, dict]:
         mels.clear()
         # Into the saved model directory: samples/, alignment.png and spectrogram.png beside the model.
-        return {}, speak_test_sentences(m, tokenizer, corpus, data, out, speaker_names, progress=progress)
+        return {}, speak_test_sentences(m, tokenizer, corpus, recipe, out, speaker_names, progress=progress)
 
     return Setup(
         model,
@@ -419,7 +422,7 @@ def prepare_tts(recipe: dict, start: Start) -> Setup:
     )
 
 
-def train_tts(recipe: dict, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+def train_tts(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Train a Transformer-TTS model as ``recipe`` says (:func:`prepare_tts`), speak the test
     sentences, save it to ``out``."""
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
@@ -445,7 +448,7 @@ def tts_batch(
 def validation_loss(
     corpus: Corpus,
     tokenizer: Tokenizer,
-    data: dict,
+    data: TtsData,
     config: FeatureConfig,
     speaker_of: dict[str, int],
     window: int,
@@ -458,7 +461,7 @@ def validation_loss(
     pre-net's dropout, which stays on, draws the same masks every time (seeded, the training's
     random state kept aside). Its frames are computed once, now."""
     utterances = validation_split(corpus, data)
-    texts = readings([u.text for u in utterances], symbols=data["symbols"], voice=data["voice"])
+    texts = readings([u.text for u in utterances], symbols=data.symbols, voice=data.voice)
     mels = log_mels(utterances, config, progress=progress, desc="features (validation)")
     rows = [i for i, m in enumerate(mels) if m.shape[0] <= window and texts[i]]
     if not rows:
@@ -466,14 +469,14 @@ def validation_loss(
     ids = tokenizer.encode_batch([texts[i] for i in rows])
     mels = [mels[i] for i in rows]
     who = [speaker_of.get(utterances[i].speaker, 0) for i in rows] if speaker_of else None
-    batches = length_batches([m.shape[0] for m in mels], int(train["batch_frames"]))
-    weights = {k: train[k] for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
+    batches = length_batches([m.shape[0] for m in mels], int(train.batch_frames))
+    weights = {k: getattr(train, k) for k in ("guided_weight", "guided_sigma", "guided_layers", "stop_weight")}
 
     @torch.no_grad()
     def score(model: TransformerTTS) -> dict[str, float]:
         total, frames = 0.0, 0
         with torch.random.fork_rng():
-            torch.manual_seed(int(train["seed"]))
+            torch.manual_seed(int(train.seed))
             for batch in batches:
                 mel, valid, text, text_valid = tts_batch(
                     model, [mels[i] for i in batch], [ids[i] for i in batch], tokenizer.pad_id
@@ -490,7 +493,7 @@ def speak_test_sentences(
     model: TransformerTTS,
     tokenizer: Tokenizer,
     corpus: Corpus,
-    data: dict,
+    recipe: Recipe,
     out: Path,
     speaker_names: list[str],
     *,
@@ -500,12 +503,13 @@ def speak_test_sentences(
     ``samples.tsv``: file, text, reference recording), draw the first one's alignment and its
     spectrogram beside the reference's, and measure: the share that stopped by themselves
     (not at the cap) and the real-time factor of synthesis with the vocoder."""
-    test = corpus["test"][: int(data["test_sentences"])]
+    data = recipe.data
+    test = corpus["test"][: int(data.test_sentences)]
     if not test:
         return {"samples": 0}
     speaker_of = {name: i for i, name in enumerate(speaker_names)}
     speakers = [speaker_of.get(u.speaker, 0) for u in test] if speaker_names else None
-    torch.manual_seed(int(data["seed"]))
+    torch.manual_seed(int(data.seed))
     bar = progress_bar(total=len(test), desc="speaking (test)", unit="sentence", disable=not progress)
     start = time.perf_counter()
     spoken = speak(
@@ -515,7 +519,7 @@ def speak_test_sentences(
         speakers=speakers,
         alignments=True,
         on_batch=bar.update,
-        **speaking_of({"recipe": {"data": data}}),  # as qkv speak would read this recipe
+        **speaking_of({"recipe": recipe.to_dict()}),  # as qkv speak would read this recipe
     )
     seconds = time.perf_counter() - start
     bar.close()
@@ -537,7 +541,7 @@ def speak_test_sentences(
         title=f"{normalize_text(test[0].text)!r}: synthesized (top), the recording (bottom)",
         seconds_per_frame=c.hop_length / c.sample_rate,
     )
-    (text,) = readings([test[0].text], symbols=data["symbols"], voice=data["voice"])
+    (text,) = readings([test[0].text], symbols=data.symbols, voice=data.voice)
     speech_attention(
         first.mel.float().numpy(),
         first.alignment.T[None].numpy(),  # (1, S, U): each character's attention over the steps
@@ -556,7 +560,7 @@ def speak_test_sentences(
     }
 
 
-def report(summary: dict, recipe: dict) -> tuple[dict, str]:
+def report(summary: dict, recipe: Recipe) -> tuple[dict, str]:
     """The run's figures for the command line: samples spoken, how many stopped, the speed."""
     if not summary.get("samples"):
         return {}, "no test sentences spoken"
@@ -570,7 +574,10 @@ def report(summary: dict, recipe: dict) -> tuple[dict, str]:
 
 TASK = Task(
     name="tts",
-    defaults=TTS_DEFAULTS,
+    model=TTS_MODEL,
+    train=TtsTrain,
+    data=TtsData,
+    decode=("stop_threshold", "attention_window"),
     model_kind="tts",
     prepare=prepare_tts,
     report=report,
@@ -591,12 +598,6 @@ TASK = Task(
         ("data", "speakers"): (bool, lambda v: True, "true or false"),
         ("data", "symbols"): (str, lambda v: v in SYMBOLS_KINDS, f"one of {', '.join(SYMBOLS_KINDS)}"),
         ("data", "test_sentences"): (int, lambda v: v >= 0, "an integer >= 0"),
-        ("data", "stop_threshold"): ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
-        ("data", "attention_window"): (
-            (list, type(None)),
-            valid_attention_window,
-            "null or [back, ahead]: two integers >= 0, ahead >= 1",
-        ),
         ("data", "seed"): (int, lambda v: 0 <= v < 2**63, "an integer from 0 to 2**63 - 1"),
         ("train", "batch_frames"): (int, lambda v: v > 0, "a positive integer (frames per batch)"),
         ("train", "guided_weight"): ((int, float), lambda v: v >= 0, "a number >= 0"),
