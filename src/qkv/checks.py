@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from qkv.attention import MultiHeadAttention, attention_path
 from qkv.audio import FeatureConfig, features, load_audio, pad_features
 from qkv.checkpoint import kind_of, load_model, model_dir, read_meta, save_model
+from qkv.data import read_lines
 from qkv.decoding import beam_search, decoder_for, greedy, pad_rows
 from qkv.errors import UserError
 from qkv.hf.convert import export_hf, import_hf
@@ -56,7 +57,7 @@ PASS, FAIL, INFO, SKIP = "PASS", "FAIL", "INFO", "SKIP"
 MAX_NEW_TOKENS = 8  # the decoding checks' outputs: long enough to disagree, short enough to be quick
 TARGET_TOKENS = 6  # teacher-forced target tokens per input (after BEGIN)
 TTS_STEPS = 5  # teacher-forced decoder steps of a text-to-speech model
-INPUTS = 3  # inputs drawn when none are given
+INPUTS_READ = 8  # lines of a given text file the checks read: properties, not throughput
 SPEECH_SECONDS = (1.3, 0.7, 1.0)  # the generated signals (seconds): different lengths, so a batch pads
 
 
@@ -80,7 +81,12 @@ class Row:
     detail: str = ""
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The row as JSON holds it: a measurement that is not finite (outputs of other shapes)
+        is None, and ``detail`` says why."""
+        out = asdict(self)
+        if self.measured is not None and not math.isfinite(self.measured):
+            out["measured"] = None
+        return out
 
 
 def judged(name: str, measured: float, tolerance: float, detail: str = "") -> Row:
@@ -177,13 +183,16 @@ def probe_of(
     source_tok = vocab.source if vocab is not None else None
     target_tok = vocab.target if vocab is not None else None
     specials = [getattr(c, n, None) for n in ("pad_id", "bos_id", "eos_id")]
+    room = c.max_len - (TARGET_TOKENS + 1 if isinstance(model, DecoderOnly) else 0)  # a prompt leaves room for targets
     if isinstance(model, SpeechEncoderDecoder):
         sources = speech_sources(c.features, audio)
     elif texts:
-        sources = [source_tok.encode(t, add_special_tokens=None)[: c.max_len] for t in texts]
+        sources = [ids[:room] for ids in (source_tok.encode(t) for t in texts) if ids]
+        if not sources:
+            raise UserError("no line of the input holds a token the model's tokenizer knows")
     else:
         v = getattr(c, "src_vocab_size", None) or c.vocab_size
-        sources = drawn(ordinary_ids(source_tok, v, specials), [9, 5, 7][:INPUTS], g)
+        sources = drawn(ordinary_ids(source_tok, v, specials), [min(n, room) for n in (9, 5, 7)], g)
     if isinstance(model, EncoderOnly):
         return Probe(sources, [])
     if isinstance(model, TransformerTTS):
@@ -514,23 +523,26 @@ class Checked:
     probe: Probe
 
 
-def checked(path: str | Path, *, texts: Sequence[str] = (), audio: Path | None = None, device: str = "cpu") -> Checked:
-    """The model directory (or training run) ``path`` loaded for checking, with its probe:
-    ``texts`` or ``audio`` where given (a speech model reads audio, the others text), else
-    drawn from its tokenizer (its vocabulary, without one) or generated."""
+def checked(path: str | Path, *, given: str | Path | None = None, device: str = "cpu") -> Checked:
+    """The model directory (or training run) ``path`` loaded for checking, with its probe: read
+    from the file ``given`` (a speech model's: an audio file; the others': a text file, its
+    first INPUTS_READ non-empty lines) or drawn from its tokenizer (its vocabulary, without one)
+    and generated signals."""
     directory = model_dir(path)
     meta = read_meta(directory)
-    speech = meta["kind"] == "speech_encoder_decoder"
-    if texts and speech:
-        raise UserError(f"{directory} holds a speech model: its --input is an audio file, not text")
-    if audio is not None and not speech:
-        raise UserError(f"{directory} holds a {meta['kind']} model, which reads text: its --input is a text file")
     model, meta = load_model(directory, meta=meta)
     model = model.to(device)
     files = meta.get("files", {})
     vocab = Vocabularies.load(directory, files=files) if FILE in files else None
-    if texts and vocab is None:
-        raise UserError(f"{directory} has no {FILE}: --input needs a model saved with its tokenizer")
+    audio, texts = None, []
+    if given is not None and meta["kind"] == "speech_encoder_decoder":
+        audio = Path(given)
+    elif given is not None:
+        texts = [t for t in read_lines(given) if t.strip()][:INPUTS_READ]
+        if not texts:
+            raise UserError(f"{given} holds no text to check the model on")
+        if vocab is None:
+            raise UserError(f"{directory} has no {FILE}: reading text needs a model saved with its tokenizer")
     return Checked(directory, model, probe_of(model, vocab, texts=texts, audio=audio))
 
 
@@ -539,25 +551,34 @@ def checks(target: Checked, *, grad: bool = False) -> list[tuple[str, Callable[[
     checks, the call), so a caller can report progress between them."""
     m, p, d = target.model, target.probe, target.directory
     return [
-        ("attention paths", lambda: explicit_equals_fused(m, p, grad=grad)),
-        ("causality", lambda: causality(m, p)),
-        ("padding", lambda: padding_invariance(m, p)),
-        ("KV cache", lambda: cached_equals_full(m, p)),
-        ("batching", lambda: batched_equals_alone(m, p)),
-        ("beam 1", lambda: beam_one_equals_greedy(m, p)),
-        ("bf16", lambda: precision_drift(m, p, "bf16")),
-        ("int8", lambda: precision_drift(m, p, "int8")),
-        ("save/load", lambda: save_load_round_trip(m, p)),
-        ("export-hf", lambda: hf_round_trip(d, m, p)),
-        ("ONNX", lambda: onnx_round_trip(d, m, p)),
+        ("attention paths", lambda: attempted("explicit == fused attention", explicit_equals_fused, m, p, grad=grad)),
+        ("causality", lambda: attempted("causality", causality, m, p)),
+        ("padding", lambda: attempted("padding invariance", padding_invariance, m, p)),
+        ("KV cache", lambda: attempted("KV cache == full pass", cached_equals_full, m, p)),
+        ("batching", lambda: attempted("batched == one by one", batched_equals_alone, m, p)),
+        ("beam 1", lambda: attempted("beam width 1 == greedy", beam_one_equals_greedy, m, p)),
+        ("bf16", lambda: attempted("bf16 drift from fp32", precision_drift, m, p, "bf16")),
+        ("int8", lambda: attempted("int8 drift from fp32", precision_drift, m, p, "int8")),
+        ("save/load", lambda: attempted("save -> load bit-identical", save_load_round_trip, m, p)),
+        ("export-hf", lambda: attempted("export-hf -> import-hf", hf_round_trip, d, m, p)),
+        ("ONNX", lambda: attempted("export-onnx -> onnxruntime", onnx_round_trip, d, m, p)),
     ]
 
 
-def run_checks(
-    path: str | Path, *, texts: Sequence[str] = (), audio: Path | None = None, grad: bool = False
-) -> Iterator[Row]:
+def attempted(name: str, check: Callable[..., Row], *args: object, grad: bool | None = None) -> Row:
+    """``check(*args)``'s row, or a FAIL row named ``name`` saying what the model raised: a model
+    that cannot even run a property's two ways fails it (a mask and a cache of other lengths,
+    say), where a traceback would hide every other row."""
+    try:
+        return check(*args) if grad is None else check(*args, grad=grad)
+    except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return Row(name, None, None, FAIL, f"raised {type(e).__name__}: {message}")
+
+
+def run_checks(path: str | Path, *, given: str | Path | None = None, grad: bool = False) -> Iterator[Row]:
     """Every check of the model directory ``path``, one Row at a time (:func:`checked`, :func:`checks`)."""
-    for _, check in checks(checked(path, texts=texts, audio=audio), grad=grad):
+    for _, check in checks(checked(path, given=given), grad=grad):
         yield check()
 
 
