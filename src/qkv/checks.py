@@ -332,20 +332,21 @@ def _outputs_and_grads(model: nn.Module, probe: Probe, path: str, grad: bool) ->
 
 
 @torch.no_grad()
-def causality(model: nn.Module, probe: Probe) -> Row:
-    """Every decoder: the targets edited from the middle on (tokens rolled to others, frames
-    shifted) leave the outputs before the middle as they were."""
+def causality(model: nn.Module, probe: Probe, *, cut: int | None = None) -> Row:
+    """Every decoder: the targets edited from target ``cut`` on (None: the middle; tokens
+    changed to others, frames shifted) leave the outputs before it as they were."""
     name = "causality"
     if not _is_decoder(model):
         return skipped(name, "an encoder-only model has no decoder")
     before = teacher_forced(model, probe)
-    cut = len(probe.targets[0]) // 2
+    cut = len(probe.targets[0]) // 2 if cut is None else cut
     if isinstance(model, TransformerTTS):
         edited = [torch.cat([f[:cut], f[cut:] + 1.0]) for f in probe.targets]
         kept = cut * model.config.reduction  # frames written before the edited steps read anything
     else:
         ids = sorted({t for row in probe.targets for t in row})
-        shift = {t: ids[(i + 1) % len(ids)] for i, t in enumerate(ids)} if len(ids) > 1 else {ids[0]: ids[0] + 1}
+        v = getattr(model.config, "tgt_vocab_size", None) or model.config.vocab_size
+        shift = {t: ids[(i + 1) % len(ids)] for i, t in enumerate(ids)} if len(ids) > 1 else {ids[0]: (ids[0] + 1) % v}
         edited = [row[:cut] + [shift[t] for t in row[cut:]] for row in probe.targets]
         # logits at BEGIN and the first ``cut`` targets (a decoder-only model: the source too) see no edit
         kept = cut + 1
@@ -372,16 +373,18 @@ def padding_invariance(model: nn.Module, probe: Probe) -> Row:
 
 @torch.no_grad()
 def cached_equals_full(model: nn.Module, probe: Probe) -> Row:
-    """Decoding one token at a time over the KV cache (the decoding protocol, padded batch)
-    gives the logits of one full teacher-forced pass."""
+    """Decoding one token at a time over the KV cache (the decoding protocol, the padded batch)
+    gives the logits of each input's full teacher-forced pass alone."""
     name = "KV cache == full pass"
     if not _is_decoder(model):
         return skipped(name, "an encoder-only model does not decode")
-    full = teacher_forced(model, probe)
+    pairs = zip(probe.sources, probe.targets, strict=True)
+    full = [teacher_forced(model, Probe([s], [t]))[0] for s, t in pairs]
     if isinstance(model, DecoderOnly):  # the full pass's logits from the last source token on
         full = [f[len(s) - 1 :] for f, s in zip(full, probe.sources, strict=True)]
     cached = stepped(model, probe)
-    return judged(name, max_difference(cached, full), fp32_tolerance(*full), f"{len(probe.targets[0])} cached steps")
+    detail = f"{len(probe.targets[0])} cached steps of a padded batch against each input's full pass"
+    return judged(name, max_difference(cached, full), fp32_tolerance(*full), detail)
 
 
 @torch.no_grad()
@@ -469,11 +472,17 @@ def precision_drift(model: nn.Module, probe: Probe, precision: str) -> Row:
 @torch.no_grad()
 def save_load_round_trip(model: nn.Module, probe: Probe) -> Row:
     """save_model then load_model gives back every weight bit for bit, and the same outputs."""
-    name = "save -> load bit-identical"
     with tempfile.TemporaryDirectory(prefix="qkv-check-") as tmp:
         save_model(model, Path(tmp) / "model")
         loaded, _ = load_model(Path(tmp) / "model")
-    loaded = loaded.to(_device(model))
+    return bit_identical(model, loaded.to(_device(model)), probe)
+
+
+@torch.no_grad()
+def bit_identical(model: nn.Module, loaded: nn.Module, probe: Probe) -> Row:
+    """``loaded`` holds every weight of ``model`` (same names) bit for bit and computes the same
+    outputs bit for bit (measured: the largest difference of a weight or an output)."""
+    name = "save -> load bit-identical"
     ours, theirs = model.state_dict(), loaded.state_dict()
     if ours.keys() != theirs.keys():
         return Row(name, math.inf, 0.0, FAIL, "the loaded model's weights have other names")
