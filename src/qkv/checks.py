@@ -367,8 +367,10 @@ def padding_invariance(model: nn.Module, probe: Probe) -> Row:
         return skipped(name, "no encoder (a left-padded batch of prompts: batched == one by one)")
     together, _, _ = encoded(model, probe.sources)
     alone = [encoded(model, [s])[0][0] for s in probe.sources]
-    lengths = sorted({len(s) for s in probe.sources})
-    return judged(name, max_difference(together, alone), fp32_tolerance(*alone), f"encoder outputs, lengths {lengths}")
+    lengths = ", ".join(str(n) for n in sorted({len(s) for s in probe.sources}))
+    unit = "frames" if isinstance(model, SpeechEncoderDecoder) else "tokens"
+    detail = f"encoder outputs of inputs of {lengths} {unit}"
+    return judged(name, max_difference(together, alone), fp32_tolerance(*alone), detail)
 
 
 @torch.no_grad()
