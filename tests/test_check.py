@@ -32,6 +32,9 @@ from qkv.checks import (
     checked,
     checks,
     explicit_equals_fused,
+    fp32_tolerance,
+    judged,
+    max_difference,
     padding_invariance,
     run_checks,
 )
@@ -251,11 +254,22 @@ def test_user_mistakes_are_one_line_and_exit_2(case: str, message: str, saved, t
     assert len(err) == 1 and err[0].startswith("qkv check: error:") and message in err[0]
 
 
-def test_a_row_that_measures_no_finite_number_is_null_in_json_and_inf_in_the_table() -> None:
-    """Outputs of other shapes measure inf: the table says so, JSON (which has no inf) says null."""
-    from qkv.checks import Row
+def test_a_row_that_measures_no_finite_number_fails_is_null_in_json_and_inf_in_the_table() -> None:
+    """Outputs of other shapes, or a NaN, measure inf and fail: the table says inf, JSON (which
+    has no inf) null."""
     from qkv.cli.check import table
 
-    row = Row("x", math.inf, 0.0, FAIL, "shapes differ")
+    nan, inf = torch.tensor([math.nan, 1.0]), torch.tensor([-math.inf, 1.0])
+    assert max_difference([nan], [nan]) == math.inf and max_difference([inf], [inf]) == 0
+    assert max_difference([inf], [torch.zeros(3)]) == math.inf
+    row = judged("x", max_difference([nan], [nan]), fp32_tolerance(nan), "a NaN")
+    assert row.status == FAIL
     assert row.as_dict()["measured"] is None and json.dumps(row.as_dict())
     assert " inf " in table([row]) and " FAIL " in table([row])
+
+
+def test_help_has_an_example(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["check", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "examples:" in out and "qkv check --model" in out

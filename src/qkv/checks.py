@@ -2,8 +2,11 @@
 
 What is here: :class:`Row` (one property: what was measured, the tolerance, the verdict),
 :class:`Probe` (the inputs the checks read: given texts or audio, else drawn from the model's
-tokenizer or a generated signal, :func:`probe_of`), one small function per property, each
-returning a Row, and :func:`run_checks`, every check that applies to a model directory in turn.
+tokenizer or a generated signal, :func:`probe_of`), the model's passes the checks compare
+(:func:`teacher_forced`, :func:`stepped`, :func:`encoded`), one small function per property,
+each returning a Row, and a model directory's checks: :func:`checked` (loaded with its probe),
+:func:`checks` (each check, not yet run, for a caller that reports progress; a check the model
+raises in is a FAIL row, :func:`attempted`) and :func:`run_checks` (them all, in turn).
 The properties, for every family (text and speech encoder-decoders, decoder-only, encoder-only,
 text-to-speech):
 
@@ -20,8 +23,9 @@ The test suite calls these same functions on tiny models (tests/test_check.py an
 that name them), so the checks and the tests are one implementation.
 
 What is not here: printing the table (``cli/check.py``), the models, the searches, the
-conversions (``checkpoint.py``, ``hf/``). The ONNX round trip is a hook (:func:`onnx_round_trip`)
-until ``qkv export-onnx`` exists.
+conversions (``checkpoint.py``, ``hf/``), the attention paths themselves (``attention.py``, whose
+:func:`~qkv.attention.attention_path` forces one). The ONNX round trip is a hook
+(:func:`onnx_round_trip`) until ``qkv export-onnx`` exists. Shapes use ``attention.py``'s legend.
 """
 
 from __future__ import annotations
@@ -115,18 +119,22 @@ class Probe:
 
 def fp32_tolerance(*outputs: Tensor) -> float:
     """FP32_TOLERANCE scaled by the outputs' largest magnitude (logits of 30 round as 1e-5 ones do not)."""
-    scale = max((float(o.detach().abs().max()) for o in outputs if o.numel()), default=1.0)
+    finite = [o.detach()[torch.isfinite(o.detach())] for o in outputs]  # a NaN must not widen the tolerance
+    scale = max((float(f.abs().max()) for f in finite if f.numel()), default=1.0)
     return FP32_TOLERANCE * max(1.0, scale)
 
 
 def max_difference(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
-    """The largest |a - b| over pairs of tensors of one shape (inf where shapes differ)."""
+    """The largest |a - b| over pairs of tensors of one shape: inf where shapes differ or either
+    holds a NaN (equal values, infinities included, differ by 0)."""
     worst = 0.0
     for x, y in zip(a, b, strict=True):
         if x.shape != y.shape:
             return math.inf
-        if x.numel():
-            worst = max(worst, float((x.float() - y.float()).abs().max()))
+        x, y = x.float(), y.float()
+        gap = torch.where(x == y, 0.0, (x - y).abs()).nan_to_num(nan=math.inf)  # NaN never equals
+        if gap.numel():
+            worst = max(worst, float(gap.max()))
     return worst
 
 
@@ -507,8 +515,11 @@ def hf_round_trip(directory: Path, model: nn.Module, probe: Probe) -> Row:
             summary = export_hf(directory, Path(tmp) / "hf")
         except UserError as e:
             return skipped(name, f"export refused: {e}")
-        import_hf(Path(tmp) / "hf", Path(tmp) / "back")
-        back, _ = load_model(Path(tmp) / "back")
+        try:  # what export-hf wrote, import-hf refusing, is the round trip failing
+            import_hf(Path(tmp) / "hf", Path(tmp) / "back")
+            back, _ = load_model(Path(tmp) / "back")
+        except UserError as e:
+            return Row(name, None, None, FAIL, f"import-hf refused the export: {e}")
     back = back.to(_device(model))
     ours = teacher_forced(model, probe)
     measured = max_difference(ours, teacher_forced(back, probe))
