@@ -49,7 +49,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def table(rows) -> str:
     """The rows as an aligned plain-text table, one row per property."""
-
     cells = [HEADER] + [(r.name, shown(r.measured), shown(r.tolerance), r.status, r.detail) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER) - 1)]
     return "\n".join(
