@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from qkv.attention import KVBuffer
 from qkv.blocks import cache_length
+from qkv.checks import PASS, Probe, beam_one_equals_greedy, cached_equals_full
 from qkv.decoding import (
     beam_search,
     continuation,
@@ -191,19 +192,12 @@ def test_decoder_only_cached_equals_uncached(positions: str, extra: dict) -> Non
 @pytest.mark.parametrize("positions", ["sinusoidal", "rope", "alibi", "learned"])
 def test_start_and_advance_match_full_forward(positions: str) -> None:
     """A decoder-only Decoder's start/step on left-padded prompts of different lengths give each
-    prompt's own full-pass logits."""
+    prompt's own full-pass logits (qkv check's KV cache row, the same function)."""
     model = make_do(positions, seed=4)
     prompts = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
     new = [[5, 6, 7], [8, 9, 10], [11, 12, 3]]
-    with torch.no_grad():
-        logits, state = decoder_for(model).start(prompts)
-        for step in range(len(new[0]) + 1):
-            for i, p in enumerate(prompts):
-                seq = p + new[i][:step]
-                expected = model(torch.tensor([seq]))[0, -1]
-                assert (logits[i] - expected).abs().max() <= ATOL
-            if step < len(new[0]):
-                logits, state = decoder_for(model).step(state, torch.tensor([n[step] for n in new]))
+    row = cached_equals_full(model, Probe(prompts, new))
+    assert row.status == PASS and row.measured <= ATOL
 
 
 def test_start_and_advance_encoder_decoder() -> None:
@@ -211,14 +205,8 @@ def test_start_and_advance_encoder_decoder() -> None:
     model = make_ed("rope", seed=5)
     sources = [[3, 4, 5, 6, 7], [8], [9, 10, 11]]
     new = [[5, 6], [8, 9], [11, 12]]
-    with torch.no_grad():
-        logits, state = decoder_for(model).start(sources)
-        for step in range(3):
-            for i, src in enumerate(sources):
-                expected = model(torch.tensor([src]), torch.tensor([[BOS, *new[i][:step]]]))[0, -1]
-                assert (logits[i] - expected).abs().max() <= ATOL
-            if step < 2:
-                logits, state = decoder_for(model).step(state, torch.tensor([n[step] for n in new]))
+    row = cached_equals_full(model, Probe(sources, new))
+    assert row.status == PASS and row.measured <= ATOL
 
 
 # ------------------------------------------------------------------- greedy
@@ -266,8 +254,8 @@ def test_beam_one_equals_greedy_random_models(seed: int) -> None:
     """beam_search(beam_size=1) gives the greedy tokens (random models, inputs of several lengths)."""
     inputs = _random_rows([1, 4, 6, 2], 13, seed=seed)
     for model in (make_ed("alibi", seed=seed), make_do("rope", seed=seed)):
-        beams = beam_search(model, inputs, beam_size=1, max_new_tokens=8)
-        assert [b[0].tokens for b in beams] == greedy(model, inputs, max_new_tokens=8)
+        row = beam_one_equals_greedy(model, Probe(inputs, []))  # qkv check's row: up to 8 new tokens
+        assert row.status == PASS and row.measured == 0
 
 
 def test_beam_one_equals_greedy_trained(copy_model, lm_model) -> None:

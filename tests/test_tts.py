@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from qkv.audio import FeatureConfig, features
 from qkv.checkpoint import load_model, save_model
+from qkv.checks import PASS, Probe, causality, teacher_forced
 from qkv.losses import guided_attention_loss, guided_attention_weights, tts_loss
 from qkv.models.tts import TransformerTTS, TTSConfig, decoder_inputs, group_frames, ungroup_frames
 from qkv.synthesis import synthesize
@@ -77,17 +78,18 @@ def test_padded_text_gives_each_sentence_its_own_frames() -> None:
 
 
 def test_decoder_is_causal_over_steps() -> None:
+    """Frames edited from step 3 on change no frame or stop logit written before (qkv check's
+    causality row, the same function) and do change the later ones."""
     model = make_model()
-    text = torch.tensor([[3, 4, 5]])
-    memory = model.encode(text)
-    frames = torch.randn(1, 5, M)
-    changed = frames.clone()
-    changed[:, 3:] += 1.0
-    a = model.decode(frames, memory, memory_valid=None, prenet_dropout=False)
-    b = model.decode(changed, memory, memory_valid=None, prenet_dropout=False)
+    frames = torch.randn(5, M)
+    probe = Probe([[3, 4, 5]], [frames])
+    row = causality(model, probe, cut=3)
+    assert row.status == PASS and row.measured <= ATOL  # steps 0-2 never see step 3
+    changed = Probe([[3, 4, 5]], [torch.cat([frames[:3], frames[3:] + 1.0])])
     r = model.config.reduction
-    assert torch.allclose(a.mel[:, : 3 * r], b.mel[:, : 3 * r], atol=ATOL)  # steps 0-2 never see step 3
-    assert not torch.allclose(a.mel[:, 3 * r :], b.mel[:, 3 * r :], atol=ATOL)
+    with torch.no_grad():
+        a, b = teacher_forced(model, probe)[0], teacher_forced(model, changed)[0]
+    assert not torch.allclose(a[3 * r :], b[3 * r :], atol=ATOL)
 
 
 def test_cached_decoding_equals_a_full_pass() -> None:

@@ -6,7 +6,8 @@ What is here:
   * attention as two interchangeable pure functions, the explicit textbook path
     (:func:`attention_explicit`, which can return the weights A') and the fused path
     through ``torch.nn.functional.scaled_dot_product_attention`` (:func:`attention_fused`),
-    tested equal to each other;
+    tested equal to each other, and :func:`attention_path`, which forces one of them on a
+    whole model (``qkv check`` compares them on a user's model);
   * rotary (RoPE) and ALiBi position maths, since they act inside attention, with RoPE's
     scalings past the trained window (:class:`RopeScaling`: linear, dynamic NTK, Llama 3.1's,
     YaRN) and its settings (:class:`Rope`);
@@ -52,6 +53,8 @@ The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorc
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -547,6 +550,29 @@ def extend_cache(cache: KVCache | KVBuffer | None, k: Tensor, v: Tensor) -> tupl
 
 # --------------------------------------------------------- multi-head attention
 
+ATTENTION_PATHS = ("auto", "explicit", "fused")
+
+
+@contextmanager
+def attention_path(model: nn.Module, path: str) -> Iterator[None]:
+    """Within the block, every :class:`MultiHeadAttention` of ``model`` takes ``path``:
+    "explicit" (the textbook, :func:`attention_explicit`), "fused" (the kernel, wherever it
+    can: softmax and no weights asked, whatever :func:`_explicit_is_faster` says) or "auto"
+    (the usual choice). ``qkv check`` runs a whole model both ways to compare them; the
+    previous paths are restored on leaving."""
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"path must be one of {ATTENTION_PATHS}, got {path!r}")
+    modules = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    before = [m.path for m in modules]
+    for m in modules:
+        m.path = path
+    try:
+        yield
+    finally:
+        for m, was in zip(modules, before, strict=True):
+            m.path = was
+
+
 STACK_MIN_ROWS = 256  # B*T from which self-attention's Q, K, V are one stacked product (see below)
 
 
@@ -623,6 +649,7 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = nn.RMSNorm(k, eps=norm_eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(k, eps=norm_eps) if qk_norm else None
         self.w_qkv: nn.Linear | None = None  # [Wq; Wk; Wv] stacked, after fuse_qkv (decoding)
+        self.path = "auto"  # or one path forced (:func:`attention_path`: qkv check compares the two)
         # Q, K, V's widths in a stacked product's output: H*K, G*K, G*K.
         self.qkv_widths = [n_heads * k, n_kv_heads * k, n_kv_heads * k]
 
@@ -782,7 +809,8 @@ class MultiHeadAttention(nn.Module):
             returns: (B, H, T, K) and (B, H, T, S) or None.
         """
         dropout = self.dropout if self.training else 0.0
-        if not need_weights and self.normalization == "softmax" and not _explicit_is_faster(q, k):
+        fusable = not need_weights and self.normalization == "softmax" and self.path != "explicit"
+        if fusable and (self.path == "fused" or not _explicit_is_faster(q, k)):
             out = attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout, scale=self.scale)  # (B, H, T, K)
             return out, None
         k, v = repeat_kv_heads(k, v, self.n_heads)  # (B, H, S, K) each
