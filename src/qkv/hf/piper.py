@@ -26,8 +26,8 @@ from qkv.checkpoint import save_model
 from qkv.errors import UserError
 from qkv.files import read_json_object
 from qkv.models.vits import Vits, VitsConfig
+from qkv.piper import VOICE_FILE
 
-VOICE_FILE = "piper.json"  # the voice's .onnx.json, as the model directory holds it
 _INSTALL = "install it: pip install onnx"
 
 
@@ -109,7 +109,10 @@ def _decoder_fields(w: dict, convs: dict) -> dict:
     kind = "1" if "dec.resblocks.0.convs1.0.weight" in w else "2"
     name = "convs1" if kind == "1" else "convs"
     dilations = [
-        [convs[f"dec.resblocks.{b}.{name}.{i}"]["dilations"][0] for i in range(_count(w, rf"dec\.resblocks\.{b}\.{name}\.(\d+)\."))]
+        [
+            convs[f"dec.resblocks.{b}.{name}.{i}"]["dilations"][0]
+            for i in range(_count(w, rf"dec\.resblocks\.{b}\.{name}\.(\d+)\."))
+        ]
         for b in range(n_blocks)
     ]
     return {
@@ -168,7 +171,9 @@ def read_voice(onnx_path: str | Path) -> tuple[Vits, dict, list[str]]:
         raise UserError(f"{onnx_path}: no weights for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     for name, target in state.items():
         if tuple(w[name].shape) != tuple(target.shape):
-            raise UserError(f"{onnx_path}: {name} has shape {tuple(w[name].shape)}, the model needs {tuple(target.shape)}")
+            raise UserError(
+                f"{onnx_path}: {name} has shape {tuple(w[name].shape)}, the model needs {tuple(target.shape)}"
+            )
     model.load_state_dict({name: torch.from_numpy(np.array(w[name], dtype=np.float32)) for name in state})
     return model.eval(), voice, sorted(set(w) - set(state))
 
