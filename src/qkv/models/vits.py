@@ -140,8 +140,9 @@ def same_padding(kernel_size: int, dilation: int = 1) -> int:
 
 def conv_rows(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor) -> Tensor:
     """``conv`` applied to a (B, channels, 1, samples) channels-last tensor as a 2-D convolution
-    of height 1: the same numbers as the 1-D one, but oneDNN's channels-last kernels run the
-    generator's long (dilated) convolutions 1.5–3× faster on the CPU than its 1-D path (bench/piper_speed.py)."""
+    of height 1: the same numbers as the 1-D one, but oneDNN's channels-last kernels ran the
+    generator's long convolutions faster on the CPU than its 1-D path in a micro-benchmark on 2
+    cores (about 3× for the dilated ones, whose 1-D path is slowest; equal at short lengths)."""
     weight = conv.weight.unsqueeze(2)  # (out, in, 1, k) or, transposed, (in, out, 1, k)
     if isinstance(conv, nn.ConvTranspose1d):
         return F.conv_transpose2d(x, weight, conv.bias, stride=(1, conv.stride[0]), padding=(0, conv.padding[0]))
@@ -633,19 +634,33 @@ class Vits(nn.Module):
         frames = durations.sum(-1).clamp_min(1).long()  # (B,)
         frame_mask = sequence_mask(frames, int(frames.max()))  # (B, 1, T)
         path = alignment_path(durations, frame_mask.shape[-1]) * (mask.transpose(1, 2) & frame_mask)  # (B, S, T)
-        prior_mean, prior_log_std = mean @ path, log_std @ path  # (B, inter_channels, T)
-        if latent_noise is None:
-            latent_noise = torch.randn(prior_mean.shape, generator=generator, device=ids.device)
-        elif latent_noise.shape != prior_mean.shape:
-            raise ValueError(
-                f"latent_noise has shape {tuple(latent_noise.shape)}; these durations need {tuple(prior_mean.shape)}"
-            )
-        z = prior_mean + latent_noise * torch.exp(prior_log_std) * noise_scale  # a sample of the prior
-        z = self.flow.inverse(z, frame_mask, speaker)
-        wave = self.dec(z * frame_mask, speaker)[:, 0]  # (B, T·hop)
+        prior = (mean @ path, log_std @ path)  # (B, inter_channels, T) each
+        wave = self._waveform(prior, frame_mask, speaker, noise_scale, latent_noise, generator)  # (B, T·hop)
         samples = frames * c.hop
         keep = torch.arange(wave.shape[-1], device=wave.device)[None, :] < samples[:, None]
         return Speech(waveform=wave * keep, lengths=samples, durations=durations)
+
+    def _waveform(
+        self,
+        prior: tuple[Tensor, Tensor],
+        frame_mask: Tensor,
+        speaker: Tensor | None,
+        noise_scale: float,
+        latent_noise: Tensor | None,
+        generator: torch.Generator | None,
+    ) -> Tensor:
+        """A sample of the prior (mean, log-std per frame) through the flow backwards and the
+        generator. Shapes: prior (B, inter_channels, T) each; frame_mask (B, 1, T) -> (B, T·hop)."""
+        mean, log_std = prior
+        if latent_noise is None:
+            latent_noise = torch.randn(mean.shape, generator=generator, device=mean.device)
+        elif latent_noise.shape != mean.shape:
+            raise ValueError(
+                f"latent_noise has shape {tuple(latent_noise.shape)}; these durations need {tuple(mean.shape)}"
+            )
+        z = mean + latent_noise * torch.exp(log_std) * noise_scale
+        z = self.flow.inverse(z, frame_mask, speaker)
+        return self.dec(z * frame_mask, speaker)[:, 0]
 
     def _speaker(self, speakers: Tensor | None) -> Tensor | None:
         """The speakers' embeddings (B, speaker_channels, 1), for a voice of several (else None)."""
