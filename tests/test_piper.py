@@ -331,3 +331,13 @@ def test_qkv_speak_with_a_piper_voice(random_voice_dir, tmp_path, capsys):
         assert math.isclose(f.getnframes() / 16000, record["seconds"], abs_tol=1e-3)
     assert main([*argv, "--stop-threshold", "0.5"]) == 2
     assert "Piper voice" in capsys.readouterr().err
+
+
+def test_the_library_speaks_with_a_piper_voice(random_voice_dir):
+    import qkv
+
+    voice = qkv.load(random_voice_dir)
+    assert voice.kind == "vits" and voice.jobs == ("speak",) and voice.sample_rate == 16000
+    one = voice.speak("Hello. Bye!", seed=3)
+    assert one.ndim == 1 and one.numel() > 0 and float(one.abs().max()) <= 1.0
+    assert torch.equal(one, voice.speak(["Hello. Bye!"], seed=3)[0])

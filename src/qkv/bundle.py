@@ -901,6 +901,8 @@ def speeches(
     recipe's unless given; ``seed``: the pre-net dropout's draws (None: fresh ones), without
     touching torch's global generator."""
     bundle.require("speak")
+    if bundle.kind == "vits":
+        raise UserError(f"{bundle.path} is a Piper voice: it speaks through piper_speeches (Bundle.speak calls it)")
     voices = _voices(bundle, speaker, len(texts))
     how = speaking_of(bundle.meta, stop_threshold=stop_threshold, attention_window=attention_window)
     devices = [bundle.device] if bundle.device.type == "cuda" else []
