@@ -341,3 +341,16 @@ def test_the_library_speaks_with_a_piper_voice(random_voice_dir):
     one = voice.speak("Hello. Bye!", seed=3)
     assert one.ndim == 1 and one.numel() > 0 and float(one.abs().max()) <= 1.0
     assert torch.equal(one, voice.speak(["Hello. Bye!"], seed=3)[0])
+
+
+def test_import_refuses_what_is_not_a_piper_voice_in_one_line(tmp_path, capsys):
+    pytest.importorskip("onnx", reason="pip install onnx")
+    bad = tmp_path / "voice.onnx"
+    bad.write_bytes(b"not a model")
+    assert main(["import-hf", str(bad), str(tmp_path / "out")]) == 2
+    assert "voice.onnx.json is missing" in capsys.readouterr().err
+    (tmp_path / "voice.onnx.json").write_text("{}")
+    assert main(["import-hf", str(bad), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read as an ONNX model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
