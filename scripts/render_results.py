@@ -45,6 +45,10 @@ BENCHMARKS = {
     "asr": ("Speech recognition and translation", "`python bench/asr.py CORPUS`: train a recipe, score its test set"),
     "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),
     "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
+    "piper_speed": (
+        "Piper voices: qkv's VITS beside onnxruntime",
+        "`python bench/piper_speed.py`: the same voice and sentences, each runtime in its own process, rounds alternating",
+    ),
     "ddp": (
         "Training on several processes (DDP)",
         "`python bench/ddp.py`: 1 process × 2 threads against 2 processes × 1 thread, Multi30k recipe",

@@ -60,6 +60,8 @@ from qkv.ensemble import Ensemble
 from qkv.errors import OptionError, UserError
 from qkv.hf.whisper import WhisperSettings, most_likely_languages, settings_in
 from qkv.loading import KIND_NAMES, check_options, load_fusion_lm, matching_vocabularies, prepared, reading_as_trained
+from qkv.piper import Voice
+from qkv.piper import speak as speak_piper
 from qkv.recipes import upgrade_stored
 from qkv.seq2seq import Translation, cut_source, translate
 from qkv.streaming import continuation_text
@@ -75,6 +77,7 @@ JOBS = {  # what each kind of model does
     "encoder_only": ("embed",),
     "speech_encoder_decoder": ("transcribe",),
     "tts": ("speak",),
+    "vits": ("speak",),
 }
 DOES = {
     "translate": "translates",
@@ -90,6 +93,7 @@ NEEDING = {  # what a model directory without its tokenizer cannot do, by kind
     "encoder_only": "embedding",
     "speech_encoder_decoder": "transcribing",
     "tts": "speaking",
+    "vits": "speaking",
 }
 LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
 TRANSLATE_CHUNK = 1024  # texts translated per call: bounded memory (each is batched by tokens inside)
@@ -244,6 +248,8 @@ class Bundle:
     @property
     def sample_rate(self) -> int:
         """The rate of the audio a speech model reads or a text-to-speech model writes (Hz)."""
+        if self.kind == "vits":
+            return self.model.config.sample_rate
         if self.features is None:
             raise UserError(f"{self.path} holds {KIND_NAMES[self.kind]}, which neither reads nor writes audio")
         return self.features.sample_rate
@@ -309,7 +315,10 @@ class Bundle:
         self, texts: str | Sequence[str], *, speaker: str | None = None, seed: int | None = 0
     ) -> Tensor | list[Tensor]:
         """Each text spoken: a waveform (N,) at :attr:`sample_rate` (a text: its waveform), by
-        :func:`speeches`; :meth:`write_wav` writes one."""
+        :func:`speeches` (an imported Piper voice: :func:`piper_speeches`); :meth:`write_wav` writes one."""
+        if self.kind == "vits":
+            waves = piper_speeches(self, _listed(texts), speaker=speaker, seed=seed)
+            return waves[0] if isinstance(texts, str) else waves
         waves = [wave for _, wave in speeches(self, _listed(texts), speaker=speaker, seed=seed)]
         return waves[0] if isinstance(texts, str) else waves
 
@@ -400,13 +409,17 @@ def load(
     check_options(directory, kind, bf16=bf16, int8=int8, device=device)
     model, _ = load_model(directory, meta=meta)
     model = prepared(model, kind, bf16=bf16, int8=int8, device=device)
-    vocab = matching_vocabularies(str(directory), model, files=meta.get("files", {}), use=NEEDING[kind])
+    vocab = (  # a Piper voice reads phonemes by its piper.json (qkv.piper), not a tokenizer
+        matching_vocabularies(str(directory), model, files=meta.get("files", {}), use=NEEDING[kind])
+        if kind != "vits"
+        else None
+    )
     config_file = directory / "config.json"
     return Bundle(
         path=directory,
         kind=kind,
         model=model,
-        vocab=reading_as_trained(vocab, meta.get("recipe")),
+        vocab=reading_as_trained(vocab, meta.get("recipe")) if vocab is not None else None,
         meta=meta,
         precision="bf16" if bf16 else "int8" if int8 else "float32",
         decode=DecodeDefaults.of(meta.get("recipe"), ctc=getattr(model, "ctc", None) is not None),
@@ -890,6 +903,8 @@ def speeches(
     recipe's unless given; ``seed``: the pre-net dropout's draws (None: fresh ones), without
     touching torch's global generator."""
     bundle.require("speak")
+    if bundle.kind == "vits":
+        raise UserError(f"{bundle.path} is a Piper voice: it speaks through piper_speeches (Bundle.speak calls it)")
     voices = _voices(bundle, speaker, len(texts))
     how = speaking_of(bundle.meta, stop_threshold=stop_threshold, attention_window=attention_window)
     devices = [bundle.device] if bundle.device.type == "cuda" else []
@@ -922,6 +937,42 @@ def _voices(bundle: Bundle, speaker: str | None, n: int) -> list[int] | None:
         known = ", ".join(bundle.speakers) if bundle.speakers else "none: it has one voice"
         raise OptionError(f"speaker {speaker!r}: the model's speakers are {known}", "speaker")
     return [bundle.speakers.index(speaker)] * n
+
+
+def piper_speeches(
+    bundle: Bundle,
+    texts: Sequence[str],
+    *,
+    speaker: str | None = None,
+    noise_scale: float | None = None,
+    length_scale: float | None = None,
+    noise_w: float | None = None,
+    seed: int | None = 0,
+) -> list[Tensor]:
+    """Each text spoken by an imported Piper voice (``qkv.piper.speak``): a waveform (N,) at
+    :attr:`Bundle.sample_rate`. The scales default to the voice's; ``seed``: the noise's draws
+    (None: fresh ones)."""
+    bundle.require("speak")
+    voices = _voices(bundle, speaker, len(texts))
+    voice = Voice.read(bundle.path)
+    generator = torch.Generator(device=bundle.device)
+    if seed is not None:
+        generator.manual_seed(seed)
+    else:
+        generator.seed()
+    return [
+        speak_piper(
+            bundle.model,
+            voice,
+            text,
+            speaker=None if voices is None else voices[i],
+            noise_scale=noise_scale,
+            length_scale=length_scale,
+            noise_w=noise_w,
+            generator=generator,
+        )
+        for i, text in enumerate(texts)
+    ]
 
 
 # ----------------------------------------------------------------------------- embed

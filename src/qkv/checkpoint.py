@@ -48,8 +48,9 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 from qkv.models.tts import TransformerTTS, TTSConfig
+from qkv.models.vits import Vits, VitsConfig
 
-KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder", "tts")
+KINDS = ("encoder_decoder", "encoder_only", "decoder_only", "speech_encoder_decoder", "tts", "vits")
 RUN_FILE = "run.json"  # marks a training run directory (``runs.py``)
 SHARDED = "sharded"  # config.json: how many workers wrote the weights as shards (save_shards)
 WEIGHTS = "model."  # the weights' keys among a sharded checkpoint's tensors
@@ -74,8 +75,8 @@ DTYPES = {
 # a model takes time per layer before anything can be checked).
 MAX_SIZE = 2**31 - 1
 MAX_LAYERS = 1024
-Model = EncoderDecoder | EncoderOnly | DecoderOnly | SpeechEncoderDecoder | TransformerTTS
-Config = EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig | SpeechConfig | TTSConfig
+Model = EncoderDecoder | EncoderOnly | DecoderOnly | SpeechEncoderDecoder | TransformerTTS | Vits
+Config = EncoderDecoderConfig | EncoderOnlyConfig | DecoderOnlyConfig | SpeechConfig | TTSConfig | VitsConfig
 
 
 def kind_of(model: nn.Module) -> str:
@@ -90,6 +91,8 @@ def kind_of(model: nn.Module) -> str:
         return "speech_encoder_decoder"
     if isinstance(model, TransformerTTS):
         return "tts"
+    if isinstance(model, Vits):
+        return "vits"
     raise TypeError(f"not a qkv model: {type(model).__name__}")
 
 
@@ -109,6 +112,8 @@ def make_config(kind: str, fields: dict) -> Config:
         config_class = SpeechConfig
     elif kind == "tts":
         config_class = TTSConfig
+    elif kind == "vits":
+        config_class = VitsConfig
     else:
         raise UserError(f"unknown model kind {kind!r}; expected one of {', '.join(KINDS)}")
     known = {f.name for f in dataclasses.fields(config_class)}
@@ -152,6 +157,8 @@ def _model_class(config: Config) -> Model:
         return SpeechEncoderDecoder(config)
     if isinstance(config, TTSConfig):
         return TransformerTTS(config)
+    if isinstance(config, VitsConfig):
+        return Vits(config)
     return DecoderOnly(config)
 
 

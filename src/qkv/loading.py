@@ -27,6 +27,7 @@ KIND_NAMES = {  # each kind as a message names it
     "encoder_only": "an encoder_only model",
     "speech_encoder_decoder": "a speech model (speech_encoder_decoder)",
     "tts": "a text-to-speech model (tts)",
+    "vits": "a Piper voice (vits)",
 }
 
 
@@ -45,7 +46,7 @@ def check_options(path: object, kind: str, *, bf16: bool = False, int8: bool = F
             "(int8 linear layers speed up decoding)",
             "int8",
         )
-    if bf16 and kind == "tts":
+    if bf16 and kind in ("tts", "vits"):
         raise OptionError(f"bf16 does not apply to {path}: {KIND_NAMES[kind]} synthesizes in float32", "bf16")
     if int8 and torch.device(device).type != "cpu":
         raise OptionError(f"int8 runs on the CPU only (PyTorch's dynamic quantization), not on {device}", "int8")
@@ -84,7 +85,7 @@ def load_for_generation(path: str, *, bf16: bool = False, int8: bool = False, sp
     path = str(model_dir(path))  # a training run: its final checkpoint
     meta = read_meta(path)
     kind = meta["kind"]
-    if kind == "tts":
+    if kind in ("tts", "vits"):
         raise UserError(f"{path} holds a text-to-speech model: it speaks text and writes none")
     if speech and kind != "speech_encoder_decoder":
         raise UserError(f"{path} holds a {kind} model, which reads text; this needs a speech model")

