@@ -41,6 +41,8 @@ GOOD = {  # a request of every endpoint that must be answered 200 after each bat
     ("POST", "/v1/embed"): {"model": "acts", "text": "hello"},
     ("POST", "/v1/classify"): {"model": "acts", "text": "hello"},
     ("POST", "/v1/attention"): {"model": "de_en", "text": "Ein Hund", "max_new_tokens": 3},
+    ("POST", "/v1/chat/completions"): {"model": "lm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    ("POST", "/v1/completions"): {"model": "lm", "prompt": "A dog", "max_tokens": 3},
 }
 
 
@@ -160,7 +162,11 @@ def _fuzz_operation(
     cases = operation.as_strategy(generation_mode=mode)
     fields = fields_of(operation.schema.raw_schema, operation.path)
     nasty = st.tuples(st.sampled_from(fields), st.sampled_from(NASTY)).map(lambda kv: dict([kv]))
-    within = {"max_new_tokens": st.integers(1, 8), "beam_size": st.integers(1, 3)}  # past the limits to the work
+    within = {
+        "max_new_tokens": st.integers(1, 8),
+        "max_tokens": st.integers(1, 8),
+        "beam_size": st.integers(1, 3),
+    }  # past the limits to the work
     served = st.fixed_dictionaries(
         {"model": st.sampled_from([None, *models])} | {k: within[k] for k in within if k in fields}
     )
