@@ -161,21 +161,36 @@ def test_a_chat_with_a_model_without_a_template_reads_its_turns(client, models):
 
 
 def test_concurrent_chats_share_a_forward_pass(server):
-    """Four chats sent at once (the batch waits 200 ms for companions) are one batch of four."""
+    """Four chats sent at once (the batch waits 200 ms for companions) are one batch of four;
+    so are four streams, one of which leaves after its first piece: the others are their whole
+    answers."""
+    questions = ("a", "bb", "ccc", "dddd")
 
-    async def four() -> list[str]:
+    async def ask(aclient, question: str, *, stream: bool, leave: bool = False):
+        messages = [{"role": "user", "content": question}]
+        answer = await aclient.chat.completions.create(
+            model="talk", messages=messages, max_tokens=8, temperature=0, stream=stream
+        )
+        if not stream:
+            return answer.choices[0].message.content
+        text = ""
+        async for chunk in answer:
+            text += chunk.choices[0].delta.content or ""
+            if leave and text:
+                await answer.close()
+                return None
+        return text
+
+    async def both() -> tuple[list[str], list[str | None]]:
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0) as aclient:
-            asks = [
-                aclient.chat.completions.create(
-                    model="talk", messages=[{"role": "user", "content": q}], max_tokens=5, temperature=0
-                )
-                for q in ("a", "bb", "ccc", "dddd")
-            ]
-            return [a.choices[0].message.content for a in await asyncio.gather(*asks)]
+            whole = await asyncio.gather(*[ask(aclient, q, stream=False) for q in questions])
+            streams = await asyncio.gather(*[ask(aclient, q, stream=True, leave=q == "a") for q in questions])
+            return whole, streams
 
     before = batches_of_four(server)
-    asyncio.run(four())
-    assert batches_of_four(server) == before + 1
+    whole, streams = asyncio.run(both())
+    assert batches_of_four(server) == before + 2
+    assert streams[0] is None and streams[1:] == whole[1:] and all(whole)
 
 
 def batches_of_four(server) -> int:

@@ -24,8 +24,10 @@ What is not here: HTTP, the OpenAI shapes and the limits (``routes/openai.py``,
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 
 import torch
 from torch import Tensor
@@ -209,6 +211,50 @@ def _pieces(served: Served, asks: Sequence[Ask], readers: list[Reader], choose: 
         yield [r.feed(t) for r, t in zip(readers, tokens.tolist(), strict=True)]
         ended[:] = torch.tensor([r.finish_reason is not None for r in readers])
     yield [r.end("length") for r in readers]
+
+
+class Shared:
+    """The asks of several streams decoded as one batch (:func:`steps`), each stream reading its
+    own rows' pieces at its own pace: :meth:`next_for` gives a stream its next step, decoding
+    one more for the whole batch when it has none waiting; :meth:`leave` ends a stream's rows
+    (they write END at the next step, and the search drops them once every row has ended).
+    Used on the model thread only."""
+
+    def __init__(self, served: Served, groups: list[list[Ask]], choose: Choose) -> None:
+        self.readers, self.pieces = steps(served, [a for asks in groups for a in asks], choose)
+        ends = list(accumulate((len(asks) for asks in groups), initial=0))
+        self.rows = [range(a, b) for a, b in pairwise(ends)]
+        self.waiting: list[deque[list[str]] | None] = [deque() for _ in groups]  # None: left
+        self.done = False
+
+    def readers_of(self, group: int) -> list[Reader]:
+        return [self.readers[i] for i in self.rows[group]]
+
+    def next_for(self, group: int) -> list[str] | None:
+        """The pieces of ``group``'s rows at their next step (None: they have all ended)."""
+        queue = self.waiting[group]
+        while queue is not None and not queue and not self.done:
+            step = next(self.pieces, None)
+            self.done = step is None
+            for rows, waiting in zip(self.rows, self.waiting, strict=True):
+                if step is not None and waiting is not None:
+                    waiting.append([step[i] for i in rows])
+        return queue.popleft() if queue else None
+
+    def leave(self, group: int) -> None:
+        """``group``'s stream is over (it ended, failed, or its client left)."""
+        self.waiting[group] = None
+        for i in self.rows[group]:
+            self.readers[i].end("length")
+        if all(w is None for w in self.waiting):
+            self.pieces.close()
+
+
+def shared_steps(served: Served, groups: list[list[Ask]], *, choose: Callable[[], Choose]) -> list[tuple[Shared, int]]:
+    """Streams that arrive together, as one batch (the batcher's job): per stream, the
+    :class:`Shared` batch and its group in it."""
+    shared = Shared(served, groups, choose())
+    return [(shared, g) for g in range(len(groups))]
 
 
 def complete(served: Served, asks: list[Ask], *, choose: Callable[[], Choose]) -> list[Answer]:

@@ -86,7 +86,7 @@ async def chat_completions(req: o.ChatCompletionRequest, request: Request, svc: 
     ask = c.chat_ask(served, messages, max_new_tokens=max_new, stops=req.stops())
     asks, made = [ask] * req.n, Made("chatcmpl", "chat.completion", served.name, chunk="chat.completion.chunk")
     if req.stream:
-        return streamed(svc, req, request, served, asks, made, chat_chunk, choose)
+        return await streamed(svc, req, request, served, asks, made, chat_chunk, key, choose)
     answers = await answered(svc, req, served, asks, choose, key)
     choices = [
         o.ChatChoice(index=i, message=o.AssistantMessage(content=a.text), finish_reason=a.finish_reason)
@@ -108,7 +108,7 @@ async def text_completions(req: o.CompletionRequest, request: Request, svc: Shar
     ones = [c.text_ask(served, p, max_new_tokens=req.max_tokens, default=default, stops=stops) for p in prompts]
     asks, made = [a for a in ones for _ in range(req.n)], Made("cmpl", "text_completion", served.name)
     if req.stream:
-        return streamed(svc, req, request, served, asks, made, text_chunk, choose)
+        return await streamed(svc, req, request, served, asks, made, text_chunk, key, choose)
     answers = await answered(svc, req, served, asks, choose, key)
     choices = [o.CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason) for i, a in enumerate(answers)]
     return o.Completion(
@@ -193,48 +193,70 @@ def text_chunk(index: int, text: str | None, finish: str | None) -> dict:
     return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
-def streamed(svc: Service, req: o.Options, request: Request, served: Served, asks, made: Made, shape, choose):
+async def streamed(
+    svc: Service, req: o.Options, request: Request, served: Served, asks, made: Made, shape, key, choose
+):
     """The answers as Server-Sent Events in OpenAI's chunk shape (``shape`` makes a choice;
-    ``choose()`` the token picker), each decoding step on the model thread between batches;
-    the slot is held until the stream ends, the client leaves or the timeout passes."""
-    readers, pieces = c.steps(served, asks, choose())
+    ``choose()`` the token picker). Streams that arrive together with the same ``key`` are
+    decoded as one batch (``completions.Shared``), each step on the model thread between
+    batches; the slot is held until the stream ends, the client leaves or the timeout passes."""
     free, timeout, loop = svc.take_slot(), svc.timeout_of(req), asyncio.get_running_loop()
-    include_usage = req.stream_options is not None and req.stream_options.include_usage
+    deadline = loop.time() + timeout
+    key = None if key is None else ("stream", *key)  # never batched with whole answers: another job
+    job = Job(partial(c.shared_steps, served, choose=choose), [asks], key=key, cost=sum(len(a.prompt) for a in asks))
+    try:
+        ((shared, group),) = await svc.batcher.submit(job, timeout=timeout)
+    except asyncio.TimeoutError:
+        free()
+        svc.metrics.refused.labels("timeout").inc()
+        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
+    except BaseException:
+        free()
+        raise
+    readers = shared.readers_of(group)
 
     async def events():
-        deadline, start, told = loop.time() + timeout, time.perf_counter(), [False] * len(asks)
+        start, told = time.perf_counter(), [False] * len(asks)
         try:
             if shape is chat_chunk:
                 yield made.chunk([shape(i, None, None) for i in range(len(asks))])
             while not await request.is_disconnected():
                 try:
-                    step = await asyncio.wait_for(
-                        svc.batcher.call(next, pieces, None), max(0.0, deadline - loop.time())
-                    )
+                    left = max(0.0, deadline - loop.time())
+                    step = await asyncio.wait_for(svc.batcher.call(shared.next_for, group), left)
                 except asyncio.TimeoutError:
                     svc.metrics.refused.labels("timeout").inc()
-                    error = {"message": f"the stream took over {timeout:g} s", "type": "timeout", "param": None}
-                    yield f"data: {json.dumps({'error': error | {'code': 504}})}\n\n"
+                    yield stream_error(504, "timeout", f"the stream took over {timeout:g} s")
                     return
                 if step is None:
                     break
-                for i, (piece, reader) in enumerate(zip(step, readers, strict=True)):
-                    if piece:
-                        yield made.chunk([shape(i, piece, None)])
-                    if reader.finish_reason is not None and not told[i]:
-                        told[i] = True
-                        yield made.chunk([shape(i, None, reader.finish_reason)])
+                for chunk in step_chunks(step, readers, told, made, shape):
+                    yield chunk
             else:
                 svc.metrics.refused.labels("disconnected").inc()
                 return
             svc.count_tokens("completions", sum(r.tokens for r in readers), time.perf_counter() - start)
-            if include_usage:
+            if req.stream_options is not None and req.stream_options.include_usage:
                 answers = [c.Answer(r.text, r.tokens, r.finish_reason or "length") for r in readers]
-                prompts = asks[:: req.n]
-                yield made.chunk([], usage(prompts, answers))
+                yield made.chunk([], usage(asks[:: req.n], answers))
             yield "data: [DONE]\n\n"
         finally:
-            svc.batcher.thread.submit(pieces.close)  # on the model thread, after any step in flight
+            svc.batcher.thread.submit(shared.leave, group)  # on the model thread, after any step in flight
             free()
 
     return FreeingStream(events(), free)
+
+
+def step_chunks(step: list[str], readers: list[c.Reader], told: list[bool], made: Made, shape):
+    """The chunks of one decoding step: each answer's new piece, and its end once it has ended."""
+    for i, (piece, reader) in enumerate(zip(step, readers, strict=True)):
+        if piece:
+            yield made.chunk([shape(i, piece, None)])
+        if reader.finish_reason is not None and not told[i]:
+            told[i] = True
+            yield made.chunk([shape(i, None, reader.finish_reason)])
+
+
+def stream_error(code: int, kind: str, message: str) -> str:
+    """A chunk holding an error: the openai client raises it."""
+    return f"data: {json.dumps({'error': {'message': message, 'type': kind, 'param': None, 'code': code}})}\n\n"
