@@ -29,7 +29,8 @@ Every error is JSON, ``{"error": {"code", "type", "message"}}`` (``errors.py``):
 wrong one 401; a body too large 413; a bad field, a text too long, too many texts, too many new
 tokens or too wide a beam 422; an unknown model 404; every slot taken, or over the rate limit,
 429 with Retry-After; no answer within the timeout 504. A streamed generation that fails after
-its first event ends with an ``error`` event instead.
+its first event ends with an ``error`` event instead. The OpenAI-compatible routes answer in
+OpenAI's shape, with 400 where the others say 422 (``routes/openai.py``).
 
 What is not here: the routes (``routes/``), the work (``jobs.py``, through ``qkv.bundle``),
 batching (``batching.py``), the command (``qkv.cli.serve``), which binds the socket and runs

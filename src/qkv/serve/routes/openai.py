@@ -3,11 +3,12 @@ so that the ``openai`` client (and whatever speaks its API) works against ``qkv 
 unchanged; ``GET /v1/models`` answers in OpenAI's shape too (``info.py``).
 
 A chat's messages are read through the model's chat template (``completions.chat_ask``), a
-completion's prompt as ``/v1/generate`` reads it. Whole answers of requests that arrive together
-share their forward passes (the batcher: the same model and the same sampling, greedy or
-without a seed; ``n`` answers of one request are rows of one batch). With ``"stream": true``
-the answer comes as Server-Sent Events in OpenAI's chunk shape, ending with ``data: [DONE]``;
-its pieces joined are the whole answer's text.
+completion's prompt as ``/v1/generate`` reads it. Requests that arrive together share their
+forward passes (the batcher: the same model and the same sampling, greedy or without a seed;
+whole answers with whole answers, streams with streams, ``completions.Shared``; ``n`` answers
+of one request are rows of one batch). With ``"stream": true`` the answer comes as Server-Sent
+Events in OpenAI's chunk shape, ending with ``data: [DONE]``; its pieces joined are the whole
+answer's text.
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``code``: the
 HTTP status, as in the rest of the API), and a request the server refuses for what it holds is
