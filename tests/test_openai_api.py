@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -36,16 +37,19 @@ TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} | {% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
+PENALTY = 1.5
 HELLO = [{"role": "user", "content": "Hello there, über 北京?"}]
 
 
 def tiny_lm(root: Path, name: str, tokenizer: Tokenizer, *, seed: int, template: str | None = None) -> Path:
     """A random language model of 67 positions, its weights shaken so that it writes varied
-    characters (a fresh one repeats one); with a chat template (chat_template.jinja) if given."""
+    characters (a fresh one repeats one); with a chat template (chat_template.jinja) if given,
+    and then a repetition penalty of :data:`PENALTY` in its generation_config.json."""
     files = {FILE: root / FILE}
     if template is not None:
         (root / f"{name}.jinja").write_text(template, encoding="utf-8")
-        files["chat_template.jinja"] = root / f"{name}.jinja"
+        (root / f"{name}.json").write_text(json.dumps({"repetition_penalty": PENALTY}), encoding="utf-8")
+        files |= {"chat_template.jinja": root / f"{name}.jinja", "generation_config.json": root / f"{name}.json"}
     specials = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
     config = DecoderOnlyConfig(
         vocab_size=tokenizer.vocab_size, n_layers=2, max_len=67, d_model=15, n_heads=3, d_ff=7, dropout=0.0, **specials
@@ -99,8 +103,14 @@ def test_models_are_listed_in_openais_shape(client):
 
 
 def test_a_chat_completion_is_the_librarys_reply(client, models):
+    """Greedy, with the checkpoint's repetition penalty unless the request names its own."""
     answer = client.chat.completions.create(model="talk", messages=HELLO, max_tokens=12, temperature=0)
-    expected = load(models["talk"]).chat(["Hello there, über 北京?"], max_new_tokens=12)
+    expected = load(models["talk"]).chat(["Hello there, über 北京?"], max_new_tokens=12, repetition_penalty=PENALTY)
+    plain = client.chat.completions.create(
+        model="talk", messages=HELLO, max_tokens=12, temperature=0, extra_body={"repetition_penalty": 1}
+    )
+    unpenalized = load(models["talk"]).chat(["Hello there, über 北京?"], max_new_tokens=12)
+    assert plain.choices[0].message.content == unpenalized != expected
     (choice,) = answer.choices
     assert choice.message.role == "assistant" and choice.message.content == expected and expected
     assert answer.object == "chat.completion" and answer.model == "talk" and answer.id.startswith("chatcmpl-")

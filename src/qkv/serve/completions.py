@@ -32,8 +32,9 @@ from itertools import accumulate, pairwise
 import torch
 from torch import Tensor
 
-from qkv.chat import dialogue_context, template_prompt
-from qkv.decoding import DONE, stream
+from qkv.bundle import Sampling
+from qkv.chat import dialogue_context, repetition_penalty, template_prompt
+from qkv.decoding import DONE, most_likely, stream
 from qkv.serve.errors import ApiError
 from qkv.serve.models import Served
 from qkv.streaming import INCOMPLETE
@@ -72,6 +73,34 @@ class Answer:
     text: str
     tokens: int
     finish_reason: str
+
+
+@dataclass(frozen=True)
+class Picking:
+    """How a batch picks its tokens (equal pickings may share a batch): drawn with
+    ``sampling`` (None: the most likely), after CTRL's repetition penalty θ = ``penalty`` of
+    each row's own text, its prompt and what it has written (1: none; ``qkv chat``'s
+    ``--repetition-penalty``)."""
+
+    sampling: Sampling | None = None
+    penalty: float = 1.0
+
+    def picker(self, device: torch.device, prompts: Sequence[Sequence[int]], vocab_size: int) -> Choose:
+        """The batch's token picker, one generator for all its draws. Shapes: (B, V) -> (B,)."""
+        choose = most_likely if self.sampling is None else self.sampling.chooser(device)
+        if self.penalty == 1.0:
+            return choose
+        seen = torch.zeros(len(prompts), vocab_size, dtype=torch.bool, device=device)  # (B, V)
+        for i, prompt in enumerate(prompts):
+            seen[i, [t for t in prompt if 0 <= t < vocab_size]] = True
+
+        def pick(logits: Tensor) -> Tensor:
+            nonlocal seen
+            tokens = choose(repetition_penalty(logits.float(), seen, self.penalty))  # (B,)
+            seen = seen.scatter(1, tokens.clamp(min=0)[:, None], True)  # (B, V)
+            return tokens
+
+        return pick
 
 
 def chat_ask(served: Served, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, stops: tuple[str, ...]):
@@ -188,12 +217,13 @@ def held(text: str, stops: Sequence[str], *, strip: bool) -> int:
     return n + tail + spaces
 
 
-def steps(served: Served, asks: Sequence[Ask], choose: Choose) -> tuple[list[Reader], Iterator[list[str]]]:
+def steps(served: Served, asks: Sequence[Ask], picking: Picking) -> tuple[list[Reader], Iterator[list[str]]]:
     """The asks decoded as one batch: their readers, and per step the piece of text each row
     adds ('' for none), the last item what each row's end adds. Nothing runs before the first
     step is asked for (on the model thread)."""
     eos = served.model.config.eos_id
     readers = [Reader(served.vocab.target, a, eos) for a in asks]
+    choose = picking.picker(served.bundle.device, [a.prompt for a in asks], served.model.config.vocab_size)
     return readers, _pieces(served, asks, readers, choose, eos)
 
 
@@ -220,8 +250,8 @@ class Shared:
     (they write END at the next step, and the search drops them once every row has ended).
     Used on the model thread only."""
 
-    def __init__(self, served: Served, groups: list[list[Ask]], choose: Choose) -> None:
-        self.readers, self.pieces = steps(served, [a for asks in groups for a in asks], choose)
+    def __init__(self, served: Served, groups: list[list[Ask]], picking: Picking) -> None:
+        self.readers, self.pieces = steps(served, [a for asks in groups for a in asks], picking)
         ends = list(accumulate((len(asks) for asks in groups), initial=0))
         self.rows = [range(a, b) for a, b in pairwise(ends)]
         self.waiting: list[deque[list[str]] | None] = [deque() for _ in groups]  # None: left
@@ -250,16 +280,16 @@ class Shared:
             self.pieces.close()
 
 
-def shared_steps(served: Served, groups: list[list[Ask]], *, choose: Callable[[], Choose]) -> list[tuple[Shared, int]]:
+def shared_steps(served: Served, groups: list[list[Ask]], *, picking: Picking) -> list[tuple[Shared, int]]:
     """Streams that arrive together, as one batch (the batcher's job): per stream, the
     :class:`Shared` batch and its group in it."""
-    shared = Shared(served, groups, choose())
+    shared = Shared(served, groups, picking)
     return [(shared, g) for g in range(len(groups))]
 
 
-def complete(served: Served, asks: list[Ask], *, choose: Callable[[], Choose]) -> list[Answer]:
-    """The asks' answers, decoded as one batch (``choose()`` makes the batch's token picker)."""
-    readers, pieces = steps(served, asks, choose())
+def complete(served: Served, asks: list[Ask], *, picking: Picking) -> list[Answer]:
+    """The asks' answers, decoded as one batch."""
+    readers, pieces = steps(served, asks, picking)
     for _ in pieces:
         pass
     return [Answer(r.text, r.tokens, r.finish_reason or "length") for r in readers]

@@ -7,7 +7,8 @@ Every field a request may carry is checked here with its range (a 400 naming it)
 text or at most :data:`MAX_STOPS`, ``seed``, ``n``, ``stream`` and ``stream_options``;
 ``presence_penalty`` and ``frequency_penalty`` only at 0 and ``logprobs`` only false, since
 qkv does not compute them; ``user``, taken and not read) and qkv's own, beside them
-(``top_k``, and ``timeout`` as every request has it). A field OpenAI has and qkv does not
+(``top_k``, ``min_p`` and ``repetition_penalty``, as vLLM names them, and ``timeout`` as every
+request has it). A field OpenAI has and qkv does not
 (``tools``, ``response_format``, ``logit_bias``, ...) is refused by name, never ignored.
 
 What is not here: the server's limits (``routes/openai.py`` checks them against ``Settings``),
@@ -72,10 +73,19 @@ class Options(Request):
         None, ge=1, le=INT32, description="longest answer (default: the server's limit or half the window)"
     )
     temperature: float | None = Field(
-        None, ge=0, le=2, description="0: greedy; default: the checkpoint's generation_config.json, else greedy"
+        None,
+        ge=0,
+        le=2,
+        description="0: greedy; an option left out is the checkpoint's (generation_config.json); none: greedy",
     )
     top_p: float | None = Field(None, gt=0, le=1, description="sample from the smallest set with this probability")
     top_k: int | None = Field(None, ge=1, le=INT32, description="(qkv) sample among the k most likely tokens")
+    min_p: float | None = Field(
+        None, ge=0, le=1, description="(qkv) sample among tokens at least this share as likely as the likeliest"
+    )
+    repetition_penalty: float | None = Field(
+        None, gt=0, le=10, description="(qkv) CTRL's penalty of the tokens already in the text (1: none)"
+    )
     stop: str | list[str] | None = Field(
         None, description=f"text that ends the answer (left out of it): one, or at most {MAX_STOPS}"
     )

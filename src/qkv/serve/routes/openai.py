@@ -32,7 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
 from qkv.bundle import Sampling
-from qkv.decoding import most_likely
+from qkv.conversation import GenerationDefaults
 from qkv.errors import UserError
 from qkv.serve import completions as c
 from qkv.serve import openai_schemas as o
@@ -83,12 +83,12 @@ async def chat_completions(req: o.ChatCompletionRequest, request: Request, svc: 
     check_texts([m["content"] for m in messages], svc.settings, what="message")
     wanted = req.max_completion_tokens or req.max_tokens
     max_new = wanted or min(svc.settings.max_new_tokens, served.window // 2)
-    choose, key = checked_options(req, served, svc, max_new)
+    picking, key = checked_options(req, served, svc, max_new)
     ask = c.chat_ask(served, messages, max_new_tokens=max_new, stops=req.stops())
     asks, made = [ask] * req.n, Made("chatcmpl", "chat.completion", served.name, chunk="chat.completion.chunk")
     if req.stream:
-        return await streamed(svc, req, request, served, asks, made, chat_chunk, key, choose)
-    answers = await answered(svc, req, served, asks, choose, key)
+        return await streamed(svc, req, request, served, asks, made, chat_chunk, picking, key)
+    answers = await answered(svc, req, served, asks, picking, key)
     choices = [
         o.ChatChoice(index=i, message=o.AssistantMessage(content=a.text), finish_reason=a.finish_reason)
         for i, a in enumerate(answers)
@@ -104,13 +104,13 @@ async def text_completions(req: o.CompletionRequest, request: Request, svc: Shar
     served = svc.pick(req.model, "completions")
     prompts = [req.prompt] if isinstance(req.prompt, str) else req.prompt
     check_texts(prompts, svc.settings, what="prompt")
-    choose, key = checked_options(req, served, svc, req.max_tokens or 1, inputs=len(prompts))
+    picking, key = checked_options(req, served, svc, req.max_tokens or 1, inputs=len(prompts))
     default, stops = min(COMPLETION_TOKENS, svc.settings.max_new_tokens), req.stops()
     ones = [c.text_ask(served, p, max_new_tokens=req.max_tokens, default=default, stops=stops) for p in prompts]
     asks, made = [a for a in ones for _ in range(req.n)], Made("cmpl", "text_completion", served.name)
     if req.stream:
-        return await streamed(svc, req, request, served, asks, made, text_chunk, key, choose)
-    answers = await answered(svc, req, served, asks, choose, key)
+        return await streamed(svc, req, request, served, asks, made, text_chunk, picking, key)
+    answers = await answered(svc, req, served, asks, picking, key)
     choices = [o.CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason) for i, a in enumerate(answers)]
     return o.Completion(
         id=made.id, created=made.created, model=served.name, choices=choices, usage=usage(ones, answers)
@@ -133,27 +133,38 @@ def checked_options(req: o.Options, served: Served, svc: Service, max_new: int, 
             raise ApiError(422, "invalid_request", f"{name} must be 0: qkv does not apply it")
     if req.logprobs:
         raise ApiError(422, "invalid_request", "logprobs must be false: qkv does not return them here")
-    sampling = sampling_of(req, served)
-    if sampling is None:
-        return (lambda: most_likely), ("openai", served.name)
-    key = None if sampling.seed is not None else ("openai", served.name, sampling)
-    return partial(sampling.chooser, served.bundle.device), key
+    conversation = served.bundle.conversation
+    defaults = conversation.defaults if conversation is not None else GenerationDefaults()
+    penalty = first_of(req.repetition_penalty, defaults.repetition_penalty, 1.0)
+    picking = c.Picking(sampling_of(req, defaults), penalty)
+    seeded = picking.sampling is not None and picking.sampling.seed is not None
+    return picking, None if seeded else ("openai", served.name, picking)
 
 
-def sampling_of(req: o.Options, served: Served) -> Sampling | None:
-    """The draws a request asks for: none at temperature 0; the checkpoint's own
-    (generation_config.json) where it names no sampling option; else its options."""
-    if req.temperature == 0:
+def sampling_of(req: o.Options, defaults: GenerationDefaults) -> Sampling | None:
+    """The draws a request asks for, as ``qkv chat`` picks them: none at temperature 0; else
+    each option as given, or as the checkpoint's generation_config.json says (``defaults``);
+    none where neither asks to sample."""
+    given = (req.temperature, req.top_p, req.top_k, req.min_p)
+    if req.temperature == 0 or not (any(v is not None for v in given) or defaults.do_sample):
         return None
-    if req.temperature is None and req.top_p is None and req.top_k is None:
-        conversation = served.bundle.conversation
-        return None if conversation is None else Sampling.of(conversation.defaults, seed=req.seed)
-    return Sampling(temperature=req.temperature or 1.0, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
+    return Sampling(
+        temperature=first_of(req.temperature, defaults.temperature, 1.0),
+        top_k=first_of(req.top_k, defaults.top_k, None) or None,
+        top_p=first_of(req.top_p, defaults.top_p, None),
+        seed=req.seed,
+        min_p=first_of(req.min_p, defaults.min_p, None) or None,
+    )
 
 
-async def answered(svc: Service, req: o.Options, served: Served, asks: list[c.Ask], choose, key) -> list[c.Answer]:
+def first_of(*values):
+    """The first value that is not None."""
+    return next((v for v in values if v is not None), None)
+
+
+async def answered(svc: Service, req: o.Options, served: Served, asks: list[c.Ask], picking, key) -> list[c.Answer]:
     start = time.perf_counter()
-    job = Job(partial(c.complete, served, choose=choose), asks, key=key, cost=sum(len(a.prompt) for a in asks))
+    job = Job(partial(c.complete, served, picking=picking), asks, key=key, cost=sum(len(a.prompt) for a in asks))
     answers = await svc.run(job, req)
     svc.count_tokens("completions", sum(a.tokens for a in answers), time.perf_counter() - start)
     return answers
@@ -195,16 +206,16 @@ def text_chunk(index: int, text: str | None, finish: str | None) -> dict:
 
 
 async def streamed(
-    svc: Service, req: o.Options, request: Request, served: Served, asks, made: Made, shape, key, choose
+    svc: Service, req: o.Options, request: Request, served: Served, asks, made: Made, shape, picking, key
 ):
     """The answers as Server-Sent Events in OpenAI's chunk shape (``shape`` makes a choice;
-    ``choose()`` the token picker). Streams that arrive together with the same ``key`` are
+    ``picking`` how tokens are picked). Streams that arrive together with the same ``key`` are
     decoded as one batch (``completions.Shared``), each step on the model thread between
     batches; the slot is held until the stream ends, the client leaves or the timeout passes."""
     free, timeout, loop = svc.take_slot(), svc.timeout_of(req), asyncio.get_running_loop()
     deadline = loop.time() + timeout
     key = None if key is None else ("stream", *key)  # never batched with whole answers: another job
-    job = Job(partial(c.shared_steps, served, choose=choose), [asks], key=key, cost=sum(len(a.prompt) for a in asks))
+    job = Job(partial(c.shared_steps, served, picking=picking), [asks], key=key, cost=sum(len(a.prompt) for a in asks))
     try:
         ((shared, group),) = await svc.batcher.submit(job, timeout=timeout)
     except asyncio.TimeoutError:
