@@ -10,9 +10,16 @@ What is here:
     them across tokens), ended by an end-of-turn token or a stop string (cut before it), and
     the tail that may yet begin a stop string held back, so that streamed pieces never hold
     what the whole text cuts;
+  * :class:`Picking`, how a batch picks its tokens (greedy or drawn, and a repetition penalty
+    of each row's own text), equal for the requests that share a batch;
   * :func:`steps`, a batch of asks decoded together (one forward pass per step for all rows;
     a row that has ended is made to write END so the search stops it), yielding each step's
-    new piece per row, and :func:`complete`, a batch's whole answers (the batcher's job).
+    new piece per row; :func:`complete`, a batch's whole answers (the batcher's job), and
+    :class:`Shared` (:func:`shared_steps`, the batcher's job for streams), one batch that
+    several streams read at their own pace.
+
+A batch is fixed when it starts: a request that arrives while one runs waits for it to end
+(no continuous batching: joining a running batch would mean merging KV caches mid-decoding).
 
 Streamed and whole answers go through the same :class:`Reader`: the pieces of a stream joined
 are the whole answer's text for the same request (greedy, or the same seed).

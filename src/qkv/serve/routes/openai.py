@@ -216,15 +216,7 @@ async def streamed(
     deadline = loop.time() + timeout
     key = None if key is None else ("stream", *key)  # never batched with whole answers: another job
     job = Job(partial(c.shared_steps, served, picking=picking), [asks], key=key, cost=sum(len(a.prompt) for a in asks))
-    try:
-        ((shared, group),) = await svc.batcher.submit(job, timeout=timeout)
-    except asyncio.TimeoutError:
-        free()
-        svc.metrics.refused.labels("timeout").inc()
-        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
-    except BaseException:
-        free()
-        raise
+    shared, group = await started(svc, job, timeout, free)
     readers = shared.readers_of(group)
 
     async def events():
@@ -257,6 +249,21 @@ async def streamed(
             free()
 
     return FreeingStream(events(), free)
+
+
+async def started(svc: Service, job: Job, timeout: float, free: Callable[[], None]) -> tuple[c.Shared, int]:
+    """A stream's batch and its group in it, once the batcher has started it (504 past the
+    timeout; the slot freed on any failure)."""
+    try:
+        ((shared, group),) = await svc.batcher.submit(job, timeout=timeout)
+        return shared, group
+    except asyncio.TimeoutError:
+        free()
+        svc.metrics.refused.labels("timeout").inc()
+        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
+    except BaseException:
+        free()
+        raise
 
 
 def step_chunks(step: list[str], readers: list[c.Reader], told: list[bool], made: Made, shape):
