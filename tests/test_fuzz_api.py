@@ -35,6 +35,7 @@ EXAMPLES = 20  # drawn requests per operation and mode in the suite (bench/fuzz_
 GOOD = {  # a request of every endpoint that must be answered 200 after each batch
     ("GET", "/health"): None,
     ("GET", "/v1/models"): None,
+    ("GET", "/v1/models/{model}"): None,  # sent as /v1/models/lm
     ("POST", "/v1/translate"): {"model": "de_en", "text": "Ein Hund", "beam_size": 2},
     ("POST", "/v1/generate"): {"model": "lm", "prompt": "A dog", "max_new_tokens": 3},
     ("POST", "/v1/chat"): {"model": "lm", "messages": ["hello"], "max_new_tokens": 3, "beam_size": 1},
@@ -123,7 +124,7 @@ def good_requests(client: httpx.Client) -> list[str]:
     """The good request of every endpoint, sent; what went wrong (empty: every one answered 200)."""
     wrong = []
     for (method, path), body in GOOD.items():
-        response = client.request(method, path, json=body)
+        response = client.request(method, path.format(model="lm"), json=body)
         if response.status_code != 200:
             wrong.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
     return wrong

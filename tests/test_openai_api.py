@@ -103,6 +103,9 @@ def test_models_are_listed_in_openais_shape(client):
     listed = client.models.list()
     assert {m.id for m in listed.data} == {"talk", "lm"}
     assert all(m.object == "model" and m.owned_by == "qkv" and m.created > 0 for m in listed.data)
+    assert client.models.retrieve("lm") == next(m for m in listed.data if m.id == "lm")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_a_chat_completion_is_the_librarys_reply(client, models):

@@ -1,6 +1,7 @@
 """OpenAI's API for a language model: ``POST /v1/chat/completions`` and ``POST /v1/completions``,
 so that the ``openai`` client (and whatever speaks its API) works against ``qkv serve``
-unchanged; ``GET /v1/models`` answers in OpenAI's shape too (``info.py``).
+unchanged; ``GET /v1/models`` answers in OpenAI's shape too (``info.py``), and ``GET
+/v1/models/{model}`` gives one model in it.
 
 A chat's messages are read through the model's chat template (``completions.chat_ask``), a
 completion's prompt as ``/v1/generate`` reads it. Requests that arrive together share their
@@ -36,10 +37,12 @@ from qkv.conversation import GenerationDefaults
 from qkv.errors import UserError
 from qkv.serve import completions as c
 from qkv.serve import openai_schemas as o
+from qkv.serve import schemas as s
 from qkv.serve.batching import Job
-from qkv.serve.errors import ApiError, ErrorJSON, validation_detail, validation_message
+from qkv.serve.errors import ApiError, ErrorJSON, described, validation_detail, validation_message
 from qkv.serve.models import Served
 from qkv.serve.routes.generate import FreeingStream
+from qkv.serve.routes.info import written
 from qkv.serve.service import Service, Shared
 from qkv.serve.validation import check_texts
 
@@ -73,6 +76,14 @@ class OpenAIRoute(APIRoute):
 
 
 router = APIRouter(tags=["openai"], route_class=OpenAIRoute)
+
+
+@router.get("/v1/models/{model}", response_model=s.OpenAIModel, responses=o.ERRORS)
+async def model_info(model: str, svc: Shared):
+    """One served model in OpenAI's shape (the client's ``models.retrieve``); 404 for another name."""
+    if model not in svc.models:
+        raise ApiError(404, "unknown_model", f"no model named {described(model)}; GET /v1/models lists them")
+    return s.OpenAIModel(id=model, created=written(svc.models[model]))
 
 
 @router.post("/v1/chat/completions", response_model=o.ChatCompletion, responses=o.ERRORS)
