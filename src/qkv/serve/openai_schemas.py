@@ -84,7 +84,7 @@ class Options(Request):
         None, ge=0, le=1, description="(qkv) sample among tokens at least this share as likely as the likeliest"
     )
     repetition_penalty: float | None = Field(
-        None, gt=0, le=10, description="(qkv) CTRL's penalty of the tokens already in the text (1: none)"
+        None, ge=0.01, le=10, description="(qkv) CTRL's penalty of the tokens already in the text (1: none)"
     )
     stop: str | list[str] | None = Field(
         None, description=f"text that ends the answer (left out of it): one, or at most {MAX_STOPS}"
