@@ -35,12 +35,15 @@ EXAMPLES = 20  # drawn requests per operation and mode in the suite (bench/fuzz_
 GOOD = {  # a request of every endpoint that must be answered 200 after each batch
     ("GET", "/health"): None,
     ("GET", "/v1/models"): None,
+    ("GET", "/v1/models/{model}"): None,  # sent as /v1/models/lm
     ("POST", "/v1/translate"): {"model": "de_en", "text": "Ein Hund", "beam_size": 2},
     ("POST", "/v1/generate"): {"model": "lm", "prompt": "A dog", "max_new_tokens": 3},
     ("POST", "/v1/chat"): {"model": "lm", "messages": ["hello"], "max_new_tokens": 3, "beam_size": 1},
     ("POST", "/v1/embed"): {"model": "acts", "text": "hello"},
     ("POST", "/v1/classify"): {"model": "acts", "text": "hello"},
     ("POST", "/v1/attention"): {"model": "de_en", "text": "Ein Hund", "max_new_tokens": 3},
+    ("POST", "/v1/chat/completions"): {"model": "lm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    ("POST", "/v1/completions"): {"model": "lm", "prompt": "A dog", "max_tokens": 3},
 }
 
 
@@ -121,7 +124,7 @@ def good_requests(client: httpx.Client) -> list[str]:
     """The good request of every endpoint, sent; what went wrong (empty: every one answered 200)."""
     wrong = []
     for (method, path), body in GOOD.items():
-        response = client.request(method, path, json=body)
+        response = client.request(method, path.format(model="lm"), json=body)
         if response.status_code != 200:
             wrong.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
     return wrong
@@ -160,7 +163,11 @@ def _fuzz_operation(
     cases = operation.as_strategy(generation_mode=mode)
     fields = fields_of(operation.schema.raw_schema, operation.path)
     nasty = st.tuples(st.sampled_from(fields), st.sampled_from(NASTY)).map(lambda kv: dict([kv]))
-    within = {"max_new_tokens": st.integers(1, 8), "beam_size": st.integers(1, 3)}  # past the limits to the work
+    within = {
+        "max_new_tokens": st.integers(1, 8),
+        "max_tokens": st.integers(1, 8),
+        "beam_size": st.integers(1, 3),
+    }  # past the limits to the work
     served = st.fixed_dictionaries(
         {"model": st.sampled_from([None, *models])} | {k: within[k] for k in within if k in fields}
     )

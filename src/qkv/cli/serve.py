@@ -29,6 +29,7 @@ EPILOG_SERVE = """examples:
   qkv serve --model runs/de_en                       # then open http://127.0.0.1:8000/
   qkv serve --model runs/de_en --model runs/shakespeare --port 8080
   curl -s localhost:8000/v1/translate -H 'content-type: application/json' -d '{"text": "Ein Hund läuft."}'
+  qkv serve --model models/smollm2                   # then OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
 
 The server binds 127.0.0.1 (this machine only) unless --host says otherwise; beyond this
 machine it needs an API key (--api-key-file FILE, or QKV_API_KEY) unless --insecure-no-auth.
@@ -187,7 +188,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="serve models over HTTP: a JSON API, metrics, and a page that shows the attention",
         description="Serve one or more models (model or training-run directories) over HTTP: POST /v1/translate, "
         "/v1/generate (streamed as Server-Sent Events), /v1/chat, /v1/embed, /v1/classify and /v1/attention (every "
-        "attention map, the beam search's trace); GET /v1/models, /health, /metrics (Prometheus) and the page at /. "
+        "attention map, the beam search's trace); OpenAI's API for language models (POST /v1/chat/completions and "
+        "/v1/completions, streamed too: the openai client works against it); GET /v1/models, /health, /metrics "
+        "(Prometheus) and the page at /. "
         "Requests that arrive within --batch-wait-ms share one forward pass. Every limit is a JSON error: no API key "
         "401 (with --api-key), a body too large 413, a bad or too long input 422, a full server or one over "
         "--rate-limit 429 (Retry-After), a timeout 504.",

@@ -6,12 +6,16 @@ the :class:`~qkv.serve.settings.Settings` (every limit) and returns the ASGI app
     GET  /                 the page (static/index.html, app.js, style.css; no CDN, no build)
     GET  /health           {"status": "ok", ...}
     GET  /metrics          Prometheus text format (metrics.py)
-    GET  /v1/models        the served models: kind, endpoints, window, layers, heads, labels
+    GET  /v1/models        the served models: kind, endpoints, window, layers, heads, labels (and
+                           in OpenAI's shape, "data": id, object, created, owned_by)
     POST /v1/translate     encoder-decoder: beam search, n-best with scores, length penalty
     POST /v1/generate      decoder-only: greedy or sampling; Server-Sent Events with "stream": true
     POST /v1/chat          a dialogue in, the next turn out
     POST /v1/embed         encoder-only: sentence vectors
     POST /v1/classify      encoder-only with a classifier: a label per text
+    POST /v1/chat/completions  decoder-only, OpenAI's API: messages through the chat template;
+                           streamed as OpenAI's chunks (routes/openai.py)
+    POST /v1/completions   decoder-only, OpenAI's API: a prompt's continuation
     POST /v1/attention     every attention map of one input (the explicit path), and the beam
                            search's trace when asked
     GET  /docs             the OpenAPI page (FastAPI's; /openapi.json is the schema)
@@ -25,7 +29,8 @@ Every error is JSON, ``{"error": {"code", "type", "message"}}`` (``errors.py``):
 wrong one 401; a body too large 413; a bad field, a text too long, too many texts, too many new
 tokens or too wide a beam 422; an unknown model 404; every slot taken, or over the rate limit,
 429 with Retry-After; no answer within the timeout 504. A streamed generation that fails after
-its first event ends with an ``error`` event instead.
+its first event ends with an ``error`` event instead. The OpenAI-compatible routes answer in
+OpenAI's shape, with 400 where the others say 422 (``routes/openai.py``).
 
 What is not here: the routes (``routes/``), the work (``jobs.py``, through ``qkv.bundle``),
 batching (``batching.py``), the command (``qkv.cli.serve``), which binds the socket and runs
@@ -43,7 +48,7 @@ from qkv.serve.access import Keys, RateLimiter
 from qkv.serve.errors import add_handlers
 from qkv.serve.middleware import BodyLimit, Gate, Observe
 from qkv.serve.models import Served
-from qkv.serve.routes import attention, chat, classify, embed, generate, info, translate
+from qkv.serve.routes import attention, chat, classify, embed, generate, info, openai, translate
 from qkv.serve.service import Service
 from qkv.serve.settings import Settings
 
@@ -68,7 +73,7 @@ def create_app(models: dict[str, Served], settings: Settings | None = None) -> F
     service = Service(models, settings)
     app = FastAPI(title="qkv", summary=SUMMARY, version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    for family in (info, translate, generate, chat, embed, classify, attention):
+    for family in (info, translate, generate, chat, embed, classify, attention, openai):
         app.include_router(family.router)
     add_handlers(app)
     metrics = service.metrics

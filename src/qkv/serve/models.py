@@ -22,7 +22,7 @@ from qkv.tokenization import Tokenizer, Vocabularies
 
 ENDPOINTS = {  # what the server answers, by kind (speech kinds: not yet)
     "encoder_decoder": ("translate", "chat", "attention"),
-    "decoder_only": ("generate", "chat", "attention"),
+    "decoder_only": ("generate", "chat", "chat/completions", "completions", "attention"),
     "encoder_only": ("embed", "classify", "attention"),
 }
 

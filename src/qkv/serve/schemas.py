@@ -196,8 +196,19 @@ class ModelInfo(BaseModel):
     labels: list[str] | None = None
 
 
+class OpenAIModel(BaseModel):
+    """A served model as OpenAI's ``GET /v1/models`` lists it (the ``openai`` client's ``models.list()``)."""
+
+    id: str = Field(description="its name")
+    object: Literal["model"] = "model"
+    created: int = Field(description="when its directory was written (Unix seconds)")
+    owned_by: str = "qkv"
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel] = Field(description="the same models, in OpenAI's shape")
 
 
 class Health(BaseModel):

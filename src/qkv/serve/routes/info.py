@@ -1,5 +1,6 @@
 """The page and the service's own endpoints: ``GET /``, ``/app.js``, ``/style.css``, ``/health``,
-``/metrics`` and ``/v1/models``. None takes a slot."""
+``/metrics`` and ``/v1/models`` (qkv's fields and OpenAI's ``object``/``data`` beside them). None
+takes a slot."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from qkv.serve import schemas as s
+from qkv.serve.models import Served
 from qkv.serve.service import Shared
 
 router = APIRouter(tags=["service"])
@@ -64,5 +66,11 @@ async def list_models(svc: Shared):
                 labels=m.labels,
             )
             for m in svc.models.values()
-        ]
+        ],
+        data=[s.OpenAIModel(id=m.name, created=written(m)) for m in svc.models.values()],
     )
+
+
+def written(served: Served) -> int:
+    """When a model's directory was written: its config.json's time (Unix seconds)."""
+    return int((served.bundle.path / "config.json").stat().st_mtime)
