@@ -217,7 +217,10 @@ def _speech_encoder(model: SpeechEncoderDecoder) -> Graph:
         outputs["ctc_logits"] = {0: "batch", 1: "source"}
     inputs = {"features": {0: "batch", 1: "frames"}, "valid": {0: "batch", 1: "frames"}}
     least = {"frames": CONV2D_MIN_FRAMES} if c.frontend == "conv2d" else {}
-    return Graph("encoder", SpeechEncoderGraph(model), (features, valid), inputs, outputs, least)
+    module = SpeechEncoderGraph(model)
+    with torch.no_grad():  # once eagerly: what the model computes once and keeps (Whisper's position
+        module(features, valid)  # rates) is then a constant of the graph, PyTorch's own values
+    return Graph("encoder", module, (features, valid), inputs, outputs, least)
 
 
 def _sourced_step(model: EncoderDecoder | SpeechEncoderDecoder, encoder: Graph) -> Graph:
