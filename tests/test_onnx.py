@@ -87,6 +87,7 @@ def test_every_graph_equals_pytorch_and_greedy_through_onnxruntime_equals_qkv(mo
     report = verify(read_source(models[family]), exported[family], int8=int8)
     for name, graph in report["graphs"].items():
         assert graph["max_abs_diff"] <= TOLERANCE, (name, graph)
+        assert 0 < graph["fp32_vs_fp64"] < TOLERANCE  # rounding's scale, measured beside
     assert report["greedy"]["onnxruntime"] == report["greedy"]["qkv"]
     assert sum(len(row) for row in report["greedy"]["qkv"]) > 0  # something was decoded
     assert report["passed"]

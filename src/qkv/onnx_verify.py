@@ -5,7 +5,9 @@ vocabulary where it has none, or the log-mel features of a generated voice-like 
 speech model) and :func:`verify`, which reports:
   * each graph's largest absolute difference from the PyTorch wrapper it was exported from, on
     the same inputs (a decoder step twice: with an empty cache and several tokens, then one token
-    after them with the cache the first returned), passing within :data:`TOLERANCE`;
+    after them with the cache the first returned), passing within :data:`TOLERANCE`, beside how
+    far PyTorch's own float32 outputs are from float64 (:func:`rounding_floor`: the scale of
+    rounding, which deep models with long inputs such as Whisper's encoder bring near 1e-4);
   * a greedy decode driven entirely through onnxruntime (:class:`~qkv.onnx_runtime.OnnxModel`)
     beside qkv's own (:func:`~qkv.decoding.greedy`), which must be equal token for token;
   * with int8 copies, their difference from the fp32 graphs and the share of greedy tokens they
@@ -16,6 +18,7 @@ What is not here: the export (``onnx_export.py``), the runtime loop (``onnx_runt
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -71,7 +74,8 @@ def verify(source: Source, out_dir, *, int8: bool = False) -> dict:
     report: dict = {"tolerance": TOLERANCE, "graphs": {}}
     for name, runs in feeds.items():
         outputs = _differences(graphs[name], fp32, runs)
-        report["graphs"][name] = {"max_abs_diff": max(outputs.values()), "outputs": outputs}
+        floor = rounding_floor(graphs[name], runs)
+        report["graphs"][name] = {"max_abs_diff": max(outputs.values()), "outputs": outputs, "fp32_vs_fp64": floor}
     passed = all(g["max_abs_diff"] <= TOLERANCE for g in report["graphs"].values())
     if source.meta["kind"] != "encoder_only":
         ours, theirs = _greedy_pair(source, fp32, inputs)
@@ -171,6 +175,22 @@ def _differences(graph: Graph, session: OnnxModel, runs: list[dict]) -> dict[str
         for name, value in ours.items():
             diff = float(np.abs(value.astype(np.float64) - theirs[name].astype(np.float64)).max(initial=0.0))
             largest[name] = max(largest.get(name, 0.0), diff)
+    return largest
+
+
+@torch.no_grad()
+def rounding_floor(graph: Graph, runs: list[dict]) -> float:
+    """How far PyTorch's own float32 outputs are from the same graph computed in float64, on
+    ``runs``: the scale of rounding, beside which a difference from onnxruntime is read."""
+    wide = copy.deepcopy(graph.module).double()
+    largest = 0.0
+    for feeds in runs:
+        ours = _torch_run(graph, feeds)
+        inputs = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in graph.inputs]
+        out = wide(*(t.double() if t.is_floating_point() else t for t in inputs))
+        for name, value in zip(graph.outputs, out if isinstance(out, tuple) else (out,), strict=True):
+            if value.is_floating_point():
+                largest = max(largest, float((torch.from_numpy(ours[name]).double() - value).abs().max()))
     return largest
 
 

@@ -59,7 +59,8 @@ def _print_report(report: dict) -> None:
     print(f"verified against PyTorch (tolerance {report['tolerance']:.0e}):")
     for name, graph in report["graphs"].items():
         verdict = "PASS" if graph["max_abs_diff"] <= report["tolerance"] else "FAIL"
-        print(f"  {name:<14} max |onnxruntime - PyTorch| = {graph['max_abs_diff']:.2e}  {verdict}")
+        floor = f"(PyTorch fp32 vs fp64: {graph['fp32_vs_fp64']:.1e})"
+        print(f"  {name:<14} max |onnxruntime - PyTorch| = {graph['max_abs_diff']:.2e} {floor}  {verdict}")
     if "greedy" in report:
         greedy = report["greedy"]
         tokens = sum(len(row) for row in greedy["qkv"])
