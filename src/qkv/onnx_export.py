@@ -422,19 +422,21 @@ def _with_torchscript(graph: Graph, path: Path) -> None:
 
 
 class _quiet:
-    """The exporters' warnings and log lines (about torchvision, deprecations, tracing) kept off
-    the terminal: the command reports what matters itself."""
+    """The exporters' and the quantizer's warnings and log lines (about torchvision, deprecations,
+    tracing, pre-processing) kept off the terminal: the command reports what matters itself."""
 
     def __enter__(self) -> None:
         self.warnings = warnings.catch_warnings()
         self.warnings.__enter__()
         warnings.simplefilter("ignore")
-        self.logger = logging.getLogger("torch.onnx")
-        self.level = self.logger.level
-        self.logger.setLevel(logging.ERROR)
+        self.loggers = [logging.getLogger("torch.onnx"), logging.getLogger()]  # the quantizer logs on the root
+        self.levels = [logger.level for logger in self.loggers]
+        for logger in self.loggers:
+            logger.setLevel(logging.ERROR)
 
     def __exit__(self, *exc: object) -> None:
-        self.logger.setLevel(self.level)
+        for logger, level in zip(self.loggers, self.levels, strict=True):
+            logger.setLevel(level)
         self.warnings.__exit__(*exc)
 
 
