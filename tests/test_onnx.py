@@ -40,7 +40,8 @@ WHISPER = Path("/tmp/whisper-tiny.en")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """A tiny random model directory of each family, with one character tokenizer."""
+    """A tiny random model directory of each family, with one character tokenizer: between them
+    sinusoidal, learned and rotary positions, and grouped-query attention."""
     root = tmp_path_factory.mktemp("onnx_models")
     tokenizer = Tokenizer.train_char_level(["a man is riding a bicycle. two dogs play in the snow: 0123456789"])
     tokenizer.save(root / FILE)
@@ -53,12 +54,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
             EncoderDecoderConfig(src_vocab_size=v, tgt_vocab_size=v, n_encoder_layers=1, n_decoder_layers=2,
                                  max_len=29, **SMALL, **ids)
         ),
-        "lm": DecoderOnly(
-            DecoderOnlyConfig(vocab_size=v, n_layers=1, max_len=31, positions="learned", **SMALL, **ids)
+        "lm": DecoderOnly(  # RoPE with grouped-query attention (3 query heads share one key/value head)
+            DecoderOnlyConfig(vocab_size=v, n_layers=1, max_len=31, positions="rope", n_kv_heads=1, head_dim=6,
+                              **SMALL, **ids)
         ),
         "asr": SpeechEncoderDecoder(
             SpeechConfig(vocab_size=v, n_encoder_layers=1, n_decoder_layers=1, max_len=13, conv_channels=5,
-                         features=FeatureConfig(n_mels=19), **SMALL, **ids)
+                         positions="learned", features=FeatureConfig(n_mels=19), **SMALL, **ids)
         ),
         "bert": EncoderOnly(EncoderOnlyConfig(vocab_size=v, n_layers=1, max_len=23, pad_id=tokenizer.pad_id, **SMALL)),
         "tts": TransformerTTS(

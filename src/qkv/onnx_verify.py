@@ -133,12 +133,13 @@ def _prompted_feeds(source: Source, graph: Graph, inputs: list) -> list[dict]:
 
 
 def _sequences(source: Source, inputs: list) -> np.ndarray:
-    """The start tokens and qkv's greedy output of each input, padded with END to one length
-    of at least 3 (so a first step feeds several tokens). Shapes: returns (B, L)."""
-    start = _start(source)
+    """The start tokens and qkv's greedy output of each input, cut to the window (the positions a
+    decoder reads) and padded with END to one length of at least 3 (so a first step feeds several
+    tokens). Shapes: returns (B, L)."""
+    start, window = _start(source), source.model.config.max_len
     outputs = greedy(source.model, _torch_inputs(inputs), max_new_tokens=MAX_NEW_TOKENS, prefix=start)
-    rows = [(start or [source.model.config.bos_id]) + row for row in outputs]
-    length = max(3, *(len(r) for r in rows))
+    rows = [((start or [source.model.config.bos_id]) + row)[:window] for row in outputs]
+    length = min(window, max(3, *(len(r) for r in rows)))
     return np.array([r + [source.model.config.eos_id] * (length - len(r)) for r in rows], dtype=np.int64)
 
 
