@@ -144,6 +144,21 @@ def test_cli_exports_and_verifies_an_encoder_only_model(models, tmp_path, capsys
     assert (out / "encoder.onnx").is_file()
 
 
+def test_the_torchscript_exporter_is_verified_too_and_its_limit_named(models, tmp_path, capsys) -> None:
+    source = read_source(models["translation"])
+    manifest = export_onnx(source, tmp_path / "ts", exporter="torchscript")
+    assert {g["exporter"] for g in manifest["graphs"].values()} == {"torchscript"}
+    report = verify(source, tmp_path / "ts")
+    assert report["passed"] and report["greedy"]["equal"]
+    assert all(g["max_abs_diff"] <= TOLERANCE for g in report["graphs"].values())
+    # The TorchScript exporter has no grouped-query attention: said in one line, nothing written.
+    out = tmp_path / "ts_lm"
+    assert main(["export-onnx", "--model", str(models["lm"]), str(out), "--exporter", "torchscript"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "decoder_step graph cannot be exported" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
 def test_a_missing_package_is_named_in_one_line(models, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "onnxscript", None)  # as if not installed: importing it fails
     assert main(["export-onnx", "--model", str(models["translation"]), str(tmp_path / "out")]) == 2

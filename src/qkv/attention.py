@@ -488,7 +488,7 @@ def attention_fused(
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, enable_gqa=bool(k.shape[1] != q.shape[1])
     )  # (B, H, T, K)
     if row_valid is not None and (layers.exporting() or not bool(row_valid.all())):
         out = out * row_valid  # (B, H, T, K)

@@ -10,7 +10,7 @@ What is here:
     and the key mask (left-padded prompts); an encoder-only model exports its encoder;
   * :func:`graphs_of`: a model's graphs, each with example inputs and its dynamic axes;
   * :func:`export_onnx`: OUT_DIR with the graphs (``torch.onnx.export``'s dynamo exporter, the
-    TorchScript one where dynamo fails; the manifest says which made each graph), their int8
+    TorchScript one where dynamo fails or when asked; the manifest says which made each graph), their int8
     copies (onnxruntime's dynamic quantization) and the manifest ``onnx.json`` (graphs, inputs
     and outputs, the cache's layout, special tokens), beside the model's tokenizer files.
 
@@ -43,6 +43,7 @@ from qkv.models.encoder_only import EncoderOnly
 from qkv.models.speech import CONV2D_MIN_FRAMES, SpeechEncoderDecoder
 from qkv.onnx_runtime import EXPORT_PACKAGES, MANIFEST, require
 
+EXPORTERS = ("auto", "dynamo", "torchscript")
 EXPORTED_KINDS = ("encoder_decoder", "speech_encoder_decoder", "decoder_only", "encoder_only")
 PARAMETERS_INLINE = 2**30  # bytes of weights kept inside the .onnx file (protobuf's limit is 2 GiB)
 
@@ -299,17 +300,19 @@ def read_source(path: str | Path) -> Source:
     return Source(model.float().eval(), meta, directory)
 
 
-def export_onnx(source: Source, out_dir: str | Path, *, int8: bool = False) -> dict:
-    """Write OUT_DIR: the model's graphs (and their int8 copies with ``int8``), its tokenizer files
-    and the manifest, which is returned. OUT_DIR must be new, empty or an earlier export; it is
-    written whole or not at all."""
+def export_onnx(source: Source, out_dir: str | Path, *, int8: bool = False, exporter: str = "auto") -> dict:
+    """Write OUT_DIR: the model's graphs (made by ``exporter``, see :func:`export_graph`; and their
+    int8 copies with ``int8``), its tokenizer files and the manifest, which is returned. OUT_DIR must
+    be new, empty or an earlier export; it is written whole or not at all."""
     require(EXPORT_PACKAGES)
     out = Path(out_dir)
     check_out_dir(out)
     size = sum(p.numel() * p.element_size() for p in source.model.parameters())
     inline = size <= PARAMETERS_INLINE
     with atomic_directory(out) as tmp:
-        graphs = {g.name: _written(g, tmp, inline=inline, int8=int8) for g in graphs_of(source.model)}
+        graphs = {
+            g.name: _written(g, tmp, inline=inline, int8=int8, exporter=exporter) for g in graphs_of(source.model)
+        }
         for name in source.meta["files"]:  # the tokenizer's files: what reads and writes the token ids
             shutil.copyfile(source.directory / name, tmp / name)
         manifest = describe(source, graphs)
@@ -332,10 +335,10 @@ def check_out_dir(out: Path) -> None:
         )
 
 
-def _written(graph: Graph, directory: Path, *, inline: bool, int8: bool) -> dict:
+def _written(graph: Graph, directory: Path, *, inline: bool, int8: bool, exporter: str) -> dict:
     """Export ``graph`` into ``directory`` (and quantize it with ``int8``); its manifest entry."""
     path = directory / f"{graph.name}.onnx"
-    exporter = export_graph(graph, path, inline=inline)
+    exporter = export_graph(graph, path, inline=inline, exporter=exporter)
     quantized = quantize(path, inline=inline).name if int8 else None
     return {"file": path.name, "int8": quantized, "exporter": exporter, **signature(path)}
 
@@ -367,22 +370,25 @@ def describe(source: Source, graphs: dict[str, dict]) -> dict:
     return manifest
 
 
-def export_graph(graph: Graph, path: Path, *, inline: bool = True) -> str:
+def export_graph(graph: Graph, path: Path, *, inline: bool = True, exporter: str = "auto") -> str:
     """Write ``graph`` to ``path`` (its weights inside the file when ``inline``, else beside it in
-    ``path.data``); returns the exporter that made it: "dynamo", or "torchscript" where dynamo failed."""
-    try:
-        _with_dynamo(graph, path, inline=inline)
-        return "dynamo"
-    except Exception as e:  # the exporter fails in many ways, each its own type: any failure falls back
-        dynamo_error = e
-    try:
-        _with_torchscript(graph, path)
-        return "torchscript"
-    except Exception as e:
-        raise UserError(
-            f"the {graph.name} graph cannot be exported: the dynamo exporter says {_first_line(dynamo_error)}; "
-            f"the TorchScript exporter says {_first_line(e)}"
-        ) from None
+    ``path.data``) with ``exporter``: "dynamo" (``torch.export``), "torchscript" (the older tracer,
+    much faster to export, without grouped-query attention) or "auto" (dynamo, TorchScript where
+    dynamo fails). Returns the one that made it; a UserError names each one's failure."""
+    if exporter not in EXPORTERS:
+        raise UserError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
+    tried = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
+    failures = []
+    for name in tried:
+        try:
+            if name == "dynamo":
+                _with_dynamo(graph, path, inline=inline)
+            else:
+                _with_torchscript(graph, path)
+            return name
+        except Exception as e:  # the exporters fail in many ways, each its own type: any failure is said
+            failures.append(f"the {name} exporter says {_first_line(e)}")
+    raise UserError(f"the {graph.name} graph cannot be exported: {'; '.join(failures)}")
 
 
 def _with_dynamo(graph: Graph, path: Path, *, inline: bool) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+EXPORTERS = ("auto", "dynamo", "torchscript")  # onnx_export.EXPORTERS, named here so --help imports no torch
 EPILOG = """examples:
   qkv export-onnx --model runs/de_en onnx/de_en --verify
   qkv import-hf /tmp/whisper-tiny.en models/whisper
@@ -30,7 +31,7 @@ def cmd_export_onnx(args: argparse.Namespace) -> int:
 
     require(EXPORT_PACKAGES)  # before the model is read: a missing package is said at once
     source = read_source(args.model)
-    manifest = export_onnx(source, args.out_dir, int8=args.int8)
+    manifest = export_onnx(source, args.out_dir, int8=args.int8, exporter=args.exporter)
     report = None
     if args.verify:
         from qkv.onnx_verify import verify
@@ -91,6 +92,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="model directory or training run")
     p.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (new, empty or an earlier export)")
+    p.add_argument(
+        "--exporter",
+        choices=EXPORTERS,
+        default="auto",
+        help="torch.onnx's exporter: dynamo (torch.export), torchscript (the older tracer: much faster to export, "
+        "no grouped-query attention) or auto (dynamo, TorchScript where dynamo fails; default)",
+    )
     p.add_argument("--int8", action="store_true", help="also write int8 copies (onnxruntime's dynamic quantization)")
     p.add_argument(
         "--verify",
