@@ -491,9 +491,9 @@ def attention_fused(
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout, scale=scale, enable_gqa=bool(k.shape[1] != q.shape[1])
     )  # (B, H, T, K)
-    if row_valid is not None and not bool(row_valid.all()):
+    if row_valid is not None and (layers.exporting() or not bool(row_valid.all())):
         out = out * row_valid  # (B, H, T, K)
     return out
 
@@ -783,6 +783,14 @@ class MultiHeadAttention(nn.Module):
         if self.k_norm is not None:
             k = self.k_norm(k)
         return k, self._split(self.w_v(context), self.n_kv_heads)
+
+    def context_cache(self, context: Tensor) -> KVCache:
+        """Cross-attention's keys and values of ``context``, as its first call caches them: what an
+        exported encoder computes once for every decoding step (``onnx_export.py``).
+
+        Shapes: context (B, S, D) -> (B, G, S, K) twice.
+        """
+        return self._project_context(context, None)
 
     def _rotate(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
         """RoPE (:func:`rope_rotate`) on queries and keys, the angles computed once for both.

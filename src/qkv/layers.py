@@ -146,6 +146,14 @@ def make_norm(kind: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
     raise ValueError(f"norm must be one of {NORMS}, got {kind!r}")
 
 
+def exporting() -> bool:
+    """Whether the model is being traced for export (``torch.export``, which the ONNX exporter
+    runs, or TorchScript's tracer). A graph cannot branch on a tensor's values: code that skips
+    work by looking at them (a mask that is all True) takes the branch that is right for any
+    values, and checks that would raise are left to the graph's caller."""
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def sinusoidal_encoding(positions: Tensor, d_model: int, *, halves: bool = False) -> Tensor:
     """Sinusoidal positional encoding (Vaswani et al., 2017, section 3.5).
 
@@ -209,7 +217,7 @@ class InputEmbedding(nn.Module):
             halves = self.kind == "sinusoidal_halves"
             x = x + sinusoidal_encoding(positions, x.shape[-1], halves=halves).to(x.dtype)
         elif self.position is not None:
-            if int(positions.max()) >= self.max_len:
+            if not exporting() and int(positions.max()) >= self.max_len:  # a graph cannot raise
                 raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}")
             x = x + self.position(positions)  # (B, T, D)
         return self.dropout(x)

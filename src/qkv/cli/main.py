@@ -14,7 +14,21 @@ import argparse
 import sys
 
 from qkv import __version__
-from qkv.cli import chat, check, demo, embed, evaluate, generate, hf, serve, speak, train, transcribe, translate
+from qkv.cli import (
+    chat,
+    check,
+    demo,
+    embed,
+    evaluate,
+    export_onnx,
+    generate,
+    hf,
+    serve,
+    speak,
+    train,
+    transcribe,
+    translate,
+)
 from qkv.cli.common import Parser
 from qkv.errors import OptionError, Stopped, UserError
 from qkv.memory import choose_allocator
@@ -43,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_import_parser(sub)
     hf.add_import_gguf_parser(sub)
     hf.add_export_parser(sub)
+    export_onnx.add_parser(sub)
     embed.add_parser(sub)
     check.add_parser(sub)
     serve.add_parser(sub)

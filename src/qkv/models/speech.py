@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from qkv.audio import FeatureConfig
 from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, EncoderStack, cache_length, check_fields
-from qkv.layers import Dropout, InputEmbedding, sinusoidal_encoding
+from qkv.layers import Dropout, InputEmbedding, exporting, sinusoidal_encoding
 
 FRONTENDS = ("conv2d", "whisper")
 ENCODER_POSITIONS = ("sinusoidal", "sinusoidal_halves", "whisper", "none")
@@ -135,12 +135,31 @@ def whisper_sinusoids(positions: Tensor, d_model: int) -> Tensor:
 
     Shapes: positions (T,) integers -> (T, D) float32.
     """
-    half = d_model // 2
-    rates = torch.exp(
-        -math.log(10000.0) / (half - 1) * torch.arange(half, device=positions.device, dtype=torch.float32)
-    )  # (D/2,)
+    rates = _whisper_rates(d_model, positions.device)  # (D/2,)
     angles = positions.to(torch.float32)[:, None] * rates[None, :]  # (T, D/2)
     return torch.cat([angles.sin(), angles.cos()], dim=1)  # (T, D)
+
+
+_RATES: dict[tuple[int, torch.device], Tensor] = {}  # (D, device) -> the rates of whisper_sinusoids
+
+
+def _whisper_rates(d_model: int, device: torch.device) -> Tensor:
+    """The rates 10000^(−i / (D/2 − 1)) of :func:`whisper_sinusoids`, computed once per width and
+    device and kept, so that an exported graph holds PyTorch's own values as a constant: an
+    exporter that computes exp again rounds an ulp differently, which angles of up to 1,500 radians
+    turn into differences of 1e-4 (6e-3 at Whisper tiny's encoder output). While tracing (export) a
+    value computed then is never kept (it may be a placeholder); an eager call keeps it first.
+
+    Shapes: returns (D/2,) float32.
+    """
+    key = (d_model, torch.device(device))
+    if key in _RATES:
+        return _RATES[key]
+    half = d_model // 2
+    rates = torch.exp(-math.log(10000.0) / (half - 1) * torch.arange(half, device=device, dtype=torch.float32))
+    if not exporting():
+        _RATES[key] = rates
+    return rates  # (D/2,)
 
 
 def _frames_mask(lengths: Tensor, frames: int) -> Tensor:
@@ -265,7 +284,7 @@ class SpeechEncoderDecoder(nn.Module):
         if valid is None:
             valid = torch.ones(features.shape[:2], dtype=torch.bool, device=features.device)  # (B, T)
         x, memory_valid = self.frontend(features, valid)  # (B, S, D), (B, S)
-        if not bool(memory_valid[:, 0].all()):
+        if not exporting() and not bool(memory_valid[:, 0].all()):  # a graph cannot raise: checked by its caller
             short = int(valid.sum(1).min())
             raise ValueError(
                 f"an utterance of {short} frames has no frame left after the {self.config.frontend} front-end"
