@@ -35,6 +35,7 @@ from qkv.checks import (
     fp32_tolerance,
     judged,
     max_difference,
+    onnx_round_trip,
     padding_invariance,
     run_checks,
 )
@@ -140,6 +141,16 @@ def test_every_check_passes_on_a_correct_model_of_each_family(name: str, saved) 
 @pytest.fixture()
 def language_model(saved):
     return checked(saved["language_model"])
+
+
+def test_the_onnx_row_exports_and_runs_the_model_in_onnxruntime(saved) -> None:
+    """qkv check --onnx: the language model exported, run in onnxruntime and judged (one graph,
+    greedy equal); without --onnx the row is skipped and says how to ask for it."""
+    pytest.importorskip("onnxruntime")
+    target = checked(saved["language_model"])
+    row = onnx_round_trip(target.directory, target.model, target.probe, onnx=True)
+    assert row.status == PASS and row.measured <= row.tolerance and "greedy equal: True" in row.detail
+    assert "--onnx" in onnx_round_trip(target.directory, target.model, target.probe).detail
 
 
 def test_attention_that_peeks_at_the_future_fails_causality_and_the_cache(monkeypatch, language_model) -> None:

@@ -35,6 +35,7 @@ import math
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -53,6 +54,9 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.models.tts import TransformerTTS
+from qkv.onnx_export import EXPORTED_KINDS, export_onnx, read_source
+from qkv.onnx_verify import TOLERANCE as ONNX_TOLERANCE
+from qkv.onnx_verify import verify
 from qkv.synthesis import synthesize
 from qkv.tokenization import FILE, Tokenizer, Vocabularies
 
@@ -526,11 +530,26 @@ def hf_round_trip(directory: Path, model: nn.Module, probe: Probe) -> Row:
     return judged(name, measured, fp32_tolerance(*ours), f"as {summary['architecture']}, outputs")
 
 
-def onnx_round_trip(directory: Path, model: nn.Module, probe: Probe) -> Row:
-    """The hook for issue 47 §3: once ``qkv export-onnx`` exists, export ``directory`` here, run
-    its graphs in onnxruntime on ``probe`` and judge the outputs against :func:`teacher_forced`'s
-    (and a greedy decode driven through onnxruntime against :func:`~qkv.decoding.greedy`)."""
-    return skipped("export-onnx -> onnxruntime", "qkv export-onnx is not built yet (issue 47, section 3)")
+def onnx_round_trip(directory: Path, model: nn.Module, probe: Probe, *, onnx: bool = False) -> Row:
+    """``qkv export-onnx --verify`` of ``directory`` into a temporary folder: each graph's largest
+    difference from PyTorch on real inputs (:func:`~qkv.onnx_verify.verify`), within its
+    tolerance, and a greedy decode driven through onnxruntime equal to qkv's. Only with ``onnx``
+    (``qkv check --onnx``): each graph's export takes seconds."""
+    name = "export-onnx -> onnxruntime"
+    if not onnx:
+        return skipped(name, "add --onnx to export the model and run it in onnxruntime (seconds per graph)")
+    if read_meta(directory)["kind"] not in EXPORTED_KINDS:
+        return skipped(name, f"ONNX export takes {', '.join(EXPORTED_KINDS)} models")
+    source = read_source(directory)
+    with tempfile.TemporaryDirectory() as tmp:
+        export_onnx(source, Path(tmp) / "onnx")
+        report = verify(source, Path(tmp) / "onnx")
+    measured = max(g["max_abs_diff"] for g in report["graphs"].values())
+    greedy = report.get("greedy")
+    detail = f"{len(report['graphs'])} graph(s)" + ("" if greedy is None else f"; greedy equal: {greedy['equal']}")
+    if greedy is not None and not greedy["equal"]:
+        return Row(name, measured, ONNX_TOLERANCE, FAIL, detail)
+    return judged(name, measured, ONNX_TOLERANCE, detail)
 
 
 # ------------------------------------------------------------------------------- all of them
@@ -568,7 +587,7 @@ def checked(path: str | Path, *, given: str | Path | None = None, device: str = 
     return Checked(directory, model, probe_of(model, vocab, texts=texts, audio=audio))
 
 
-def checks(target: Checked, *, grad: bool = False) -> list[tuple[str, Callable[[], Row]]]:
+def checks(target: Checked, *, grad: bool = False, onnx: bool = False) -> list[tuple[str, Callable[[], Row]]]:
     """Every check of ``target`` in the order the table shows them, each not yet run: (what it
     checks, the call), so a caller can report progress between them."""
     m, p, d = target.model, target.probe, target.directory
@@ -583,7 +602,7 @@ def checks(target: Checked, *, grad: bool = False) -> list[tuple[str, Callable[[
         ("int8", lambda: attempted("int8 drift from fp32", precision_drift, m, p, "int8")),
         ("save/load", lambda: attempted("save -> load bit-identical", save_load_round_trip, m, p)),
         ("export-hf", lambda: attempted("export-hf -> import-hf", hf_round_trip, d, m, p)),
-        ("ONNX", lambda: attempted("export-onnx -> onnxruntime", onnx_round_trip, d, m, p)),
+        ("ONNX", lambda: attempted("export-onnx -> onnxruntime", partial(onnx_round_trip, onnx=onnx), d, m, p)),
     ]
 
 
@@ -598,9 +617,11 @@ def attempted(name: str, check: Callable[..., Row], *args: object, grad: bool | 
         return Row(name, None, None, FAIL, f"raised {type(e).__name__}: {message}")
 
 
-def run_checks(path: str | Path, *, given: str | Path | None = None, grad: bool = False) -> Iterator[Row]:
+def run_checks(
+    path: str | Path, *, given: str | Path | None = None, grad: bool = False, onnx: bool = False
+) -> Iterator[Row]:
     """Every check of the model directory ``path``, one Row at a time (:func:`checked`, :func:`checks`)."""
-    for _, check in checks(checked(path, given=given), grad=grad):
+    for _, check in checks(checked(path, given=given), grad=grad, onnx=onnx):
         yield check()
 
 

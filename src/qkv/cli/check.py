@@ -14,6 +14,7 @@ EPILOG = """examples:
   qkv check --model runs/de_en                            # inputs drawn from the model's tokenizer
   qkv check --model models/whisper-tiny.en --input talk.wav --grad
   qkv check --model models/gpt2 --input prompts.txt --json
+  qkv check --model runs/de_en --onnx                     # the ONNX export too (onnx extra)
 exit status: 0 when every judged row passes, 1 when one fails, 2 on a usage mistake
 """
 
@@ -25,7 +26,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from qkv.progress import progress
 
     target = checked(args.model, given=args.input)
-    todo = checks(target, grad=args.grad)
+    todo = checks(target, grad=args.grad, onnx=args.onnx)
     bar = progress(len(todo), desc="qkv check", unit="check")
     rows = []
     for label, check in todo:
@@ -89,5 +90,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "audio file (checked whole and cut shorter, so a batch pads)",
     )
     p.add_argument("--grad", action="store_true", help="compare the attention paths' gradients too (slower)")
+    p.add_argument(
+        "--onnx",
+        action="store_true",
+        help="export the model with qkv export-onnx and compare onnxruntime with PyTorch (seconds per graph; "
+        "needs the onnx extra)",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     p.set_defaults(run=cmd_check)
