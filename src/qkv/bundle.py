@@ -648,6 +648,10 @@ def translations(
     beam = d.beam_size if beam_size is None else beam_size
     if nbest > beam:
         raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
+    a = d.max_len_a if max_len_a is None else max_len_a
+    b = d.max_len_b if max_len_b is None else max_len_b
+    if a == 0 and b == 0:  # a*S + b = 0 tokens for every source: nothing could be written
+        raise OptionError("max_len_a 0 and max_len_b 0 allow no output token; raise either", "max_len_a", "max_len_b")
     model = _ensemble(bundle, ensemble) if ensemble else bundle.model
     steer = constraints(bundle, texts, prefix=prefix, ban=ban, require=require, terms=terms, beam_size=beam)
     found: list[list[Translation]] = []
@@ -661,8 +665,8 @@ def translations(
             beam_size=beam,
             nbest=nbest,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            max_len_a=d.max_len_a if max_len_a is None else max_len_a,
-            max_len_b=d.max_len_b if max_len_b is None else max_len_b,
+            max_len_a=a,
+            max_len_b=b,
             max_tokens=max_tokens,
             prefix=steer.shown,
             scorers=steer.scorers,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from qkv.cli.common import number, positive_int, read_input_lines, seed
 from qkv.errors import UserError
+from qkv.files import check_writable
 
 EPILOG_SPEAK = """examples:
   qkv speak --model runs/tts_en --text "A dog runs across the grass." --output dog.wav
@@ -25,6 +26,26 @@ EPILOG_SPEAK = """examples:
 Each file written is printed as PATH<TAB>SECONDS<TAB>TEXT (with --json, one object per line);
 a sentence that ran into --max-seconds before the model ended it is named on stderr.
 """
+
+
+def wav_paths(args: argparse.Namespace, n: int) -> list[Path]:
+    """The files ``n`` sentences go to: ``--output``, or numbered in ``--output-dir``; a UserError
+    naming the option when they cannot be written (checked before any work)."""
+    if args.output is None and args.output_dir is None:
+        raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
+    if args.output is not None:
+        path = Path(args.output)
+        if path.is_dir():
+            raise UserError(f"--output {path} is a directory; name a .wav file, or use --output-dir")
+        if not path.parent.is_dir():
+            raise UserError(f"cannot write {path}: directory {path.parent} does not exist")
+        check_writable(path, inside=False)
+        return [path]
+    folder = Path(args.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--output-dir {folder} is a file")
+    check_writable(folder, inside=True)
+    return [folder / f"{k:04d}.wav" for k in range(1, n + 1)]
 
 
 def cmd_speak(args: argparse.Namespace) -> int:
@@ -38,18 +59,10 @@ def cmd_speak(args: argparse.Namespace) -> int:
         raise UserError("nothing to say: give --text, --input FILE or lines on stdin")
     if args.output is not None and len(texts) != 1:
         raise UserError(f"--output names one file but there are {len(texts)} sentences; use --output-dir")
-    if args.output is None and args.output_dir is None:
-        raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
+    paths = wav_paths(args, len(texts))  # a bad output is said before the model is read
     bundle = load(args.model, job="speak")
-    paths = [Path(args.output)] if args.output is not None else []
     if args.output_dir is not None:
-        folder = Path(args.output_dir)
-        if folder.exists() and not folder.is_dir():
-            raise UserError(f"--output-dir {folder} is a file")
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"{n:04d}.wav" for n in range(1, len(texts) + 1)]
-    if not paths[0].parent.is_dir():
-        raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     bar = progress(len(texts), desc="qkv speak", unit="sentence", disable=args.quiet or len(texts) < 2)
     start = time.perf_counter()
     results = speeches(
