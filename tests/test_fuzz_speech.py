@@ -321,6 +321,7 @@ import_edits = st.lists(
 @example(base="gguf", edits=[("config.json", ("truncate", 0.5))])  # a truncated GGUF
 @example(base="hf", edits=[("model.safetensors", ("truncate", 0.3))])  # a corrupt safetensors
 @example(base="hf", edits=[("model.safetensors", ("flip", 60, 255))])
+@example(base="gguf", edits=[("config.json", ("flip", 299, 152))])  # found: a head count of 9,961,476
 def test_fuzz_imports(base, edits):
     assert check_import(base, edits) is None
 

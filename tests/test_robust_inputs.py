@@ -180,6 +180,15 @@ def test_translate_refuses_a_length_rule_that_allows_no_token(models, monkeypatc
     assert "--max-len-a" in line and "--max-len-b" in line
 
 
+@pytest.mark.parametrize(
+    "command", [["train", "{long}", "--out", "o"], ["generate", "--model", "{long}", "--prompt", "a"]]
+)
+def test_a_path_too_long_for_the_system_is_named(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    long = "y" * 5000  # past NAME_MAX: os.stat raises ENAMETOOLONG, which Path.exists passes on
+    refused(*run(*[a.replace("{long}", long) for a in command]), long)
+
+
 # ----------------------------------------------------------------------------- manifests
 
 
