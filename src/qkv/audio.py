@@ -2,7 +2,8 @@
 
 What is here:
   * reading WAV / FLAC / OGG at any sample rate with ``soundfile``, mixing to mono and
-    resampling with ``soxr`` (:func:`load_audio`, :func:`load_many`); a file that cannot be
+    resampling with ``soxr`` (:func:`load_audio`, :func:`load_many`), in blocks checked as they
+    are read (:data:`BLOCK_FRAMES`); a file that cannot be
     read, holds no samples, is silent or is too long is refused with a one-line
     :class:`~qkv.errors.UserError` naming it, and a batch either stops at the first bad file
     or (``skip_bad=True``) names every bad one and goes on with the rest;
@@ -151,33 +152,44 @@ def _read_mono(path: Path, max_seconds: float | None, silence_db: float) -> tupl
             if f.frames == 0 or rate <= 0:
                 raise _BadFile("no audio in it (0 samples)")
             _check_length(f.frames, rate, max_seconds)  # the header's word, before reading any
-            kept: list[np.ndarray] | None = []
-            count, peak = 0, 0.0
-            for block in _mono_blocks(f):
-                count += len(block)
-                _check_length(count, rate, max_seconds)  # a header may understate
-                if not np.isfinite(block).all():
-                    raise _BadFile("holds non-finite samples (NaN or infinity)")
-                peak = max(peak, float(np.abs(block).max()))
-                if kept is not None:
-                    kept.append(block)
-                    kept = kept if count * 4 <= KEEP_BYTES else None
+            kept, count, peak = _scan(f, rate, max_seconds)
             if count == 0:
                 raise _BadFile("no audio in it (0 samples)")
             _check_silence(peak, silence_db)
-            if kept is not None:
-                return np.concatenate(kept), rate
-            f.seek(0)
-            whole = np.empty(count, dtype=np.float32)  # (Y,)
-            at = 0
-            for block in _mono_blocks(f):
-                n = min(len(block), count - at)
-                whole[at : at + n] = block[:n]
-                at += n
-            return whole[:at], rate
+            return (np.concatenate(kept) if kept is not None else _reread(f, count)), rate
     except soundfile.SoundFileError as err:
         reason = getattr(err, "error_string", "") or str(err)
         raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
+
+
+def _scan(f, rate: int, max_seconds: float | None) -> tuple[list[np.ndarray] | None, int, float]:
+    """One pass over an open file's mono blocks, each checked as it comes (its length as counted,
+    since a header may understate; finite samples): the blocks while they stay within
+    :data:`KEEP_BYTES` (else None), the samples counted, and their peak magnitude."""
+    kept: list[np.ndarray] | None = []
+    count, peak = 0, 0.0
+    for block in _mono_blocks(f):
+        count += len(block)
+        _check_length(count, rate, max_seconds)
+        if not np.isfinite(block).all():
+            raise _BadFile("holds non-finite samples (NaN or infinity)")
+        peak = max(peak, float(np.abs(block).max()))
+        if kept is not None:
+            kept.append(block)
+            kept = kept if count * 4 <= KEEP_BYTES else None  # float32: 4 bytes a sample
+    return kept, count, peak
+
+
+def _reread(f, count: int) -> np.ndarray:
+    """An open file's ``count`` mono samples, read again from its start into one array (Y,)."""
+    f.seek(0)
+    whole = np.empty(count, dtype=np.float32)  # (Y,)
+    at = 0
+    for block in _mono_blocks(f):
+        n = min(len(block), count - at)
+        whole[at : at + n] = block[:n]
+        at += n
+    return whole[:at]
 
 
 def _mono_blocks(f) -> Iterable[np.ndarray]:
