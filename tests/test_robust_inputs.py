@@ -151,12 +151,14 @@ def test_max_restarts_must_not_be_negative(tmp_path):
         ({"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "-1"}, "LOCAL_RANK"),
         ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "70000"}, "MASTER_PORT"),
         ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "http"}, "MASTER_PORT"),
+        ({"WORLD_SIZE": "2"}, "RANK is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500"}, "MASTER_ADDR is not set"),
     ],
 )
 def test_garbage_in_torchruns_environment_is_named(environ, named):
     with pytest.raises(UserError) as e:
         distributed.start(environ, on="cpu")
-    assert f"{named}=" in str(e.value) and "\n" not in str(e.value)
+    assert named in str(e.value) and "\n" not in str(e.value)
     assert not distributed.world().size > 1  # no group was joined
 
 

@@ -63,11 +63,14 @@ class World:
         return self.rank == 0
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, *, least: int = 0, most: int | None = None) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int | None, *, least: int = 0, most: int | None = None) -> int:
     """The integer torchrun set in the environment variable ``name`` (``default`` when unset or
-    empty); text that is no integer, or one outside ``least``..``most``, is a UserError naming it."""
+    empty; None: it must be set); text that is no integer, or one outside ``least``..``most``, is
+    a UserError naming it."""
     text = env.get(name, "")
     if not text.strip():
+        if default is None:
+            raise UserError(f"the environment variable {name} is not set, but WORLD_SIZE is (torchrun sets both)")
         return default
     try:
         value = int(text)
@@ -115,9 +118,11 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
     if not dist.is_available():
         raise UserError("WORLD_SIZE is set but this torch has no torch.distributed")
     # Checked here, not inside init_process_group, whose errors about them name no variable.
-    rank = env_int(env, "RANK", 0, most=size - 1)
+    rank = env_int(env, "RANK", None, most=size - 1)
     local_rank = env_int(env, "LOCAL_RANK", 0)
-    port = env_int(env, "MASTER_PORT", 0, least=1, most=65535) if "MASTER_PORT" in env else None
+    port = env_int(env, "MASTER_PORT", None, least=1, most=65535)
+    if not env.get("MASTER_ADDR", "").strip():
+        raise UserError("the environment variable MASTER_ADDR is not set, but WORLD_SIZE is (torchrun sets both)")
     device = "cuda" if on != "cpu" and torch.cuda.is_available() else "cpu"
     if device == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -133,7 +138,7 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
             dist.init_process_group(BACKENDS[device], store=store, rank=rank, world_size=size, timeout=timeout)
         else:
             dist.init_process_group(BACKENDS[device], timeout=timeout)
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:  # DistNetworkError is a RuntimeError; a variable unset
+    except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"cannot join the process group at {where} ({BACKENDS[device]}): {first}") from None
     return world()
