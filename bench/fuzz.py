@@ -3,8 +3,10 @@
     python bench/fuzz.py                                   # 2,000 inputs per category (about ten minutes on 2 cores)
     python bench/fuzz.py --examples 200 --only corpora     # one category, quicker
 
-Each category (model directories, config.json, recipes, tokenizer files, corpora, command lines)
-draws its inputs with hypothesis from its strategies in tests/test_fuzz.py, seeded (``--seed``),
+Each category (model directories, config.json, recipes, tokenizer files, corpora, command lines;
+and the newer surfaces: audio files, speech manifests, speech model directories, checkpoints to
+import, speech command lines with torchrun's environment) draws its inputs with hypothesis from
+its strategies in tests/test_fuzz.py or tests/test_fuzz_speech.py, seeded (``--seed``),
 and runs its property on each: the case must succeed or end in one line naming the culprit (a
 refusal within 2 s), with no traceback and no hang. Failures are counted, not shrunk; the first
 few of each category are printed. The table (category, inputs tried, failures, slowest refusal)
@@ -15,7 +17,6 @@ tried, and failures, whose target is 0) through bench/record.py, unless ``--no-r
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -24,20 +25,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_properties():
-    """tests/test_fuzz.py as a module: its CATEGORIES and harness."""
-    spec = importlib.util.spec_from_file_location("qkv_fuzz_properties", ROOT / "tests" / "test_fuzz.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    """tests/test_fuzz.py (the harness, its CATEGORIES) and tests/test_fuzz_speech.py (the newer
+    surfaces' CATEGORIES, on the same harness), imported by name as pytest imports them, so that
+    both share one harness: returns the harness module and every category."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_fuzz
+    import test_fuzz_speech
+
+    return test_fuzz, {**test_fuzz.CATEGORIES, **test_fuzz_speech.CATEGORIES}
 
 
-def run_category(properties, name: str, *, examples: int, seed: int, show: int) -> dict:
+def run_category(properties, categories: dict, name: str, *, examples: int, seed: int, show: int) -> dict:
     """Run one category's property on ``examples`` drawn inputs; returns its counts."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as seeded
 
-    strategies, check = properties.CATEGORIES[name]
+    strategies, check = categories[name]
     counts = {"tried": 0, "failures": 0, "slowest": 0.0, "first": []}
     judge = properties._judge
 
@@ -77,7 +80,8 @@ def run_category(properties, name: str, *, examples: int, seed: int, show: int) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Fuzz qkv's inputs (model directories, config.json, recipes, tokenizer files, corpora, "
-        "command lines) with the properties of tests/test_fuzz.py; print and record the counts.",
+        "command lines, audio files, speech manifests and models, checkpoints to import, speech command lines) "
+        "with the properties of tests/test_fuzz.py and tests/test_fuzz_speech.py; print and record the counts.",
         epilog="example: python bench/fuzz.py --examples 300",
     )
     parser.add_argument("--examples", type=int, default=2000, help="inputs per category (default 2000)")
@@ -86,15 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=3, help="failures printed per category (default 3)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/results/fuzz.json")
     args = parser.parse_args(argv)
-    properties = load_properties()
-    names = args.only or list(properties.CATEGORIES)
-    unknown = [n for n in names if n not in properties.CATEGORIES]
+    properties, categories = load_properties()
+    names = args.only or list(categories)
+    unknown = [n for n in names if n not in categories]
     if unknown:
-        parser.error(f"unknown categories {unknown}; known: {', '.join(properties.CATEGORIES)}")
+        parser.error(f"unknown categories {unknown}; known: {', '.join(categories)}")
     results = {}
     for name in names:
         start = time.perf_counter()
-        results[name] = run_category(properties, name, examples=args.examples, seed=args.seed, show=args.show)
+        results[name] = run_category(
+            properties, categories, name, examples=args.examples, seed=args.seed, show=args.show
+        )
         counts = results[name]
         print(
             f"{name}: {counts['tried']} inputs, {counts['failures']} failures ({time.perf_counter() - start:.0f} s)",

@@ -2,7 +2,8 @@
 
 What is here:
   * reading WAV / FLAC / OGG at any sample rate with ``soundfile``, mixing to mono and
-    resampling with ``soxr`` (:func:`load_audio`, :func:`load_many`); a file that cannot be
+    resampling with ``soxr`` (:func:`load_audio`, :func:`load_many`), in blocks checked as they
+    are read (:data:`BLOCK_FRAMES`); a file that cannot be
     read, holds no samples, is silent or is too long is refused with a one-line
     :class:`~qkv.errors.UserError` naming it, and a batch either stops at the first bad file
     or (``skip_bad=True``) names every bad one and goes on with the rest;
@@ -115,8 +116,15 @@ def load_many(
     return good, bad
 
 
+# A file is read this many frames at a time, each block checked as it comes: a file that is too
+# long, holds a NaN or is silent is refused having held one block, not the whole file.
+BLOCK_FRAMES = 1 << 16
+# The mono blocks of one pass are kept up to this many bytes (about 8 minutes at 16 kHz); a longer
+# file that passes the checks is read a second time into one array of its length.
+KEEP_BYTES = 32 * 2**20
+
+
 def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: float) -> Tensor:
-    import soundfile  # imported on use: reading audio is the only thing that needs libsndfile
     import soxr
 
     if not path.exists():
@@ -125,29 +133,85 @@ def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: f
         raise _BadFile("not a file")
     if path.stat().st_size == 0:
         raise _BadFile("empty file (0 bytes)")
-    try:
-        info = soundfile.info(str(path))
-        if info.frames == 0 or info.samplerate <= 0:
-            raise _BadFile("no audio in it (0 samples)")
-        seconds = info.frames / info.samplerate
-        if max_seconds is not None and seconds > max_seconds:
-            raise _BadFile(f"{seconds:.1f} s long, over the limit of {max_seconds:g} s")
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)  # (Y, channels)
-    except soundfile.SoundFileError as err:
-        reason = getattr(err, "error_string", "") or str(err)
-        raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
-    if data.shape[0] == 0:
-        raise _BadFile("no audio in it (0 samples)")
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]  # (Y,) at the file's rate
-    if not np.isfinite(mono).all():
-        raise _BadFile("holds non-finite samples (NaN or infinity)")
-    peak = float(np.abs(mono).max())
-    if peak <= 10.0 ** (silence_db / 20.0):
-        level = "every sample is zero" if peak == 0.0 else f"peak {20 * math.log10(peak):.1f} dBFS"
-        raise _BadFile(f"silent ({level})")
+    mono, rate = _read_mono(path, max_seconds, silence_db)  # (Y,) at the file's rate
     if rate != sample_rate:
         mono = soxr.resample(mono, rate, sample_rate)  # (Y',) float32
     return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
+
+
+def _read_mono(path: Path, max_seconds: float | None, silence_db: float) -> tuple[np.ndarray, int]:
+    """The file's samples mixed to mono (Y,), and its rate: read in blocks of
+    :data:`BLOCK_FRAMES`, each checked (length against ``max_seconds`` as counted, not only as
+    the header says; finite samples) as it is read; silence (peak at or below ``silence_db``)
+    once all are. Memory: the blocks up to :data:`KEEP_BYTES`, else one array of the length."""
+    import soundfile  # imported on use: reading audio is the only thing that needs libsndfile
+
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            rate = f.samplerate
+            if f.frames == 0 or rate <= 0:
+                raise _BadFile("no audio in it (0 samples)")
+            _check_length(f.frames, rate, max_seconds)  # the header's word, before reading any
+            kept, count, peak = _scan(f, rate, max_seconds)
+            if count == 0:
+                raise _BadFile("no audio in it (0 samples)")
+            _check_silence(peak, silence_db)
+            return (np.concatenate(kept) if kept is not None else _reread(f, count)), rate
+    except soundfile.SoundFileError as err:
+        reason = getattr(err, "error_string", "") or str(err)
+        raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
+
+
+def _scan(f, rate: int, max_seconds: float | None) -> tuple[list[np.ndarray] | None, int, float]:
+    """One pass over an open file's mono blocks, each checked as it comes (its length as counted,
+    since a header may understate; finite samples): the blocks while they stay within
+    :data:`KEEP_BYTES` (else None), the samples counted, and their peak magnitude."""
+    kept: list[np.ndarray] | None = []
+    count, peak = 0, 0.0
+    for block in _mono_blocks(f):
+        count += len(block)
+        _check_length(count, rate, max_seconds)
+        if not np.isfinite(block).all():
+            raise _BadFile("holds non-finite samples (NaN or infinity)")
+        peak = max(peak, float(np.abs(block).max()))
+        if kept is not None:
+            kept.append(block)
+            kept = kept if count * 4 <= KEEP_BYTES else None  # float32: 4 bytes a sample
+    return kept, count, peak
+
+
+def _reread(f, count: int) -> np.ndarray:
+    """An open file's ``count`` mono samples, read again from its start into one array (Y,)."""
+    f.seek(0)
+    whole = np.empty(count, dtype=np.float32)  # (Y,)
+    at = 0
+    for block in _mono_blocks(f):
+        n = min(len(block), count - at)
+        whole[at : at + n] = block[:n]
+        at += n
+    return whole[:at]
+
+
+def _mono_blocks(f) -> Iterable[np.ndarray]:
+    """An open ``soundfile.SoundFile``'s samples from where it stands, as mono float32 blocks
+    (channels averaged), until the data ends (whatever its header said)."""
+    while True:
+        block = f.read(BLOCK_FRAMES, dtype="float32", always_2d=True)  # (n, channels)
+        if len(block) == 0:
+            return
+        yield block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
+
+
+def _check_length(frames: int, rate: int, max_seconds: float | None) -> None:
+    seconds = frames / rate
+    if max_seconds is not None and seconds > max_seconds:
+        raise _BadFile(f"{seconds:.1f} s long, over the limit of {max_seconds:g} s")
+
+
+def _check_silence(peak: float, silence_db: float) -> None:
+    if peak <= 10.0 ** (silence_db / 20.0):
+        level = "every sample is zero" if peak == 0.0 else f"peak {20 * math.log10(peak):.1f} dBFS"
+        raise _BadFile(f"silent ({level})")
 
 
 # ---------------------------------------------------------------------------------------------

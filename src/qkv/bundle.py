@@ -27,6 +27,7 @@ What is not here: what loading is built on (``checkpoint.py``, ``loading.py``), 
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +65,7 @@ from qkv.piper import Voice
 from qkv.piper import speak as speak_piper
 from qkv.recipes import upgrade_stored
 from qkv.seq2seq import Translation, cut_source, translate
+from qkv.speakable import FASTEST, TooLong, most_characters, split_text
 from qkv.streaming import continuation_text
 from qkv.synthesis import Synthesis
 from qkv.tasks.asr import too_short, transcribe
@@ -663,6 +665,10 @@ def translations(
     beam = d.beam_size if beam_size is None else beam_size
     if nbest > beam:
         raise OptionError(f"nbest {nbest} needs beam_size of at least {nbest}", "nbest", "beam_size")
+    a = d.max_len_a if max_len_a is None else max_len_a
+    b = d.max_len_b if max_len_b is None else max_len_b
+    if a == 0 and b == 0:  # a*S + b = 0 tokens for every source: nothing could be written
+        raise OptionError("max_len_a 0 and max_len_b 0 allow no output token; raise either", "max_len_a", "max_len_b")
     model = _ensemble(bundle, ensemble) if ensemble else bundle.model
     steer = constraints(bundle, texts, prefix=prefix, ban=ban, require=require, terms=terms, beam_size=beam)
     found: list[list[Translation]] = []
@@ -676,8 +682,8 @@ def translations(
             beam_size=beam,
             nbest=nbest,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            max_len_a=d.max_len_a if max_len_a is None else max_len_a,
-            max_len_b=d.max_len_b if max_len_b is None else max_len_b,
+            max_len_a=a,
+            max_len_b=b,
             max_tokens=max_tokens,
             prefix=steer.shown,
             scorers=steer.scorers,
@@ -901,29 +907,85 @@ def speeches(
     and waveform (N,) at :attr:`Bundle.sample_rate`, in order. ``speaker``: the voice, for a
     model of several (required there); ``stop_threshold`` and ``attention_window``: the
     recipe's unless given; ``seed``: the pre-net dropout's draws (None: fresh ones), without
-    touching torch's global generator."""
+    touching torch's global generator.
+
+    A text longer than can be said within the cap (``max_seconds``, or the model's window:
+    ``speakable.most_characters``) is split at sentence ends (``speakable.split_text``) before
+    the model reads it; its pieces are spoken and joined with :data:`PIECE_PAUSE` s of silence
+    (its synthesis: the pieces' frames, ``hit_cap`` if any piece hit it, no alignment). A word
+    too long to be said in time is an OptionError naming ``max_seconds`` and both lengths."""
     bundle.require("speak")
     if bundle.kind == "vits":
         raise UserError(f"{bundle.path} is a Piper voice: it speaks through piper_speeches (Bundle.speak calls it)")
-    voices = _voices(bundle, speaker, len(texts))
+    pieces = _pieces(bundle, texts, max_seconds)
+    flat = [piece for split in pieces for piece in split]
+    voices = _voices(bundle, speaker, len(flat))
     how = speaking_of(bundle.meta, stop_threshold=stop_threshold, attention_window=attention_window)
     devices = [bundle.device] if bundle.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         if seed is not None:
             torch.manual_seed(seed)
-        return speak(
+        said = speak(
             bundle.model,
             bundle.vocab.source,
-            list(texts),
+            flat,
             speakers=voices,
             batch_size=batch_size,
             max_seconds=max_seconds,
-            on_batch=on_batch,
+            on_batch=_scaled(on_batch, len(flat), len(texts)),
             symbols=how["symbols"],
             voice=how["voice"],
             stop_threshold=how["stop_threshold"],
             attention_window=how["attention_window"],
         )
+    if len(flat) == len(texts):
+        return said
+    ends = np.cumsum([0, *map(len, pieces)])
+    return [_joined(said[a:b], bundle.sample_rate) for a, b in itertools.pairwise(ends)]
+
+
+PIECE_PAUSE = 0.25  # seconds of silence between the pieces of a split text (a sentence's pause)
+
+
+def _pieces(bundle: Bundle, texts: Sequence[str], max_seconds: float) -> list[list[str]]:
+    """Each text as the pieces it is spoken in (itself, when it fits: ``speakable``)."""
+    cap = min(max_seconds, bundle.longest_speech)
+    limit = most_characters(cap)
+    try:
+        return [split_text(text, limit) if len(text) > limit else [text] for text in texts]
+    except TooLong as e:
+        why = "max_seconds; raise it" if cap == max_seconds else "the model's window, model.max_len steps"
+        raise OptionError(
+            f"cannot say a word of {len(e.word):,} characters in time: at most {limit:,} characters fit in "
+            f"{cap:.1f} s ({why}), at {FASTEST:g} characters a second",
+            "max_seconds",
+        ) from None
+
+
+def _scaled(on_batch: Callable[[int], None] | None, pieces: int, texts: int) -> Callable[[int], None] | None:
+    """``on_batch`` told texts done where synthesis counts pieces done (in proportion: exact at the end)."""
+    if on_batch is None or pieces == texts:
+        return on_batch
+    done = [0, 0]  # pieces, texts reported
+
+    def report(n: int) -> None:
+        done[0] += n
+        now = done[0] * texts // pieces
+        if now > done[1]:
+            on_batch(now - done[1])
+            done[1] = now
+
+    return report
+
+
+def _joined(said: Sequence[tuple[Synthesis, Tensor]], rate: int) -> tuple[Synthesis, Tensor]:
+    """The pieces of one text as one: frames and waves in order, :data:`PIECE_PAUSE` s between waves."""
+    if len(said) == 1:
+        return said[0]
+    pause = torch.zeros(round(PIECE_PAUSE * rate))  # (Y,)
+    waves = [part for i, (_, wave) in enumerate(said) for part in ([pause, wave] if i else [wave])]
+    mel = torch.cat([s.mel for s, _ in said])  # (T, M)
+    return Synthesis(mel, any(s.hit_cap for s, _ in said), None), torch.cat(waves)
 
 
 def _voices(bundle: Bundle, speaker: str | None, n: int) -> list[int] | None:

@@ -41,7 +41,7 @@ from torch.overrides import TorchFunctionMode
 
 from qkv import __version__
 from qkv.errors import UserError
-from qkv.files import atomic_directory, check_writable, read_json_object, sha256_file, storage_errno
+from qkv.files import atomic_directory, check_writable, file_problem, read_json_object, sha256_file, storage_errno
 from qkv.memory import available_memory, human_bytes
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
@@ -238,8 +238,8 @@ def _replaceable(directory: Path, *, models: bool) -> bool:
         # temporaries, the shards of an FSDP save): the debris of a run killed during its first save
         return "last" not in entries or _replaceable(directory / "last", models=True)
     try:
-        return json.loads((directory / "config.json").read_text(encoding="utf-8")).get("kind") in KINDS
-    except (OSError, ValueError, AttributeError, RecursionError):
+        return read_json_object(directory / "config.json").get("kind") in KINDS  # never a link to /dev/zero read
+    except UserError:
         return False
 
 
@@ -321,9 +321,9 @@ def read_meta(directory: str | Path) -> dict:
     if not directory.is_dir():
         raise UserError(f"model directory {directory} does not exist")
     path = directory / "config.json"
-    if not path.is_file():
+    if file_problem(path) == "is missing":
         raise UserError(f"{path} is missing: {directory} is not a qkv model directory")
-    meta = read_json_object(path)
+    meta = read_json_object(path)  # a link to /dev/zero, a folder, a huge file: said as such
     for key in ("kind", "config"):
         if key not in meta:
             raise UserError(f"{path} has no {key!r} field")
@@ -338,8 +338,9 @@ def read_meta(directory: str | Path) -> dict:
         file = directory / name
         if not name or name != Path(name).name or name in (".", ".."):
             raise UserError(f"{path}: 'files' may list only file names inside {directory}, not {name!r}")
-        if not file.is_file():
-            raise UserError(f"{file} is missing (listed in {path})")
+        problem = file_problem(file)
+        if problem is not None:
+            raise UserError(f"{file} {problem} (listed in {path})")
         if is_pickle(file):
             raise UserError(f"{file} (listed in {path}) is a pickle; qkv never unpickles, so it refuses the directory")
         if sha256_file(file) != digest:
@@ -368,8 +369,9 @@ def load_model(directory: str | Path, *, kind: str | None = None, meta: dict | N
     if sharded:
         stored = {name[len(WEIGHTS) :]: v for name, v in shard_index(directory).items() if name.startswith(WEIGHTS)}
     else:
-        if not weights.is_file():
-            raise UserError(f"{weights} is missing")
+        problem = file_problem(weights)
+        if problem is not None:
+            raise UserError(f"{weights} {problem}")
         if is_pickle(weights):
             raise UserError(f"{weights} is a pickle, not safetensors; qkv never unpickles, so it refuses the file")
         stored = _header(weights)

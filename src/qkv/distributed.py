@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -63,10 +63,32 @@ class World:
         return self.rank == 0
 
 
+def env_int(env: Mapping[str, str], name: str, default: int | None, *, least: int = 0, most: int | None = None) -> int:
+    """The integer torchrun set in the environment variable ``name`` (``default`` when unset or
+    empty; None: it must be set); text that is no integer, or one outside ``least``..``most``, is
+    a UserError naming it."""
+    text = env.get(name, "")
+    if not text.strip():
+        if default is None:
+            raise UserError(f"the environment variable {name} is not set, but WORLD_SIZE is (torchrun sets both)")
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < least or (most is not None and value > most):
+        span = f"from {least} to {most}" if most is not None else f"of at least {least}"
+        raise UserError(
+            f"the environment variable {name}={text!r} must be an integer {span} (torchrun sets it; "
+            "unset it to train in one process)"
+        )
+    return value
+
+
 def world() -> World:
     """The current process group's view (one process when none was started)."""
     if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        return World(dist.get_rank(), dist.get_world_size(), env_int(os.environ, "LOCAL_RANK", 0))
     return World()
 
 
@@ -82,7 +104,7 @@ def device(requested: str = "auto") -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise UserError("train.device is cuda, but this torch sees no CUDA GPU (use cpu or auto)")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    return torch.device("cuda", env_int(os.environ, "LOCAL_RANK", 0) % torch.cuda.device_count())
 
 
 def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, on: str = "auto") -> World:
@@ -90,14 +112,20 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
     NCCL for CUDA tensors when the workers train on GPUs (``on``: ``train.device``,
     :func:`device`), gloo for CPU tensors always; without it (or ``WORLD_SIZE`` = 1) do nothing."""
     env = os.environ if environ is None else environ
-    size = int(env.get("WORLD_SIZE", "1"))
+    size = env_int(env, "WORLD_SIZE", 1, least=1)
     if size <= 1 or (dist.is_available() and dist.is_initialized()):
         return world()
     if not dist.is_available():
         raise UserError("WORLD_SIZE is set but this torch has no torch.distributed")
+    # Checked here, not inside init_process_group, whose errors about them name no variable.
+    rank = env_int(env, "RANK", None, most=size - 1)
+    local_rank = env_int(env, "LOCAL_RANK", 0)
+    port = env_int(env, "MASTER_PORT", None, least=1, most=65535)
+    if not env.get("MASTER_ADDR", "").strip():
+        raise UserError("the environment variable MASTER_ADDR is not set, but WORLD_SIZE is (torchrun sets both)")
     device = "cuda" if on != "cpu" and torch.cuda.is_available() else "cpu"
     if device == "cuda":
-        torch.cuda.set_device(int(env.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
     where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
     timeout = timedelta(seconds=timeout_s)
     try:
@@ -105,11 +133,9 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
             # torchrun's own store (its agent hosts it) outlives a restart of the group, with the
             # last attempt's gloo addresses still in it: each attempt gets its own key prefix,
             # or a restarted worker may dial a dead one (measured: 2 restarts in 5 hung).
-            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), size, False, timeout=timeout)
+            store = dist.TCPStore(env["MASTER_ADDR"], port, size, False, timeout=timeout)
             store = dist.PrefixStore(f"qkv/attempt_{env.get(RESTART_COUNT, '0')}", store)
-            dist.init_process_group(
-                BACKENDS[device], store=store, rank=int(env["RANK"]), world_size=size, timeout=timeout
-            )
+            dist.init_process_group(BACKENDS[device], store=store, rank=rank, world_size=size, timeout=timeout)
         else:
             dist.init_process_group(BACKENDS[device], timeout=timeout)
     except (RuntimeError, ValueError) as e:  # DistNetworkError is a RuntimeError
@@ -127,7 +153,7 @@ def finish() -> None:
 def restarted(environ: dict[str, str] | None = None) -> bool:
     """Whether torchrun restarted this worker's group (``--max-restarts``) after a failure."""
     env = os.environ if environ is None else environ
-    return int(env.get(RESTART_COUNT, "0") or 0) > 0
+    return env_int(env, RESTART_COUNT, 0) > 0
 
 
 def share(n: int) -> tuple[list[int], bool]:

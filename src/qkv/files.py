@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,12 +61,14 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     naming ``path``; the previous ``path`` is left as it was.
     """
     path = Path(path)
+    if path.is_dir():  # the final rename would fail after the work (IsADirectoryError)
+        raise UserError(f"cannot write {path}: it is a directory; name a file")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as e:
+    except OSError as e:  # no room, no permission, a folder that files cannot be made in (/proc)
         if e.errno in STORAGE_ERRORS:
             raise storage_error(path, e) from None
-        raise
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
@@ -166,10 +169,46 @@ def check_writable(path: str | Path, *, inside: bool) -> None:
         raise UserError(f"cannot write {path}: no permission to write in {existing}; choose another output path")
 
 
-def read_json_object(path: str | Path) -> dict:
-    """The JSON object in ``path``; a missing or unreadable file, invalid JSON or anything but an
-    object is a UserError naming the file."""
+# What a JSON file qkv reads (config.json, a tokenizer's vocabulary, an index) may weigh: the
+# largest real one is a few MiB; a larger one is a mistake, read whole into memory before parsing.
+JSON_LIMIT = 256 * 2**20
+
+# stat's file types, for a message that says what a path is instead of a regular file.
+_FILE_TYPES = {
+    stat.S_ISDIR: "a directory",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISFIFO: "a named pipe",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def file_problem(path: str | Path, *, limit: int | None = None) -> str | None:
+    """Why ``path`` cannot be read as a file, in words (None: it can): it is missing, a link to
+    nothing, not a regular file (a directory, a device such as ``/dev/zero``, a pipe that would
+    block), or larger than ``limit`` bytes. Links are followed. Never opens the file."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return "is a link to nothing" if os.path.islink(path) else "is missing"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((name for test, name in _FILE_TYPES.items() if test(info.st_mode)), "not a file")
+        return f"is not a regular file ({kind})"
+    if limit is not None and info.st_size > limit:
+        return f"is too large ({info.st_size:,} bytes; at most {limit:,} are read)"
+    return None
+
+
+def read_json_object(path: str | Path, *, limit: int = JSON_LIMIT) -> dict:
+    """The JSON object in ``path``; a missing, unreadable, irregular (:func:`file_problem`) or
+    oversized file (over ``limit`` bytes), invalid JSON or anything but an object is a UserError
+    naming the file."""
     path = Path(path)
+    problem = file_problem(path, limit=limit)
+    if problem is not None:
+        raise UserError(f"cannot read {path}: it {problem}")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:

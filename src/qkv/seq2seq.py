@@ -89,7 +89,8 @@ def translate(
         while end < len(todo) and len(sources[todo[end]]) * (end - k + 1) <= budget:
             end += 1
         chunk, k = todo[k:end], end
-        caps = [int(max_len_a * len(sources[i])) + max_len_b for i in chunk]
+        # At least one token (END): a small a with b = 0 rounds a short source's cap to 0.
+        caps = [max(1, int(max_len_a * len(sources[i])) + max_len_b) for i in chunk]
         inputs = [sources[i] for i in chunk]
         if required is None:
             hypotheses = beam_search(

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from qkv.cli.common import Output, positive_int, read_input_lines
-from qkv.embedding import POOLINGS
 from qkv.errors import UserError
 from qkv.files import write_atomic
 
@@ -31,6 +30,9 @@ how the settings are chosen (stderr says which, and from where):
   echo "how are you ?" | qkv embed --model runs/dailydialog_mlm --output vectors.jsonl
   python -c "import numpy; print(numpy.load('vectors.npy').shape)"     # (lines, d_model)
 """
+# qkv.embedding.POOLINGS, written out so that the parser (and `qkv --help`) need not import torch;
+# tests/test_cli_light.py checks that the two agree.
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len")
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

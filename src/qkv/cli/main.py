@@ -11,6 +11,7 @@ and any model, training or decoding logic (the modules they wire).
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from qkv import __version__
@@ -35,6 +36,9 @@ from qkv.memory import choose_allocator
 
 # The library's options whose flag is not the option with dashes (ctc_weight: --ctc-weight).
 FLAGS = {"beam_size": "--beam", "sampling": "--sample"}
+
+# The errors of a path itself, which no existence check catches (Path.exists raises them).
+PATH_ERRORS = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"qkv {args.command}: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in PATH_ERRORS or e.filename is None:
+            raise
+        # A path the user gave that the system refuses (a name too long, a loop of links) where
+        # no check named it first: said in one line all the same.
+        print(f"qkv {args.command}: error: {one_line(str(e.filename))}: {e.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130

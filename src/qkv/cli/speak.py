@@ -16,6 +16,7 @@ from pathlib import Path
 
 from qkv.cli.common import number, positive_int, read_input_lines, seed
 from qkv.errors import UserError
+from qkv.files import check_writable
 
 PIPER_OPTIONS = ("noise_scale", "length_scale", "noise_w")  # an imported Piper voice's (VITS's) scales
 
@@ -32,12 +33,34 @@ a sentence that ran into --max-seconds before the model ended it is named on std
 """
 
 
+def wav_paths(args: argparse.Namespace, n: int) -> list[Path]:
+    """The files ``n`` sentences go to: ``--output``, or numbered in ``--output-dir``; a UserError
+    naming the option when they cannot be written (checked before any work)."""
+    if args.output is None and args.output_dir is None:
+        raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
+    if args.output is not None:
+        path = Path(args.output)
+        if path.is_dir():
+            raise UserError(f"--output {path} is a directory; name a .wav file, or use --output-dir")
+        if not path.parent.is_dir():
+            raise UserError(f"cannot write {path}: directory {path.parent} does not exist")
+        check_writable(path, inside=False)
+        return [path]
+    folder = Path(args.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--output-dir {folder} is a file")
+    check_writable(folder, inside=True)
+    return [folder / f"{k:04d}.wav" for k in range(1, n + 1)]
+
+
 def cmd_speak(args: argparse.Namespace) -> int:
     from qkv.bundle import load, speeches
     from qkv.progress import progress
 
-    texts, paths = _texts_and_paths(args)
+    texts, paths = _texts_and_paths(args)  # a bad output is said before the model is read
     bundle = load(args.model, job="speak")
+    if args.output_dir is not None:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     if bundle.kind == "vits":
         return _speak_piper(args, bundle, texts, paths)
     given = [f"--{n.replace('_', '-')}" for n in PIPER_OPTIONS if getattr(args, n) is not None]
@@ -79,18 +102,7 @@ def _texts_and_paths(args: argparse.Namespace) -> tuple[list[str], list[Path]]:
         raise UserError("nothing to say: give --text, --input FILE or lines on stdin")
     if args.output is not None and len(texts) != 1:
         raise UserError(f"--output names one file but there are {len(texts)} sentences; use --output-dir")
-    if args.output is None and args.output_dir is None:
-        raise UserError("say where the speech goes: --output FILE.wav (one sentence) or --output-dir DIR")
-    paths = [Path(args.output)] if args.output is not None else []
-    if args.output_dir is not None:
-        folder = Path(args.output_dir)
-        if folder.exists() and not folder.is_dir():
-            raise UserError(f"--output-dir {folder} is a file")
-        folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"{n:04d}.wav" for n in range(1, len(texts) + 1)]
-    if not paths[0].parent.is_dir():
-        raise UserError(f"cannot write {paths[0]}: directory {paths[0].parent} does not exist")
-    return texts, paths
+    return texts, wav_paths(args, len(texts))
 
 
 def _speak_piper(args: argparse.Namespace, bundle, texts: list[str], paths: list[Path]) -> int:

@@ -12,6 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from qkv.cli.common import number
 from qkv.errors import Stopped, UserError
 
 EPILOG_TRAIN = """examples:
@@ -116,7 +117,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=number(int, lambda v: v >= 0, "an integer >= 0"),
         default=0,
         metavar="K",
         help="with --nproc: let torchrun restart the workers K times after a failure; they continue from the "

@@ -38,6 +38,7 @@ its padding and truncation, which qkv never keeps (:func:`tokenizer_file_setting
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -143,9 +144,9 @@ def read_config(directory: Path, supported: tuple[str, ...]) -> tuple[HFConfig, 
     path = directory / HF_CONFIG
     if not directory.is_dir():
         raise UserError(f"{directory} does not exist or is not a directory")
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UserError(f"{path} is missing: {directory} is not a Hugging Face checkpoint directory")
-    fields = read_json_object(path)
+    fields = read_json_object(path)  # not a regular file, too large: said as such
     if fields.get("quantization_config") is not None:
         raise UserError(f"{path}: field 'quantization_config' is set: quantized checkpoints are not supported")
     architectures = fields.get("architectures")

@@ -212,9 +212,9 @@ def gguf_tensors(path: Path, reader, fields: dict) -> State:
                 f"{path}: tensor {name!r} is {tensor.tensor_type.name}, which cannot be dequantised: {e}"
             ) from None
         if arch == "llama" and ".attn_q." in name:
-            weights = _unpermute(weights, heads)
+            weights = _unpermute(_split_by(path, name, weights, heads, "head_count"), heads)
         elif arch == "llama" and ".attn_k." in name:
-            weights = _unpermute(weights, kv_heads)
+            weights = _unpermute(_split_by(path, name, weights, kv_heads, "head_count_kv"), kv_heads)
         elif arch == "gemma3" and name.endswith("norm.weight"):
             weights = weights - 1  # llama.cpp stores Gemma's norm gains as 1 + w
         tensors[names.get(name, name)] = torch.from_numpy(
@@ -246,6 +246,18 @@ def _hf_names(arch: str, n_layers: int) -> dict[str, str]:
             for suffix in (".weight", ".bias"):
                 names[found + suffix] = name + suffix
     return names
+
+
+def _split_by(path: Path, name: str, weights: np.ndarray, heads: object, key: str) -> np.ndarray:
+    """``weights``, whose rows must part into ``heads`` heads of an even size (a UserError naming
+    the tensor and the metadata key otherwise: a damaged file's head count)."""
+    rows = weights.shape[0] if weights.ndim else 0
+    if not isinstance(heads, int) or heads <= 0 or rows % (2 * heads) or rows == 0:
+        raise UserError(
+            f"{path}: tensor {name!r} has {rows} rows, which llama.attention.{key} = {heads!r} heads cannot "
+            "share in even halves; the file is damaged or not llama.cpp's"
+        )
+    return weights
 
 
 def _unpermute(weights: np.ndarray, heads: int) -> np.ndarray:

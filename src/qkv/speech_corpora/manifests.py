@@ -9,6 +9,7 @@ into (``cache.py``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +76,12 @@ def read_manifest(path: str | Path) -> list[Utterance]:
             seconds = float(fields[1])
         except ValueError:
             raise UserError(f"{path}:{number}: seconds {fields[1]!r} is not a number") from None
+        if not 0 < seconds < math.inf:  # NaN fails too: a length batches are made by
+            raise UserError(f"{path}:{number}: seconds must be a positive finite number, got {fields[1]!r}")
         target = fields[4] if width == 5 else None
         utterances.append(Utterance(path.parent / fields[0], fields[3], fields[2], seconds, target))
+    if not utterances:
+        raise UserError(f"{path} has no utterances: only its header line")
     return utterances
 
 
