@@ -35,6 +35,9 @@ ENDPOINT_PATHS = (  # the paths the metrics count by name; any other is "other"
     "/v1/embed",
     "/v1/classify",
     "/v1/attention",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/audio/speech",
     "/v1/models",
     "/health",
     "/metrics",
@@ -155,18 +158,26 @@ class Gate:
 
 
 class BodyLimit:
-    """Refuses a body over ``limit`` bytes, stated (Content-Length) or sent: 413, read no further."""
+    """Refuses a body over ``limit`` bytes, stated (Content-Length) or sent: 413, read no further.
+    The paths of ``uploads`` (audio files) take bodies of up to ``upload_limit`` bytes instead."""
 
-    def __init__(self, app, *, limit: int, metrics: Metrics) -> None:
+    def __init__(
+        self, app, *, limit: int, metrics: Metrics, uploads: tuple[str, ...] = (), upload_limit: int = 0
+    ) -> None:
         self.app, self.limit, self.metrics = app, limit, metrics
+        self.uploads, self.upload_limit = uploads, upload_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        body = await self._body(scope, receive)
+        limit = self.upload_limit if scope["path"] in self.uploads else self.limit
+        stated = header(scope, b"content-length")
+        size = int(stated) if stated is not None and stated.isdigit() else None
+        body = None if size is not None and size > limit else await self._body(receive, limit)
         if body is None:
             self.metrics.refused.labels("too_large").inc()
-            answer = error_response(413, "too_large", f"the request body is over {self.limit} bytes")
+            said = f"is {size} bytes" if size is not None and size > limit else "is larger"
+            answer = error_response(413, "too_large", f"the request body {said}; the server takes at most {limit}")
             return await answer(scope, receive, send)
         given = [False]
 
@@ -178,11 +189,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _body(self, scope, receive) -> bytes | None:
-        """The whole request body, or None when it is over the limit (stated or sent)."""
-        stated = header(scope, b"content-length")
-        if stated is not None and stated.isdigit() and int(stated) > self.limit:
-            return None
+    @staticmethod
+    async def _body(receive, limit: int) -> bytes | None:
+        """The whole request body, or None when more than ``limit`` bytes are sent."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -190,7 +199,7 @@ class BodyLimit:
                 break  # the client left: the app sees an empty body
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.limit:
+            if size > limit:
                 return None
             if not message.get("more_body", False):
                 break
