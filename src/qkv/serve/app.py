@@ -77,9 +77,12 @@ def create_app(models: dict[str, Served], settings: Settings | None = None) -> F
     add_handlers(app)
     metrics = service.metrics
     # Each add_middleware wraps the ones before: the last added is the outermost.
-    upload_limit = settings.max_upload_bytes + audio.FORM_ROOM
     app.add_middleware(
-        BodyLimit, limit=settings.max_body_bytes, metrics=metrics, uploads=audio.UPLOADS, upload_limit=upload_limit
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        metrics=metrics,
+        uploads=audio.UPLOADS,
+        upload_limit=settings.max_upload_bytes,
     )
     limiter = RateLimiter(settings.rate_limit) if settings.rate_limit > 0 else None
     app.add_middleware(Gate, keys=Keys(settings.api_keys), limiter=limiter, metrics=metrics)

@@ -28,6 +28,7 @@ ACCESS = "qkv.access"  # the scope's entry Observe gives the middleware inside t
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("qkv_request_id", default="-")
 ACCESS_LOG = logging.getLogger("qkv.serve.access")
 LOG = logging.getLogger("qkv.serve")
+FORM_ROOM = 64 * 1024  # an upload's body: its file, and this much for the form's other fields and part headers
 ENDPOINT_PATHS = (  # the paths the metrics count by name; any other is "other"
     "/v1/translate",
     "/v1/generate",
@@ -159,7 +160,8 @@ class Gate:
 
 class BodyLimit:
     """Refuses a body over ``limit`` bytes, stated (Content-Length) or sent: 413, read no further.
-    The paths of ``uploads`` (audio files) take bodies of up to ``upload_limit`` bytes instead."""
+    The paths of ``uploads`` take files of up to ``upload_limit`` bytes: bodies of that and
+    :data:`FORM_ROOM` more, for the form's other fields."""
 
     def __init__(
         self, app, *, limit: int, metrics: Metrics, uploads: tuple[str, ...] = (), upload_limit: int = 0
@@ -170,14 +172,16 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.upload_limit if scope["path"] in self.uploads else self.limit
+        upload = scope["path"] in self.uploads
+        limit = self.upload_limit + FORM_ROOM if upload else self.limit
         stated = header(scope, b"content-length")
         size = int(stated) if stated is not None and stated.isdigit() else None
         body = None if size is not None and size > limit else await self._body(receive, limit)
         if body is None:
             self.metrics.refused.labels("too_large").inc()
-            said = f"is {size} bytes" if size is not None and size > limit else "is larger"
-            answer = error_response(413, "too_large", f"the request body {said}; the server takes at most {limit}")
+            said = f"is {size} bytes" if size is not None and size > limit else f"is over {limit} bytes"
+            takes = f"files of at most {self.upload_limit} bytes" if upload else f"at most {limit} bytes"
+            answer = error_response(413, "too_large", f"the request body {said}; the server takes {takes}")
             return await answer(scope, receive, send)
         given = [False]
 

@@ -31,7 +31,6 @@ from qkv.serve.validation import validate_speech, validate_transcription
 router = APIRouter(tags=["audio"])
 Heard = Annotated[s.TranscriptionForm, Form(media_type="multipart/form-data")]  # Form's default: urlencoded
 UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")  # the paths that take large bodies
-FORM_ROOM = 64 * 1024  # a form's fields and part headers, beside its file
 FRAMES_PER_SECOND = 50  # a batch's cost of a second of audio: Whisper's encoder positions
 TEXT_FORMS = {"text": "text/plain", "srt": "text/plain", "vtt": "text/vtt"}
 HEARD = {
