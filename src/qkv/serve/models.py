@@ -1,7 +1,8 @@
 """The served models: a loaded bundle each, with its name and the endpoints it answers.
 
 What is here: :class:`Served` (a :class:`~qkv.bundle.Bundle` under the name the server gives it,
-and a classifier's labels) and :func:`load_served` (the model directories of ``qkv serve``,
+and a classifier's labels; the endpoints it answers, by kind, :data:`ENDPOINTS`, and for a speech
+model by what it writes, :func:`speech_tasks`) and :func:`load_served` (the model directories of ``qkv serve``,
 loaded by ``bundle.load`` as the command line loads them; a mistake is a
 :class:`~qkv.errors.UserError` before the server starts).
 
