@@ -29,7 +29,7 @@ from qkv.serve.service import Service, Shared
 from qkv.serve.validation import validate_speech, validate_transcription
 
 router = APIRouter(tags=["audio"])
-Heard = Annotated[s.TranscriptionForm, Form(media_type="multipart/form-data")]  # Form's default: urlencoded
+UploadForm = Annotated[s.TranscriptionForm, Form(media_type="multipart/form-data")]  # Form's default: urlencoded
 UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")  # the paths that take large bodies
 FRAMES_PER_SECOND = 50  # a batch's cost of a second of audio: Whisper's encoder positions
 TEXT_FORMS = {"text": "text/plain", "srt": "text/plain", "vtt": "text/vtt"}
@@ -45,13 +45,13 @@ SPOKEN = {200: {"description": "the audio", "content": {m: {} for m in audio.MED
 
 
 @router.post("/v1/audio/transcriptions", response_class=Response, responses=HEARD)
-async def transcriptions(form: Heard, svc: Shared):
+async def transcriptions(form: UploadForm, svc: Shared):
     """The words of an uploaded audio file, in its language (as ``qkv transcribe``)."""
     return await heard(form, svc, "transcribe")
 
 
 @router.post("/v1/audio/translations", response_class=Response, responses=HEARD)
-async def translations(form: Heard, svc: Shared):
+async def translations(form: UploadForm, svc: Shared):
     """An uploaded audio file's speech in English text (a multilingual Whisper's translate
     task, or a model of qkv's own trained for speech translation)."""
     return await heard(form, svc, "translate")
