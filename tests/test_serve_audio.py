@@ -19,7 +19,7 @@ import soundfile
 import torch
 
 import qkv
-from qkv.bundle import piper_speeches
+from qkv.bundle import piper_speeches, speeches
 from qkv.checkpoint import save_model
 from serving import Server, tiny_audio_models, tone
 
@@ -155,6 +155,15 @@ def test_speech_is_the_librarys_speech(client, paths):
         assert np.abs(samples - wave.numpy() / max(1.0, float(wave.abs().max()))).max() < 1e-4  # 16 bits
     pcm = speech_of(client, "tts", text, response_format="pcm")  # 16-bit samples at 24 kHz
     assert len(pcm) // 2 == round(wave.numel() * 24000 / tts.sample_rate)
+
+
+def test_qkvs_own_tts_speaks_a_text_sentence_by_sentence(client, paths):
+    tts, parts = qkv.load(paths["tts"]), ["do re mi.", "mi re do.", "do."]  # what the tokenizer knows
+    found = speeches(tts, parts)  # what the window holds: a sentence or two
+    raw = client.audio.speech.with_raw_response.create(model="tts", voice="default", input="  ".join(parts))
+    assert soundfile.info(io.BytesIO(raw.content)).frames == sum(wave.numel() for _, wave in found)
+    assert raw.headers["x-sentences-cut"] == str(sum(said.hit_cap for said, _ in found))
+    assert raw.headers["x-sample-rate"] == str(tts.sample_rate)
 
 
 def test_a_piper_voice_speaks_at_the_speed_asked(client, paths):

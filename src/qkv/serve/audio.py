@@ -5,7 +5,8 @@ What is here: :func:`longest_audio` (the seconds a request may upload for a mode
 limit says so), :func:`heard` (an uploaded file's bytes -> the mono waveform at the model's
 rate, through ``qkv.audio.load_audio`` as ``qkv transcribe`` reads files; what it cannot read
 is a 400, too long or too short a 422), the jobs the model thread runs (:func:`transcribe`
-over ``bundle.transcriptions``, :func:`speak` over ``Bundle.speak``'s functions), the transcript's
+over ``bundle.transcriptions``, :func:`speak` over ``Bundle.speak``'s functions, a text of qkv's own
+TTS model spoken by its :func:`sentences`), the transcript's
 :class:`Segment` s and their writers (:func:`verbose`, :func:`subtitles`), and :func:`encoded`
 (a waveform as WAV, FLAC or raw PCM bytes).
 
@@ -19,10 +20,12 @@ What is not here: HTTP (``routes/audio.py``), what is checked before any work (`
 from __future__ import annotations
 
 import io
+import re
 import tempfile
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from qkv.audio import load_audio
@@ -35,6 +38,7 @@ from qkv.tasks.asr import too_short
 
 PCM_RATE = 24_000  # OpenAI's raw PCM: 24 kHz, 16-bit signed little-endian, mono
 MEDIA = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def longest_audio(served: Served, settings: Settings) -> tuple[float, str]:
@@ -166,17 +170,28 @@ def subtitles(segments: list[Segment], form: str) -> str:
 # ----------------------------------------------------------------------------- speech
 
 
-def speak(served: Served, texts: list[str], *, speaker: str | None, speed: float, form: str) -> list[bytes]:
+def speak(served: Served, texts: list[str], *, speaker: str | None, speed: float, form: str) -> list[tuple[bytes, int]]:
     """Each text spoken as ``Bundle.speak`` speaks it (seed 0: the same text, the same audio), in
-    ``form`` (:func:`encoded`). ``speed``: an imported Piper voice's pace (its ``length_scale``
-    divided by it); qkv's own TTS model speaks at one pace (1)."""
+    ``form`` (:func:`encoded`), with how many of its sentences ran into the model's cap. An
+    imported Piper voice speaks sentence by sentence itself, at ``speed`` (its ``length_scale``
+    divided by it); qkv's own TTS model speaks at one pace, and a text of several sentences
+    (:func:`sentences`) as that many, one after the other: its window holds a sentence or two."""
     bundle = served.bundle
     if bundle.kind == "vits":
         pace = bundle.model.config.length_scale / speed
         waves = piper_speeches(bundle, texts, speaker=speaker, length_scale=pace, seed=0)
-    else:
-        waves = [wave for _, wave in speeches(bundle, texts, speaker=speaker, seed=0)]
-    return [encoded(wave, bundle.sample_rate, form) for wave in waves]
+        return [(encoded(wave, bundle.sample_rate, form), 0) for wave in waves]
+    out = []
+    for text in texts:
+        found = speeches(bundle, sentences(text), speaker=speaker, seed=0)
+        wave = torch.cat([wave for _, wave in found])
+        out.append((encoded(wave, bundle.sample_rate, form), sum(said.hit_cap for said, _ in found)))
+    return out
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut after each ``.``, ``!`` or ``?`` that a space follows (a text without one: itself)."""
+    return [part for part in SENTENCE_END.split(text.strip()) if part]
 
 
 def encoded(wave: Tensor, rate: int, form: str) -> bytes:

@@ -100,6 +100,7 @@ async def speech(req: s.SpeechRequest, svc: Shared):
         [req.input],
         cost=len(req.input),
     )
-    (data,) = await svc.run(job, req)
+    ((data, cut),) = await svc.run(job, req)
     rate = audio.PCM_RATE if req.response_format == "pcm" else served.bundle.sample_rate
-    return Response(data, media_type=audio.MEDIA[req.response_format], headers={"X-Sample-Rate": str(rate)})
+    headers = {"X-Sample-Rate": str(rate), "X-Sentences-Cut": str(cut)}  # cut: ran into the model's window
+    return Response(data, media_type=audio.MEDIA[req.response_format], headers=headers)
