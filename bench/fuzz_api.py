@@ -56,9 +56,11 @@ def run(prop, *, examples: int, seed: int, show: int, in_process: bool, folder: 
     requests got wrong, and whether the server was alive at the end."""
     import httpx
 
-    from serving import Server, tiny_models
+    from serving import Server, tiny_audio_models, tiny_models
 
-    paths = tiny_models(folder)
+    (folder / "text").mkdir()
+    (folder / "audio").mkdir()
+    paths = {**tiny_models(folder / "text"), **tiny_audio_models(folder / "audio")}  # the test's models
 
     def report(name, counts) -> None:
         print(f"{name}: {counts.sent} requests, {counts.failed} failures", file=sys.stderr, flush=True)

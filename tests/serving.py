@@ -122,3 +122,49 @@ def sse_events(text: str) -> list[tuple[str, str]]:
         assert match, block
         found.append((match.group(1), match.group(2)))
     return found
+
+
+def tiny_audio_models(root: Path) -> dict[str, Path]:
+    """Random tiny speech and TTS models of qkv's own with one character tokenizer: a recognizer
+    (``asr``, 19 mel bins, a 13-token window), a speech translator (``st``: its recipe says
+    ``data.translate``, as recipes/speech_de_en.yaml) and a Transformer-TTS (``tts``, 16 kHz)."""
+    from qkv.audio import FeatureConfig
+    from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
+    from qkv.models.tts import TransformerTTS, TTSConfig
+
+    tokenizer = Tokenizer.train_char_level(["ein hund läuft. a dog runs, do re mi: 0123456789"])
+    tokenizer.save(root / FILE)
+    files = {FILE: root / FILE}
+    v = tokenizer.vocab_size
+    ids = {"pad_id": tokenizer.pad_id, "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}
+    small = {"d_model": 15, "n_heads": 3, "d_ff": 7, "dropout": 0.0}
+    speech = {"vocab_size": v, "n_encoder_layers": 1, "n_decoder_layers": 1, "max_len": 13, **small, **ids}
+    torch.manual_seed(2)  # a seed whose recognizer and translator both write something for tone(0.5)
+    asr = SpeechEncoderDecoder(SpeechConfig(features=FeatureConfig(n_mels=19), **speech))
+    st = SpeechEncoderDecoder(SpeechConfig(features=FeatureConfig(n_mels=19), **speech))
+    tts = TransformerTTS(
+        TTSConfig(
+            vocab_size=v, n_encoder_layers=1, n_decoder_layers=1, max_len=11, prenet_dim=11, postnet_channels=7,
+            postnet_layers=2, reduction=3, features=FeatureConfig(n_mels=19), pad_id=tokenizer.pad_id,
+            d_model=16, n_heads=2, d_ff=23, dropout=0.0,
+        )
+    )  # fmt: skip
+    translates = {"recipe": {"task": "asr", "data": {"corpus": "espeak_de", "translate": True}}}
+    return {
+        "asr": save_model(asr, root / "asr", files=files),
+        "st": save_model(st, root / "st", files=files, extra=translates),
+        "tts": save_model(tts, root / "tts", files=files),
+    }
+
+
+def tone(seconds: float, rate: int = 16000) -> bytes:
+    """A rising tone of ``seconds`` as the bytes of a 16-bit WAV file at ``rate``."""
+    import io
+
+    import numpy as np
+    import soundfile
+
+    t = np.arange(round(seconds * rate)) / rate
+    out = io.BytesIO()
+    soundfile.write(out, 0.3 * np.sin(2 * np.pi * (200 + 400 * t) * t), rate, format="WAV", subtype="PCM_16")
+    return out.getvalue()

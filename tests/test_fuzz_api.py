@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from qkv.serve.app import create_app
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
-from serving import tiny_models
+from serving import tiny_audio_models, tiny_models, tone
 
 schemathesis = pytest.importorskip("schemathesis", reason="the API fuzz needs schemathesis (pip install -e .[dev])")
 
@@ -44,7 +44,11 @@ GOOD = {  # a request of every endpoint that must be answered 200 after each bat
     ("POST", "/v1/attention"): {"model": "de_en", "text": "Ein Hund", "max_new_tokens": 3},
     ("POST", "/v1/chat/completions"): {"model": "lm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
     ("POST", "/v1/completions"): {"model": "lm", "prompt": "A dog", "max_tokens": 3},
+    ("POST", "/v1/audio/transcriptions"): {"model": "asr"},  # with a file (UPLOADS)
+    ("POST", "/v1/audio/translations"): {"model": "st", "response_format": "srt"},
+    ("POST", "/v1/audio/speech"): {"model": "tts", "input": "do re mi"},
 }
+UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")  # multipart forms: a good one has a file
 
 
 # Values a careless or hostile client writes that a schema's generator does not: non-finite
@@ -99,7 +103,13 @@ def send(client: httpx.Client, kwargs: dict) -> httpx.Response:
         content = json.dumps(kwargs["json"]).encode()
         headers.setdefault("Content-Type", "application/json")
     path = httpx.URL(kwargs["url"]).raw_path.decode("ascii")
-    return client.request(kwargs["method"], path, headers=headers, params=kwargs.get("params"), content=content)
+    files = kwargs.get("files")
+    if files:  # a multipart form: httpx writes it, with its own boundary in the Content-Type
+        headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        content = None
+    return client.request(
+        kwargs["method"], path, headers=headers, params=kwargs.get("params"), content=content, files=files
+    )
 
 
 def judged(response: httpx.Response, body: object) -> str | None:
@@ -124,16 +134,20 @@ def good_requests(client: httpx.Client) -> list[str]:
     """The good request of every endpoint, sent; what went wrong (empty: every one answered 200)."""
     wrong = []
     for (method, path), body in GOOD.items():
-        response = client.request(method, path.format(model="lm"), json=body)
+        if path in UPLOADS:
+            response = client.request(method, path, data=body, files={"file": ("tone.wav", tone(0.5))})
+        else:
+            response = client.request(method, path.format(model="lm"), json=body)
         if response.status_code != 200:
             wrong.append(f"{method} {path}: {response.status_code} {response.text[:200]}")
     return wrong
 
 
 def fields_of(openapi: dict, path: str) -> list[str]:
-    """The names of the fields of ``path``'s JSON request body in the schema ``openapi`` (none: [])."""
+    """The names of the fields of ``path``'s JSON request body in the schema ``openapi`` (none: [];
+    a multipart form's fields are drawn by schemathesis alone)."""
     body = openapi["paths"][path].get("post", {}).get("requestBody")
-    if body is None:
+    if body is None or "application/json" not in body["content"]:
         return []
     name = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
     return sorted(openapi["components"]["schemas"][name]["properties"])
@@ -228,7 +242,9 @@ def fuzz_api(
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    served = load_served([str(p) for p in tiny_models(tmp_path_factory.mktemp("fuzz_api")).values()])
+    models = [*tiny_models(tmp_path_factory.mktemp("fuzz_api")).values()]
+    models += tiny_audio_models(tmp_path_factory.mktemp("fuzz_audio")).values()
+    served = load_served([str(p) for p in models])
     with TestClient(create_app(served, LIMITS), raise_server_exceptions=False) as c:
         yield c
 

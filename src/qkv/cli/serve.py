@@ -30,6 +30,8 @@ EPILOG_SERVE = """examples:
   qkv serve --model runs/de_en --model runs/shakespeare --port 8080
   curl -s localhost:8000/v1/translate -H 'content-type: application/json' -d '{"text": "Ein Hund läuft."}'
   qkv serve --model models/smollm2                   # then OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+  qkv serve --model models/whisper-tiny --model voices/joe     # speech in and out, OpenAI's audio API
+  curl -s localhost:8000/v1/audio/transcriptions -F file=@talk.wav -F response_format=srt
 
 The server binds 127.0.0.1 (this machine only) unless --host says otherwise; beyond this
 machine it needs an API key (--api-key-file FILE, or QKV_API_KEY) unless --insecure-no-auth.
@@ -147,6 +149,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_keys=keys,
         rate_limit=args.rate_limit,
         cors_origins=tuple(args.cors_origin),
+        max_upload_bytes=args.max_upload_mb * 1024 * 1024,
+        max_audio_seconds=args.max_audio_seconds,
+        max_speech_chars=args.max_speech_chars,
     )
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
@@ -189,7 +194,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve one or more models (model or training-run directories) over HTTP: POST /v1/translate, "
         "/v1/generate (streamed as Server-Sent Events), /v1/chat, /v1/embed, /v1/classify and /v1/attention (every "
         "attention map, the beam search's trace); OpenAI's API for language models (POST /v1/chat/completions and "
-        "/v1/completions, streamed too: the openai client works against it); GET /v1/models, /health, /metrics "
+        "/v1/completions, streamed too: the openai client works against it) and for speech and TTS models "
+        "(/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech); GET /v1/models, /health, /metrics "
         "(Prometheus) and the page at /. "
         "Requests that arrive within --batch-wait-ms share one forward pass. Every limit is a JSON error: no API key "
         "401 (with --api-key), a body too large 413, a bad or too long input 422, a full server or one over "
@@ -257,6 +263,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a forward pass's budget: source tokens x beam width (default: %(default)s)",
     )
     p.add_argument("--no-batching", action="store_true", help="one request per forward pass (to compare)")
+    sound = p.add_argument_group("audio (speech and TTS models)")
+    sound.add_argument(
+        "--max-upload-mb",
+        type=positive_int,
+        default=defaults.max_upload_bytes // (1024 * 1024),
+        help="an audio file to transcribe, in MiB (default: %(default)s; 413 beyond)",
+    )
+    sound.add_argument(
+        "--max-audio-seconds",
+        type=number(float, lambda v: v > 0, "a positive number of seconds"),
+        default=defaults.max_audio_seconds,
+        help="longest audio transcribed (default: %(default)s; an imported Whisper: its 30 s chunk; 422 beyond)",
+    )
+    sound.add_argument(
+        "--max-speech-chars",
+        type=positive_int,
+        default=defaults.max_speech_chars,
+        help="longest text /v1/audio/speech speaks (default: %(default)s; 422 beyond)",
+    )
     access = p.add_argument_group("who may call it")
     access.add_argument(
         "--api-key",

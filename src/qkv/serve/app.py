@@ -18,6 +18,9 @@ the :class:`~qkv.serve.settings.Settings` (every limit) and returns the ASGI app
     POST /v1/completions   decoder-only, OpenAI's API: a prompt's continuation
     POST /v1/attention     every attention map of one input (the explicit path), and the beam
                            search's trace when asked
+    POST /v1/audio/transcriptions, /v1/audio/translations
+                           OpenAI's: a speech model hears an uploaded file (multipart)
+    POST /v1/audio/speech  OpenAI's: a TTS model or a Piper voice speaks a text (WAV, FLAC, PCM)
     GET  /docs             the OpenAPI page (FastAPI's; /openapi.json is the schema)
 
 Each family's endpoints are one router of ``routes/``; what they share (the models, the limits,
@@ -26,7 +29,8 @@ the metrics, the slots, the batcher) is one :class:`~qkv.serve.service.Service`,
 access log, CORS when origins are named, the API key and rate limit, the body limit.
 
 Every error is JSON, ``{"error": {"code", "type", "message"}}`` (``errors.py``): no key or a
-wrong one 401; a body too large 413; a bad field, a text too long, too many texts, too many new
+wrong one 401; a body too large 413 (an audio upload may be ``max_upload_bytes``); audio
+that cannot be read 400; a bad field, a text too long, too many texts, too many new
 tokens or too wide a beam 422; an unknown model 404; every slot taken, or over the rate limit,
 429 with Retry-After; no answer within the timeout 504. A streamed generation that fails after
 its first event ends with an ``error`` event instead. The OpenAI-compatible routes answer in
@@ -48,7 +52,7 @@ from qkv.serve.access import Keys, RateLimiter
 from qkv.serve.errors import add_handlers
 from qkv.serve.middleware import BodyLimit, Gate, Observe
 from qkv.serve.models import Served
-from qkv.serve.routes import attention, chat, classify, embed, generate, info, openai, translate
+from qkv.serve.routes import attention, audio, chat, classify, embed, generate, info, openai, translate
 from qkv.serve.service import Service
 from qkv.serve.settings import Settings
 
@@ -73,12 +77,18 @@ def create_app(models: dict[str, Served], settings: Settings | None = None) -> F
     service = Service(models, settings)
     app = FastAPI(title="qkv", summary=SUMMARY, version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    for family in (info, translate, generate, chat, embed, classify, attention, openai):
+    for family in (info, translate, generate, chat, embed, classify, attention, openai, audio):
         app.include_router(family.router)
     add_handlers(app)
     metrics = service.metrics
     # Each add_middleware wraps the ones before: the last added is the outermost.
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        metrics=metrics,
+        uploads=audio.UPLOADS,
+        upload_limit=settings.max_upload_bytes,
+    )
     limiter = RateLimiter(settings.rate_limit) if settings.rate_limit > 0 else None
     app.add_middleware(Gate, keys=Keys(settings.api_keys), limiter=limiter, metrics=metrics)
     if settings.cors_origins:  # outside the gate: a browser's preflight carries no key

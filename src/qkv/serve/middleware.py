@@ -28,6 +28,7 @@ ACCESS = "qkv.access"  # the scope's entry Observe gives the middleware inside t
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("qkv_request_id", default="-")
 ACCESS_LOG = logging.getLogger("qkv.serve.access")
 LOG = logging.getLogger("qkv.serve")
+FORM_ROOM = 64 * 1024  # an upload's body: its file, and this much for the form's other fields and part headers
 ENDPOINT_PATHS = (  # the paths the metrics count by name; any other is "other"
     "/v1/translate",
     "/v1/generate",
@@ -35,6 +36,9 @@ ENDPOINT_PATHS = (  # the paths the metrics count by name; any other is "other"
     "/v1/embed",
     "/v1/classify",
     "/v1/attention",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/audio/speech",
     "/v1/models",
     "/health",
     "/metrics",
@@ -155,18 +159,29 @@ class Gate:
 
 
 class BodyLimit:
-    """Refuses a body over ``limit`` bytes, stated (Content-Length) or sent: 413, read no further."""
+    """Refuses a body over ``limit`` bytes, stated (Content-Length) or sent: 413, read no further.
+    The paths of ``uploads`` take files of up to ``upload_limit`` bytes: bodies of that and
+    :data:`FORM_ROOM` more, for the form's other fields."""
 
-    def __init__(self, app, *, limit: int, metrics: Metrics) -> None:
+    def __init__(
+        self, app, *, limit: int, metrics: Metrics, uploads: tuple[str, ...] = (), upload_limit: int = 0
+    ) -> None:
         self.app, self.limit, self.metrics = app, limit, metrics
+        self.uploads, self.upload_limit = uploads, upload_limit
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        body = await self._body(scope, receive)
+        upload = scope["path"] in self.uploads
+        limit = self.upload_limit + FORM_ROOM if upload else self.limit
+        stated = header(scope, b"content-length")
+        size = int(stated) if stated is not None and stated.isdigit() else None
+        body = None if size is not None and size > limit else await self._body(receive, limit)
         if body is None:
             self.metrics.refused.labels("too_large").inc()
-            answer = error_response(413, "too_large", f"the request body is over {self.limit} bytes")
+            said = f"is {size} bytes" if size is not None and size > limit else f"is over {limit} bytes"
+            takes = f"files of at most {self.upload_limit} bytes" if upload else f"at most {limit} bytes"
+            answer = error_response(413, "too_large", f"the request body {said}; the server takes {takes}")
             return await answer(scope, receive, send)
         given = [False]
 
@@ -178,11 +193,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _body(self, scope, receive) -> bytes | None:
-        """The whole request body, or None when it is over the limit (stated or sent)."""
-        stated = header(scope, b"content-length")
-        if stated is not None and stated.isdigit() and int(stated) > self.limit:
-            return None
+    @staticmethod
+    async def _body(receive, limit: int) -> bytes | None:
+        """The whole request body, or None when more than ``limit`` bytes are sent."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -190,7 +203,7 @@ class BodyLimit:
                 break  # the client left: the app sees an empty body
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.limit:
+            if size > limit:
                 return None
             if not message.get("more_body", False):
                 break

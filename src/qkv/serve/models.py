@@ -1,7 +1,8 @@
 """The served models: a loaded bundle each, with its name and the endpoints it answers.
 
 What is here: :class:`Served` (a :class:`~qkv.bundle.Bundle` under the name the server gives it,
-and a classifier's labels) and :func:`load_served` (the model directories of ``qkv serve``,
+and a classifier's labels; the endpoints it answers, by kind, :data:`ENDPOINTS`, and for a speech
+model by what it writes, :func:`speech_tasks`) and :func:`load_served` (the model directories of ``qkv serve``,
 loaded by ``bundle.load`` as the command line loads them; a mistake is a
 :class:`~qkv.errors.UserError` before the server starts).
 
@@ -20,11 +21,15 @@ from qkv.checkpoint import model_dir
 from qkv.errors import UserError
 from qkv.tokenization import Tokenizer, Vocabularies
 
-ENDPOINTS = {  # what the server answers, by kind (speech kinds: not yet)
+ENDPOINTS = {  # what the server answers, by kind
     "encoder_decoder": ("translate", "chat", "attention"),
     "decoder_only": ("generate", "chat", "chat/completions", "completions", "attention"),
     "encoder_only": ("embed", "classify", "attention"),
+    "speech_encoder_decoder": ("audio/transcriptions", "audio/translations"),  # as speech_tasks says
+    "tts": ("audio/speech",),
+    "vits": ("audio/speech",),
 }
+SPEECH_ENDPOINTS = {"transcribe": "audio/transcriptions", "translate": "audio/translations"}  # by task
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,19 +55,22 @@ class Served:
         return self.bundle.vocab
 
     @property
-    def window(self) -> int:
-        return self.bundle.window
+    def window(self) -> int | None:
+        """The model's window in tokens (a Piper voice has none: None)."""
+        return None if self.kind == "vits" else self.bundle.window
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         found = ENDPOINTS[self.kind]
         if self.kind == "encoder_only" and not self.labels:
             return tuple(e for e in found if e != "classify")
+        if self.kind == "speech_encoder_decoder":
+            return tuple(SPEECH_ENDPOINTS[task] for task in speech_tasks(self.bundle))
         return found
 
     def layers(self) -> dict[str, int]:
         c = self.model.config
-        if self.kind == "encoder_decoder":
+        if hasattr(c, "n_encoder_layers"):  # encoder-decoders of text, of speech, and Transformer-TTS
             return {"encoder": c.n_encoder_layers, "decoder": c.n_decoder_layers}
         if self.kind == "decoder_only":
             return {"decoder": c.n_layers}
@@ -70,6 +78,17 @@ class Served:
 
     def token_strings(self, tokenizer: Tokenizer, ids: list[int]) -> list[str]:
         return [tokenizer.id_to_token(i) for i in ids]
+
+
+def speech_tasks(bundle: Bundle) -> tuple[str, ...]:
+    """What a speech model writes: "transcribe" (the words heard), "translate" (English text),
+    or both. An imported Whisper transcribes, and a multilingual one translates too (its
+    <|translate|> token); a model of qkv's own does what its recipe taught it (``data.translate``)."""
+    if bundle.whisper is not None:
+        both = bundle.whisper.multilingual and "translate" in bundle.whisper.tasks
+        return ("transcribe", "translate") if both else ("transcribe",)
+    data = (bundle.meta.get("recipe") or {}).get("data") or {}
+    return ("translate",) if data.get("translate") else ("transcribe",)
 
 
 def load_served(paths: list[str], *, bf16: bool = False, int8: bool = False) -> dict[str, Served]:

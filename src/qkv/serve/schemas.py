@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from fastapi import File, UploadFile
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 INT32 = 2**31 - 1  # the largest count (beam, tokens, top-k) a request may name: what a tensor's size holds
@@ -190,7 +191,7 @@ class ModelInfo(BaseModel):
     name: str
     kind: str
     endpoints: list[str]
-    window: int
+    window: int | None = Field(description="the window in tokens (a Piper voice has none)")
     layers: dict[str, int]
     heads: int
     labels: list[str] | None = None
@@ -231,3 +232,43 @@ class ErrorResponse(BaseModel):
 ERRORS = {
     code: {"model": ErrorResponse} for code in (401, 404, 413, 422, 429, 504)
 }  # the answers a model route may give
+
+
+class TranscriptionForm(BaseModel):
+    """``/v1/audio/transcriptions`` and ``/v1/audio/translations``: a multipart form, as OpenAI's."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+    file: UploadFile = File(description="the audio: WAV, FLAC, OGG or MP3")
+
+    model: str | None = Field(None, max_length=255, description="a model name from GET /v1/models")
+    language: str | None = Field(
+        None, max_length=32, description="the audio's language (an imported multilingual Whisper; default: detected)"
+    )
+    prompt: str | None = Field(None, max_length=2000, description="Whisper's initial prompt (not supported yet)")
+    response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = Field(
+        "json", description="json: {text}; text; srt or vtt subtitles; verbose_json: with duration and segments"
+    )
+    temperature: float = Field(0.0, ge=0, le=1, description="0: the model's own decoding (sampling: not supported)")
+    timestamp_granularities: list[Literal["segment", "word"]] | None = Field(
+        None, alias="timestamp_granularities[]", description="with verbose_json: segment (word: not supported yet)"
+    )
+
+    _unicode = field_validator("model", "language", "prompt")(unicode_text)
+
+
+class Transcription(BaseModel):
+    text: str
+
+
+class SpeechRequest(Request):
+    """``/v1/audio/speech``: text in, audio out, as OpenAI's."""
+
+    input: str = Field(description="the text to speak")
+    voice: str | None = Field(
+        None, max_length=255, description="a speaker of the model (one that has several); else 'default'"
+    )
+    response_format: Literal["wav", "flac", "pcm"] = Field(
+        "wav", description="wav or flac at the model's rate; pcm: raw 16-bit little-endian samples at 24 kHz"
+    )
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="pace (a Piper voice; qkv's own TTS speaks at 1)")

@@ -27,6 +27,11 @@ class Settings:
         rate_limit: requests a minute a key (without keys, a client address) may make, in
             bursts of as many (429 with Retry-After beyond); 0: no limit.
         cors_origins: the origins whose pages a browser lets call the API (CORS); empty: none.
+        max_upload_bytes: largest audio file uploaded for transcription (413 beyond; the
+            body of those two endpoints may be this and a little more for the form's fields).
+        max_audio_seconds: longest audio transcribed (422 beyond); an imported Whisper also
+            reads at most its chunk (30 s).
+        max_speech_chars: longest text spoken by ``/v1/audio/speech`` (422 beyond).
     """
 
     max_body_bytes: int = 256 * 1024
@@ -42,3 +47,6 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     rate_limit: float = 0.0
     cors_origins: tuple[str, ...] = ()
+    max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's limit for a transcription's file
+    max_audio_seconds: float = 60.0
+    max_speech_chars: int = 4096  # OpenAI's limit for speech's input

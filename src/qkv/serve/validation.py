@@ -2,7 +2,8 @@
 
 What is here: one named function per endpoint (:func:`validate_translate`,
 :func:`validate_generate`, :func:`validate_chat`, :func:`validate_texts_request` for embed and
-classify, :func:`validate_attention`), each raising :class:`~qkv.serve.errors.ApiError` (422)
+classify, :func:`validate_attention`, :func:`validate_transcription` with :func:`checked_language`
+for the audio uploads, :func:`validate_speech`), each raising :class:`~qkv.serve.errors.ApiError` (422)
 on the first limit broken and returning what the route works on, and the checks they share
 (:func:`check_texts`, :func:`check_window`, :func:`check_new_tokens`, :func:`check_beam`).
 
@@ -16,7 +17,7 @@ What is not here: the models a request may name (``Service.pick`` in ``service.p
 from __future__ import annotations
 
 from qkv.serve import schemas as s
-from qkv.serve.errors import ApiError
+from qkv.serve.errors import ApiError, described
 from qkv.serve.models import Served
 from qkv.serve.settings import Settings
 
@@ -113,3 +114,54 @@ def validate_attention(req: s.AttentionRequest, served: Served, settings: Settin
         check_new_tokens(req.max_new_tokens, settings)
     if req.trace and served.kind != "encoder_decoder":
         raise ApiError(422, "invalid_request", f"a beam trace needs an encoder-decoder; {served.name} is {served.kind}")
+
+
+def validate_transcription(form: s.TranscriptionForm, served: Served, task: str) -> str | None:
+    """What of OpenAI's transcription form the model can honour; the language to decode as
+    (None: an imported multilingual Whisper detects it; the other models hear one language)."""
+    if form.temperature > 0:
+        raise ApiError(422, "invalid_request", "temperature: qkv decodes with the model's own search; give 0")
+    if form.prompt:
+        raise ApiError(422, "invalid_request", "prompt: a Whisper initial prompt is not supported yet; leave it out")
+    granularities = form.timestamp_granularities or []
+    if granularities and form.response_format != "verbose_json":
+        raise ApiError(422, "invalid_request", "timestamp_granularities[] needs response_format verbose_json")
+    if "word" in granularities:
+        raise ApiError(422, "invalid_request", "timestamp_granularities[]: word timestamps are not supported yet")
+    return checked_language(form.language, served, task)
+
+
+def checked_language(language: str | None, served: Served, task: str) -> str | None:
+    """``language`` as the model can take it: one it knows (a multilingual Whisper), English
+    for an English-only Whisper (whose start tokens name none: None), none for qkv's own."""
+    whisper = served.bundle.whisper
+    if language is None:
+        return None
+    if whisper is not None and whisper.multilingual:
+        if language not in whisper.languages:
+            known = ", ".join(whisper.languages)
+            raise ApiError(422, "invalid_request", f"language {described(language)}: model {served.name} knows {known}")
+        return language
+    if whisper is not None and language == "en":
+        return None
+    hears = "English" if whisper is not None else "the one language it was trained on"
+    raise ApiError(422, "invalid_request", f"language {described(language)}: model {served.name} hears {hears} only")
+
+
+def validate_speech(req: s.SpeechRequest, served: Served, settings: Settings) -> str | None:
+    """A text to speak within ``max_speech_chars``, a voice the model has and a pace it can
+    take; the speaker to speak as (None: the model's one voice)."""
+    if len(req.input) > settings.max_speech_chars:
+        raise ApiError(422, "too_long", f"input has {len(req.input)} characters; at most {settings.max_speech_chars}")
+    if not req.input.strip():
+        raise ApiError(422, "invalid_request", "input: nothing to say")
+    if req.speed != 1.0 and served.kind != "vits":
+        raise ApiError(422, "invalid_request", f"speed: model {served.name} (qkv's own TTS) speaks at speed 1 only")
+    speakers = served.bundle.speakers
+    if speakers and req.voice in speakers:
+        return req.voice
+    if not speakers and req.voice in (None, "default"):
+        return None
+    known = ", ".join(speakers) if speakers else "'default' (it has one voice)"
+    shown = "(none given)" if req.voice is None else described(req.voice)
+    raise ApiError(422, "invalid_request", f"voice {shown}: model {served.name}'s voices are {known}")

@@ -1,0 +1,218 @@
+"""Speech in and out of ``qkv serve`` through the ``openai`` Python client: ``/v1/audio/transcriptions``
+and ``/v1/audio/translations`` (a recognizer and a speech translator of qkv's own, an imported
+multilingual Whisper) answer what the library's ``transcribe`` gives, in every response format;
+``/v1/audio/speech`` (qkv's own TTS, a Piper voice) answers the audio the library's ``speak``
+makes; the limits (size 413, duration and text length 422, both numbers said), bad audio (400)
+and the API key hold. One real ``qkv serve`` on a loopback port, tiny random-weight models."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+import qkv
+from qkv.bundle import piper_speeches, speeches
+from qkv.checkpoint import save_model
+from serving import Server, tiny_audio_models, tone
+
+openai = pytest.importorskip("openai", reason="the audio API is tested with the openai client (pip install -e .[dev])")
+
+KEY = "audio-test-key-0123456789"
+MAX_SECONDS, MAX_MB, MAX_CHARS = 2, 1, 60
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The library's side of each comparison on one thread: on a shared machine, OpenMP's waiting
+    threads made the tiny Whisper's decoding 30 times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, Path]:
+    """qkv's own recognizer, translator and TTS; a random Piper voice; a multilingual Whisper
+    imported from a random transformers checkpoint (its chunk: 1 s)."""
+    pytest.importorskip("piper.espeakbridge", reason="pip install piper-tts (a Piper voice's phonemes)")
+    pytest.importorskip("transformers", reason="an imported Whisper is built with transformers")
+    from piper.phoneme_ids import DEFAULT_PHONEME_ID_MAP
+
+    from qkv.hf.convert import import_hf
+    from test_piper import tiny_voice
+    from test_whisper import hf_whisper
+
+    root = tmp_path_factory.mktemp("audio")
+    found = tiny_audio_models(root)
+    piper_json = root / "voice.onnx.json"
+    piper_json.write_text(json.dumps({"espeak": {"voice": "en-us"}, "phoneme_id_map": DEFAULT_PHONEME_ID_MAP}))
+    found["voice"] = save_model(tiny_voice(n_symbols=256), root / "voice", files={"piper.json": piper_json})
+    hf_whisper(root / "hf", multilingual=True)
+    import_hf(root / "hf", root / "whisper")
+    found["whisper"] = root / "whisper"
+    (root / "tone.wav").write_bytes(tone(0.5))
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(paths, tmp_path_factory):
+    limits = ["--max-audio-seconds", str(MAX_SECONDS), "--max-upload-mb", str(MAX_MB)]
+    s = Server(
+        list(paths.values()),
+        "--api-key",
+        KEY,
+        *limits,
+        "--max-speech-chars",
+        str(MAX_CHARS),
+        cwd=tmp_path_factory.mktemp("audio_server"),
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def wav(paths) -> Path:
+    return paths["asr"].parent / "tone.wav"
+
+
+def test_transcriptions_in_every_format_are_the_librarys_transcript(client, paths, wav):
+    expected = qkv.load(paths["asr"]).transcribe(wav)
+    assert expected  # the tiny recognizer writes something: every format below has a text to hold
+
+    def heard(response_format: str, **options):
+        with wav.open("rb") as f:
+            return client.audio.transcriptions.create(model="asr", file=f, response_format=response_format, **options)
+
+    assert heard("json").text == expected
+    assert heard("text") == expected
+    assert heard("srt") == f"1\n00:00:00,000 --> 00:00:00,500\n{expected}\n"
+    assert heard("vtt") == f"WEBVTT\n\n00:00:00.000 --> 00:00:00.500\n{expected}\n"
+    verbose = heard("verbose_json", timestamp_granularities=["segment"])
+    assert verbose.text == expected and verbose.duration == 0.5 and verbose.language is None
+    (segment,) = verbose.segments
+    assert (segment.start, segment.end, segment.text) == (0.0, 0.5, expected)
+
+
+def test_requests_that_arrive_together_get_what_each_gets_alone(client, paths, wav):
+    expected = qkv.load(paths["asr"]).transcribe(wav)
+    found: list[str] = []
+
+    def one() -> None:
+        with wav.open("rb") as f:
+            found.append(client.audio.transcriptions.create(model="asr", file=f).text)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found == [expected] * 3
+
+
+def test_translations_by_qkvs_own_translator_and_an_imported_whisper(client, paths, wav):
+    with wav.open("rb") as f:
+        assert client.audio.translations.create(model="st", file=f).text == qkv.load(paths["st"]).transcribe(wav)
+    with wav.open("rb") as f, pytest.raises(openai.UnprocessableEntityError, match="audio/translations"):
+        client.audio.translations.create(model="asr", file=f)  # a recognizer does not translate
+    whisper = qkv.load(paths["whisper"])
+    with wav.open("rb") as f:
+        assert client.audio.translations.create(model="whisper", file=f).text == whisper.transcribe(
+            wav, task="translate"
+        )
+    with wav.open("rb") as f:
+        german = client.audio.transcriptions.create(
+            model="whisper", file=f, language="de", response_format="verbose_json"
+        )
+    assert german.text == whisper.transcribe(wav, language="de") and german.language == "de"
+    with wav.open("rb") as f, pytest.raises(openai.UnprocessableEntityError, match="knows en, de"):
+        client.audio.transcriptions.create(model="whisper", file=f, language="fr")
+
+
+def speech_of(client, model: str, text: str, **options) -> bytes:
+    return client.audio.speech.create(model=model, voice="default", input=text, **options).read()
+
+
+def test_speech_is_the_librarys_speech(client, paths):
+    tts, text = qkv.load(paths["tts"]), "do re mi"
+    wave = tts.speak(text)
+    for form in ("wav", "flac"):
+        samples, rate = soundfile.read(io.BytesIO(speech_of(client, "tts", text, response_format=form)))
+        assert rate == tts.sample_rate and len(samples) == wave.numel()
+        assert np.abs(samples - wave.numpy() / max(1.0, float(wave.abs().max()))).max() < 1e-4  # 16 bits
+    pcm = speech_of(client, "tts", text, response_format="pcm")  # 16-bit samples at 24 kHz
+    assert len(pcm) // 2 == round(wave.numel() * 24000 / tts.sample_rate)
+
+
+def test_qkvs_own_tts_speaks_a_text_sentence_by_sentence(client, paths):
+    tts, parts = qkv.load(paths["tts"]), ["do re mi.", "mi re do.", "do."]  # what the tokenizer knows
+    found = speeches(tts, parts)  # what the window holds: a sentence or two
+    raw = client.audio.speech.with_raw_response.create(model="tts", voice="default", input="  ".join(parts))
+    assert soundfile.info(io.BytesIO(raw.content)).frames == sum(wave.numel() for _, wave in found)
+    assert raw.headers["x-sentences-cut"] == str(sum(said.hit_cap for said, _ in found))
+    assert raw.headers["x-sample-rate"] == str(tts.sample_rate)
+
+
+def test_a_piper_voice_speaks_at_the_speed_asked(client, paths):
+    voice, text = qkv.load(paths["voice"]), "Hello there."
+    normal = soundfile.info(io.BytesIO(speech_of(client, "voice", text))).frames
+    assert normal == voice.speak(text).numel()
+    fast = soundfile.info(io.BytesIO(speech_of(client, "voice", text, speed=2.0))).frames
+    pace = voice.model.config.length_scale / 2.0
+    assert fast == piper_speeches(voice, [text], length_scale=pace)[0].numel() and fast < normal
+
+
+def test_bad_audio_and_limits_are_4xx_naming_both_numbers(client, server, paths, wav):
+    with pytest.raises(openai.BadRequestError, match="not readable as audio"):
+        client.audio.transcriptions.create(model="asr", file=("a.wav", b"RIFF-but-not-audio" * 10))
+    with pytest.raises(openai.UnprocessableEntityError, match=r"3\.0 s long; the server takes at most 2 s"):
+        client.audio.transcriptions.create(model="asr", file=("long.wav", tone(3.0)))
+    with pytest.raises(openai.UnprocessableEntityError, match=r"1\.3 s long; model whisper reads at most 1 s"):
+        client.audio.transcriptions.create(model="whisper", file=("long.wav", tone(1.3)))
+    limit = MAX_MB * 1024 * 1024
+    with pytest.raises(openai.APIStatusError, match=f"the file is {limit + 1} bytes; the server takes at most {limit}"):
+        client.audio.transcriptions.create(model="asr", file=("big.wav", b"\0" * (limit + 1)))
+    big = httpx.post(
+        f"{server.url}/v1/audio/transcriptions",
+        files={"file": ("big.wav", b"\0" * (2 * limit))},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert big.status_code == 413
+    assert big.json()["error"]["message"].endswith(f"bytes; the server takes files of at most {limit} bytes")
+    with pytest.raises(openai.UnprocessableEntityError, match=f"{MAX_CHARS + 1} characters; at most {MAX_CHARS}"):
+        speech_of(client, "tts", "a" * (MAX_CHARS + 1))
+    with pytest.raises(openai.UnprocessableEntityError, match="voices are 'default'"):
+        client.audio.speech.create(model="tts", voice="alloy", input="do")
+
+
+def test_the_api_key_guards_the_audio_routes(server, wav):
+    stranger = openai.OpenAI(base_url=f"{server.url}/v1", api_key="not-the-key-0123456789", max_retries=0)
+    with pytest.raises(openai.AuthenticationError), wav.open("rb") as f:
+        stranger.audio.transcriptions.create(model="asr", file=f)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.audio.speech.create(model="tts", voice="default", input="do")
+
+
+def test_models_list_what_each_audio_model_answers(server):
+    listed = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["models"]
+    endpoints = {m["name"]: m["endpoints"] for m in listed}
+    assert endpoints == {
+        "asr": ["/v1/audio/transcriptions"],
+        "st": ["/v1/audio/translations"],
+        "tts": ["/v1/audio/speech"],
+        "voice": ["/v1/audio/speech"],
+        "whisper": ["/v1/audio/transcriptions", "/v1/audio/translations"],
+    }
