@@ -115,7 +115,10 @@ def test_translate_and_read_every_attention_map(site, browser, tmp_path):
     info = {m["name"]: m for m in httpx.get(f"{site.url}/v1/models").json()["models"]}["numbers"]
     page.get_by_label("Model").select_option("numbers")
     assert page.get_by_label("Text").get_attribute("placeholder") == info["example"] == "52,017"  # the model's own
-    assert "numbers, encoder-decoder: 2 encoder layers + 2 decoder layers, 3 heads" in page.locator("#model-kind").text_content()
+    assert (
+        "numbers, encoder-decoder: 2 encoder layers + 2 decoder layers, 3 heads"
+        in page.locator("#model-kind").text_content()
+    )
     view = _translate(page, site, "", beam=3)  # an empty box reads the example
     assert page.get_by_label("Text").input_value() == "52,017" and view["source_tokens"]
     assert page.locator("#attention-title").text_content() == "Attention: numbers"
@@ -136,7 +139,7 @@ def test_translate_and_read_every_attention_map(site, browser, tmp_path):
     assert table.locator("td").first.bounding_box()["width"] >= 16  # readable, not 9 px
     assert page.locator("#legend .legend-ticks span").all_text_contents() == ["0", "0.25", "0.5", "0.75", "1"]
     assert page.locator("#legend .legend-bar").bounding_box()["width"] > 100
-    first_row = 'table.heatmap tbody tr:first-child td'
+    first_row = "table.heatmap tbody tr:first-child td"
     assert _values(page, first_row, "w") == pytest.approx(view["cross"][-1][0][0], abs=1e-9)
 
     # The value under the pointer: query token, key token and the API's weight.
@@ -149,7 +152,10 @@ def test_translate_and_read_every_attention_map(site, browser, tmp_path):
 
     # Every layer and head at once, labelled; one click shows any of them large.
     rows, cols = _grid_labels(page)
-    assert rows == [f"layer {i + 1}" for i in range(layers)] and cols == [*(f"head {h + 1}" for h in range(heads)), "mean"]
+    assert rows == [f"layer {i + 1}" for i in range(layers)] and cols == [
+        *(f"head {h + 1}" for h in range(heads)),
+        "mean",
+    ]
     assert page.locator(".grid .thumb").count() == layers * (heads + 1)
     page.get_by_role("button", name="Cross-attention, layer 1, head 3").click()
     assert "layer 1 of 2, head 3" in page.locator("#map-caption").text_content()
@@ -223,7 +229,9 @@ def test_stream_a_generation_in_german_and_chinese(site, browser):
     assert page.locator("#generated .continuation").text_content() == whole["text"]
     assert page.evaluate("window.pieces") > 2  # the text arrived in pieces, not at once
     page.wait_for_selector('table.heatmap[data-part="decoder"]')
-    assert page.get_by_role("tab").all_text_contents() == ["Decoder masked self-attention"]  # a language model's one kind
+    assert page.get_by_role("tab").all_text_contents() == [
+        "Decoder masked self-attention"
+    ]  # a language model's one kind
     chips = page.locator('.tok[data-side="output"]').all_text_contents()
     assert chips[: len(prompt)] == list(prompt)  # ü and 北京 as they were typed
     page.close()

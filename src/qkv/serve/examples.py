@@ -4,8 +4,8 @@ What is here: :func:`example_input`, a sentence the model can read: the numbers 
 else a sentence in the source language its recipe names (``multi30k/train.de``,
 ``tatoeba-zh-en/train.tsv``, ``reverse``), else one for its kind (a sentence to translate, a
 prompt to continue, a line of dialogue to classify), the first its tokenizer reads without an
-unknown token and within the window; :func:`source_language`, the language code a recipe's
-training files name.
+unknown token and within the window (else the first words of one it reads);
+:func:`source_language`, the language code a recipe's training files name.
 
 What is not here: the route (``routes/info.py``), the page (``static/``).
 """
@@ -20,14 +20,14 @@ from qkv.serve.models import Served
 NUMBERS = ("52,017", "4,317")  # the numbers task reads digits (tasks/numbers.py)
 SENTENCES = {  # one per language the shipped recipes translate, the same sentence
     "de": "Ein Hund läuft über die Wiese.",
-    "en": "A dog runs across the grass.",
+    "en": "A dog runs on the grass.",
     "zh": "一只狗在草地上跑。",
     "fr": "Un chien court dans l'herbe.",
 }
 BY_KIND = {  # what a model of each kind is given when its recipe names no language
     "encoder_decoder": (SENTENCES["en"], SENTENCES["de"], SENTENCES["zh"]),
     "decoder_only": ("To be, or not to be", "Once upon a time", "Es war einmal", "从前"),
-    "encoder_only": ("Could you tell me the way to the station?", "The dog runs across the grass."),
+    "encoder_only": ("Could you tell me the way to the station?",),
 }
 PAIR = re.compile(r"(?<![a-z])([a-z]{2})[-_]([a-z]{2})(?![a-z])")
 
@@ -54,18 +54,28 @@ def _candidates(served: Served) -> list[str]:
     language = source_language(data.get("train"), reverse=bool(data.get("reverse"))) if task == "translation" else None
     if language in SENTENCES:
         found.append(SENTENCES[language])
-    return found + [s for s in BY_KIND.get(served.kind, ()) if s not in found]
+    more = [*BY_KIND.get(served.kind, ()), *SENTENCES.values()]
+    return found + [s for s in dict.fromkeys(more) if s not in found]
 
 
 def example_input(served: Served) -> str:
     """The first candidate (:func:`_candidates`) that ``served``'s source tokenizer reads
-    without an unknown token and within the window; the first candidate when none does."""
+    without an unknown token and that fits (a language model's prompt: half its window, the rest
+    for its continuation); else the first words of the first one it reads that fit; else the
+    first candidate."""
     candidates = _candidates(served)
     tokenizer = served.vocab.source if served.vocab is not None else None
     if tokenizer is None:
         return candidates[0]
-    for text in candidates:
-        ids = tokenizer.encode(text)
-        if ids and len(ids) <= served.window and (tokenizer.unk_id is None or tokenizer.unk_id not in ids):
+    room = served.window // 2 if served.kind == "decoder_only" else served.window
+    lengths = {text: tokenizer.encode(text) for text in candidates}
+    readable = [t for t, ids in lengths.items() if ids and (tokenizer.unk_id is None or tokenizer.unk_id not in ids)]
+    for text in readable:
+        if len(lengths[text]) <= room:
             return text
+    for text in readable:
+        words = text.split()
+        fitting = [" ".join(words[:n]) for n in range(len(words), 0, -1)]
+        if (cut := next((w for w in fitting if len(tokenizer.encode(w)) <= room), None)) is not None:
+            return cut
     return candidates[0]

@@ -8,6 +8,7 @@
 
 const $ = (id) => document.getElementById(id);
 const TASKS = { translate: "Translate", generate: "Continue (streamed)", chat: "Chat", embed: "Embed", classify: "Classify" };
+const SHORT = { encoder: ["Encoder", " self-attention"], decoder: ["Decoder", " masked self-attention"], cross: ["Cross", "-attention"] };
 const PARTS = {
   encoder: ["Encoder self-attention", "each source token (row) over the source (columns)"],
   decoder: ["Decoder masked self-attention", "each output step (row) over the tokens read so far"],
@@ -246,8 +247,8 @@ function showAttention(view) {
   $("parts").replaceChildren(
     ...found.map((p) => element("button", {
       type: "button", role: "tab", id: `tab-${p.key}`, "aria-controls": "map-figure", dataset: { part: p.key },
-      text: PARTS[p.key][0], onclick: () => choosePart(p.key),
-    }))
+      "aria-label": PARTS[p.key][0], onclick: () => choosePart(p.key),
+    }, SHORT[p.key][0], element("span", { class: "long", text: SHORT[p.key][1] })))
   );
   const head = $("head").value;
   $("head").replaceChildren(
@@ -349,10 +350,11 @@ function bigMap(p, matrix, top, layer, head) {
   const cols = matrix[0].length;
   const longest = Math.max(...p.rows.map((t) => [...t].length));
   const labels = Math.min(150, 8 * longest + 20);
-  const width = $("map-wrap").clientWidth || 600;
+  const width = ($("attention").clientWidth || 600) - 24; // the section's width less the frame's padding
   const cell = Math.max(16, Math.min(40, Math.floor((width - labels - 8) / cols)));
+  const short = p.cols.every((t) => [...t].length <= 3) && cell >= 24; // column labels read across
   const table = element("table", {
-    class: "heatmap", style: `--cell: ${cell}px`, dataset: { part: p.key, layer, head, rows: matrix.length, cols },
+    class: short ? "heatmap short" : "heatmap", style: `--cell: ${cell}px`, dataset: { part: p.key, layer, head, rows: matrix.length, cols },
   });
   table.append(element("caption", { class: "visually-hidden", text: `${PARTS[p.key][0]}: rows (queries) attend to columns (keys)` }));
   const header = element("tr", {}, element("td", { "aria-hidden": "true" }));
@@ -388,9 +390,9 @@ function bigMap(p, matrix, top, layer, head) {
 function grid(p, layer, head) {
   const heads = state.view.heads;
   const columns = heads + 1;
-  const width = $("grid-wrap").clientWidth || 600;
-  const size = Math.max(56, Math.min(150, Math.floor((width - 72) / columns) - 8));
-  const node = element("div", { class: "grid", style: `grid-template-columns: max-content repeat(${columns}, ${size}px)`, dataset: { part: p.key } });
+  const width = $("attention").clientWidth || 600;
+  const size = Math.max(56, Math.min(120, Math.floor((width - 72) / columns) - 8));
+  const node = element("div", { class: "grid", style: `grid-template-columns: max-content repeat(${columns}, max-content)`, dataset: { part: p.key } });
   node.append(element("span", { class: "corner" }));
   for (const h of [...range(heads).map(String), "all"]) node.append(element("span", { class: "col-label", text: h === "all" ? "mean" : `head ${Number(h) + 1}` }));
   p.maps.forEach((_, l) => {
