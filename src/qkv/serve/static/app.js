@@ -326,7 +326,10 @@ function draw() {
   drawLegend(top, p.key === "decoder");
   $("map-wrap").replaceChildren(bigMap(p, weights, top, layer, head));
   $("grid-title").textContent = `${title}: every layer and head`;
-  $("grid-wrap").replaceChildren(grid(p, layer, head));
+  // The grid beside the map where 18rem or more is left there, else below it, the section's width.
+  const whole = $("attention").clientWidth || 600;
+  const beside = whole - $("map-figure").offsetWidth - 24;
+  $("grid-wrap").replaceChildren(grid(p, layer, head, beside >= 288 ? beside : whole));
   drawTokens(view);
   hideTip();
 }
@@ -387,11 +390,10 @@ function bigMap(p, matrix, top, layer, head) {
 
 // Every layer (rows) and head (columns, then their mean) of one part as small maps: canvases of
 // a pixel per weight, scaled up without smoothing. Each is a button: a click shows it large.
-function grid(p, layer, head) {
+function grid(p, layer, head, width) {
   const heads = state.view.heads;
   const columns = heads + 1;
-  const width = $("attention").clientWidth || 600;
-  const size = Math.max(56, Math.min(120, Math.floor((width - 72) / columns) - 8));
+  const size = Math.max(48, Math.min(120, Math.floor((width - 72) / columns) - 14)); // less gap, padding, border
   const node = element("div", { class: "grid", style: `grid-template-columns: max-content repeat(${columns}, max-content)`, dataset: { part: p.key } });
   node.append(element("span", { class: "corner" }));
   for (const h of [...range(heads).map(String), "all"]) node.append(element("span", { class: "col-label", text: h === "all" ? "mean" : `head ${Number(h) + 1}` }));
@@ -444,7 +446,7 @@ function showTip(event, p, layer, head, r, c, matrix, top) {
     element("div", {}, element("span", { class: "what", text: "query " }), element("span", { class: "token q", text: p.rows[r] }), ...reads),
     element("div", {}, element("span", { class: "what", text: "key " }), element("span", { class: "token k", text: p.cols[c] })),
     element("div", { class: "value" }, element("span", { class: "v", text: hidden ? "masked" : fmt(w) }),
-      element("span", { class: "what", text: hidden ? " (the decoder may not read a later position)" : ` = ${fmt(100 * w, 1)}% of the query's attention` })),
+      element("span", { class: "what", text: hidden ? " (the decoder may not read a later position)" : ` = ${w > 0 && w < 0.0005 ? "under 0.1" : fmt(100 * w, 1)}% of the query's attention` })),
     element("div", { class: "what", text: `${PARTS[p.key][0]}, layer ${layer + 1}, ${headName(head)}` })
   );
   Object.assign(tip.dataset, { part: p.key, layer, head, r, c, w: hidden ? "" : fmt(w) });
