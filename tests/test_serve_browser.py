@@ -1,10 +1,13 @@
 """The page at ``/`` in a real browser: Playwright (the Python package) driving Chromium headless
 (Debian's ``chromium``, which ``scripts/setup.sh`` installs as root with apt; Playwright's own
 browser download is not used). Against a real ``qkv serve`` of a tiny trained numbers model and
-a tiny language model: translate, check the heatmaps against the API's maps (rows, columns,
-values), switch layer and head, hover tokens both ways, read the beam trace, stream a
-generation in German and Chinese, fit a phone's width, and save a screenshot (under pytest's
-temporary directory; ``QKV_SCREENSHOT=FILE`` copies it there too).
+a tiny language model, at a laptop's width and a phone's: translate the model's example, check
+the large map against the API's maps (rows, columns, labels, values), the value the tooltip shows
+under the pointer (large map and small ones), the colour scale, the labelled grid of every layer
+and head (a click shows one large), the encoder/decoder/cross tabs, hover tokens both ways, read
+the beam trace, stream a generation in German and Chinese, nothing wider than a phone's screen,
+and save screenshots (under pytest's temporary directory; ``QKV_SCREENSHOT=FILE`` copies the
+laptop's there too).
 
 Skipped, saying why, where Playwright or Chromium is missing; CI installs both.
 """
