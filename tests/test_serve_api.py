@@ -71,6 +71,7 @@ def test_models_health_and_page(client):
     assert models["de_en"]["endpoints"] == ["/v1/translate", "/v1/chat", "/v1/attention"]
     assert models["acts"]["labels"] == ["inform", "question"] and models["lm"]["window"] == 17
     assert models["de_en"]["layers"] == {"encoder": 2, "decoder": 2} and models["de_en"]["heads"] == 3
+    assert all(m["example"] and m["task"] is None for m in models.values())  # saved by hand: no recipe
     assert client.get("/health").json() == {"status": "ok", "models": 3, "active": 0, "waiting": 0}
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

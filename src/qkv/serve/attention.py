@@ -21,10 +21,11 @@ class TooLong(ValueError):
 
 
 def _rounded(maps) -> list | None:
-    """One (H, T, S) tensor per layer as nested lists, 4 decimals (the page draws 256 shades)."""
+    """One (H, T, S) tensor per layer as nested lists, 4 decimals (the page draws 256 shades).
+    Rounded in float64: a float32 0.1851 would reach JSON as 0.1851000040769577."""
     if maps is None:
         return None
-    return [((w * 10_000).round() / 10_000).tolist() for w in maps]
+    return [((w.double() * 10_000).round() / 10_000).tolist() for w in maps]
 
 
 def attention_view(

@@ -195,6 +195,8 @@ class ModelInfo(BaseModel):
     layers: dict[str, int]
     heads: int
     labels: list[str] | None = None
+    task: str | None = Field(None, description="what it was trained for (its recipe's task), or None (an import)")
+    example: str = Field(description="an input it can read, for a placeholder: a sentence in its source language")
 
 
 class OpenAIModel(BaseModel):

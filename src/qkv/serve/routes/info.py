@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from qkv.serve import schemas as s
+from qkv.serve.examples import example_input
 from qkv.serve.models import Served
 from qkv.serve.service import Shared
 
@@ -64,6 +65,8 @@ async def list_models(svc: Shared):
                 layers=m.layers(),
                 heads=m.model.config.n_heads,
                 labels=m.labels,
+                task=m.bundle.meta.get("task"),
+                example=example_input(m),
             )
             for m in svc.models.values()
         ],

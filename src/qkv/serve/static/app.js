@@ -1,17 +1,27 @@
 // qkv's page: plain JavaScript, no framework, no build step. It calls the server's JSON API:
-// /v1/models to list the models, /v1/translate, /v1/generate (Server-Sent Events), /v1/chat,
-// /v1/embed, /v1/classify for the output, then /v1/attention for every attention map of it
-// (and the beam search's trace), which it draws as token-by-token heatmaps.
+// /v1/models to list the models (and an example input for each), /v1/translate, /v1/generate
+// (Server-Sent Events), /v1/chat, /v1/embed, /v1/classify for the output, then /v1/attention for
+// every attention map of it (and the beam search's trace). It draws the chosen map large, with
+// token labels, a colour scale and the value under the pointer, and every layer and head of the
+// chosen kind (encoder, decoder, cross) as a grid of small maps beside it.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const TASKS = { translate: "Translate", generate: "Continue (streamed)", chat: "Chat", embed: "Embed", classify: "Classify" };
+const SHORT = { encoder: ["Encoder", " self-attention"], decoder: ["Decoder", " masked self-attention"], cross: ["Cross", "-attention"] };
 const PARTS = {
   encoder: ["Encoder self-attention", "each source token (row) over the source (columns)"],
   decoder: ["Decoder masked self-attention", "each output step (row) over the tokens read so far"],
   cross: ["Cross-attention", "each output token (row) over the source tokens (columns)"],
 };
-const state = { models: [], view: null, chat: [] };
+const state = { models: [], view: null, chat: [], part: null };
+const range = (n) => Array.from({ length: n }, (_, i) => i);
+
+// A number with ``digits`` decimals that is never "-0.0000": what rounds to zero shows as 0.
+function fmt(x, digits = 4) {
+  const shown = x.toFixed(digits);
+  return Number(shown) === 0 ? (0).toFixed(digits) : shown;
+}
 
 async function api(path, body) {
   const init = body === undefined ? {} : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
@@ -58,13 +68,19 @@ async function init() {
   $("clear-chat").addEventListener("click", () => { state.chat = []; $("output").replaceChildren(); });
   $("layer").addEventListener("change", draw);
   $("head").addEventListener("change", draw);
+  $("scale").addEventListener("change", draw);
+  let resizing = 0;
+  window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(draw, 150); });
   chooseModel();
 }
 
 function chooseModel() {
   const m = model();
   if (!m) return;
-  $("model-kind").textContent = `${m.kind.replace("_", "-")}, ${m.heads} heads, window ${m.window}`;
+  const layers = Object.entries(m.layers).map(([side, n]) => `${n} ${side} layer${n === 1 ? "" : "s"}`).join(" + ");
+  const task = m.task ? `${m.task}, ` : "";
+  $("model-kind").textContent = `${task}${m.kind.replace("_", "-")}: ${layers}, ${m.heads} heads, window ${m.window}`;
+  $("text").placeholder = m.example;
   const tasks = m.endpoints.map((e) => e.replace("/v1/", "")).filter((t) => t in TASKS);
   $("task").replaceChildren(...tasks.map((t) => element("option", { value: t, text: TASKS[t] })));
   state.chat = [];
@@ -82,6 +98,7 @@ function showOptions() {
 async function run(event) {
   event.preventDefault();
   const m = model();
+  if ($("text").value.trim() === "" && task() !== "chat") $("text").value = $("text").placeholder; // the model's example
   const text = $("text").value;
   if (!m || !text.trim()) {
     status("type a text first", true);
@@ -119,7 +136,7 @@ async function translate(m, text) {
   });
   const list = element("ol", { class: "nbest", "aria-label": "Translations, best first" });
   for (const h of found.translations[0]) {
-    list.append(element("li", {}, element("span", { class: "text", text: h.text }), element("span", { class: "score", text: h.score.toFixed(4) })));
+    list.append(element("li", {}, element("span", { class: "text", text: h.text }), element("span", { class: "score", text: fmt(h.score) })));
   }
   $("output").replaceChildren(list);
   return { text, beam_size: beam, length_penalty: number("length-penalty"), trace: $("want-trace").checked };
@@ -193,7 +210,7 @@ async function embed(m, text) {
   const vector = found.embeddings[0];
   const norm = Math.sqrt(vector.reduce((a, x) => a + x * x, 0));
   $("output").replaceChildren(
-    element("p", { text: `${vector.length} numbers, length ${norm.toFixed(4)}: ${vector.slice(0, 6).map((x) => x.toFixed(3)).join(", ")}, …` }),
+    element("p", { text: `${vector.length} numbers, length ${fmt(norm)}: ${vector.slice(0, 6).map((x) => fmt(x, 3)).join(", ")}, …` }),
     element("p", { class: "note", text: found.settings })
   );
   return { text };
@@ -207,34 +224,66 @@ async function classify(m, text) {
 
 // ------------------------------------------------------------------------------ attention
 
+// ColorBrewer's sequential "Blues": light is little weight, dark is much; it stays in order in
+// greyscale and for colour-blind readers. SHADES: 256 steps of it, as [r, g, b].
+const BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
+  [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
+const SHADES = range(256).map((i) => {
+  const x = (i / 255) * (BLUES.length - 1);
+  const k = Math.min(Math.floor(x), BLUES.length - 2);
+  return BLUES[k].map((a, j) => Math.round(a + (BLUES[k + 1][j] - a) * (x - k)));
+});
+const MASKED = [226, 229, 233]; // a position the decoder may not read (a later one)
+const rgb = (c) => `rgb(${c.join(", ")})`;
+const masked = (key, r, c) => key === "decoder" && c > r; // row r reads positions 0..r
+const shadeOf = (w, top) => SHADES[Math.round(255 * Math.min(Math.max(w / top, 0), 1))];
+
 function showAttention(view) {
   state.view = view;
   $("attention").hidden = false;
-  const previous = $("layer").value;
-  $("layer").replaceChildren(...range(view.layers).map((i) => element("option", { value: i, text: `${i + 1} of ${view.layers}` })));
-  $("layer").value = previous !== "" && Number(previous) < view.layers ? previous : String(view.layers - 1);
+  const found = parts(view);
+  if (!found.some((p) => p.key === state.part)) state.part = found[found.length - 1].key; // cross first
+  $("attention-title").textContent = `Attention: ${view.model}`;
+  $("parts").replaceChildren(
+    ...found.map((p) => element("button", {
+      type: "button", role: "tab", id: `tab-${p.key}`, "aria-controls": "map-figure", dataset: { part: p.key },
+      "aria-label": PARTS[p.key][0], onclick: () => choosePart(p.key),
+    }, SHORT[p.key][0], element("span", { class: "long", text: SHORT[p.key][1] })))
+  );
   const head = $("head").value;
   $("head").replaceChildren(
     ...range(view.heads).map((i) => element("option", { value: i, text: `${i + 1}` })),
-    element("option", { value: "all", text: "All heads" })
+    element("option", { value: "all", text: "Mean of heads" })
   );
   $("head").value = head && (head === "all" || Number(head) < view.heads) ? head : "0";
   $("attention-note").textContent =
     view.kind === "encoder_decoder"
       ? `Source: ${view.source_tokens.length} tokens; output: ${view.predicted_tokens.length} tokens (END included). Hover a token to see where it looks, or what looks at it.`
       : `${(view.source_tokens.length || view.target_tokens.length)} tokens. Hover a token to see where it looks.`;
-  draw();
+  choosePart(state.part);
   showTrace(view.trace);
 }
 
-const range = (n) => Array.from({ length: n }, (_, i) => i);
+// Show one kind of attention: its layers in the layer menu (kept where it has that layer).
+function choosePart(key) {
+  state.part = key;
+  const n = part(key).maps.length;
+  const previous = $("layer").value;
+  $("layer").replaceChildren(...range(n).map((i) => element("option", { value: i, text: `${i + 1} of ${n}` })));
+  $("layer").value = previous !== "" && Number(previous) < n ? previous : String(n - 1);
+  draw();
+}
 
 function parts(view) {
   const found = [];
   if (view.encoder) found.push({ key: "encoder", maps: view.encoder, rows: view.source_tokens, cols: view.source_tokens });
-  if (view.decoder) found.push({ key: "decoder", maps: view.decoder, rows: view.predicted_tokens, cols: view.target_tokens });
-  if (view.cross) found.push({ key: "cross", maps: view.cross, rows: view.predicted_tokens, cols: view.source_tokens });
+  if (view.decoder) found.push({ key: "decoder", maps: view.decoder, rows: view.predicted_tokens, cols: view.target_tokens, reads: view.target_tokens });
+  if (view.cross) found.push({ key: "cross", maps: view.cross, rows: view.predicted_tokens, cols: view.source_tokens, reads: view.target_tokens });
   return found;
+}
+
+function part(key) {
+  return parts(state.view).find((p) => p.key === key);
 }
 
 function meanOfHeads(heads) {
@@ -243,62 +292,184 @@ function meanOfHeads(heads) {
   return range(rows).map((r) => range(cols).map((c) => heads.reduce((a, h) => a + h[r][c], 0) / heads.length));
 }
 
-// The weights of one part at the chosen layer: one head's (rows x cols), or all heads' mean.
-function chosen(part) {
+// The weights of one map: a head's (rows x cols) at a layer, or the mean of the layer's heads.
+const mapOf = (p, layer, head) => (head === "all" ? meanOfHeads(p.maps[layer]) : p.maps[layer][Number(head)]);
+const headName = (head) => (head === "all" ? "mean of heads" : `head ${Number(head) + 1}`);
+
+// The weights chosen in the menus for one part (null where that part lacks the layer).
+function chosen(p) {
   const layer = Number($("layer").value);
-  const heads = part.maps[layer];
-  if (!heads) return null;
-  const head = $("head").value;
-  return head === "all" ? meanOfHeads(heads) : heads[Number(head)];
+  return p.maps[layer] ? mapOf(p, layer, $("head").value) : null;
+}
+
+// The weight the darkest shade stands for: 1, or the map's largest weight.
+function topOf(matrix) {
+  if ($("scale").value !== "top") return 1;
+  return Math.max(1e-9, ...matrix.map((row) => Math.max(...row)));
 }
 
 function draw() {
   const view = state.view;
   if (!view) return;
+  const p = part(state.part);
+  for (const tab of $("parts").children) tab.setAttribute("aria-selected", String(tab.dataset.part === p.key));
   const layer = Number($("layer").value);
   const head = $("head").value;
-  const panels = [];
-  for (const part of parts(view)) {
-    const [title, sub] = PARTS[part.key];
-    const caption = element("figcaption", {}, `${title}`, element("span", { class: "sub", text: `layer ${layer + 1}, ${head === "all" ? "all heads" : `head ${Number(head) + 1}`}: ${sub}` }));
-    const figure = element("figure", { class: head === "all" ? "panel all" : "panel", dataset: { part: part.key } }, caption);
-    const heads = part.maps[layer];
-    if (!heads) {
-      figure.append(element("p", { class: "note", text: `no layer ${layer + 1} here (${part.maps.length} layers)` }));
-    } else if (head === "all") {
-      const grid = element("div", { class: "heads" });
-      heads.forEach((matrix, h) => {
-        grid.append(element("div", {}, element("div", { class: "head-title", text: `head ${h + 1}` }), heatmap(part, matrix, true, `${title}, head ${h + 1}`)));
-      });
-      figure.append(element("div", { class: "scroll" }, grid));
-    } else {
-      figure.append(element("div", { class: "scroll" }, heatmap(part, heads[Number(head)], false, title)));
-    }
-    panels.push(figure);
-  }
-  $("panels").replaceChildren(...panels);
+  const weights = mapOf(p, layer, head);
+  const top = topOf(weights);
+  const [title, sub] = PARTS[p.key];
+  $("map-figure").dataset.part = p.key;
+  $("map-caption").replaceChildren(
+    `${title}: layer ${layer + 1} of ${p.maps.length}, ${headName(head)}`,
+    element("span", { class: "sub", text: sub })
+  );
+  drawLegend(top, p.key === "decoder");
+  $("map-wrap").replaceChildren(bigMap(p, weights, top, layer, head));
+  $("grid-title").textContent = `${title}: every layer and head`;
+  // The grid beside the map where 18rem or more is left there, else below it, the section's width.
+  const whole = $("attention").clientWidth || 600;
+  const beside = whole - $("map-figure").offsetWidth - 24;
+  $("grid-wrap").replaceChildren(grid(p, layer, head, beside >= 288 ? beside : whole));
   drawTokens(view);
+  hideTip();
 }
 
-function heatmap(part, matrix, small, title) {
+// The colour scale: the shades from 0 to ``top``, five ticks, and a mark for the hovered value.
+function drawLegend(top, hasMasked) {
+  const tick = (x) => (top === 1 ? String(x) : String(Number(x.toPrecision(2))));
+  $("legend").replaceChildren(
+    element("span", { class: "legend-title", text: "weight" }),
+    element("div", { class: "legend-scale" },
+      element("div", { class: "legend-bar", style: `background: linear-gradient(to right, ${BLUES.map(rgb).join(", ")})` },
+        element("span", { class: "legend-mark", id: "legend-mark", hidden: "" })),
+      element("div", { class: "legend-ticks" }, ...[0, 0.25, 0.5, 0.75, 1].map((f) => element("span", { text: tick(f * top) })))),
+    ...(hasMasked ? [element("span", { class: "legend-masked" }, element("i", { style: `background: ${rgb(MASKED)}` }), "masked: a later position")] : [])
+  );
+}
+
+// The chosen map as a table: a row per query token, a column per key token, a cell per weight,
+// cells as large as the width allows (16 to 40 px; a wider map scrolls inside its frame).
+function bigMap(p, matrix, top, layer, head) {
+  const cols = matrix[0].length;
+  const longest = Math.max(...p.rows.map((t) => [...t].length));
+  const labels = Math.min(150, 8 * longest + 20);
+  const width = ($("attention").clientWidth || 600) - 24; // the section's width less the frame's padding
+  const cell = Math.max(16, Math.min(40, Math.floor((width - labels - 8) / cols)));
+  const short = p.cols.every((t) => [...t].length <= 3) && cell >= 24; // column labels read across
   const table = element("table", {
-    class: `heatmap${small ? " small" : ""}`,
-    dataset: { part: part.key, rows: matrix.length, cols: matrix[0] ? matrix[0].length : 0 },
+    class: short ? "heatmap short" : "heatmap", style: `--cell: ${cell}px`, dataset: { part: p.key, layer, head, rows: matrix.length, cols },
   });
-  table.append(element("caption", { class: "visually-hidden", text: `${title}: rows attend to columns` }));
-  const head = element("tr", {}, element("td", { "aria-hidden": "true" }));
-  part.cols.forEach((token, c) => head.append(element("th", { scope: "col", text: small ? "" : token, dataset: { c }, onmouseenter: () => hoverColumn(part.key, c), onmouseleave: unhover })));
-  table.append(element("thead", {}, head));
+  table.append(element("caption", { class: "visually-hidden", text: `${PARTS[p.key][0]}: rows (queries) attend to columns (keys)` }));
+  const header = element("tr", {}, element("td", { "aria-hidden": "true" }));
+  p.cols.forEach((token, c) => header.append(element("th", {
+    scope: "col", text: token, title: token, dataset: { c }, onmouseenter: () => hoverColumn(p.key, c), onmouseleave: unhover,
+  })));
+  table.append(element("thead", {}, header));
   const body = element("tbody");
   matrix.forEach((row, r) => {
-    const tr = element("tr", { dataset: { r } }, element("th", { scope: "row", text: small ? "" : part.rows[r], dataset: { r }, onmouseenter: () => hoverRow(part.key, r), onmouseleave: unhover }));
+    const tr = element("tr", { dataset: { r } }, element("th", {
+      scope: "row", text: p.rows[r], dataset: { r }, onmouseenter: () => hoverRow(p.key, r), onmouseleave: unhover,
+    }));
     row.forEach((w, c) => {
-      tr.append(element("td", { style: `background: rgba(var(--hot), ${w.toFixed(3)})`, title: `${part.rows[r]} → ${part.cols[c]}: ${w.toFixed(3)}`, dataset: { w: w.toFixed(4) } }));
+      const hidden = masked(p.key, r, c);
+      tr.append(element("td", {
+        class: hidden ? "masked" : "", style: `background: ${rgb(hidden ? MASKED : shadeOf(w, top))}`, dataset: { r, c, w: fmt(w) },
+      }));
     });
     body.append(tr);
   });
   table.append(body);
+  const at = (event) => event.target.closest && event.target.closest("td[data-c]");
+  table.addEventListener("pointerover", (event) => {
+    const td = at(event);
+    if (td) showTip(event, p, layer, head, Number(td.dataset.r), Number(td.dataset.c), matrix, top);
+  });
+  table.addEventListener("pointerleave", hideTip);
   return table;
+}
+
+// Every layer (rows) and head (columns, then their mean) of one part as small maps: canvases of
+// a pixel per weight, scaled up without smoothing. Each is a button: a click shows it large.
+function grid(p, layer, head, width) {
+  const heads = state.view.heads;
+  const columns = heads + 1;
+  const size = Math.max(48, Math.min(120, Math.floor((width - 72) / columns) - 14)); // less gap, padding, border
+  const node = element("div", { class: "grid", style: `grid-template-columns: max-content repeat(${columns}, max-content)`, dataset: { part: p.key } });
+  node.append(element("span", { class: "corner" }));
+  for (const h of [...range(heads).map(String), "all"]) node.append(element("span", { class: "col-label", text: h === "all" ? "mean" : `head ${Number(h) + 1}` }));
+  p.maps.forEach((_, l) => {
+    node.append(element("span", { class: "row-label", text: `layer ${l + 1}` }));
+    for (const h of [...range(heads).map(String), "all"]) {
+      node.append(thumbnail(p, l, h, size, l === layer && h === head));
+    }
+  });
+  return node;
+}
+
+function thumbnail(p, layer, head, size, current) {
+  const matrix = mapOf(p, layer, head);
+  const rows = matrix.length;
+  const cols = matrix[0].length;
+  const top = topOf(matrix);
+  const canvas = element("canvas", { width: cols, height: rows, "aria-hidden": "true" });
+  const scale = size / Math.max(rows, cols);
+  canvas.style.width = `${Math.max(1, Math.round(cols * scale))}px`;
+  canvas.style.height = `${Math.max(1, Math.round(rows * scale))}px`;
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(cols, rows);
+  matrix.forEach((row, r) => row.forEach((w, c) => {
+    image.data.set([...(masked(p.key, r, c) ? MASKED : shadeOf(w, top)), 255], 4 * (r * cols + c));
+  }));
+  context.putImageData(image, 0, 0);
+  const cell = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const r = Math.min(rows - 1, Math.max(0, Math.floor(((event.clientY - box.top) / box.height) * rows)));
+    const c = Math.min(cols - 1, Math.max(0, Math.floor(((event.clientX - box.left) / box.width) * cols)));
+    showTip(event, p, layer, head, r, c, matrix, top);
+  };
+  canvas.addEventListener("pointermove", cell);
+  canvas.addEventListener("pointerleave", hideTip);
+  return element("button", {
+    type: "button", class: "thumb", "aria-pressed": String(current), dataset: { layer, head },
+    "aria-label": `${PARTS[p.key][0]}, layer ${layer + 1}, ${headName(head)}`,
+    onclick: () => { $("layer").value = String(layer); $("head").value = head; draw(); $("map-figure").scrollIntoView({ block: "nearest" }); },
+  }, canvas);
+}
+
+// The tooltip: the query token (the row), the key token (the column) and the weight between them.
+function showTip(event, p, layer, head, r, c, matrix, top) {
+  const hidden = masked(p.key, r, c);
+  const w = matrix[r][c];
+  const tip = $("tip");
+  const reads = p.reads ? [element("span", { class: "what", text: ` (position ${r + 1}, reads ` }), element("span", { class: "token", text: p.reads[r] }), element("span", { class: "what", text: ")" })] : [];
+  tip.replaceChildren(
+    element("div", {}, element("span", { class: "what", text: "query " }), element("span", { class: "token q", text: p.rows[r] }), ...reads),
+    element("div", {}, element("span", { class: "what", text: "key " }), element("span", { class: "token k", text: p.cols[c] })),
+    element("div", { class: "value" }, element("span", { class: "v", text: hidden ? "masked" : fmt(w) }),
+      element("span", { class: "what", text: hidden ? " (the decoder may not read a later position)" : ` = ${w > 0 && w < 0.0005 ? "under 0.1" : fmt(100 * w, 1)}% of the query's attention` })),
+    element("div", { class: "what", text: `${PARTS[p.key][0]}, layer ${layer + 1}, ${headName(head)}` })
+  );
+  Object.assign(tip.dataset, { part: p.key, layer, head, r, c, w: hidden ? "" : fmt(w) });
+  tip.hidden = false;
+  // In page coordinates (it scrolls with the map), kept inside the viewport's width and height.
+  const pad = 8;
+  const room = document.documentElement.clientWidth;
+  let left = event.clientX + 14;
+  let y = event.clientY + 14;
+  if (left + tip.offsetWidth > room - pad) left = Math.max(pad, event.clientX - 14 - tip.offsetWidth);
+  if (y + tip.offsetHeight > window.innerHeight - pad) y = Math.max(pad, event.clientY - 14 - tip.offsetHeight);
+  tip.style.left = `${left + window.scrollX}px`;
+  tip.style.top = `${y + window.scrollY}px`;
+  const mark = $("legend-mark");
+  if (mark && head === $("head").value && layer === Number($("layer").value)) {
+    mark.hidden = hidden;
+    mark.style.left = `${100 * Math.min(w / top, 1)}%`;
+  }
+}
+
+function hideTip() {
+  $("tip").hidden = true;
+  if ($("legend-mark")) $("legend-mark").hidden = true;
 }
 
 // The token strips: the source (what the encoder read) and the output (what the decoder wrote).
@@ -319,10 +490,6 @@ function drawTokens(view) {
     lines.push(line("tokens", "source", view.source_tokens));
   }
   $("tokens").replaceChildren(...lines);
-}
-
-function part(key) {
-  return parts(state.view).find((p) => p.key === key);
 }
 
 // Hovering an output token: the source tokens it attends to (cross-attention; a decoder-only
@@ -364,7 +531,7 @@ function mark(side, weights, hovered) {
   document.querySelectorAll(`.tok[data-side="${side}"]`).forEach((chip) => {
     const w = weights[Number(chip.dataset.i)] ?? 0;
     chip.style.background = `rgba(var(--mark), ${(0.6 * w / top).toFixed(3)})`;
-    chip.dataset.weight = w.toFixed(4);
+    chip.dataset.weight = fmt(w);
     chip.classList.toggle("lit", w / top > 0.25);
   });
   if (hovered) focusChip(...hovered);
@@ -390,7 +557,7 @@ function showTrace(trace) {
   $("trace").hidden = !trace;
   if (!trace) return;
   $("trace-beam").textContent = trace.beam_size;
-  const hyp = (h) => element("span", { class: "hyp" }, h.tokens.join(" ") || "(empty)", element("span", { class: "score", text: h.score.toFixed(3) }));
+  const hyp = (h) => element("span", { class: "hyp" }, h.tokens.join(" ") || "(empty)", element("span", { class: "score", text: fmt(h.score, 3) }));
   const rows = trace.steps.map((step) =>
     element(
       "tr",
