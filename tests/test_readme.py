@@ -15,11 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+# An example that talks to a running `qkv serve` says, in a comment just above it, which test
+# runs the same calls against a real server: <!-- against a server: tests/test_x.py -->
+SERVED = re.compile(r"<!-- against a server: (tests/[\w.]+) -->\n```python\n(.*?)```", re.S)
 EXAMPLES = [
     (f"{page.relative_to(ROOT).as_posix()}#{i}", code)
     for page in PAGES
     for i, code in enumerate(BLOCK.findall(page.read_text(encoding="utf-8")), 1)
 ]
+AGAINST_A_SERVER = {code: test for page in PAGES for test, code in SERVED.findall(page.read_text(encoding="utf-8"))}
 
 
 def _run(code: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -77,6 +81,15 @@ def test_readme_python_example_runs(tmp_path):
 
 @pytest.mark.parametrize("where,code", EXAMPLES[1:], ids=[w for w, _ in EXAMPLES[1:]])
 def test_every_python_example_runs(where, code, tmp_path):
+    """Each example runs as written beside a demo model (``qkv-demo/model``, as after
+    ``bash scripts/demo.sh``); one for a running server is checked against the test that makes
+    the same client calls of a real ``qkv serve``."""
+    if code in AGAINST_A_SERVER:
+        test = (ROOT / AGAINST_A_SERVER[code]).read_text(encoding="utf-8")
+        calls = set(re.findall(r"client(?:\.\w+)+\(", code))
+        assert calls and all(call in test for call in calls), f"{where}: {AGAINST_A_SERVER[code]} lacks {calls}"
+        return
+    demo_model(tmp_path)
     result = _run(code, tmp_path)
     assert result.returncode == 0, f"{where}: {result.stderr[-3000:]}"
     if 'save_model(gpt, "my-gpt")' in code:  # the README's models example wrote a model directory here

@@ -307,6 +307,7 @@ def export_onnx(source: Source, out_dir: str | Path, *, int8: bool = False, expo
     require(EXPORT_PACKAGES)
     out = Path(out_dir)
     check_out_dir(out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # onnx/de_en with no onnx/ yet, as qkv train --out makes
     size = sum(p.numel() * p.element_size() for p in source.model.parameters())
     inline = size <= PARAMETERS_INLINE
     with atomic_directory(out) as tmp:
