@@ -225,6 +225,7 @@ def test_import_summary_settings_and_tokenizer(multilingual, english, tmp_path: 
         "no_timestamps_id": ids["<|notimestamps|>"],
         "suppress_tokens": [],
         "begin_suppress_tokens": [],
+        "max_initial_timestamp": None,
     }
     tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
     end = hf_tokenizer.eos_token_id

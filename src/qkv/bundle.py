@@ -758,7 +758,8 @@ def transcriptions(
 
     Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
     ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
-    the recipe's (:attr:`Bundle.decode`). ``lm``: a language model directory of the same
+    the recipe's (:attr:`Bundle.decode`), but an imported Whisper decodes greedily, with its
+    checkpoint's suppressed tokens (:func:`whisper_rules`), as transformers' ``generate`` does. ``lm``: a language model directory of the same
     tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
     Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
     a multilingual one without ``language`` from each input's own language, detected as
@@ -773,7 +774,8 @@ def transcriptions(
     if bundle.whisper is None and (language is not None or task is not None):
         raise OptionError("language and task apply to imported Whisper models only", "language", "task")
     d = bundle.decode
-    beam = d.beam_size if beam_size is None else beam_size
+    # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
+    beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
     named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
     if ctc_only and named:
         raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
@@ -809,7 +811,7 @@ def transcriptions(
             on_batch=on_batch,
             lm=fused,
             lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
-            scorers=steer.scorers,
+            scorers=[*whisper_rules(bundle), *steer.scorers],
             required=None if steer.required is None else [steer.required[i] for i in rows],
         )
         for i, h in zip(rows, heard, strict=True):
@@ -817,6 +819,14 @@ def transcriptions(
             text = bundle.vocab.target.decode(ids) if steer.shown else h.text
             found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds)
     return [t for t in found if t is not None]
+
+
+def whisper_rules(bundle: Bundle, *, timestamps: bool = False) -> list[Scorer]:
+    """An imported Whisper's decoding rules (suppressed tokens; with ``timestamps``, the timestamp
+    rules) as scorers, as transformers' ``generate`` applies them; none for other models."""
+    if bundle.whisper is None:
+        return []
+    return bundle.whisper.scorers(eos=bundle.model.config.eos_id, timestamps=timestamps)
 
 
 def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int]) -> list[int] | None:
