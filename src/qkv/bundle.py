@@ -817,24 +817,22 @@ def transcriptions(
     starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
     found: list[Transcript | None] = [None] * len(feats)
     windowed = [i for i, w in enumerate(waves) if _windowed(bundle, w, timestamps)]
-    if windowed:
-        steered = beam_size not in (None, 1) or prefix is not None or require
-        if steered:
-            raise OptionError(
-                "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
-                "no beam_size, prefix or require there",
-                "beam_size",
-                "prefix",
-                "require",
-            )
-        for i in windowed:
-            began = time.perf_counter()
-            segments = long_transcript(bundle, waves[i], starts[i], long_form, steer.scorers, on_seconds)
-            ids = [t for s in segments for t in s.tokens]
-            text = "".join(s.text for s in segments).strip()
-            found[i] = Transcript(text, ids, languages[i], seconds[i], time.perf_counter() - began, tuple(segments))
-            if on_batch is not None:
-                on_batch(1)
+    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
+        raise OptionError(
+            "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
+            "no beam_size, prefix or require there",
+            "beam_size",
+            "prefix",
+            "require",
+        )
+    for i in windowed:
+        began = time.perf_counter()
+        segments = long_transcript(bundle, waves[i], starts[i], long_form, steer.scorers, on_seconds)
+        ids = [t for s in segments for t in s.tokens]
+        text = "".join(s.text for s in segments).strip()
+        found[i] = Transcript(text, ids, languages[i], seconds[i], time.perf_counter() - began, tuple(segments))
+        if on_batch is not None:
+            on_batch(1)
     groups: dict[tuple[int, ...] | None, list[int]] = {}
     for i, start in enumerate(starts):
         if found[i] is None:
