@@ -146,25 +146,34 @@ def test_transcribe_formats_and_output_dir(whisper_dir: Path, tmp_path: Path, ca
     assert "--output-dir" in capsys.readouterr().err
 
 
-def test_readme_transcribe_then_evaluate_scores_words(whisper_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    """The README's transcribe → evaluate --wer lines, run as written on a model and folder of ours."""
+def test_readme_transcribe_then_evaluate_with_whisper(whisper_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The README's Whisper transcribe → evaluate --wer lines, run as written on a model and folder
+    of ours: each file scored against its own reference (matched by path), and --format txt's
+    lines (the texts alone) scored line by line against the same references."""
     import soundfile
 
     lines = [line.split("  #")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()]
-    transcribe = next(line for line in lines if line.startswith("qkv transcribe --model models/whisper-tiny.en"))
-    evaluate = next(line for line in lines if line.startswith("qkv evaluate --hyp transcripts.txt"))
+    transcribe = next(line for line in lines if line.startswith("qkv transcribe --model models/whisper-tiny.en rec"))
+    evaluate = next(line for line in lines if line.startswith("qkv evaluate --hyp transcripts.tsv"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "whisper-tiny.en").symlink_to(whisper_dir)
     (tmp_path / "recordings").mkdir()
+    truth = ["one two", "three", "four five six"]
     for i in range(3):
         soundfile.write(tmp_path / "recordings" / f"r{i}.wav", noise(0.6, 20 + i), 16000)
-    (tmp_path / "truth.txt").write_text("one two\nthree\nfour five six\n")
+    rows = [f"recordings/r{i}.wav\t{text}" for i, text in enumerate(truth)]
+    (tmp_path / "truth.tsv").write_text("\n".join(reversed(rows)) + "\n")  # matched by path, not line
     assert main([*shlex.split(transcribe)[1:], "--quiet"]) == 0
-    assert len((tmp_path / "transcripts.txt").read_text().splitlines()) == 3
     capsys.readouterr()
     assert main([*shlex.split(evaluate)[1:], "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["words"] == 6  # the references' words, not paths
+    by_path = json.loads(capsys.readouterr().out)
+    assert by_path["words"] == 6  # the references' words, not paths
+    assert main([*shlex.split(transcribe)[1:5], "--format", "txt", "--output", "hyp.txt", "--quiet"]) == 0
+    (tmp_path / "truth.txt").write_text("\n".join(truth) + "\n")
+    capsys.readouterr()
+    assert main(["evaluate", "--hyp", "hyp.txt", "--ref", "truth.txt", "--wer", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == by_path
 
 
 # ------------------------------------------------------------------------ the real tiny.en
