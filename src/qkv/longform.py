@@ -15,7 +15,8 @@ at a temperature above 0.5 (its text is not to be trusted as context). The defau
 openai/whisper's (:class:`LongForm`).
 
 What is here: :class:`LongForm` (the settings), :class:`WhisperTokens` (the token ids it
-needs), :func:`transcribe_long` (one waveform's segments), and the pure parts it is built of:
+needs), :func:`transcribe_long` (one waveform's segments), :func:`decode_window` (one window's
+decodings, with what the fallback reads), and the pure parts it is built of:
 :func:`compression_ratio`, :func:`cut_segments`, :func:`needs_fallback`. What is not here:
 the rules (``decoding/whisper_rules.py``), the start tokens and settings (``hf/whisper.py``),
 the segments' files (``subtitles.py``), the library job (``bundle.py``).
@@ -125,7 +126,8 @@ def cut_segments(tokens: Sequence[int], timestamp_begin: int) -> tuple[list[tupl
     """A window's tokens cut at each pair of timestamps: (start step, end step, tokens) per
     segment, times in 20 ms steps from the window's start; and the step the next window starts
     at (None: after this window, whose last segment is open, or which has no pair). Tokens with
-    no pair of timestamps are one segment (None, end step or None, tokens): the caller times it.
+    no pair of timestamps are one segment (−1, their last timestamp or −1, tokens): the caller
+    times it from the window's start to that timestamp, else to the window's end.
     """
     stamp = [t >= timestamp_begin for t in tokens]
     pairs = [i + 1 for i in range(len(tokens) - 1) if stamp[i] and stamp[i + 1]]
