@@ -2,7 +2,7 @@
 ``qkv transcribe --format/--output-dir`` with the README's transcribe → evaluate --wer example.
 
 The pure parts are checked on tokens and texts made here; the whole on the small random Whisper
-of ``test_whisper_rules`` (a 1 s chunk, so 2.3 s of audio is three windows) and, marked slow, on
+of ``test_whisper_rules`` (a 1 s chunk, so 1.6 s of audio is two windows or more) and, marked slow, on
 the real tiny.en (``bench/fetch_whisper_tiny.sh``) reading FSDD digits joined with silences,
 whose words and times are known.
 """
@@ -104,18 +104,18 @@ def noise(seconds: float, seed: int) -> np.ndarray:
 
 
 def test_long_audio_is_read_window_by_window(whisper_dir: Path) -> None:
-    """2.3 s through a 1 s chunk: segments in order within the audio, progress summing to its
+    """1.6 s through a 1 s chunk: segments in order within the audio, progress summing to its
     length, the same segments twice (the draws are seeded); Bundle.transcribe's transcript is
     the text, with its segments."""
     from qkv.bundle import transcriptions
 
     bundle = qkv.load(whisper_dir)
-    wave, options = noise(2.3, 1), LongForm(temperatures=(0.0, 0.4), best_of=2)
+    wave, options = noise(1.6, 1), LongForm(temperatures=(0.0, 0.4), best_of=2)
     moved: list[float] = []
     found = transcriptions(bundle, [wave], on_seconds=moved.append, long_form=options)
     segments = found[0].segments
-    assert abs(sum(moved) - 2.3) < 0.011 and len(moved) >= 3
-    assert segments and all(0 <= s.start < s.end <= 2.3 + 1.0 for s in segments)
+    assert abs(sum(moved) - 1.6) < 0.011 and len(moved) >= 2
+    assert segments and all(0 <= s.start < s.end <= 1.6 + 1.0 for s in segments)
     assert [s.start for s in segments] == sorted(s.start for s in segments)
     assert found[0].text == "".join(s.text for s in segments).strip()
     again = transcriptions(bundle, [wave], long_form=options)
