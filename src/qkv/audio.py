@@ -511,6 +511,35 @@ def _whisper(batch: Tensor, c: FeatureConfig) -> Tensor:
     return (log + 4.0) / 4.0
 
 
+def whisper_log_mel(waveform: Tensor | np.ndarray, config: FeatureConfig, *, pad_seconds: float = 0.0) -> Tensor:
+    """Whisper's log-mel of a whole waveform of any length (Y,), not cut to the chunk, after
+    ``pad_seconds`` of zeros appended (openai/whisper's ``transcribe`` appends one chunk, so the
+    last window's frames read zeros rather than a reflection): (Y' // hop, M) float32, Y' the
+    padded length. The STFT runs a chunk of frames at a time (its memory is one chunk's), the
+    clip to 8 below the maximum over the whole waveform, as Whisper's.
+
+    Shapes: (Y,) -> (T, M).
+    """
+    if config.kind != "whisper":
+        raise ValueError(f"whisper_log_mel computes Whisper's features, not {config.kind!r}")
+    x = _as_waveform(waveform)  # (Y,)
+    x = torch.nn.functional.pad(x, (0, round(pad_seconds * config.sample_rate)))  # (Y',)
+    half, hop = config.n_fft // 2, config.hop_length
+    padded = torch.nn.functional.pad(x[None, None], (half, half), mode="reflect")[0, 0]  # (Y' + 2·half,)
+    frames, step = x.numel() // hop, max(1, round(config.chunk_seconds * config.sample_rate) // hop)
+    window = _cached_window(config.win_length)
+    fb = _cached_filterbank(config.n_mels, config.n_fft, config.sample_rate, float(config.f_min), config.f_max)
+    pieces = []
+    for first in range(0, frames, step):  # frame t reads samples [t·hop, t·hop + n_fft) of the padded signal
+        last = min(frames, first + step)
+        piece = padded[first * hop : (last - 1) * hop + config.n_fft]
+        spec = torch.stft(piece, config.n_fft, hop, config.win_length, window, center=False, return_complex=True)
+        pieces.append((_power(spec[None])[0] @ fb).clamp_(min=LOG_FLOOR).log10_())  # (t, M)
+    log = torch.cat(pieces)  # (T, M)
+    log = torch.maximum(log, log.max() - 8.0)
+    return (log + 4.0) / 4.0
+
+
 # ---------------------------------------------------------------------------------------------
 # Normalisation, augmentation, batching
 # ---------------------------------------------------------------------------------------------

@@ -61,12 +61,14 @@ from qkv.ensemble import Ensemble
 from qkv.errors import OptionError, UserError
 from qkv.hf.whisper import WhisperSettings, most_likely_languages, settings_in
 from qkv.loading import KIND_NAMES, check_options, load_fusion_lm, matching_vocabularies, prepared, reading_as_trained
+from qkv.longform import LongForm, WhisperTokens, transcribe_long
 from qkv.piper import Voice
 from qkv.piper import speak as speak_piper
 from qkv.recipes import upgrade_stored
 from qkv.seq2seq import Translation, cut_source, translate
 from qkv.speakable import FASTEST, TooLong, most_characters, split_text
 from qkv.streaming import continuation_text
+from qkv.subtitles import Heard, Segment
 from qkv.synthesis import Synthesis
 from qkv.tasks.asr import too_short, transcribe
 from qkv.tasks.tts import speak, speaking_of
@@ -295,10 +297,15 @@ class Bundle:
         prefix: str | None = None,
         ban: Sequence[str] = (),
         require: Sequence[str] = (),
-    ) -> str | list[str]:
-        """Each file's or waveform's text (one: its text), by :func:`transcriptions`; ``language``
-        and ``task`` ("transcribe" or "translate"): an imported Whisper's; ``prefix``, ``ban``,
-        ``require``: constraints (:func:`constraints`)."""
+        timestamps: bool | None = None,
+    ) -> Heard | list[Heard]:
+        """Each file's or waveform's transcript (one: its transcript), by :func:`transcriptions`:
+        a :class:`~qkv.subtitles.Heard`, the text itself (a ``str``) with ``.segments`` (each
+        with its start and end in seconds) and ``.language``. ``language`` and ``task``
+        ("transcribe" or "translate"): an imported Whisper's, which reads audio of any length and
+        times its segments with its timestamps (``timestamps``; None: yes for a Whisper, whose
+        segments are then timed; a model of qkv's own gives one segment per input); ``prefix``,
+        ``ban``, ``require``: constraints (:func:`constraints`)."""
         one = _one_audio(audio)
         found = transcriptions(
             self,
@@ -309,9 +316,10 @@ class Bundle:
             prefix=prefix,
             ban=ban,
             require=require,
+            timestamps=self.whisper is not None if timestamps is None else timestamps,
         )
-        texts = [t.text for t in found]
-        return texts[0] if one else texts
+        heard = [Heard(t.text, t.segments, t.language) for t in found]
+        return heard[0] if one else heard
 
     def speak(
         self, texts: str | Sequence[str], *, speaker: str | None = None, seed: int | None = 0
@@ -727,25 +735,28 @@ def _ensemble(bundle: Bundle, others: Sequence[Bundle]) -> Ensemble:
 class Transcript:
     """One input's transcription: its text (stripped), its token ids, the language it was
     decoded as (an imported multilingual Whisper's, given or detected; else None), the seconds
-    its features took, and its share of its batch's decoding seconds."""
+    its features took, its share of its batch's decoding seconds, and its segments (with their
+    times: an imported Whisper's by its timestamps, else one for the whole input)."""
 
     text: str
     ids: list[int]
     language: str | None
     feature_seconds: float
     decode_seconds: float
+    segments: tuple[Segment, ...] = ()
 
 
 def read_audio(
-    bundle: Bundle, paths: Sequence[str | Path], *, max_seconds: float = 60.0
+    bundle: Bundle, paths: Sequence[str | Path], *, max_seconds: float | None = None
 ) -> tuple[list[tuple[Path, Tensor]], list[tuple[Path, str]]]:
     """Audio files as the speech model reads them, ``(good, bad)``: each good file's waveform
     (N,) at the model's sample rate, in order; each bad one with why, never raised
-    (``audio.load_many``): unreadable, longer than ``max_seconds`` (an imported Whisper's
-    chunk at most, all its encoder reads), or too short for the model's front-end."""
+    (``audio.load_many``): unreadable, longer than ``max_seconds`` (None: any length for an
+    imported Whisper, which reads long audio a window at a time; 60 s for other models), or too
+    short for the model's front-end."""
     bundle.require("transcribe")
     config = bundle.features
-    longest = min(max_seconds, config.chunk_seconds) if config.kind == "whisper" else max_seconds
+    longest = max_seconds if max_seconds is not None or config.kind == "whisper" else 60.0
     good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
     short = [too_short(bundle.model, config.frames(wave.numel())) for _, wave in good]
     bad += [
@@ -773,13 +784,25 @@ def transcriptions(
     prefix: str | None = None,
     ban: Sequence[str] = (),
     require: Sequence[str] = (),
+    timestamps: bool = False,
+    long_form: LongForm | None = None,
+    on_seconds: Callable[[float], None] | None = None,
 ) -> list[Transcript]:
     """Each input's transcript, in order: audio files (read at the model's rate) or mono
     waveforms (N,) at :attr:`Bundle.sample_rate`.
 
+    An imported Whisper reads an input longer than its chunk (30 s), or any input with
+    ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
+    with temperature fallback, each window after the previous text; ``long_form``: its
+    settings, None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds
+    of audio read): its segments carry the timestamps' times. Other inputs are decoded in
+    batches, each one segment from 0 to its end.
+
     Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
     ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
-    the recipe's (:attr:`Bundle.decode`). ``lm``: a language model directory of the same
+    the recipe's (:attr:`Bundle.decode`), but an imported Whisper decodes greedily, with its
+    checkpoint's suppressed tokens (:func:`whisper_rules`), as transformers' ``generate`` does.
+    ``lm``: a language model directory of the same
     tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
     Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
     a multilingual one without ``language`` from each input's own language, detected as
@@ -794,7 +817,8 @@ def transcriptions(
     if bundle.whisper is None and (language is not None or task is not None):
         raise OptionError("language and task apply to imported Whisper models only", "language", "task")
     d = bundle.decode
-    beam = d.beam_size if beam_size is None else beam_size
+    # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
+    beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
     named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
     if ctc_only and named:
         raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
@@ -805,17 +829,35 @@ def transcriptions(
     if lm is not None:
         bf16 = bundle.precision == "bf16"
         fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
-    feats, seconds = [], []
+    feats, seconds, waves = [], [], []
     for i, item in enumerate(audio):
-        wave = _waveform(bundle, item, i)
+        waves.append(_waveform(bundle, item, i))
         began = time.perf_counter()
-        feats.append(features(wave, bundle.features))  # (T, M)
+        feats.append(features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
         seconds.append(time.perf_counter() - began)
     starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
+    found: list[Transcript | None] = [None] * len(feats)
+    windowed = [i for i, w in enumerate(waves) if _windowed(bundle, w, timestamps)]
+    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
+        raise OptionError(
+            "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
+            "no beam_size, prefix or require there",
+            "beam_size",
+            "prefix",
+            "require",
+        )
+    for i in windowed:
+        began = time.perf_counter()
+        segments = long_transcript(bundle, waves[i], starts[i], long_form, steer.scorers, on_seconds)
+        ids = [t for s in segments for t in s.tokens]
+        text = "".join(s.text for s in segments).strip()
+        found[i] = Transcript(text, ids, languages[i], seconds[i], time.perf_counter() - began, tuple(segments))
+        if on_batch is not None:
+            on_batch(1)
     groups: dict[tuple[int, ...] | None, list[int]] = {}
     for i, start in enumerate(starts):
-        groups.setdefault(start, []).append(i)
-    found: list[Transcript | None] = [None] * len(feats)
+        if found[i] is None:
+            groups.setdefault(start, []).append(i)
     for start, rows in groups.items():
         heard = transcribe(
             bundle.model,
@@ -830,14 +872,58 @@ def transcriptions(
             on_batch=on_batch,
             lm=fused,
             lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
-            scorers=steer.scorers,
+            scorers=[*whisper_rules(bundle), *steer.scorers],
             required=None if steer.required is None else [steer.required[i] for i in rows],
         )
         for i, h in zip(rows, heard, strict=True):
             ids = [*steer.shown, *h.ids]
             text = bundle.vocab.target.decode(ids) if steer.shown else h.text
-            found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds)
+            whole = Segment(0.0, waves[i].numel() / bundle.sample_rate, text.strip(), tuple(ids))
+            found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds, (whole,))
     return [t for t in found if t is not None]
+
+
+def _windowed(bundle: Bundle, wave: Tensor, timestamps: bool) -> bool:
+    """Whether an imported Whisper reads ``wave`` window by window (longer than its chunk, or
+    timed); never for other models."""
+    if bundle.whisper is None:
+        return False
+    return timestamps or wave.numel() > bundle.features.chunk_seconds * bundle.sample_rate
+
+
+def long_transcript(
+    bundle: Bundle,
+    wave: Tensor,
+    start: tuple[int, ...],
+    options: LongForm | None,
+    bans: Sequence[Scorer] = (),
+    on_seconds: Callable[[float], None] | None = None,
+) -> list[Segment]:
+    """An imported Whisper's segments of ``wave`` (``longform.transcribe_long``) from the start
+    tokens ``start`` (<|notimestamps|> left out), with its rules and ``bans``."""
+    settings, tokenizer = bundle.whisper, bundle.vocab.target
+    if settings.no_timestamps_id is None:
+        raise UserError(
+            f"{bundle.path}: the model has no <|notimestamps|> token, so no timestamps to read long audio by"
+        )
+    token = tokenizer.backend.token_to_id
+    ids = WhisperTokens(
+        start=tuple(t for t in start if t != settings.no_timestamps_id),
+        previous=token("<|startofprev|>"),
+        no_speech=token("<|nospeech|>") if token("<|nospeech|>") is not None else token("<|nocaptions|>"),
+        timestamp_begin=settings.no_timestamps_id + 1,
+        eos=bundle.model.config.eos_id,
+        rules=(*whisper_rules(bundle, timestamps=True), *bans),
+    )
+    return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
+
+
+def whisper_rules(bundle: Bundle, *, timestamps: bool = False) -> list[Scorer]:
+    """An imported Whisper's decoding rules (suppressed tokens; with ``timestamps``, the timestamp
+    rules) as scorers, as transformers' ``generate`` applies them; none for other models."""
+    if bundle.whisper is None:
+        return []
+    return bundle.whisper.scorers(eos=bundle.model.config.eos_id, timestamps=timestamps)
 
 
 def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int]) -> list[int] | None:
@@ -848,18 +934,13 @@ def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int
 
 
 def _waveform(bundle: Bundle, item: Audio, i: int) -> Tensor:
-    """Input ``i``: a file read at the model's rate, or a mono waveform as given; longer than
-    an imported Whisper's chunk is refused (its encoder reads one chunk, and no more)."""
+    """Input ``i``: a file read at the model's rate (any length), or a mono waveform as given."""
     config = bundle.features
-    chunk = config.chunk_seconds if config.kind == "whisper" else None
     if isinstance(item, str | Path):
-        return load_audio(item, sample_rate=config.sample_rate, max_seconds=chunk)
+        return load_audio(item, sample_rate=config.sample_rate, max_seconds=None)
     wave = torch.as_tensor(item, dtype=torch.float32)
     if wave.ndim != 1:
         raise UserError(f"input {i + 1}: a waveform is one channel of samples (N,), not {tuple(wave.shape)}")
-    if chunk is not None and wave.numel() > chunk * config.sample_rate:
-        seconds = wave.numel() / config.sample_rate
-        raise UserError(f"input {i + 1} is {seconds:.1f} s long; the model reads at most {chunk:g} s")
     return wave
 
 

@@ -9,6 +9,7 @@ imported Whisper's start tokens and languages, decoding) and prints.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -28,9 +29,23 @@ EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model whisper-tiny --language de --task translate talk.flac   # an imported Whisper
   find calls -name '*.wav' | qkv transcribe --model runs/speech_en --input - --skip-bad
   qkv transcribe --model runs/speech_en --ctc-weight 0 --require Zurich --ban um talk.wav   # constraints
+  qkv transcribe --model whisper-tiny.en lecture.mp3 --format srt --output-dir subtitles/   # any length
+  qkv transcribe --model whisper-tiny.en recordings/ --format txt --output hyp.txt   # for evaluate --wer
 
 Each line of output is PATH<TAB>TEXT; with --json one JSON object per file (path, text,
-audio_seconds, load_seconds, decode_seconds), and a summary line on stderr.
+audio_seconds, load_seconds, decode_seconds), and a summary line on stderr. --format txt writes
+one line per file, its text alone (what `qkv evaluate --hyp FILE --wer` reads, line by line);
+--format json one JSON object per file (path, text, language, segments with start and end in
+seconds); tsv (start and end in ms), srt and vtt hold one file's segments: with several files,
+give --output-dir, which writes one file per input (NAME.FORMAT, as the Whisper CLI does).
+
+An imported Whisper decodes greedily, with its checkpoint's suppressed tokens and, for times,
+its timestamp rules, as transformers' generate does; audio longer than 30 s (and any audio with
+times: --format tsv/json/srt/vtt or --output-dir) is read in 30 s windows moving by the last
+timestamp, each window after the previous text, with temperature fallback (0, 0.2, ... 1.0;
+5 samples each) where the text repeats itself (gzip compression ratio > 2.4) or is unlikely
+(mean log-probability < -1), and a window skipped as silence where no-speech probability > 0.6
+and the log-probability is below -1: openai/whisper's transcribe defaults.
 """
 
 
@@ -54,12 +69,37 @@ def audio_paths(files: list[str], listing: str | None) -> list[Path]:
     return paths
 
 
+def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
+    """Refuse a format that holds one file's segments for several files without --output-dir."""
+    if args.output_dir is not None and args.output is not None:
+        raise UserError("give --output (one file for all inputs) or --output-dir (one file per input), not both")
+    if args.format in ("tsv", "srt", "vtt") and args.output_dir is None and len(paths) > 1:
+        raise UserError(
+            f"--format {args.format} holds one file's segments: give --output-dir DIR for {len(paths)} files"
+        )
+    if args.json and args.format is not None:
+        raise UserError("give --json (lines with timings) or --format, not both")
+    if args.output_dir is not None:
+        stems = [p.stem for p in paths]
+        twice = sorted({s for s in stems if stems.count(s) > 1})
+        if twice:
+            raise UserError(f"--output-dir: several inputs are named {', '.join(twice)}; each needs its own name")
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.bundle import load, read_audio, transcriptions
+    from qkv.longform import LongForm
     from qkv.progress import progress
+    from qkv.subtitles import Heard
 
     paths = audio_paths(args.files, args.input)
+    args.format = args.format or ("txt" if args.output_dir is not None else None)
+    _check_format(args, paths)
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="transcribe")
+    if args.initial_prompt is not None and bundle.whisper is None:
+        raise UserError("--initial-prompt is for an imported Whisper")
+    timed = bundle.whisper is not None and (args.format not in (None, "txt") or args.output_dir is not None)
+    prompt = () if args.initial_prompt is None else tuple(bundle.vocab.target.encode(" " + args.initial_prompt.strip()))
     out = Output(args.output)
     good, bad = read_audio(bundle, paths, max_seconds=args.max_seconds)
     if bad and not args.skip_bad:
@@ -72,7 +112,14 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()
-    bar = progress(len(good), desc="qkv transcribe", unit="file", disable=args.quiet or len(good) < 2)
+    timed = timed or bool(prompt)
+    chunk = bundle.features.chunk_seconds if bundle.whisper is not None else None
+    seconds = [wave.numel() / bundle.sample_rate for _, wave in good]
+    windowed = sum(s for s in seconds if chunk is not None and (timed or s > chunk))
+    if windowed:  # progress in seconds of audio read window by window
+        bar = progress(round(windowed), desc="qkv transcribe", unit="s", disable=args.quiet)
+    else:
+        bar = progress(len(good), desc="qkv transcribe", unit="file", disable=args.quiet or len(good) < 2)
     found = transcriptions(
         bundle,
         [wave for _, wave in good],
@@ -84,10 +131,15 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         language=args.language,
         task=args.task,
         batch_size=args.batch_size if args.batch_size else 32,
-        on_batch=bar.update,
+        on_batch=None if windowed else bar.update,
         prefix=args.prefix,
         ban=args.ban,
         require=args.require,
+        timestamps=timed,
+        long_form=LongForm(temperatures=(0.0,), initial_prompt=prompt)
+        if args.no_fallback
+        else LongForm(initial_prompt=prompt),
+        on_seconds=bar.update if windowed else None,
     )
     bar.close()
     elapsed = time.perf_counter() - start
@@ -99,7 +151,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         )
     audio_seconds = [wave.numel() / bundle.sample_rate for _, wave in good]
     for (path, _), heard, seconds in zip(good, found, audio_seconds, strict=True):
-        if args.json:
+        if args.format is not None:
+            _write_format(args, out, path, Heard(heard.text, heard.segments, heard.language))
+        elif args.json:
             record = {
                 "path": str(path),
                 "text": heard.text,
@@ -125,6 +179,24 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_format(args: argparse.Namespace, out: Output, path: Path, heard) -> None:
+    """One input's transcript in ``args.format``: its own file in --output-dir, else a line (txt:
+    the text; json: an object) or, for one input, the whole file to the output."""
+    from qkv.files import write_atomic
+    from qkv.subtitles import record, render
+
+    if args.output_dir is not None:
+        folder = Path(args.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / f"{path.stem}.{args.format}", render(args.format, heard).encode())
+    elif args.format == "txt":
+        out.write(" ".join(heard.text.split()))
+    elif args.format == "json":
+        out.write(json.dumps({"path": str(path), **dataclasses.asdict(record(heard))}, ensure_ascii=False))
+    else:
+        out.write(render(args.format, heard).rstrip("\n"))
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The ``transcribe`` command's arguments."""
     p = sub.add_parser(
@@ -138,8 +210,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="speech model directory (or a training run)")
     p.add_argument("files", nargs="*", help="audio files, or folders of them")
     p.add_argument("--input", help="a file listing audio paths, one per line ('-': stdin)")
-    p.add_argument("--output", help="write PATH<TAB>TEXT lines here (atomically) instead of stdout")
-    p.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy; default 4)")
+    p.add_argument("--output", help="write the output here (atomically) instead of stdout")
+    p.add_argument(
+        "--format",
+        choices=("txt", "tsv", "json", "srt", "vtt"),
+        help="txt: a line of text per file (what evaluate --wer reads); json, tsv, srt, vtt: segments with times "
+        "(default: PATH<TAB>TEXT lines)",
+    )
+    p.add_argument("--output-dir", help="write one file per input here, NAME.FORMAT (--format; default txt)")
+    p.add_argument(
+        "--beam",
+        type=positive_int,
+        help="beam size (1: greedy; default: the recipe's, else 4; an imported Whisper: 1, greedy, as Whisper and "
+        "transformers decode)",
+    )
     p.add_argument(
         "--ctc-weight",
         type=number(float, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
@@ -161,8 +245,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-seconds",
         type=number(float, lambda v: v > 0, "a positive number of seconds"),
-        default=60.0,
-        help="refuse files longer than this (default 60)",
+        help="refuse files longer than this (default: no limit for an imported Whisper, which reads 30 s windows; "
+        "60 for other models)",
+    )
+    p.add_argument(
+        "--no-fallback",
+        action="store_true",
+        help="Whisper, window by window: decode each window once, greedily (no temperature fallback; faster)",
+    )
+    p.add_argument(
+        "--initial-prompt",
+        help="Whisper: text read before the first window (spellings, names, style); decodes with timestamps",
     )
     p.add_argument("--skip-bad", action="store_true", help="name unreadable files on stderr and transcribe the rest")
     p.add_argument("--language", help="Whisper: the spoken language's code (e.g. en, de); multilingual models only")

@@ -6,6 +6,8 @@ that take both.
     by :func:`decoder_for`;
   * ``scorers.py``: what a search adds to the decoder's log-probabilities, each with a weight
     (the CTC prefix score, a fused language model, banned tokens; a new one is one class);
+  * ``whisper_rules.py``: Whisper's decoding rules as scorers (suppressed tokens, timestamp
+    rules);
   * ``bans.py``: scorers that ban token sequences (a checkpoint's ``bad_words_ids``) and words,
     however the tokens spell them;
   * ``search.py``: greedy, sampling, the token stream, batched beam search with an ``on_step``
@@ -33,7 +35,7 @@ from qkv.decoding.decoders import (
     pad_rows,
 )
 from qkv.decoding.planning import DECODING_SHARE, MaxNew, check_inputs, decoding_bytes, inputs_per_batch
-from qkv.decoding.scorers import BannedTokens, CTCPrefixScore, LanguageModelScore, Scorer, joint_scorers
+from qkv.decoding.scorers import BannedTokens, CTCPrefixScore, LanguageModelScore, Scorer, joint_scorers, revised
 from qkv.decoding.search import (
     DONE,
     BeamStep,
@@ -51,6 +53,7 @@ from qkv.decoding.search import (
     sampler,
     stream,
 )
+from qkv.decoding.whisper_rules import SuppressTokens, TimestampRules, whisper_scorers
 
 __all__ = [
     "AT_START",
@@ -70,6 +73,8 @@ __all__ = [
     "MaxNew",
     "Required",
     "Scorer",
+    "SuppressTokens",
+    "TimestampRules",
     "bank_sizes",
     "beam_search",
     "check_inputs",
@@ -88,7 +93,9 @@ __all__ = [
     "member",
     "most_likely",
     "pad_rows",
+    "revised",
     "sample",
     "sampler",
     "stream",
+    "whisper_scorers",
 ]

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from qkv.decoding.decoders import Decoder, DecodingModel, Inputs, decoder_for
 from qkv.decoding.planning import MaxNew, check_inputs, in_parts, inputs_per_batch
-from qkv.decoding.scorers import Scorer
+from qkv.decoding.scorers import Scorer, revised
 from qkv.decoding.search import Hypothesis, _started
 
 MET = -1  # a term's automaton state once one of its ways is written (it stays there)
@@ -201,7 +201,7 @@ def _full_scores(
         if s.weight != 0.0:
             fused = s.weight * score if fused is None else fused + s.weight * score
     total = logp if decoder_weight == 1.0 else decoder_weight * logp  # (N, V)
-    return (total if fused is None else total + fused), scored
+    return revised(total if fused is None else total + fused, scorers), scored
 
 
 def _search(

@@ -13,7 +13,10 @@ with this interface and no edit to any search:
   * ``score(state, candidates)``: unweighted log-scores of every next token (N, V) when
     ``candidates`` is None, else of those candidates (N, C); and what ``advance`` needs;
   * ``advance(scored, rows, tokens)``: the state once hypothesis ``rows[i]`` took ``tokens[i]``;
-  * ``bytes_needed(decoder, inputs=, beam=, source=, steps=)``: what it holds, for planning.
+  * ``bytes_needed(decoder, inputs=, beam=, source=, steps=)``: what it holds, for planning;
+  * optionally ``revise(total)``: a full scorer whose rule reads the step's summed scores (the
+    decoder's and the full scorers') revises them once they are summed (:func:`revised`):
+    Whisper's timestamp-probability rule (``whisper_rules.py``).
 
 What is here: :class:`Scorer` (the protocol), :class:`CTCPrefixScore` (joint CTC/attention
 decoding), :class:`LanguageModelScore` (shallow fusion) and :class:`BannedTokens`. What is not
@@ -175,6 +178,16 @@ class BannedTokens:
 
     def bytes_needed(self, decoder: Decoder, *, inputs: int, beam: int, source: int, steps: int) -> int:
         return 4 * decoder.vocab_size
+
+
+def revised(total: Tensor, scorers: Sequence[Scorer]) -> Tensor:
+    """A step's summed scores after every scorer that revises them (one with a ``revise``
+    method and a weight), in order. Shapes: (N, V) -> (N, V)."""
+    for s in scorers:
+        revise = getattr(s, "revise", None)
+        if revise is not None and s.weight != 0.0:
+            total = revise(total)
+    return total
 
 
 def joint_scorers(

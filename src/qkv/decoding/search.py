@@ -32,7 +32,7 @@ from torch import Tensor
 from qkv.ctc import ctc_best_path
 from qkv.decoding.decoders import Decoder, DecodingModel, Inputs, decoder_for
 from qkv.decoding.planning import MaxNew, check_inputs, in_parts, inputs_per_batch
-from qkv.decoding.scorers import CTC_PRE_BEAM, Scorer
+from qkv.decoding.scorers import CTC_PRE_BEAM, Scorer, revised
 
 DONE = -1  # what :func:`stream` yields for a row that has already finished
 
@@ -100,12 +100,13 @@ def _started(decoder: Decoder, inputs: Inputs, prefix: Sequence[int] | None) -> 
 
 def _weighted(logits: Tensor, scorers: Sequence[Scorer], scored: list, decoder_weight: float) -> Tensor:
     """w_dec · log p_decoder + Σ wₖ · scoreₖ over every token (full scorers; a weight of 0 adds
-    nothing). Shapes: (N, V) -> (N, V)."""
+    nothing), then revised by the scorers that revise (:func:`~qkv.decoding.scorers.revised`).
+    Shapes: (N, V) -> (N, V)."""
     total = decoder_weight * torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     for s, (score, _) in zip(scorers, scored, strict=True):
         if s.weight != 0.0:
             total = total + s.weight * score  # (N, V)
-    return total
+    return revised(total, scorers)
 
 
 @torch.no_grad()
@@ -418,7 +419,7 @@ def _step_scores(logits: Tensor, o: _Options, scoring: list, w: int, eos: int | 
     partial = [k for k, s in enumerate(o.scorers) if s.partial]
     if not partial:
         total = logp if o.decoder_weight == 1.0 else o.decoder_weight * logp  # (N, V)
-        return (total if fused is None else total + fused), scored
+        return revised(total if fused is None else total + fused, o.scorers), scored
     # The pre-beam ranks by the full scores (ESPnet's "full"), so a partial scorer of weight 0
     # equals none. END is always a candidate: its CTC score (the whole hypothesis') is finite for
     # every live beam, so a beam whose other candidates have no CTC alignment left can end.
@@ -433,7 +434,7 @@ def _step_scores(logits: Tensor, o: _Options, scoring: list, w: int, eos: int | 
         if o.scorers[k].weight > 0.0:
             joint = joint + o.scorers[k].weight * score
     total = torch.full_like(logp, float("-inf")).scatter_(1, candidates, joint)  # (N, V)
-    return (total if fused is None else total + fused), scored
+    return revised(total if fused is None else total + fused, o.scorers), scored
 
 
 class _Beams:

@@ -47,11 +47,11 @@ language token (<|de|>) and a task token (<|transcribe|> or <|translate|>), an E
 (``.en``) neither; then <|notimestamps|> unless timestamps are asked for. The ids come from
 ``generation_config.json`` (``is_multilingual``, ``lang_to_id``, ``task_to_id``,
 ``no_timestamps_token_id``; where it lacks them, from the tokenizer's tokens) and are stored in
-the qkv model's ``config.json`` under ``"whisper"`` (:class:`WhisperSettings`). qkv decodes with
-every token allowed: the ``suppress_tokens`` and ``begin_suppress_tokens`` that HF's ``generate``
-masks are stored there but not applied (a note says so when there are any). Not supported:
-timestamp rules, previous-text prompts (<|startofprev|>), temperature fallback, audio longer
-than one chunk.
+the qkv model's ``config.json`` under ``"whisper"`` (:class:`WhisperSettings`), with what
+transcription applies as HF's ``generate`` does (``decoding/whisper_rules.py``): the
+``suppress_tokens`` and ``begin_suppress_tokens`` it masks and the latest first timestamp
+(``max_initial_timestamp_index``). Long-form transcription, previous-text prompts and
+temperature fallback are ``longform.py``'s.
 
 Shapes: features (T, M) per input, as ``decoding/`` takes them.
 """
@@ -69,6 +69,7 @@ from torch import Tensor
 
 from qkv.audio import FeatureConfig, pad_features
 from qkv.checkpoint import model_dir, read_meta
+from qkv.decoding import Scorer, whisper_scorers
 from qkv.errors import UserError
 from qkv.files import read_json_object
 from qkv.hf.common import (
@@ -380,7 +381,9 @@ class WhisperSettings:
         tasks: "transcribe" / "translate" -> the id of its token.
         no_timestamps_id: <|notimestamps|>'s id (None: the model has no such token).
         suppress_tokens, begin_suppress_tokens: what HF's ``generate`` masks (always, and at
-            the first step); stored for export, not applied by qkv.
+            the first step), as transcription does.
+        max_initial_timestamp: the latest first timestamp, in 20 ms steps (generation_config's
+            ``max_initial_timestamp_index``; None: any).
     """
 
     multilingual: bool = False
@@ -389,6 +392,7 @@ class WhisperSettings:
     no_timestamps_id: int | None = None
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
+    max_initial_timestamp: int | None = None
 
     def record(self) -> dict:
         """As config.json holds it."""
@@ -399,6 +403,7 @@ class WhisperSettings:
             "no_timestamps_id": self.no_timestamps_id,
             "suppress_tokens": list(self.suppress_tokens),
             "begin_suppress_tokens": list(self.begin_suppress_tokens),
+            "max_initial_timestamp": self.max_initial_timestamp,
         }
 
     @staticmethod
@@ -435,6 +440,9 @@ class WhisperSettings:
             raise UserError(f"{where}: 'multilingual' must be true or false, got {multilingual!r}")
         if no_timestamps is not None:
             ids("no_timestamps_id", no_timestamps)
+        initial = record.get("max_initial_timestamp")
+        if initial is not None and (type(initial) is not int or initial < 0):
+            raise UserError(f"{where}: 'max_initial_timestamp' must be a number of steps >= 0, got {initial!r}")
         return WhisperSettings(
             multilingual,
             languages,
@@ -442,6 +450,19 @@ class WhisperSettings:
             no_timestamps,
             tuple(lists["suppress_tokens"]),
             tuple(lists["begin_suppress_tokens"]),
+            initial,
+        )
+
+    def scorers(self, *, eos: int, timestamps: bool = False) -> list[Scorer]:
+        """Whisper's decoding rules as scorers (``decoding.whisper_scorers``): the suppressed
+        tokens, and with ``timestamps`` the timestamp rules (timestamps follow <|notimestamps|>)."""
+        return whisper_scorers(
+            eos=eos,
+            suppress=self.suppress_tokens,
+            begin_suppress=self.begin_suppress_tokens,
+            no_timestamps=self.no_timestamps_id,
+            timestamps=timestamps,
+            max_initial=self.max_initial_timestamp,
         )
 
     def prefix(self, start_id: int, *, language: str | None, task: str, timestamps: bool, where: Path) -> list[int]:
@@ -474,8 +495,8 @@ class WhisperSettings:
 def whisper_settings(
     directory: Path, config: HFConfig, model: SpeechConfig, tokenizer: Tokenizer | None
 ) -> tuple[WhisperSettings, list[str]]:
-    """The start-token settings of the checkpoint in ``directory`` (generation_config.json's, else
-    config.json's, else the tokenizer's tokens), and a note when it suppresses tokens."""
+    """The start-token settings and decoding rules of the checkpoint in ``directory``
+    (generation_config.json's, else config.json's, else the tokenizer's tokens), and notes (none)."""
     path = directory / GENERATION_CONFIG
     generation = HFConfig(path, read_json_object(path) if path.is_file() else {})
     vocab = model.vocab_size
@@ -521,16 +542,19 @@ def whisper_settings(
         if not isinstance(value, list) or not all(type(v) is int and 0 <= v < vocab for v in value):
             raise UserError(f"{source.path}: field {name!r} must be a list of token ids in [0, {vocab})")
         lists[name] = tuple(value)
-    notes = []
-    if lists["suppress_tokens"] or lists["begin_suppress_tokens"]:
-        notes.append(
-            f"{path.name}: suppress_tokens and begin_suppress_tokens are kept for export but not applied: "
-            "qkv decodes with every token allowed"
-        )
+    initial = generation.fields.get("max_initial_timestamp_index")
+    if initial is not None and (type(initial) is not int or initial < 0):
+        raise UserError(f"{path}: field 'max_initial_timestamp_index' must be an integer >= 0, got {initial!r}")
     settings = WhisperSettings(
-        multilingual, languages, tasks, no_timestamps, lists["suppress_tokens"], lists["begin_suppress_tokens"]
+        multilingual,
+        languages,
+        tasks,
+        no_timestamps,
+        lists["suppress_tokens"],
+        lists["begin_suppress_tokens"],
+        initial,
     )
-    return settings, notes
+    return settings, []
 
 
 def whisper_generation_config(config: SpeechConfig, settings: WhisperSettings) -> dict:
@@ -550,6 +574,8 @@ def whisper_generation_config(config: SpeechConfig, settings: WhisperSettings) -
         generation["task_to_id"] = dict(settings.tasks)
     if settings.no_timestamps_id is not None:
         generation["no_timestamps_token_id"] = settings.no_timestamps_id
+    if settings.max_initial_timestamp is not None:
+        generation["max_initial_timestamp_index"] = settings.max_initial_timestamp
     return generation
 
 

