@@ -42,11 +42,9 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def longest_audio(served: Served, settings: Settings) -> tuple[float, str]:
-    """The seconds of audio ``served`` may be given, and what sets that limit: an imported
-    Whisper's chunk (its encoder reads one, and no more) or the server's ``--max-audio-seconds``."""
-    features = served.bundle.features
-    if features.kind == "whisper" and features.chunk_seconds < settings.max_audio_seconds:
-        return features.chunk_seconds, f"model {served.name} reads at most {features.chunk_seconds:g} s"
+    """The seconds of audio ``served`` may be given, and what sets that limit: the server's
+    ``--max-audio-seconds`` (an imported Whisper reads longer audio a 30-second window at a time,
+    ``qkv.longform``)."""
     return settings.max_audio_seconds, f"the server takes at most {settings.max_audio_seconds:g} s"
 
 
@@ -93,6 +91,7 @@ class Heard:
     ids: list[int]
     language: str | None
     seconds: float
+    segments: tuple = ()  # the library's (subtitles.Segment, with times), if it found any
 
 
 @dataclass(frozen=True)
@@ -105,22 +104,34 @@ class Segment:
     ids: list[int]
 
 
-def transcribe(served: Served, waves: list[Tensor], *, task: str, language: str | None) -> list[Heard]:
+def transcribe(
+    served: Served, waves: list[Tensor], *, task: str, language: str | None, timestamps: bool = False
+) -> list[Heard]:
     """Each waveform's transcript by ``bundle.transcriptions`` (as ``qkv transcribe``, with the
     model's own decoding settings); ``task`` and ``language``: an imported Whisper's (None for
-    a model of qkv's own, which does the one task it was trained for)."""
+    a model of qkv's own, which does the one task it was trained for). ``timestamps``: an
+    imported Whisper finds its segments' times (its timestamp tokens, window by window), as
+    subtitles need; audio longer than its 30-second chunk is read that way whatever it is."""
     bundle = served.bundle
     whisper = bundle.whisper is not None
     found = transcriptions(
-        bundle, waves, language=language if whisper else None, task=task if whisper and task != "transcribe" else None
+        bundle,
+        waves,
+        language=language if whisper else None,
+        task=task if whisper and task != "transcribe" else None,
+        timestamps=timestamps and whisper,
     )
     rate = bundle.sample_rate
-    return [Heard(t.text, t.ids, t.language, w.numel() / rate) for t, w in zip(found, waves, strict=True)]
+    return [
+        Heard(t.text, t.ids, t.language, w.numel() / rate, tuple(t.segments)) for t, w in zip(found, waves, strict=True)
+    ]
 
 
 def segments_of(heard: Heard) -> list[Segment]:
-    """The transcript's segments: one spanning the whole audio, as the library's transcripts
-    carry no timestamps yet (an empty transcript: none)."""
+    """The transcript's segments: the library's, with their times (an imported Whisper's by its
+    timestamp tokens), else one spanning the whole audio (an empty transcript: none)."""
+    if heard.segments:
+        return [Segment(g.text.strip(), g.start, g.end, list(g.tokens)) for g in heard.segments if g.text.strip()]
     return [Segment(heard.text, 0.0, heard.seconds, heard.ids)] if heard.text else []
 
 

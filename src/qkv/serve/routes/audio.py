@@ -68,10 +68,11 @@ async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     name = described(form.file.filename or "(unnamed)")
     wave = await run_in_threadpool(audio.heard, data, name, served, svc.settings)
     seconds = wave.numel() / served.bundle.sample_rate
+    timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
     job = Job(
-        partial(audio.transcribe, served, task=task, language=language),
+        partial(audio.transcribe, served, task=task, language=language, timestamps=timed),
         [wave],
-        key=("audio", served.name, task, language),
+        key=("audio", served.name, task, language, timed),
         cost=math.ceil(seconds * FRAMES_PER_SECOND) * served.bundle.decode.beam_size,
     )
     start = time.perf_counter()
