@@ -1,27 +1,36 @@
-"""Translation speed, side by side (issue 3, section 7): qkv vs Hugging Face Marian and
-torch.nn.Transformer on the same synthetic batches, in one run.
+"""Translation speed, side by side (issue 3, section 7; issue 49): qkv vs Hugging Face Marian,
+torch.nn.Transformer (training) and CTranslate2 (decoding) on the same synthetic batches, in one run.
 
-    python bench/mt_speed.py                 # both sizes, training and decoding (~15 min)
-    python bench/mt_speed.py --sizes small --only train
+    python bench/mt_speed.py                 # both sizes, training and decoding (~20 min)
+    python bench/mt_speed.py --sizes base --only decode --notes "quiet machine"
 
 Training: target tokens/s of forward + backward + AdamW step (fused AdamW for all three, the
 same label-smoothed loss, dropout 0.1), fp32 and bf16 autocast, for the base size (d=512, 8
 heads, FFN 2048, 6+6 layers, vocab 8,000) and the small one (d=256, 4 heads, FFN 1024, 3+3).
 qkv computes the loss through its own training path (``training.seq2seq_loss``), which skips
 the output layer at padding positions: the same loss and gradients, tested equal.
-``torch.nn.Transformer`` gets token embeddings, sinusoidal positions and an output layer.
-Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on both sides:
-Hugging Face ``min_new_tokens=32``; qkv's END id is unset), greedy at batch 1 and 32, beam 5
-at batch 8, KV cache on both; fp32, both models again with bfloat16 weights, and both with
-int8 linear layers (``decoding_copies.int8_linears``: PyTorch dynamic quantization). Reference
-ceilings from issue 3 (not re-measured here): CTranslate2 int8 at the base size 192 / 2,174 /
-532 tokens/s; Hugging Face fp32 78 / 960 / 218.
+``torch.nn.Transformer`` gets token embeddings, sinusoidal positions and an output layer. The
+three train one after another in this process.
+Decoding: new tokens/s with exactly 32 new tokens per input (END disabled on every side:
+Hugging Face ``min_new_tokens=32``; qkv's END id is unset; CTranslate2 ``min_decoding_length``),
+greedy at batch 1 and 32, beam 5 at batch 8, KV cache on every side: qkv as ``qkv translate``
+decodes it (fp32, ``--bf16``, ``--int8``), HF Marian (fp32, bfloat16 weights, the same int8
+linear layers: ``decoding_copies.int8_linears``) and CTranslate2 (fp32 and int8, the same random
+Marian weights through its Transformers converter). Every engine and precision is timed in a
+process of its own (issue 49: CTranslate2's thread pool keeps the cores busy after its calls
+return, which halved qkv's speed measured after it in one process). Beside every batch-1 figure,
+the roofline the machine allows: the memory bandwidth of a matrix-vector product over an fp32
+matrix the size of the weights a step reads (decoder layers and output layer), measured in this
+run, over those weights' bytes in the row's precision.
+
+Extra packages (not in qkv's extras): ``transformers`` (dev extra) and ``ctranslate2`` (``pip
+install ctranslate2``; without it its rows fail, said in one line, and the others run).
+``--sizes tiny --only decode --no-record`` is a smoke run (a minute).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import sys
@@ -186,17 +195,13 @@ def train_rate(name: str, model: nn.Module, data: list, *, bf16: bool, warm: int
 @torch.no_grad()
 def decode_rate(name: str, model: nn.Module, *, batch: int, beam: int, repeats: int) -> float:
     """New tokens/s for 32 forced new tokens per input (the best output counted)."""
-    g = torch.Generator().manual_seed(batch * 10 + beam)
-    sources = [
-        torch.randint(4, VOCAB, (int(torch.randint(16, 33, (1,), generator=g)),), generator=g).tolist()
-        for _ in range(batch)
-    ]
+    inputs = sources(batch, beam)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         if name == "marian":
-            width = max(map(len, sources))
-            ids = torch.tensor([s + [PAD] * (width - len(s)) for s in sources])  # (B, S)
+            width = max(map(len, inputs))
+            ids = torch.tensor([s + [PAD] * (width - len(s)) for s in inputs])  # (B, S)
             out = model.generate(
                 input_ids=ids,
                 attention_mask=ids != PAD,
@@ -208,13 +213,188 @@ def decode_rate(name: str, model: nn.Module, *, batch: int, beam: int, repeats: 
             )
             assert out.shape[1] - 1 == 32, out.shape  # decoder start + 32
         elif beam == 1:
-            out = greedy(model, sources, max_new_tokens=32)
+            out = greedy(model, inputs, max_new_tokens=32)
             assert all(len(o) == 32 for o in out)
         else:
-            out = beam_search(model, sources, beam_size=beam, max_new_tokens=32)
+            out = beam_search(model, inputs, beam_size=beam, max_new_tokens=32)
             assert all(len(h[0].tokens) == 32 for h in out)
         times.append(time.perf_counter() - start)
     return batch * 32 / min(times[1:])  # the best of the repeats after one warm-up
+
+
+# ---- decoding: every engine and precision timed in a process of its own (issue 49) --------------
+
+ENGINES = ("qkv fp32", "qkv bf16", "qkv int8", "HF fp32", "HF bf16", "HF int8", "CTranslate2 fp32", "CTranslate2 int8")
+ROWS = ((1, 1), (32, 1), (8, 5))  # (batch, beam): greedy batch 1, greedy batch 32, beam 5 batch 8
+BYTES = {"fp32": 4, "bf16": 2, "int8": 1}  # bytes per weight as each precision reads it
+
+
+def sources(batch: int, beam: int) -> list[list[int]]:
+    """The row's inputs, the same ids for every engine: 16..32 random tokens each."""
+    g = torch.Generator().manual_seed(batch * 10 + beam)
+    return [
+        torch.randint(4, VOCAB, (int(torch.randint(16, 33, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(batch)
+    ]
+
+
+def decoding_model(engine: str, size: dict):
+    """The engine's model at its precision: qkv's as ``qkv translate`` decodes (a decoding copy,
+    ``--bf16``, ``--int8``), HF Marian's (``.to(bfloat16)``, the same int8 linears), or a
+    CTranslate2 translator converted from the same random Marian weights."""
+    family, precision = engine.split()
+    torch.manual_seed(0)  # the same random weights in every process
+    if family == "qkv":
+        model = qkv_model(size, dropout=0.0).eval()
+        # Forced length: with no END id the search never stops early (qkv.decoding treats None as "no END").
+        object.__setattr__(model.config, "eos_id", None)
+        model = for_decoding(model)
+    else:
+        model = marian_model(size, dropout=0.0).eval()
+        if family == "CTranslate2":
+            return ctranslate2_translator(model, precision)
+    if precision == "bf16":
+        return model.to(torch.bfloat16)
+    return int8_linears(model) if precision == "int8" else model
+
+
+def ctranslate2_translator(marian, precision: str):
+    """The Marian model through CTranslate2's Transformers converter (``compute_type`` fp32 or int8).
+
+    Random weights have no tokenizer: the converter is given one that names the ids."""
+    import tempfile
+
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    class Names:  # what the Marian loader reads of a tokenizer
+        eos_token, unk_token = f"t{EOS}", "t3"
+
+        def get_vocab(self) -> dict[str, int]:  # the last id is Marian's <pad>, which the converter drops
+            return {**{f"t{i}": i for i in range(VOCAB - 1)}, "<pad>": VOCAB - 1}
+
+    class Converter(TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return Names()
+
+    folder = Path(tempfile.mkdtemp(prefix="mt_speed-ct2-"))
+    marian.save_pretrained(folder / "hf")
+    Converter(str(folder / "hf")).convert(str(folder / "ct2"), force=True)
+    return ctranslate2.Translator(
+        str(folder / "ct2"),
+        device="cpu",
+        compute_type="int8" if precision == "int8" else "float32",
+        inter_threads=1,
+        intra_threads=torch.get_num_threads(),
+    )
+
+
+def ctranslate2_rate(translator, *, batch: int, beam: int, repeats: int) -> float:
+    """New tokens/s of CTranslate2 for 32 forced new tokens per input, as :func:`decode_rate`."""
+    tokens = [[f"t{i}" for i in ids] for ids in sources(batch, beam)]
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        out = translator.translate_batch(
+            tokens, beam_size=beam, max_batch_size=batch, min_decoding_length=32, max_decoding_length=32
+        )
+        assert all(len(r.hypotheses[0]) == 32 for r in out), [len(r.hypotheses[0]) for r in out]
+        times.append(time.perf_counter() - start)
+    return batch * 32 / min(times[1:])
+
+
+def engine_rates(engine: str, size: dict) -> dict[str, float]:
+    """This process's new tokens/s of ``engine`` for every row of :data:`ROWS`, keyed "BATCHxBEAM"."""
+    model = decoding_model(engine, size)
+    rates = {}
+    for batch, beam in ROWS:
+        repeats = 3 if batch == 1 else 2
+        if engine.startswith("CTranslate2"):
+            rates[f"{batch}x{beam}"] = ctranslate2_rate(model, batch=batch, beam=beam, repeats=repeats)
+        else:
+            name = "qkv" if engine.startswith("qkv") else "marian"
+            rates[f"{batch}x{beam}"] = decode_rate(name, model, batch=batch, beam=beam, repeats=repeats)
+    return rates
+
+
+def step_weights(size: dict) -> int:
+    """Weights read per batch-1 decoding step: the decoder layers (self-attention, cross-attention
+    and feed-forward projections) and the output layer; norms and biases left out (under 0.1%)."""
+    d, ff = size["d_model"], size["d_ff"]
+    return size["layers"] * (8 * d * d + 2 * d * ff) + VOCAB * d
+
+
+def bandwidth(n_bytes: int, repeats: int = 20) -> float:
+    """Memory bandwidth (bytes/s) this machine gives a matrix-vector product over an fp32 matrix of
+    ``n_bytes``: what a batch-1 decoding step does, so its roofline is bandwidth / bytes per step."""
+    matrix = torch.randn(max(n_bytes // 4 // 1024, 1), 1024)
+    vector = torch.randn(1024)
+    best = math.inf
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        torch.mv(matrix, vector)
+        best = min(best, time.perf_counter() - start)
+    return matrix.numel() * 4 / best
+
+
+def engine_process(engine: str, size_name: str, args: argparse.Namespace) -> dict[str, float] | None:
+    """:func:`engine_rates` in a child process (the trap of issue 49: an engine whose thread pool
+    stays busy after its calls slows whatever runs next in the same process)."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rates.json"
+        command = [sys.executable, __file__, "--decode-engine", engine, "--sizes", size_name, "--figures", str(out)]
+        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"} if args.omp_passive else None
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not out.is_file():
+            print(f"{engine}: failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}", flush=True)
+            return None
+        return json.loads(out.read_text())
+
+
+def decode_rows(size_name: str, args: argparse.Namespace) -> list[dict]:
+    """The decoding rows of one size: every engine in its own process, our figures beside the peers',
+    the bandwidth roofline beside every batch-1 figure."""
+    size = SIZES[size_name]
+    n_weights = step_weights(size)
+    speed = bandwidth(n_weights * 4)
+    roof = {p: speed / (n_weights * b) for p, b in BYTES.items()}
+    print(
+        f"decode {size_name}: {n_weights / 1e6:.1f} M weights per step; matrix-vector bandwidth "
+        f"{speed / 1e9:.1f} GB/s; batch-1 roofline fp32 {roof['fp32']:.0f} / bf16 {roof['bf16']:.0f} / "
+        f"int8 {roof['int8']:.0f} tokens/s",
+        flush=True,
+    )
+    engines = [e for e in ENGINES if e in args.engines]
+    rates = {e: r for e in engines if (r := engine_process(e, size_name, args)) is not None}
+    rows = []
+    for batch, beam in ROWS:
+        key = f"{batch}x{beam}"
+        what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
+        row = {"what": what, **{e: round(r[key], 1) for e, r in rates.items()}}
+        if batch == 1:
+            row["roofline"] = {p: round(r) for p, r in roof.items()}
+            row["bandwidth GB/s"] = round(speed / 1e9, 1)
+        # the keys _record reads (and the records before CTranslate2 joined had)
+        row["qkv"], row["qkv_bf16"], row["qkv_int8"] = (row.get(f"qkv {p}") for p in BYTES)
+        row["hf"], row["hf_bf16"], row["hf_int8"] = (row.get(f"HF {p}") for p in BYTES)
+        rows.append(row)
+        hf = row.get("HF fp32")
+        print(f"{what}  new tok/s:", flush=True)
+        for engine in engines:
+            if engine not in rates:
+                continue
+            figure, precision = row[engine], engine.split()[1]
+            line = f"  {engine:<18} {figure:8.1f}"
+            if hf:
+                line += f"   {figure / hf:5.2f}x HF fp32"
+            if batch == 1:
+                line += f"   roofline {roof[precision]:6.0f} ({figure / roof[precision]:4.0%})"
+            print(line, flush=True)
+    return rows
 
 
 def main() -> int:
@@ -224,11 +404,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6, help="training steps per measurement (2 warm-up)")
     parser.add_argument("--batch", type=int, default=64, help="sentences per training batch")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (bench/gpu.sh)")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), help="decoding engines (default: all)")
+    parser.add_argument("--omp-passive", action="store_true", help="decoding children get OMP_WAIT_POLICY=PASSIVE")
+    parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
+    parser.add_argument("--notes", default="", help="notes for the records (say when the machine was busy)")
+    parser.add_argument("--decode-engine", help=argparse.SUPPRESS)  # internal: a child's one engine
+    parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # internal: where the child writes
     args = parser.parse_args()
     torch.manual_seed(0)
     results = []
     # As the qkv commands do (memory.py); in this one process it applies to every model alike.
     malloc = choose_allocator()
+    if args.decode_engine:
+        args.figures.write_text(json.dumps(engine_rates(args.decode_engine, SIZES[args.sizes[0]])))
+        return 0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, allocator {malloc} for all models")
     for size_name in args.sizes:
         size = SIZES[size_name]
@@ -252,56 +441,18 @@ def main() -> int:
                     flush=True,
                 )
         if args.only != "train":
-            ours = qkv_model(size, dropout=0.0).eval()
-            # Forced length: with no END id the search never stops early (qkv.decoding treats None as "no END").
-            object.__setattr__(ours.config, "eos_id", None)
-            # As qkv translate decodes: a decoding copy with one stacked Q/K/V product per self-attention.
-            ours = for_decoding(ours)
-            theirs = marian_model(size, dropout=0.0).eval()
-            # The same models with bfloat16 weights (qkv translate --bf16; HF: .to(torch.bfloat16)).
-            ours_bf16 = copy.deepcopy(ours).to(torch.bfloat16)
-            theirs_bf16 = copy.deepcopy(theirs).to(torch.bfloat16)
-            # And with int8 linear layers (qkv translate --int8), the same quantization on both sides.
-            ours_int8, theirs_int8 = int8_linears(ours), int8_linears(theirs)
-            for batch, beam in ((1, 1), (32, 1), (8, 5)):
-                repeats = 3 if batch == 1 else 2
-                a = decode_rate("qkv", ours, batch=batch, beam=beam, repeats=repeats)
-                b = decode_rate("marian", theirs, batch=batch, beam=beam, repeats=repeats)
-                a16 = decode_rate("qkv", ours_bf16, batch=batch, beam=beam, repeats=repeats)
-                b16 = decode_rate("marian", theirs_bf16, batch=batch, beam=beam, repeats=repeats)
-                a8 = decode_rate("qkv", ours_int8, batch=batch, beam=beam, repeats=repeats)
-                b8 = decode_rate("marian", theirs_int8, batch=batch, beam=beam, repeats=repeats)
-                what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
-                results.append(
-                    {
-                        "what": what,
-                        "qkv": round(a),
-                        "hf": round(b),
-                        "ratio": round(a / b, 2),
-                        "qkv_bf16": round(a16),
-                        "hf_bf16": round(b16),
-                        "ratio_bf16_vs_hf_fp32": round(a16 / b, 2),
-                        "ratio_bf16_vs_hf_bf16": round(a16 / b16, 2),
-                        "qkv_int8": round(a8),
-                        "hf_int8": round(b8),
-                        "ratio_int8_vs_hf_fp32": round(a8 / b, 2),
-                        "ratio_int8_vs_hf_int8": round(a8 / b8, 2),
-                    }
-                )
-                print(
-                    f"{what:<32} new tok/s fp32: qkv {a:7.0f} | HF generate {b:7.0f} | ratio {a / b:.2f}x   "
-                    f"bf16 weights: qkv {a16:7.0f} | HF {b16:7.0f} | qkv bf16 / HF fp32 {a16 / b:.2f}x, "
-                    f"/ HF bf16 {a16 / b16:.2f}x   int8: qkv {a8:7.0f} | HF {b8:7.0f} | qkv int8 / HF fp32 "
-                    f"{a8 / b:.2f}x, / HF int8 {a8 / b8:.2f}x",
-                    flush=True,
-                )
+            results += decode_rows(size_name, args)
     print(json.dumps(results))
-    _record(results)
+    if not args.no_record:
+        _record(results, notes=args.notes)
     return 0
 
 
-def _record(results: list[dict]) -> None:
-    """Append this run's figures to bench/results/mt_speed.json (docs/results.md is rendered from it)."""
+def _record(results: list[dict], *, notes: str = "") -> None:
+    """Append this run's figures to bench/results/mt_speed.json (docs/results.md is rendered from it).
+
+    A decoding record's details hold the peers at its precision (HF, CTranslate2) and, at batch 1,
+    the roofline the measured bandwidth allows and the share of it reached."""
     from record import append_run  # bench/record.py, beside this script
 
     records = []
@@ -323,6 +474,15 @@ def _record(results: list[dict]) -> None:
             continue
         size, search = words[1], " ".join(words[2:])
         for precision, ours in (("fp32", "qkv"), ("bf16", "qkv_bf16"), ("int8", "qkv_int8")):
+            if row[ours] is None:  # not measured in this run
+                continue
+            details = {} if precision == "fp32" else {f"HF {precision}": row[f"hf_{precision}"]}
+            if row.get(f"CTranslate2 {precision}") is not None:
+                details[f"CTranslate2 {precision}"] = row[f"CTranslate2 {precision}"]
+            if "roofline" in row:
+                roof = row["roofline"][precision]
+                details |= {"roofline tokens/s": roof, "share of the roofline, %": round(100 * row[ours] / roof)}
+                details["bandwidth GB/s"] = row["bandwidth GB/s"]
             records.append(
                 {
                     "metric": f"decode {size} {precision} {search}",
@@ -331,7 +491,8 @@ def _record(results: list[dict]) -> None:
                     "peer": "HF generate fp32",
                     "peer_figure": row["hf"],
                     "target": {"min_ratio": 2},  # issue 3's goal, against HF's fp32 generate
-                    "details": {} if precision == "fp32" else {f"HF {precision}": row[f"hf_{precision}"]},
+                    "details": details,
+                    "notes": notes,
                 }
             )
     append_run("mt_speed", records)

@@ -41,6 +41,10 @@ BENCHMARKS = {
         "GPT and BERT speed, side by side",
         "`python bench/lm_speed.py`: qkv against HF GPT-2 and BERT on the same batches",
     ),
+    "chat_speed": (
+        "Chat model speed on a CPU, side by side",
+        "`python bench/chat_speed.py`: SmolLM2-135M-Instruct in qkv, transformers, llama.cpp: a process each",
+    ),
     "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
     "asr": ("Speech recognition and translation", "`python bench/asr.py CORPUS`: train a recipe, score its test set"),
     "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),

@@ -16,6 +16,7 @@ MAX_SKIPS of those, each with its reason.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -514,6 +515,42 @@ def test_mt_speed_records_continue_the_existing_metrics(monkeypatch, tmp_path):
     assert {r["metric"] for r in runs} <= _known_metrics("mt_speed")
     assert runs[0]["peer_figure"] == 4000 and runs[0]["target"] == {"min_ratio": 1.3}
     assert [r["figure"] for r in runs[1:]] == [100, 200, 300] and runs[2]["details"] == {"HF bf16": 150}
+
+
+def test_mt_speed_batch_1_records_hold_ctranslate2_and_the_roofline(monkeypatch, tmp_path):
+    bench = _bench("mt_speed", monkeypatch, tmp_path)
+    row = {"what": "decode base greedy batch 1", "qkv": 160, "hf": 130, "qkv_bf16": 180, "hf_bf16": 120}
+    row |= {"qkv_int8": 340, "hf_int8": 150, "CTranslate2 fp32": 80, "CTranslate2 int8": 140}
+    row |= {"roofline": {"fp32": 240, "bf16": 480, "int8": 960}, "bandwidth GB/s": 28.1}
+    bench._record([row], notes="contended")
+    runs = _rendered(tmp_path, "mt_speed")
+    assert {r["metric"] for r in runs} <= _known_metrics("mt_speed")
+    fp32, int8 = runs[0], runs[2]
+    assert fp32["details"]["CTranslate2 fp32"] == 80 and fp32["details"]["share of the roofline, %"] == 67
+    assert int8["details"]["CTranslate2 int8"] == 140 and int8["details"]["roofline tokens/s"] == 960
+    assert int8["notes"] == "contended"
+
+
+def test_chat_speed_records_put_each_figure_beside_transformers_fp32(monkeypatch, tmp_path):
+    bench = _bench("chat_speed", monkeypatch, tmp_path)
+
+    def engine(prompt: float, generated: float, tokens: list[list[int]]) -> dict:
+        return {"rates": {"1": {"prompt": prompt, "generated": generated}}, "tokens": tokens, "peak_rss": 2**30}
+
+    figures = {
+        "qkv fp32": engine(900.0, 60.0, [[1, 2, 3, 4], [5, 6, 7, 8]]),
+        "qkv int8": engine(1500.0, 120.0, [[1, 2, 9, 4], [5, 6, 7, 8]]),
+        "transformers fp32": engine(600.0, 30.0, [[1, 2, 3, 4], [5, 6, 7, 8]]),
+    }
+    args = argparse.Namespace(agree_prompts=2, agree_new=4)
+    bench._record(bench.report(figures, args), notes="contended", threads=2)
+    runs = {r["metric"]: r for r in _rendered(tmp_path, "chat_speed")}
+    int8 = runs["SmolLM2-135M qkv int8 batch 1: generated tokens/s"]
+    assert (int8["figure"], int8["peer_figure"], int8["target"]) == (120.0, 30.0, {"min_ratio": 1.5})
+    assert runs["SmolLM2-135M transformers fp32 batch 1: prompt tokens/s"]["peer_figure"] is None
+    drift = runs["SmolLM2-135M qkv int8 vs qkv fp32: greedy tokens the same"]
+    assert drift["figure"] == 87.5 and drift["details"] == {"share before the first difference, %": 75.0}
+    assert drift["notes"].startswith("contended")
 
 
 def test_lm_speed_records_continue_the_existing_metrics(monkeypatch, tmp_path):
