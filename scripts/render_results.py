@@ -51,7 +51,8 @@ BENCHMARKS = {
     "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
     "piper_speed": (
         "Piper voices: qkv's VITS beside onnxruntime",
-        "`python bench/piper_speed.py`: the same voice and sentences, each runtime in its own process, rounds alternating",
+        "`python bench/piper_speed.py`: the same voice and sentences, each runtime in its own process, "
+        "rounds alternating",
     ),
     "ddp": (
         "Training on several processes (DDP)",
