@@ -291,7 +291,7 @@ def draw(log: Log, found: dict, args, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     minutes = [t / 60 for t, *_ in log.samples]
-    fig, (rss, fds, lat) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True, height_ratios=(1, 1, 2))
+    fig, (rss, fds, lat) = plt.subplots(3, 1, figsize=(9, 9), sharex=True, height_ratios=(1, 1, 2))
     rss.plot(minutes, [r for _, r, _ in log.samples], color="tab:blue")
     rss.axvline(args.warmup / 60, color="grey", linestyle=":", label="end of warm-up")
     rss.set_ylabel("server RSS (MB)")
@@ -316,11 +316,11 @@ def draw(log: Log, found: dict, args, path: Path) -> None:
     lat.set_yscale("log")
     lat.set_ylabel("latency (ms): dots each request,\nlines p99 per bucket")
     lat.set_xlabel("minutes")
-    lat.legend(fontsize=7, ncol=3, loc="upper left")
+    lat.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # below: the lines stay clear
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(f".{path.stem}.part.png")
-    fig.savefig(part, dpi=100)
+    fig.savefig(part, dpi=100, bbox_inches="tight")  # the legend below the axes included
     plt.close(fig)
     paletted(part)
     part.replace(path)
