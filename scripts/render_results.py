@@ -66,6 +66,10 @@ BENCHMARKS = {
         "Fuzzing the HTTP API: no request makes a 5xx",
         "`python bench/fuzz_api.py`: the property of `tests/test_fuzz_api.py`, thousands of requests per operation",
     ),
+    "soak": (
+        "Soak: the server under good and bad clients for minutes",
+        "`python bench/soak.py`: RSS, open file descriptors and latency per endpoint over time, failures",
+    ),
     "decode_ab": (
         "Decoding speed against the commit before a change",
         "`python bench/decode_ab.py --before CHECKOUT`: each tree in its own process, rounds alternating",
