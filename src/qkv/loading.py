@@ -34,7 +34,7 @@ KIND_NAMES = {  # each kind as a message names it
 def check_options(path: object, kind: str, *, bf16: bool = False, int8: bool = False, device: object = "cpu") -> None:
     """Refuse, in one line naming the option and the kind, a precision that does not apply to a
     ``kind`` model in ``path``: int8 linear layers speed up decoding, so only the kinds that
-    decode take them (and only on the CPU, where PyTorch's dynamic quantization runs); a
+    decode take them (and only on the CPU, where their int8-weight kernel runs); a
     text-to-speech model synthesizes in float32; one precision at a time."""
     import torch
 
