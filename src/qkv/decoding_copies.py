@@ -1,5 +1,5 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
-self-attention) and :func:`int8_linears` (int8 linear layers, PyTorch's dynamic quantization).
+self-attention) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
 What is not here: the searches that run them (``decoding/``), loading a model directory for
@@ -35,27 +35,32 @@ def for_decoding(model: DecodingModel) -> DecodingModel:
 
 
 def int8_linears(model: DecodingModel) -> DecodingModel:
-    """A copy of ``model`` whose ``nn.Linear`` layers hold int8 weights (one scale per output
-    channel) and quantize their inputs on the fly: PyTorch's dynamic quantization (its fbgemm
-    kernels), for decoding on CPUs. Embeddings, norms and attention arithmetic stay float32.
+    """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
+    with one scale per output channel and take float activations (weight-only int8,
+    :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
+    ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`).
+    Embeddings, norms, convolutions and attention arithmetic stay float32.
 
-    Decoding reads every weight once per step, so a quarter of the bytes is most of the gain at
-    small batches (bench/mt_speed.py). Outputs may differ slightly from float32: check with
-    ``qkv evaluate``. Inference only (the copy has no gradients). An ensemble gives an
-    ensemble of its members' copies.
+    Why this split (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
+    quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
+    int8 weights with float activations on 45; with the output projection in bfloat16, 49.
+    Decoding reads every weight once per step, so fewer bytes is most of the gain at small
+    batches. Outputs may differ slightly from float32: check with ``qkv evaluate``. Inference
+    only (the copy has no gradients). An ensemble gives an ensemble of its members' copies.
     """
     import copy
-    import warnings
 
     if isinstance(model, Ensemble):
         return Ensemble(tuple(int8_linears(m) for m in model.models))
 
     from torch import nn
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    with warnings.catch_warnings():
-        # torch.ao.quantization announces its move to torchao, which is not a dependency here;
-        # the API still ships and is what runs.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(copy.deepcopy(model).eval(), {nn.Linear: per_channel_dynamic_qconfig})
+    from qkv.int8 import Bf16Linear, Int8Linear
+
+    quantized = copy.deepcopy(model).eval()
+    for parent in list(quantized.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                vocabulary = parent is quantized and name == "output"
+                setattr(parent, name, Bf16Linear(child) if vocabulary else Int8Linear(child))
+    return quantized.requires_grad_(False)

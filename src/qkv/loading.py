@@ -34,7 +34,7 @@ KIND_NAMES = {  # each kind as a message names it
 def check_options(path: object, kind: str, *, bf16: bool = False, int8: bool = False, device: object = "cpu") -> None:
     """Refuse, in one line naming the option and the kind, a precision that does not apply to a
     ``kind`` model in ``path``: int8 linear layers speed up decoding, so only the kinds that
-    decode take them (and only on the CPU, where PyTorch's dynamic quantization runs); a
+    decode take them (and only on the CPU, where their int8-weight kernel runs); a
     text-to-speech model synthesizes in float32; one precision at a time."""
     import torch
 
@@ -49,7 +49,7 @@ def check_options(path: object, kind: str, *, bf16: bool = False, int8: bool = F
     if bf16 and kind in ("tts", "vits"):
         raise OptionError(f"bf16 does not apply to {path}: {KIND_NAMES[kind]} synthesizes in float32", "bf16")
     if int8 and torch.device(device).type != "cpu":
-        raise OptionError(f"int8 runs on the CPU only (PyTorch's dynamic quantization), not on {device}", "int8")
+        raise OptionError(f"int8 runs on the CPU only (its int8-weight kernel), not on {device}", "int8")
 
 
 def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device: object = "cpu"):
@@ -57,7 +57,7 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     decoding kind with one stacked Q/K/V product per self-attention (tested equal); in bfloat16
     (half the bytes per weight: batched decoding reads every weight once per step, and the CPU's
     bf16 matmul units, AVX512-BF16 and AMX, do the rest; bench/mt_speed.py) or with int8 linear
-    layers (a quarter of the bytes: faster at every batch size); on ``device``."""
+    layers (int8 weights: a quarter of the bytes; qkv.int8); on ``device``."""
     import torch
 
     from qkv.decoding_copies import for_decoding, int8_linears

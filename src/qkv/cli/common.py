@@ -32,8 +32,8 @@ BF16_HELP = (
 
 
 INT8_HELP = (
-    "run the linear layers with int8 weights (PyTorch dynamic quantization, one scale per "
-    "output channel): faster decoding at every batch size on CPUs; outputs may differ slightly "
+    "run the linear layers with int8 weights (one scale per output channel, float activations; "
+    "the vocabulary projection in bfloat16): faster decoding on CPUs; outputs may differ slightly "
     "from float32 (check with qkv evaluate)"
 )
 
