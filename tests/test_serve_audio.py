@@ -131,7 +131,9 @@ def test_translations_by_qkvs_own_translator_and_an_imported_whisper(client, pat
     whisper = qkv.load(paths["whisper"])
     with wav.open("rb") as f:
         assert client.audio.translations.create(model="whisper", file=f).text == whisper.transcribe(
-            wav, task="translate", timestamps=False  # json: the text alone, no timestamp tokens
+            wav,
+            task="translate",
+            timestamps=False,  # json: the text alone, no timestamp tokens
         )
     with wav.open("rb") as f:
         german = client.audio.transcriptions.create(
