@@ -158,6 +158,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # ~30 s each (real workers killed and resumed): `pytest -m slow`
 def test_two_workers_killed_resume_exactly_and_on_another_number_of_workers(tmp_path, reference) -> None:
     """SIGKILL of a 2-worker run, --resume on 2 workers: the uninterrupted run's weights exactly.
     Killed again and resumed on 1 worker: the same data order continues (the same steps), equal
@@ -231,6 +232,7 @@ def test_user_mistakes_with_workers_get_one_line(tmp_path) -> None:
         assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # ~30 s each (real workers killed and resumed): `pytest -m slow`
 def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_path) -> None:
     """Under FSDP every worker writes its own shards (torch.distributed.checkpoint, safetensors):
     last/ holds one file per worker and no whole model.safetensors, and load_model reads it as an
