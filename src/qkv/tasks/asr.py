@@ -639,28 +639,47 @@ def train_asr(recipe: Recipe, out: str | Path, *, progress: bool = True, resume:
     return runner.train(TASK, recipe, out, progress=progress, resume=resume)
 
 
+def as_recipe_says(
+    model: SpeechEncoderDecoder,
+    tokenizer: Tokenizer,
+    feats: list[Tensor],
+    recipe: Recipe,
+    *,
+    on_batch: Callable[[int], None] | None = None,
+    lm: DecoderOnly | None = None,
+    lm_weight: float = 0.0,
+) -> list:
+    """``feats`` decoded with the recipe's ``decode`` settings (beam, CTC weight, length penalty)
+    in batches of ``data.eval_batch_size``: what validation and the final scoring both do."""
+    decode = recipe.decode
+    return transcribe(
+        model,
+        tokenizer,
+        feats,
+        beam_size=decode.beam_size,
+        ctc_weight=float(decode.ctc_weight),
+        length_penalty=float(decode.length_penalty),
+        batch_size=recipe.data.eval_batch_size,
+        on_batch=on_batch,
+        lm=lm,
+        lm_weight=lm_weight,
+    )
+
+
 def validation_scorer(
     corpus: Corpus, tokenizer: Tokenizer, recipe: Recipe, config: FeatureConfig, *, progress: bool
 ) -> Callable[[SpeechEncoderDecoder], dict[str, float]]:
     """Validation for ``train.valid_every``: the validation split (:func:`validation_split`)
     decoded as the test split is (the recipe's beam and CTC weight) and scored: WER and CER, or
     BLEU and chrF for translation. Its features are computed once, now."""
-    data, decode = recipe.data, recipe.decode
+    data = recipe.data
     utterances = validation_split(corpus, data)
     translate = bool(data.translate)
     feats = compute_features(utterances, config, progress=progress, desc="features (validation)")
     references = [output_text(u, translate=translate, normalize=False) for u in utterances]
 
     def score(model: SpeechEncoderDecoder) -> dict[str, float]:
-        decoded = transcribe(
-            model,
-            tokenizer,
-            feats,
-            beam_size=decode.beam_size,
-            ctc_weight=float(decode.ctc_weight),
-            length_penalty=float(decode.length_penalty),
-            batch_size=data.eval_batch_size,
-        )
+        decoded = as_recipe_says(model, tokenizer, feats, recipe)
         scores = _scores([d.text for d in decoded], references, translate=translate)
         return {k: v for k, v in scores.items() if k in ("wer", "cer", "bleu", "chrf")}
 
@@ -694,18 +713,7 @@ def score_model(
     start = time.perf_counter()
     feats = compute_features(utterances, config, progress=progress, desc="features (test)")
     bar = progress_bar(total=len(utterances), desc="decoding (test)", unit="utt", disable=not progress)
-    decoded = transcribe(
-        model,
-        tokenizer,
-        feats,
-        beam_size=decode.beam_size,
-        ctc_weight=float(decode.ctc_weight),
-        length_penalty=float(decode.length_penalty),
-        batch_size=data.eval_batch_size,
-        on_batch=bar.update,
-        lm=lm,
-        lm_weight=lm_weight,
-    )
+    decoded = as_recipe_says(model, tokenizer, feats, recipe, on_batch=bar.update, lm=lm, lm_weight=lm_weight)
     bar.close()
     seconds = time.perf_counter() - start
     hypotheses = [d.text for d in decoded]
