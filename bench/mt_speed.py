@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from qkv.decoding import beam_search, greedy  # noqa: E402
-from qkv.decoding_copies import for_decoding, int8_linears  # noqa: E402
+from qkv.decoding_copies import int8_linears  # noqa: E402
+from qkv.loading import prepared  # noqa: E402
 from qkv.losses import seq2seq_loss  # noqa: E402
 from qkv.memory import choose_allocator  # noqa: E402
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # noqa: E402
@@ -248,11 +249,10 @@ def decoding_model(engine: str, size: dict):
         model = qkv_model(size, dropout=0.0).eval()
         # Forced length: with no END id the search never stops early (qkv.decoding treats None as "no END").
         object.__setattr__(model.config, "eos_id", None)
-        model = for_decoding(model)
-    else:
-        model = marian_model(size, dropout=0.0).eval()
-        if family == "CTranslate2":
-            return ctranslate2_translator(model, precision)
+        return prepared(model, "encoder_decoder", bf16=precision == "bf16", int8=precision == "int8")
+    model = marian_model(size, dropout=0.0).eval()
+    if family == "CTranslate2":
+        return ctranslate2_translator(model, precision)
     if precision == "bf16":
         return model.to(torch.bfloat16)
     return int8_linears(model) if precision == "int8" else model

@@ -29,6 +29,7 @@ from qkv.decoding import (
 )
 from qkv.decoding_copies import for_decoding, int8_linears
 from qkv.ensemble import Ensemble
+from qkv.layers import WideLinear
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -681,6 +682,32 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
     attention = fast.decoder.blocks[0].self_attn
     with pytest.raises(ValueError, match="fused for self-attention"):
         attention(torch.zeros(1, 2, attention.w_o.out_features), context=torch.zeros(1, 3, attention.w_o.out_features))
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
+    """for_decoding(wide=True) stores every widening projection transposed: the same logits at
+    every cached step (left padding included) and the same greedy and beam outputs, for both
+    families; narrowing layers and the model given are left as they were."""
+    prompts = _random_rows([3, 5, 1], V, seed=11)
+    for model in (make_ed(seed=5, tie_output=tie_output), make_do("rope", seed=6, tie_output=tie_output)):
+        fused, wide = for_decoding(model), for_decoding(model, wide=True)
+        assert any(isinstance(m, WideLinear) for m in wide.modules()) and not any(
+            isinstance(m, torch.nn.Linear) and m.out_features > m.in_features for m in wide.modules()
+        )
+        assert any(isinstance(m, torch.nn.Linear) for m in wide.modules())  # narrowing ones stay nn.Linear
+        assert not any(isinstance(m, WideLinear) for m in model.modules())
+        (a, state_a), (b, state_b) = decoder_for(fused).start(prompts), decoder_for(wide).start(prompts)  # (N, V) each
+        for _ in range(5):
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+            tokens = a.argmax(-1)  # (N,)
+            (a, state_a), (b, state_b) = (
+                decoder_for(fused).step(state_a, tokens),
+                decoder_for(wide).step(state_b, tokens),
+            )
+        assert greedy(wide, prompts, max_new_tokens=7) == greedy(fused, prompts, max_new_tokens=7)
+        beams, wide_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (fused, wide))
+        assert [h[0].tokens for h in wide_beams] == [h[0].tokens for h in beams]
 
 
 # ----------------------------------------------------------------- ensembles

@@ -1,5 +1,6 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
-self-attention) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
+self-attention; with ``wide``, the widening layers' weights stored transposed for float32
+decoding on CPUs) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
 What is not here: the searches that run them (``decoding/``), loading a model directory for
@@ -12,25 +13,40 @@ from qkv.decoding import DecodingModel
 from qkv.ensemble import Ensemble
 
 
-def for_decoding(model: DecodingModel) -> DecodingModel:
+def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
     with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
     saves two calls per layer per token. Same outputs up to float rounding (tested equal);
     the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
     it before :func:`int8_linears`, which quantizes the stacked projection like any other.
     An ensemble gives an ensemble of its members' copies.
+
+    ``wide``: every widening ``nn.Linear`` (more outputs than inputs: the stacked Q/K/V, the
+    feed-forward's first matrices, the vocabulary projection) holds its weight transposed
+    (:class:`qkv.layers.WideLinear`). A float32 decoding step on the CPU multiplies one row per
+    hypothesis, and for those shapes the transposed layout is read about twice as fast (measured
+    in ``WideLinear``'s docstring; bench/mt_speed.py end to end). A weight tied to an embedding is
+    copied (the embedding keeps its rows): more memory, by the vocabulary projection's size.
+    Leave it off before :func:`int8_linears` or ``.to(bfloat16)`` (no gain measured in bfloat16).
     """
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(tuple(for_decoding(m) for m in model.models))
+        return Ensemble(tuple(for_decoding(m, wide=wide) for m in model.models))
+
+    from torch import nn
 
     from qkv.blocks import DecoderBlock, EncoderBlock
+    from qkv.layers import WideLinear
 
     fast = copy.deepcopy(model).eval()
     for module in fast.modules():
         if isinstance(module, DecoderBlock | EncoderBlock):
             module.self_attn.fuse_qkv()
+    for parent in list(fast.modules()) if wide else []:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear) and child.out_features > child.in_features:
+                setattr(parent, name, WideLinear(child))
     return fast
 
 

@@ -5,7 +5,8 @@ What is here: :func:`dropout` and :class:`Dropout` (inverted dropout with a chea
 :func:`make_norm` (LayerNorm or RMSNorm), :func:`sinusoidal_encoding` (sines and cosines
 interleaved, or in two halves) and :class:`InputEmbedding`, which turns token ids
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
-information, dropout).
+information, dropout), and :class:`WideLinear`, a decoding copy of a widening ``nn.Linear`` whose
+weight is stored input-major for the CPU's matrix-vector kernels.
 
 What is not here: relative position schemes that act inside attention (RoPE, ALiBi live in
 ``attention.py``), blocks (``blocks.py``). Shapes use the legend of ``attention.py``.
@@ -221,3 +222,31 @@ class InputEmbedding(nn.Module):
                 raise ValueError(f"position {int(positions.max())} is beyond max_len={self.max_len}")
             x = x + self.position(positions)  # (B, T, D)
         return self.dropout(x)
+
+
+class WideLinear(nn.Module):
+    """``nn.Linear`` for decoding, its weight stored transposed and contiguous: Wᵀ (K, N) instead
+    of W (N, K), so ``x @ Wᵀ`` streams the weight row by row. For a layer that widens (N > K:
+    stacked Q/K/V, the feed-forward's first matrices, the vocabulary projection) PyTorch's CPU
+    product of one row with the (N, K) layout reads memory at about 10 GB/s here, against 17-19
+    GB/s with this one (AMD EPYC, 2 threads, fp32: 1536 x 512 took 350 us against 193 us, 8000 x
+    512 1.82 ms against 0.80 ms); for a narrowing layer the (N, K) layout is the faster one, so
+    only widening layers get this copy (``decoding_copies.for_decoding`` with ``wide``). Same outputs up to
+    float rounding (tested). Inference only.
+
+    Shapes: x (..., K) -> (..., N).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight_t", linear.weight.detach().t().contiguous())  # (K, N)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        self.register_buffer("bias", bias)  # (N,) or None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.matmul(x, self.weight_t)  # (..., N)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weight stored (K, N)"

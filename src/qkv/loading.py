@@ -57,13 +57,15 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     decoding kind with one stacked Q/K/V product per self-attention (tested equal); in bfloat16
     (half the bytes per weight: batched decoding reads every weight once per step, and the CPU's
     bf16 matmul units, AVX512-BF16 and AMX, do the rest; bench/mt_speed.py) or with int8 linear
-    layers (int8 weights: a quarter of the bytes; qkv.int8); on ``device``."""
+    layers (int8 weights: a quarter of the bytes; qkv.int8); in float32 on the CPU, with the
+    widening layers' weights stored transposed (``decoding_copies.for_decoding``: faster one-row
+    products, tested equal); on ``device``."""
     import torch
 
     from qkv.decoding_copies import for_decoding, int8_linears
 
     if kind in DECODING_KINDS:
-        model = for_decoding(model)
+        model = for_decoding(model, wide=not (bf16 or int8) and torch.device(device).type == "cpu")
     if bf16:
         model = model.to(torch.bfloat16)
     if int8:
