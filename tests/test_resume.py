@@ -137,7 +137,16 @@ def _killed_mid_run(out: Path, overrides: list[str], rng: random.Random) -> int 
     pytest.fail("every kill came after the run had finished: nothing was interrupted")
 
 
-@pytest.mark.parametrize("case", ["numbers", "numbers_accumulate_ema", "lm", "mlm", "classify", "asr", "tts"])
+# Two tasks in the default run (one text, one speech: the checkpoint and resume code is shared); the
+# others, 10-37 s each, run with `pytest -m slow` (the suite's 10-minute budget).
+@pytest.mark.parametrize(
+    "case",
+    [
+        "numbers",
+        "tts",
+        *(pytest.param(c, marks=pytest.mark.slow) for c in ("numbers_accumulate_ema", "lm", "mlm", "classify", "asr")),
+    ],
+)
 def test_sigkill_at_random_steps_then_resume_ends_identically(tmp_path, case):
     """Each kill lands mid-run (a checkpoint, no finished model), the resumed run takes only the
     steps after its checkpoint's (optimizer steps counted), and it ends as the uninterrupted run."""
