@@ -7,8 +7,8 @@ speech model) and :func:`verify`, which reports:
     the same inputs (a decoder step twice: with an empty cache and several tokens, then one token
     after them with the cache the first returned), passing within :data:`TOLERANCE` times
     max(1, the output's largest |value|): float32 rounding grows with the numbers rounded, so
-    an output of magnitude 20 (Whisper's encoder) differs by 20 times what one of magnitude 1
-    does for the same relative error (docs/onnx.md, "Tolerance"); beside it, how far PyTorch's
+    an output of magnitude 12 (Whisper tiny.en's encoder) differs by 12 times what one of
+    magnitude 1 does for the same relative error (docs/onnx.md, "Tolerance"); beside it, how far PyTorch's
     own float32 outputs are from float64 (:func:`rounding_floor`: the scale of rounding);
   * a greedy decode driven entirely through onnxruntime (:class:`~qkv.onnx_runtime.OnnxModel`)
     beside qkv's own (:func:`~qkv.decoding.greedy`), which must be equal token for token; for a
