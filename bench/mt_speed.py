@@ -16,7 +16,10 @@ Hugging Face ``min_new_tokens=32``; qkv's END id is unset; CTranslate2 ``min_dec
 greedy at batch 1 and 32, beam 5 at batch 8, KV cache on every side: qkv as ``qkv translate``
 decodes it (fp32, ``--bf16``, ``--int8``), HF Marian (fp32, bfloat16 weights, the same int8
 linear layers: ``decoding_copies.int8_linears``) and CTranslate2 (fp32 and int8, the same random
-Marian weights through its Transformers converter). Every engine and precision is timed in a
+Marian weights through its Transformers converter), and qkv's own model exported to ONNX
+(``qkv.onnx_export``, fp32 and its int8 copy) decoded greedily through onnxruntime
+(``qkv.onnx_runtime.OnnxModel``: the encoder once, a decoder step per token with its KV cache, a
+numpy loop; greedy rows only, as many threads as torch). Every engine and precision is timed in a
 process of its own (issue 49: CTranslate2's thread pool keeps the cores busy after its calls
 return, which halved qkv's speed measured after it in one process). Beside every batch-1 figure,
 the roofline the machine allows: the memory bandwidth of a matrix-vector product over an fp32
@@ -24,7 +27,8 @@ matrix the size of the weights a step reads (decoder layers and output layer), m
 run, over those weights' bytes in the row's precision.
 
 Extra packages (not in qkv's extras): ``transformers`` (dev extra) and ``ctranslate2`` (``pip
-install ctranslate2``; without it its rows fail, said in one line, and the others run).
+install ctranslate2``; without it its rows fail, said in one line, and the others run);
+``onnx``, ``onnxruntime``, ``onnxscript`` (qkv's onnx extra) for the onnxruntime rows.
 ``--sizes tiny --only decode --no-record`` is a smoke run (a minute).
 """
 
@@ -225,7 +229,18 @@ def decode_rate(name: str, model: nn.Module, *, batch: int, beam: int, repeats: 
 
 # ---- decoding: every engine and precision timed in a process of its own (issue 49) --------------
 
-ENGINES = ("qkv fp32", "qkv bf16", "qkv int8", "HF fp32", "HF bf16", "HF int8", "CTranslate2 fp32", "CTranslate2 int8")
+ENGINES = (
+    "qkv fp32",
+    "qkv bf16",
+    "qkv int8",
+    "HF fp32",
+    "HF bf16",
+    "HF int8",
+    "CTranslate2 fp32",
+    "CTranslate2 int8",
+    "onnxruntime fp32",
+    "onnxruntime int8",
+)
 ROWS = ((1, 1), (32, 1), (8, 5))  # (batch, beam): greedy batch 1, greedy batch 32, beam 5 batch 8
 BYTES = {"fp32": 4, "bf16": 2, "int8": 1}  # bytes per weight as each precision reads it
 
@@ -245,6 +260,8 @@ def decoding_model(engine: str, size: dict):
     CTranslate2 translator converted from the same random Marian weights."""
     family, precision = engine.split()
     torch.manual_seed(0)  # the same random weights in every process
+    if family == "onnxruntime":
+        return onnx_model(size, precision)
     if family == "qkv":
         model = qkv_model(size, dropout=0.0).eval()
         # Forced length: with no END id the search never stops early (qkv.decoding treats None as "no END").
@@ -289,6 +306,35 @@ def ctranslate2_translator(marian, precision: str):
     )
 
 
+def onnx_model(size: dict, precision: str):
+    """qkv's model (the same random weights, END unset so that 32 tokens are always made) exported
+    as ``qkv export-onnx`` does (``--int8`` for int8), opened in onnxruntime with torch's threads."""
+    import tempfile
+
+    from qkv.onnx_export import Source, export_onnx
+    from qkv.onnx_runtime import OnnxModel
+
+    model = qkv_model(size, dropout=0.0).eval()
+    object.__setattr__(model.config, "eos_id", None)  # the manifest's eos_id: None, never stops early
+    folder = Path(tempfile.mkdtemp(prefix="mt_speed-onnx-"))
+    export_onnx(
+        Source(model, {"kind": "encoder_decoder", "files": []}, folder), folder / "onnx", int8=precision == "int8"
+    )
+    return OnnxModel(folder / "onnx", int8=precision == "int8", threads=torch.get_num_threads())
+
+
+def onnx_rate(model, *, batch: int, repeats: int) -> float:
+    """New tokens/s of greedy decoding through onnxruntime, 32 new tokens per input, as :func:`decode_rate`."""
+    inputs = sources(batch, 1)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        out = model.greedy(inputs, max_new_tokens=32)
+        assert all(len(o) == 32 for o in out), [len(o) for o in out]
+        times.append(time.perf_counter() - start)
+    return batch * 32 / min(times[1:])
+
+
 def ctranslate2_rate(translator, *, batch: int, beam: int, repeats: int) -> float:
     """New tokens/s of CTranslate2 for 32 forced new tokens per input, as :func:`decode_rate`."""
     tokens = [[f"t{i}" for i in ids] for ids in sources(batch, beam)]
@@ -309,7 +355,10 @@ def engine_rates(engine: str, size: dict) -> dict[str, float]:
     rates = {}
     for batch, beam in ROWS:
         repeats = 3 if batch == 1 else 2
-        if engine.startswith("CTranslate2"):
+        if engine.startswith("onnxruntime"):
+            if beam == 1:  # the runtime's loop is greedy: no beam rows
+                rates[f"{batch}x{beam}"] = onnx_rate(model, batch=batch, repeats=repeats)
+        elif engine.startswith("CTranslate2"):
             rates[f"{batch}x{beam}"] = ctranslate2_rate(model, batch=batch, beam=beam, repeats=repeats)
         else:
             name = "qkv" if engine.startswith("qkv") else "marian"
@@ -374,7 +423,7 @@ def decode_rows(size_name: str, args: argparse.Namespace) -> list[dict]:
     for batch, beam in ROWS:
         key = f"{batch}x{beam}"
         what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
-        row = {"what": what, **{e: round(r[key], 1) for e, r in rates.items()}}
+        row = {"what": what, **{e: round(r[key], 1) for e, r in rates.items() if key in r}}
         if batch == 1:
             row["roofline"] = {p: round(r) for p, r in roof.items()}
             row["bandwidth GB/s"] = round(speed / 1e9, 1)
@@ -385,7 +434,7 @@ def decode_rows(size_name: str, args: argparse.Namespace) -> list[dict]:
         hf = row.get("HF fp32")
         print(f"{what}  new tok/s:", flush=True)
         for engine in engines:
-            if engine not in rates:
+            if engine not in rates or key not in rates[engine]:
                 continue
             figure, precision = row[engine], engine.split()[1]
             line = f"  {engine:<18} {figure:8.1f}"
@@ -477,8 +526,9 @@ def _record(results: list[dict], *, notes: str = "") -> None:
             if row[ours] is None:  # not measured in this run
                 continue
             details = {} if precision == "fp32" else {f"HF {precision}": row[f"hf_{precision}"]}
-            if row.get(f"CTranslate2 {precision}") is not None:
-                details[f"CTranslate2 {precision}"] = row[f"CTranslate2 {precision}"]
+            for peer in ("CTranslate2", "onnxruntime"):
+                if row.get(f"{peer} {precision}") is not None:
+                    details[f"{peer} {precision}"] = row[f"{peer} {precision}"]
             if "roofline" in row:
                 roof = row["roofline"][precision]
                 details |= {"roofline tokens/s": roof, "share of the roofline, %": round(100 * row[ours] / roof)}

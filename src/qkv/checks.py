@@ -544,10 +544,11 @@ def onnx_round_trip(directory: Path, model: nn.Module, probe: Probe, *, onnx: bo
     with tempfile.TemporaryDirectory() as tmp:
         export_onnx(source, Path(tmp) / "onnx")
         report = verify(source, Path(tmp) / "onnx")
-    measured = max(g["max_abs_diff"] for g in report["graphs"].values())
-    greedy = report.get("greedy")
-    detail = f"{len(report['graphs'])} graph(s)" + ("" if greedy is None else f"; greedy equal: {greedy['equal']}")
-    if greedy is not None and not greedy["equal"]:
+    measured = max(g["relative_diff"] for g in report["graphs"].values())  # |difference| / max(1, |output|)
+    decoded = report.get("greedy") or report.get("synthesis")  # tokens, or a TTS model's frames and stops
+    said = "" if decoded is None else f"; {'greedy' if 'greedy' in report else 'synthesis'} equal: {decoded['equal']}"
+    detail = f"{len(report['graphs'])} graph(s), |difference| / max(1, |output|)" + said
+    if decoded is not None and not decoded["equal"]:
         return Row(name, measured, ONNX_TOLERANCE, FAIL, detail)
     return judged(name, measured, ONNX_TOLERANCE, detail)
 

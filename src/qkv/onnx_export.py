@@ -17,7 +17,8 @@ What is here:
 Caches are stacked over the L decoder layers: keys and values (L, B, G, P, K) each.
 
 What is not here: running the graphs and greedy decoding through them (``onnx_runtime.py``), the
-comparison with PyTorch (``onnx_verify.py``), text-to-speech models (not exported yet).
+comparison with PyTorch (``onnx_verify.py``), the graphs' shared pieces (``onnx_graphs.py``),
+text-to-speech models' wrappers (``onnx_tts.py``; :func:`graphs_of` and the manifest include them).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import torch
 from torch import Tensor, nn
 
 from qkv import __version__
-from qkv.blocks import BlockCache, DecoderStack
 from qkv.checkpoint import Model, load_model, model_dir, read_meta
 from qkv.errors import UserError
 from qkv.files import atomic_directory, check_writable, write_atomic
@@ -41,38 +41,17 @@ from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
 from qkv.models.speech import CONV2D_MIN_FRAMES, SpeechEncoderDecoder
+from qkv.models.tts import TransformerTTS
+from qkv.onnx_graphs import CACHE, CROSS, MEMORY, PRESENT, B, Graph, P, S, T, block_caches, cross_cache, stacked_self
 from qkv.onnx_runtime import EXPORT_PACKAGES, MANIFEST, require
+from qkv.onnx_tts import tts_graphs, tts_manifest
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
-EXPORTED_KINDS = ("encoder_decoder", "speech_encoder_decoder", "decoder_only", "encoder_only")
+EXPORTED_KINDS = ("encoder_decoder", "speech_encoder_decoder", "decoder_only", "encoder_only", "tts")
 PARAMETERS_INLINE = 2**30  # bytes of weights kept inside the .onnx file (protobuf's limit is 2 GiB)
 
 
 # ------------------------------------------------------------------------------ the wrappers
-
-
-def cross_cache(decoder: DecoderStack, memory: Tensor) -> tuple[Tensor, Tensor]:
-    """Every decoder block's cross-attention keys and values of the encoder output ``memory``.
-
-    Shapes: memory (B, S, D) -> keys, values (L, B, G, S, K).
-    """
-    kv = [block.cross_attn.context_cache(memory) for block in decoder.blocks]
-    return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])  # (L, B, G, S, K) each
-
-
-def block_caches(
-    past_keys: Tensor, past_values: Tensor, cross_keys: Tensor | None = None, cross_values: Tensor | None = None
-) -> list[BlockCache]:
-    """The models' per-block caches from stacked ones. Shapes: (L, B, G, P, K), (L, B, G, S, K)."""
-    return [
-        ((past_keys[i], past_values[i]), None if cross_keys is None else (cross_keys[i], cross_values[i]))
-        for i in range(past_keys.shape[0])
-    ]
-
-
-def stacked_self(cache: list[BlockCache]) -> tuple[Tensor, Tensor]:
-    """The self-attention keys and values of every block, stacked. Shapes: (L, B, G, P + T, K) twice."""
-    return torch.stack([kv[0][0] for kv in cache]), torch.stack([kv[0][1] for kv in cache])
 
 
 class TextEncoderGraph(nn.Module):
@@ -167,22 +146,11 @@ class EncoderOnlyGraph(nn.Module):
 # ------------------------------------------------------------------------------ the graphs
 
 
-@dataclass(frozen=True)
-class Graph:
-    """One graph to export: its module, example inputs, and the dynamic axes of each input and
-    output by name ({dimension: axis name}; an axis name shared by inputs is one size).
-    ``min_sizes``: an axis's least size where the model needs more than none (speech frames)."""
-
-    name: str
-    module: nn.Module
-    example: tuple[Tensor, ...]
-    inputs: dict[str, dict[int, str]]
-    outputs: dict[str, dict[int, str]]
-    min_sizes: dict[str, int]
-
-
 def graphs_of(model: Model) -> list[Graph]:
-    """The graphs ``model`` exports to: encoder and decoder step, a decoder step, or an encoder."""
+    """The graphs ``model`` exports to: encoder and decoder step, a decoder step, or an encoder
+    (a text-to-speech model: ``onnx_tts.tts_graphs``)."""
+    if isinstance(model, TransformerTTS):
+        return tts_graphs(model)
     if isinstance(model, (EncoderDecoder, SpeechEncoderDecoder)):
         encoder = _speech_encoder(model) if isinstance(model, SpeechEncoderDecoder) else _text_encoder(model)
         return [encoder, _sourced_step(model, encoder)]
@@ -191,15 +159,6 @@ def graphs_of(model: Model) -> list[Graph]:
     if isinstance(model, EncoderOnly):
         return [_encoder_only(model)]
     raise UserError(f"ONNX export takes {', '.join(EXPORTED_KINDS)} models, not {type(model).__name__}")
-
-
-# Example sizes: at least 2 (torch.export fixes an axis whose example size is 0 or 1) and
-# different from each other, so that no two axes are taken for one.
-B, S, P, T = 2, 5, 3, 2
-CACHE = {1: "batch", 3: "past"}
-PRESENT = {1: "batch", 3: "total"}
-CROSS = {1: "batch", 3: "source"}
-MEMORY = {"memory": {0: "batch", 1: "source"}, "memory_mask": {0: "batch", 1: "source"}}
 
 
 def _text_encoder(model: EncoderDecoder) -> Graph:
@@ -366,6 +325,8 @@ def describe(source: Source, graphs: dict[str, dict]) -> dict:
     }
     if hasattr(c, "features"):
         manifest["features"] = c.features.to_dict()
+    if isinstance(source.model, TransformerTTS):
+        manifest["tts"] = tts_manifest(source.model)
     if "whisper" in source.meta:  # a Whisper's start tokens (languages, tasks, no timestamps)
         manifest["whisper"] = source.meta["whisper"]
     return manifest
@@ -380,6 +341,9 @@ def export_graph(graph: Graph, path: Path, *, inline: bool = True, exporter: str
         raise UserError(f"exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}")
     tried = ("dynamo", "torchscript") if exporter == "auto" else (exporter,)
     failures = []
+    # The exporters leave a module in the mode it had before, and a wrapper is made in training
+    # mode: left so, the TorchScript exporter would switch the model's dropout on for good.
+    graph.module.eval()
     for name in tried:
         try:
             if name == "dynamo":

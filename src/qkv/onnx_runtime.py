@@ -9,8 +9,13 @@ is numpy alone (no PyTorch), and takes its decisions as qkv's greedy search does
 (``decoding/search.py``: the same caps within the window, BEGIN or a forced prefix first, END
 left out), so the two are compared token for token (``onnx_verify.py``, tests/test_onnx.py).
 
+A text-to-speech model is run the same way by :meth:`OnnxModel.synthesize` (the text encoder
+once, then decoder steps of r frames each until the stop token, then the post-net), as
+``synthesis.synthesize`` runs it in PyTorch (without its attention window).
+
 What is not here: the export (``onnx_export.py``), tokenization and feature computation (the
-graphs take token ids and log-mel frames; the manifest says which features a speech model reads).
+graphs take token ids and log-mel frames; the manifest says which features a speech model reads),
+the vocoder (frames to a waveform: ``vocoder.py``).
 
 Shapes use the legend of ``attention.py``; caches are stacked over the L decoder layers:
 (L, B, G, P, K).
@@ -60,7 +65,8 @@ class OnnxModel:
     frames for a speech model, computed as the manifest's ``features`` say.
     """
 
-    def __init__(self, directory: str | Path, *, int8: bool = False) -> None:
+    def __init__(self, directory: str | Path, *, int8: bool = False, threads: int | None = None) -> None:
+        """``threads``: onnxruntime's threads within an operator (None: its default, every core)."""
         require(RUNTIME_PACKAGES)
         import onnxruntime
 
@@ -69,6 +75,8 @@ class OnnxModel:
         self.kind: str = m["kind"]
         options = onnxruntime.SessionOptions()
         options.log_severity_level = 3  # errors only: the quantized graphs warn about shapes they cannot infer
+        if threads is not None:
+            options.intra_op_num_threads = threads
         self.sessions = {}
         for name, graph in m["graphs"].items():
             file = graph["int8"] if int8 else graph["file"]
@@ -156,6 +164,64 @@ class OnnxModel:
             key_mask = np.concatenate([key_mask, np.ones((len(inputs), 1), dtype=bool)], axis=1)  # (B, P + 1)
             following = following + 1
 
+    def synthesize(
+        self,
+        texts: Sequence[Sequence[int]],
+        *,
+        speakers: Sequence[int] | None = None,
+        max_frames: int = 1000,
+        stop_threshold: float = 0.5,
+        prenet_dropout: bool = True,
+        seed: int | None = 0,
+    ) -> list[tuple[np.ndarray, bool]]:
+        """A text-to-speech model's log-mel frames for each text (symbol ids, no padding), as
+        ``synthesis.synthesize`` makes them: r frames a step from the go frame, the last frame
+        written read next, each text ending at its first frame whose stop probability passes
+        ``stop_threshold`` (or at the cap: ``max_frames``, the window), then refined by the
+        post-net on its own. The pre-net's dropout draws from numpy's generator (``seed``), or
+        is off (``prenet_dropout=False``: what a comparison with PyTorch's frames needs).
+
+        Shapes: returns per text (unscaled log-mel frames (T, M), whether it hit the cap).
+        """
+        tts, b = self.manifest["tts"], len(texts)
+        r, n_mels = tts["reduction"], tts["n_mels"]
+        encoded = self.run("encoder", self.text_feeds(texts, speakers))
+        steps = min(-(-max_frames // r), self.manifest["window"])
+        keep = _PrenetDraws(tts["prenet_dropout"] if prenet_dropout else 0.0, tts["prenet_dim"], seed)
+        frames, past = np.zeros((b, 1, n_mels), np.float32), self._empty_cache(b)  # (B, 1, M): the go frame
+        written, ends = [], np.full(b, -1)  # ends (B,): frames of a text that has stopped
+        for step in range(steps):
+            feeds = {"frames": frames, "memory_mask": encoded["memory_mask"], "prenet_keep": keep(b)}
+            feeds.update(past_keys=past[0], past_values=past[1])
+            feeds.update(cross_keys=encoded["cross_keys"], cross_values=encoded["cross_values"])
+            out = self.run("decoder_step", feeds)
+            written.append(out["mel"])  # (B, r, M)
+            ends = stop_ends(ends, out["stop"], step * r, stop_threshold)
+            if (ends >= 0).all():
+                break
+            frames, past = out["mel"][:, -1:], (out["present_keys"], out["present_values"])  # (B, 1, M)
+        mel = np.concatenate(written, axis=1)  # (B, U·r, M)
+        lengths = [mel.shape[1] if end < 0 else int(end) for end in ends]
+        return [(self._refined(mel[i, :n]), bool(ends[i] < 0)) for i, n in enumerate(lengths)]
+
+    def text_feeds(self, texts: Sequence[Sequence[int]], speakers: Sequence[int] | None) -> dict[str, np.ndarray]:
+        """A text-to-speech encoder's inputs: the texts right-padded, and the speakers of a model of several."""
+        if not texts or not all(texts):
+            raise ValueError("every text needs at least one symbol")
+        if (speakers is None) != (self.manifest["tts"]["n_speakers"] == 0):
+            raise ValueError("speakers are needed exactly when the model has several voices")
+        feeds = {"text": pad_ids(texts, self.manifest["special_tokens"]["pad_id"], left=False)[0]}
+        if speakers is not None:
+            feeds["speakers"] = np.asarray(speakers, dtype=np.int64)  # (B,)
+        return feeds
+
+    def _refined(self, mel: np.ndarray) -> np.ndarray:
+        """One text's frames through the post-net (if the model has one), unscaled. Shapes: (T, M) -> (T, M)."""
+        tts = self.manifest["tts"]
+        if tts["postnet"]:
+            mel = self.run("postnet", {"mel": mel[None], "valid": np.ones((1, len(mel)), dtype=bool)})["refined"][0]
+        return mel * np.float32(tts["mel_std"]) + np.float32(tts["mel_mean"])
+
     def _empty_cache(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of no positions yet. Shapes: (L, B, G, 0, K) twice."""
         c = self.manifest["cache"]
@@ -185,6 +251,32 @@ class _Greedy:
             self.done[i] = self.step + 1 >= self.caps[i]
         self.step += 1
         return not all(self.done)
+
+
+class _PrenetDraws:
+    """The pre-net's dropout multipliers for one step: each element 0 with probability p, else
+    1 / (1 - p) (inverted dropout, as ``layers.dropout`` scales); all ones when p is 0."""
+
+    def __init__(self, p: float, width: int, seed: int | None) -> None:
+        self.p, self.width, self.rng = p, width, np.random.default_rng(seed)
+
+    def __call__(self, rows: int) -> np.ndarray:
+        shape = (2, rows, 1, self.width)  # (2, B, 1, prenet_dim): the two layers, one step
+        if self.p == 0.0:
+            return np.ones(shape, dtype=np.float32)
+        return ((self.rng.random(shape) >= self.p) / (1.0 - self.p)).astype(np.float32)
+
+
+def stop_ends(ends: np.ndarray, stop: np.ndarray, before: int, threshold: float) -> np.ndarray:
+    """Each text's length once it stops: the first frame of this step's whose stop probability
+    passes ``threshold``, counted after the ``before`` frames of the earlier steps; texts that
+    had stopped (``ends`` >= 0) keep theirs, -1 for those still going.
+
+    Shapes: ends (B,), stop (B, r) logits -> (B,).
+    """
+    stopping = 1.0 / (1.0 + np.exp(-stop.astype(np.float32))) > threshold  # (B, r)
+    first = np.where(stopping.any(1), stopping.argmax(1), -1)  # (B,)
+    return np.where((ends < 0) & (first >= 0), before + first + 1, ends)
 
 
 def pad_ids(rows: Sequence[Sequence[int]], value: int, *, left: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -5,11 +5,16 @@ vocabulary where it has none, or the log-mel features of a generated voice-like 
 speech model) and :func:`verify`, which reports:
   * each graph's largest absolute difference from the PyTorch wrapper it was exported from, on
     the same inputs (a decoder step twice: with an empty cache and several tokens, then one token
-    after them with the cache the first returned), passing within :data:`TOLERANCE`, beside how
-    far PyTorch's own float32 outputs are from float64 (:func:`rounding_floor`: the scale of
-    rounding, which deep models with long inputs such as Whisper's encoder bring near 1e-4);
+    after them with the cache the first returned), passing within :data:`TOLERANCE` times
+    max(1, the output's largest |value|): float32 rounding grows with the numbers rounded, so
+    an output of magnitude 12 (Whisper tiny.en's encoder) differs by 12 times what one of
+    magnitude 1 does for the same relative error (docs/onnx.md, "Tolerance"); beside it, how far PyTorch's
+    own float32 outputs are from float64 (:func:`rounding_floor`: the scale of rounding);
   * a greedy decode driven entirely through onnxruntime (:class:`~qkv.onnx_runtime.OnnxModel`)
-    beside qkv's own (:func:`~qkv.decoding.greedy`), which must be equal token for token;
+    beside qkv's own (:func:`~qkv.decoding.greedy`), which must be equal token for token; for a
+    text-to-speech model, a synthesis through onnxruntime beside ``synthesis.synthesize`` (the
+    pre-net's dropout off in both): the same stop decisions (frame counts) and frames within
+    the same tolerance;
   * with int8 copies, their difference from the fp32 graphs and the share of greedy tokens they
     agree on: reported, never failed (quantization changes outputs by design).
 
@@ -29,11 +34,13 @@ from qkv.decoding import greedy
 from qkv.hf.whisper import start_tokens
 from qkv.onnx_export import Graph, Source, graphs_of
 from qkv.onnx_runtime import OnnxModel, pad_ids
+from qkv.synthesis import synthesize
 from qkv.tokenization import FILE, Vocabularies
 
 TOLERANCE = 1e-4
 SENTENCES = ("A man in a blue shirt is riding a bicycle down the street.", "Two dogs are playing in the snow.")
 MAX_NEW_TOKENS = 24
+MAX_FRAMES = 60  # a text-to-speech model's frames compared (its stop token may end a text sooner)
 
 
 def real_inputs(source: Source) -> list:
@@ -43,7 +50,7 @@ def real_inputs(source: Source) -> list:
     if source.meta["kind"] == "speech_encoder_decoder":
         return [features(voice_like(seconds, c.features.sample_rate), c.features) for seconds in (1.3, 0.7)]
     vocab = getattr(c, "src_vocab_size", None) or c.vocab_size
-    window = c.max_len - 1  # a decoder-only prompt leaves room for a new token
+    window = c.max_len - 1 if source.meta["kind"] != "tts" else None  # a prompt leaves room for a new token
     if FILE in source.meta["files"]:
         tokenizer = Vocabularies.load(source.directory, files=source.meta["files"]).source
         rows = [[t for t in tokenizer.encode(text) if t < vocab] for text in SENTENCES]
@@ -73,11 +80,19 @@ def verify(source: Source, out_dir, *, int8: bool = False) -> dict:
     feeds = graph_feeds(source, fp32, graphs, inputs)
     report: dict = {"tolerance": TOLERANCE, "graphs": {}}
     for name, runs in feeds.items():
-        outputs = _differences(graphs[name], fp32, runs)
-        floor = rounding_floor(graphs[name], runs)
-        report["graphs"][name] = {"max_abs_diff": max(outputs.values()), "outputs": outputs, "fp32_vs_fp64": floor}
-    passed = all(g["max_abs_diff"] <= TOLERANCE for g in report["graphs"].values())
-    if source.meta["kind"] != "encoder_only":
+        outputs, scales = _differences(graphs[name], fp32, runs)
+        report["graphs"][name] = {
+            "max_abs_diff": max(outputs.values()),
+            "relative_diff": max(outputs[k] / max(1.0, scales[k]) for k in outputs),
+            "outputs": outputs,
+            "scales": scales,
+            "fp32_vs_fp64": rounding_floor(graphs[name], runs),
+        }
+    passed = all(g["relative_diff"] <= TOLERANCE for g in report["graphs"].values())
+    if source.meta["kind"] == "tts":
+        report["synthesis"] = _synthesis_pair(source, fp32, inputs)
+        passed = passed and report["synthesis"]["equal"]
+    elif source.meta["kind"] != "encoder_only":
         ours, theirs = _greedy_pair(source, fp32, inputs)
         report["greedy"] = {"qkv": ours, "onnxruntime": theirs, "equal": ours == theirs}
         passed = passed and ours == theirs
@@ -96,6 +111,8 @@ def graph_feeds(source: Source, session: OnnxModel, graphs: dict[str, Graph], in
         return {"encoder": [{"tokens": tokens, "mask": mask}]}
     if kind == "decoder_only":
         return {"decoder_step": _prompted_feeds(source, graphs["decoder_step"], inputs)}
+    if kind == "tts":
+        return _tts_feeds(source, session, graphs, inputs)
     encoder = session.encoder_feeds(inputs)
     encoded = _torch_run(graphs["encoder"], encoder)
     tokens = _sequences(source, inputs)  # (B, L): the start and qkv's greedy tokens
@@ -130,6 +147,65 @@ def _prompted_feeds(source: Source, graph: Graph, inputs: list) -> list[dict]:
         "past_values": stepped["present_values"],
     }
     return [first, second]
+
+
+def _tts_feeds(source: Source, session: OnnxModel, graphs: dict[str, Graph], inputs: list) -> dict[str, list]:
+    """A text-to-speech model's graph inputs: the texts; two decoder runs (the go frame and the
+    frames qkv synthesizes for them, with drawn pre-net dropout, then the next frame with the
+    cache the first returned); the post-net over the frames the first run wrote, one row padded."""
+    model = source.model
+    speakers = [0] * len(inputs) if model.config.n_speakers else None
+    encoder = session.text_feeds(inputs, speakers)
+    encoded = _torch_run(graphs["encoder"], encoder)
+    said = synthesize(model, inputs, speakers=speakers, max_frames=3 * model.config.reduction, prenet_dropout=False)
+    frames = np.zeros((len(inputs), 4, model.config.features.n_mels), dtype=np.float32)  # (B, 4, M)
+    for i, s in enumerate(said):  # each step's last frame, as the decoder reads it; zeros after the stop
+        read = model.scale(s.mel)[model.config.reduction - 1 :: model.config.reduction][:3].numpy()
+        frames[i, 1 : 1 + len(read)] = read
+    first = {
+        "frames": frames[:, :3],
+        "memory_mask": encoded["memory_mask"],
+        "prenet_keep": _keep(model, len(inputs), 3),
+    }
+    first.update(past_keys=_empty_cache(encoded["cross_keys"]), past_values=_empty_cache(encoded["cross_values"]))
+    first.update(cross_keys=encoded["cross_keys"], cross_values=encoded["cross_values"])
+    stepped = _torch_run(graphs["decoder_step"], first)
+    second = {**first, "frames": frames[:, 3:], "prenet_keep": _keep(model, len(inputs), 1)}
+    second.update(past_keys=stepped["present_keys"], past_values=stepped["present_values"])
+    feeds = {"encoder": [encoder], "decoder_step": [first, second]}
+    if "postnet" in graphs:
+        valid = np.ones(stepped["mel"].shape[:2], dtype=bool)  # (B, T)
+        valid[-1, valid.shape[1] // 2 :] = False
+        feeds["postnet"] = [{"mel": stepped["mel"], "valid": valid}]
+    return feeds
+
+
+def _keep(model, rows: int, steps: int) -> np.ndarray:
+    """Drawn pre-net dropout multipliers. Shapes: -> (2, B, U, prenet_dim), B ``rows``, U ``steps``."""
+    c, rng = model.config, np.random.default_rng(steps)
+    shape = (2, rows, steps, c.prenet_dim)
+    return ((rng.random(shape) >= c.prenet_dropout) / (1.0 - c.prenet_dropout)).astype(np.float32)
+
+
+def _synthesis_pair(source: Source, session: OnnxModel, inputs: list) -> dict:
+    """qkv's synthesis of ``inputs`` and onnxruntime's, the pre-net's dropout off in both: each
+    text's frame count and whether it hit the cap (equal, or the stop decisions differ), and
+    the largest difference of their frames, within :data:`TOLERANCE` of their largest |value|."""
+    speakers = [0] * len(inputs) if source.model.config.n_speakers else None
+    ours = synthesize(source.model, inputs, speakers=speakers, max_frames=MAX_FRAMES, prenet_dropout=False)
+    theirs = session.synthesize(inputs, speakers=speakers, max_frames=MAX_FRAMES, prenet_dropout=False)
+    lengths = ([len(s.mel) for s in ours], [len(mel) for mel, _ in theirs])
+    capped = ([s.hit_cap for s in ours], [cap for _, cap in theirs])
+    same = lengths[0] == lengths[1] and capped[0] == capped[1]
+    diff = (
+        max(float(np.abs(s.mel.numpy() - mel).max()) for s, (mel, _) in zip(ours, theirs, strict=True))
+        if same
+        else None
+    )
+    scale = max(float(s.mel.abs().max()) for s in ours)
+    tolerance = TOLERANCE * max(1.0, scale)
+    equal = same and diff <= tolerance
+    return {"frames": lengths, "hit_cap": capped, "max_abs_diff": diff, "tolerance": tolerance, "equal": equal}
 
 
 def _sequences(source: Source, inputs: list) -> np.ndarray:
@@ -168,15 +244,19 @@ def _empty_cache(like: np.ndarray) -> np.ndarray:
     return np.zeros((*like.shape[:3], 0, like.shape[4]), dtype=np.float32)
 
 
-def _differences(graph: Graph, session: OnnxModel, runs: list[dict]) -> dict[str, float]:
-    """Each output's largest absolute difference between PyTorch and onnxruntime over ``runs``."""
+def _differences(graph: Graph, session: OnnxModel, runs: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each output's largest absolute difference between PyTorch and onnxruntime over ``runs``,
+    and its scale: PyTorch's largest absolute value of it (1 for a boolean mask)."""
     largest: dict[str, float] = {}
+    scales: dict[str, float] = {}
     for feeds in runs:
         ours, theirs = _torch_run(graph, feeds), session.run(graph.name, feeds)
         for name, value in ours.items():
-            diff = float(np.abs(value.astype(np.float64) - theirs[name].astype(np.float64)).max(initial=0.0))
+            wide = value.astype(np.float64)
+            diff = float(np.abs(wide - theirs[name].astype(np.float64)).max(initial=0.0))
             largest[name] = max(largest.get(name, 0.0), diff)
-    return largest
+            scales[name] = max(scales.get(name, 0.0), float(np.abs(wide).max(initial=0.0)))
+    return largest, scales
 
 
 @torch.no_grad()

@@ -20,8 +20,10 @@ EPILOG = """examples:
 what is written (docs/onnx.md): encoder.onnx and decoder_step.onnx for encoder-decoder models (text, speech,
 Whisper), decoder_step.onnx for decoder-only models, encoder.onnx for encoder-only ones; NAME.int8.onnx with
 --int8; onnx.json (the graphs, their inputs and outputs, the cache's layout, the special tokens) and the
-model's tokenizer files. --verify exits 1 when a graph differs from PyTorch by more than 1e-4 or
-onnxruntime's greedy decode differs from qkv's.
+model's tokenizer files; a text-to-speech model: encoder.onnx, decoder_step.onnx (its pre-net dropout an
+input) and postnet.onnx. --verify exits 1 when a graph differs from PyTorch by more than 1e-4 times
+max(1, the output's largest |value|), or onnxruntime's greedy decode (a TTS model's synthesis: its stop
+decisions and frames) differs from qkv's.
 """
 
 
@@ -57,11 +59,18 @@ def _print_manifest(manifest: dict, out_dir: str) -> None:
 
 
 def _print_report(report: dict) -> None:
-    print(f"verified against PyTorch (tolerance {report['tolerance']:.0e}):")
+    print(f"verified against PyTorch (tolerance {report['tolerance']:.0e} x max(1, the output's largest |value|)):")
     for name, graph in report["graphs"].items():
-        verdict = "PASS" if graph["max_abs_diff"] <= report["tolerance"] else "FAIL"
+        verdict = "PASS" if graph["relative_diff"] <= report["tolerance"] else "FAIL"
         floor = f"(PyTorch fp32 vs fp64: {graph['fp32_vs_fp64']:.1e})"
-        print(f"  {name:<14} max |onnxruntime - PyTorch| = {graph['max_abs_diff']:.2e} {floor}  {verdict}")
+        said = f"max |onnxruntime - PyTorch| = {graph['max_abs_diff']:.2e}, scaled {graph['relative_diff']:.2e}"
+        print(f"  {name:<14} {said} {floor}  {verdict}")
+    if "synthesis" in report:
+        said = report["synthesis"]
+        verdict = "PASS" if said["equal"] else "FAIL"
+        diff = "" if said["max_abs_diff"] is None else f", max |difference| {said['max_abs_diff']:.2e}"
+        frames = f"frames {said['frames'][1]} vs {said['frames'][0]}{diff}"
+        print(f"  synthesis through onnxruntime == qkv's ({frames})  {verdict}")
     if "greedy" in report:
         greedy = report["greedy"]
         tokens = sum(len(row) for row in greedy["qkv"])
@@ -85,8 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "where dynamo fails, as the manifest says): an encoder-decoder's encoder (its output, its mask and every "
         "decoder layer's cross-attention keys and values, computed once) and a decoder step that takes and returns "
         "the self-attention KV cache; a decoder-only model's step (with positions and a key mask for left-padded "
-        "prompts); an encoder-only model's encoder. Batch and length axes are dynamic. Needs the optional "
-        "packages onnx, onnxruntime and onnxscript (pip install 'qkv[onnx]').",
+        "prompts); an encoder-only model's encoder; a text-to-speech model's text encoder, decoder step (frames in, r "
+        "frames and stop logits out, its pre-net dropout an input) and post-net. Batch and length axes are dynamic. "
+        "Needs the optional packages onnx, onnxruntime and onnxscript (pip install 'qkv[onnx]').",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -103,8 +113,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--verify",
         action="store_true",
-        help="compare every graph with PyTorch on real inputs (within 1e-4) and onnxruntime's greedy decode "
-        "with qkv's (token for token); with --int8, report the int8 graphs' drift; exit 1 on a failure",
+        help="compare every graph with PyTorch on real inputs (within 1e-4 x max(1, |output|)) and onnxruntime's "
+        "greedy decode with qkv's (token for token; a TTS model's synthesis: stop decisions and frames); with "
+        "--int8, report the int8 graphs' drift; exit 1 on a failure",
     )
     p.add_argument("--json", action="store_true", help="print the manifest and the verification as one JSON line")
     p.set_defaults(run=cmd_export_onnx)

@@ -175,9 +175,11 @@ class EncoderPrenet(nn.Module):
 
 class DecoderPrenet(nn.Module):
     """Two ReLU layers with dropout that is on whenever ``always`` (inference included), then a
-    projection to D (Li et al., 2019, section 3.4).
+    projection to D (Li et al., 2019, section 3.4). ``keep``: the two layers' dropout
+    multipliers given (each element 0 or 1 / (1 - p), as :func:`~qkv.layers.dropout` scales)
+    instead of drawn, so that the draws are the caller's (an ONNX graph takes them as an input).
 
-    Shapes: frames (B, U, M) -> (B, U, D).
+    Shapes: frames (B, U, M), keep (2, B, U, prenet_dim) -> (B, U, D).
     """
 
     def __init__(self, n_mels: int, width: int, d_model: int, p: float) -> None:
@@ -187,7 +189,10 @@ class DecoderPrenet(nn.Module):
         self.proj = nn.Linear(width, d_model)
         self.p = p
 
-    def forward(self, frames: Tensor, *, always: bool = True) -> Tensor:
+    def forward(self, frames: Tensor, *, always: bool = True, keep: Tensor | None = None) -> Tensor:
+        if keep is not None:
+            h = F.relu(self.fc_1(frames)) * keep[0]  # (B, U, prenet_dim)
+            return self.proj(F.relu(self.fc_2(h)) * keep[1])  # (B, U, D)
         on = always or self.training
         h = dropout(F.relu(self.fc_1(frames)), self.p, training=on)  # (B, U, prenet_dim)
         h = dropout(F.relu(self.fc_2(h)), self.p, training=on)  # (B, U, prenet_dim)
@@ -293,17 +298,20 @@ class TransformerTTS(nn.Module):
         cache: list[BlockCache] | None = None,
         need_weights: bool = False,
         prenet_dropout: bool = True,
+        prenet_keep: Tensor | None = None,
     ) -> TTSOutput:
         """The next groups of frames from the frames read so far: each step reads one frame
         (:func:`decoder_inputs`) and writes r (``cache`` from an earlier call: ``frames`` holds
         only the new steps). ``prenet_dropout=False`` switches the pre-net's dropout off (for
-        tests that compare two ways of decoding; synthesis keeps it on).
+        tests that compare two ways of decoding; synthesis keeps it on); ``prenet_keep``: its
+        dropout multipliers given instead of drawn (:class:`DecoderPrenet`).
 
-        Shapes: frames (B, U, M); memory (B, S, D); memory_valid (B, S) -> TTSOutput.
+        Shapes: frames (B, U, M); memory (B, S, D); memory_valid (B, S);
+        prenet_keep (2, B, U, prenet_dim) -> TTSOutput.
         """
         past = cache_length(cache)
         positions = torch.arange(past, past + frames.shape[1], device=frames.device)  # (U,)
-        x = self.decoder_prenet(frames, always=prenet_dropout)  # (B, U, D)
+        x = self.decoder_prenet(frames, always=prenet_dropout, keep=prenet_keep)  # (B, U, D)
         x = self.decoder_dropout(self.decoder_positions(x, positions))  # (B, U, D)
         x, cache, weights = self.decoder(
             x, positions=positions, memory=memory, memory_mask=memory_valid, cache=cache, need_weights=need_weights

@@ -105,13 +105,22 @@ class Segment:
 
 
 def transcribe(
-    served: Served, waves: list[Tensor], *, task: str, language: str | None, timestamps: bool = False
+    served: Served,
+    waves: list[Tensor],
+    *,
+    task: str,
+    language: str | None,
+    timestamps: bool = False,
+    prefix: str | None = None,
+    ban: tuple[str, ...] = (),
+    require: tuple[str, ...] = (),
 ) -> list[Heard]:
     """Each waveform's transcript by ``bundle.transcriptions`` (as ``qkv transcribe``, with the
     model's own decoding settings); ``task`` and ``language``: an imported Whisper's (None for
     a model of qkv's own, which does the one task it was trained for). ``timestamps``: an
     imported Whisper finds its segments' times (its timestamp tokens, window by window), as
-    subtitles need; audio longer than its 30-second chunk is read that way whatever it is."""
+    subtitles need; audio longer than its 30-second chunk is read that way whatever it is.
+    ``prefix``, ``ban``, ``require``: constraints (``bundle.constraints``)."""
     bundle = served.bundle
     whisper = bundle.whisper is not None
     found = transcriptions(
@@ -120,6 +129,9 @@ def transcribe(
         language=language if whisper else None,
         task=task if whisper and task != "transcribe" else None,
         timestamps=timestamps and whisper,
+        prefix=prefix,
+        ban=ban,
+        require=require,
     )
     rate = bundle.sample_rate
     return [

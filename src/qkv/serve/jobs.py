@@ -36,8 +36,21 @@ def sampling_of(options: dict, *, seed: int | None = None) -> Sampling | None:
     )
 
 
-def translate(served: Served, texts: list[str], *, beam_size, nbest, length_penalty, max_len_a, max_len_b):
-    """Per text, its ``nbest`` (text, score, tokens written) outputs."""
+def translate(
+    served: Served,
+    texts: list[str],
+    *,
+    beam_size,
+    nbest,
+    length_penalty,
+    max_len_a,
+    max_len_b,
+    prefix=None,
+    ban=(),
+    require=(),
+):
+    """Per text, its ``nbest`` (text, score, tokens written) outputs; ``prefix``, ``ban``,
+    ``require``: constraints (``bundle.constraints``)."""
     found = translations(
         served.bundle,
         texts,
@@ -46,6 +59,9 @@ def translate(served: Served, texts: list[str], *, beam_size, nbest, length_pena
         length_penalty=length_penalty,
         max_len_a=max_len_a,
         max_len_b=max_len_b,
+        prefix=prefix,
+        ban=ban,
+        require=require,
     )
     return [[(h.text, h.score, len(h.tokens)) for h in hyps] for hyps in found]
 
@@ -56,12 +72,33 @@ def fits_without_sliding(served: Served, prompt: list[int], max_new_tokens: int)
     return max(1, len(prompt)) + max_new_tokens - 1 <= served.window
 
 
-def generate_batch(served: Served, prompts: list[str], *, max_new_tokens: int, options: dict):
+def generate_batch(
+    served: Served,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    options: dict,
+    beam_size: int = 1,
+    seed: int | None = None,
+    prefix: str | None = None,
+    ban: tuple[str, ...] = (),
+    require: tuple[str, ...] = (),
+):
     """Continuations of prompts that fit the window (:func:`fits_without_sliding`, none blank),
-    decoded as one batch (greedy, or one unseeded generator): per prompt, (text, tokens made).
-    Each text is what the tokens add after the prompt (``streaming.decoded_after``), as the
-    stream gives it."""
-    found = generations(served.bundle, prompts, max_new_tokens=max_new_tokens, sampling=sampling_of(options))
+    decoded as one batch (greedy, beam search of ``beam_size``, or one generator: unseeded, or
+    ``seed`` for a prompt alone): per prompt, (text, tokens made). Each text is what the tokens
+    add after the prompt (``streaming.decoded_after``), as the stream gives it; ``prefix``,
+    ``ban``, ``require``: constraints (``bundle.constraints``; the prefix's tokens count as made)."""
+    found = generations(
+        served.bundle,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        beam_size=beam_size,
+        sampling=sampling_of(options, seed=seed),
+        prefix=prefix,
+        ban=ban,
+        require=require,
+    )
     encoded = served.vocab.source.encode_batch(prompts)
     target = served.vocab.target
     return [

@@ -13,7 +13,7 @@ What is not here: the endpoints (``app.py``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import File, UploadFile
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -69,7 +69,47 @@ class Sampling(BaseModel):
         return self.sample or any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.seed))
 
 
-class TranslateRequest(Request):
+MAX_PREFIX_CHARS = 500  # a forced prefix's characters at most (the library also caps its tokens at half the window)
+MAX_WORDS = 16  # banned or required words in one request at most
+MAX_WORD_CHARS = 100  # characters of one banned or required word at most
+Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS)]
+
+
+def some_text(words: list[str] | None) -> list[str] | None:
+    """``words`` if none of them is blank (the library would refuse one later, after the queue)."""
+    if words and any(not w.strip() for w in words):
+        raise ValueError("give words, not a blank one")
+    return words
+
+
+class Constrained(BaseModel):
+    """Constraints every output obeys, as ``qkv translate`` / ``generate`` / ``transcribe`` take them
+    (``bundle.constraints``; docs/serving.md, "Constraints"). None given: the output is unchanged."""
+
+    prefix: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PREFIX_CHARS,
+        description="every output starts with this text, written as part of the output (the model goes on from it)",
+    )
+    ban: list[Word] = Field(
+        [], max_length=MAX_WORDS, description="words never written, however the tokens would spell them"
+    )
+    require: list[Word] = Field(
+        [], max_length=MAX_WORDS, description="words every output contains (lexically constrained beam search)"
+    )
+
+    _words = field_validator("ban", "require")(some_text)
+
+    def constraints(self) -> dict:
+        """The constraints as the library's keyword arguments (hashable: a batching key holds them)."""
+        return {"prefix": self.prefix, "ban": tuple(self.ban), "require": tuple(self.require)}
+
+    def constrained(self) -> bool:
+        return self.prefix is not None or bool(self.ban) or bool(self.require)
+
+
+class TranslateRequest(Request, Constrained):
     text: Texts = Field(description="a sentence, or a list of sentences translated together")
     beam_size: int = Field(5, ge=1, le=INT32, description="beam width (1: greedy)")
     nbest: int = Field(1, ge=1, le=INT32, description="outputs per sentence, best first, each with its score")
@@ -88,9 +128,10 @@ class TranslateResponse(BaseModel):
     translations: list[list[Scored]] = Field(description="per sentence, its nbest outputs, best first")
 
 
-class GenerateRequest(Request, Sampling):
+class GenerateRequest(Request, Sampling, Constrained):
     prompt: str = Field(description="the text to continue (empty: from BEGIN)")
     max_new_tokens: int = Field(64, ge=1, le=INT32, description="longest continuation")
+    beam_size: int = Field(1, ge=1, le=INT32, description="beam width (1: greedy; require needs 2 or more)")
     stream: bool = Field(False, description="send the text as Server-Sent Events as it is made")
 
 
@@ -236,8 +277,9 @@ ERRORS = {
 }  # the answers a model route may give
 
 
-class TranscriptionForm(BaseModel):
-    """``/v1/audio/transcriptions`` and ``/v1/audio/translations``: a multipart form, as OpenAI's."""
+class TranscriptionForm(Constrained):
+    """``/v1/audio/transcriptions`` and ``/v1/audio/translations``: a multipart form, as OpenAI's,
+    and qkv's constraints (``ban`` and ``require``: the field repeated, a word each)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
 
@@ -256,7 +298,7 @@ class TranscriptionForm(BaseModel):
         None, alias="timestamp_granularities[]", description="with verbose_json: segment (word: not supported yet)"
     )
 
-    _unicode = field_validator("model", "language", "prompt")(unicode_text)
+    _unicode = field_validator("model", "language", "prompt", "prefix", "ban", "require")(unicode_text)
 
 
 class Transcription(BaseModel):

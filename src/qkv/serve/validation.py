@@ -61,6 +61,13 @@ def listed(text: str | list[str]) -> list[str]:
     return [text] if isinstance(text, str) else text
 
 
+def check_required(require: list[str], beam: int, sampling: bool = False) -> None:
+    """Required words only with beam search (lexically constrained beam search needs a beam)."""
+    if require and (sampling or beam < 2):
+        why = "sampling draws each token" if sampling else f"beam_size {beam} is greedy decoding"
+        raise ApiError(422, "invalid_request", f"require needs beam search (beam_size 2 or more): {why}")
+
+
 def validate_translate(
     req: s.TranslateRequest, served: Served, settings: Settings
 ) -> tuple[list[str], list[list[int]]]:
@@ -68,6 +75,7 @@ def validate_translate(
     texts = listed(req.text)
     check_texts(texts, settings)
     check_beam(req.beam_size, settings, req.nbest)
+    check_required(req.require, req.beam_size)
     ids = served.vocab.source.encode_batch(texts)
     check_window(served, ids)
     for i, (text, row) in enumerate(zip(texts, ids, strict=True)):
@@ -80,9 +88,22 @@ def validate_translate(
 
 
 def validate_generate(req: s.GenerateRequest, served: Served, settings: Settings) -> list[int]:
-    """The prompt's token ids (a prompt of any length: the continuation slides past the window)."""
+    """The prompt's token ids (a prompt of any length: the continuation slides past the window;
+    with constraints or a beam, one that is not blank, cut to the window as ``qkv generate``
+    cuts it, and not streamed)."""
     check_texts([req.prompt], settings, what="prompt")
     check_new_tokens(req.max_new_tokens, settings)
+    check_beam(req.beam_size, settings)
+    if req.beam_size > 1 and req.sampling():
+        raise ApiError(
+            422, "invalid_request", "beam_size: sampling draws one output; leave beam_size 1 or stop sampling"
+        )
+    check_required(req.require, req.beam_size, req.sampling())
+    searched = req.constrained() or req.beam_size > 1
+    if searched and req.stream:
+        raise ApiError(422, "invalid_request", "stream: prefix, ban, require and beam_size > 1 need stream false")
+    if searched and not req.prompt.strip():
+        raise ApiError(422, "invalid_request", "prompt: prefix, ban, require and beam_size > 1 need a prompt")
     return served.vocab.source.encode(req.prompt)
 
 
@@ -128,7 +149,19 @@ def validate_transcription(form: s.TranscriptionForm, served: Served, task: str)
         raise ApiError(422, "invalid_request", "timestamp_granularities[] needs response_format verbose_json")
     if "word" in granularities:
         raise ApiError(422, "invalid_request", "timestamp_granularities[]: word timestamps are not supported yet")
+    check_heard_required(form.require, served)
     return checked_language(form.language, served, task)
+
+
+def check_heard_required(require: list[str], served: Served) -> None:
+    """Required words only of a speech model that decodes with a beam, by its decoder alone (as
+    ``bundle.transcriptions`` takes them: an imported Whisper decodes greedily)."""
+    bundle = served.bundle
+    beam = 1 if bundle.whisper is not None else bundle.decode.beam_size
+    if require and beam < 2:
+        raise ApiError(422, "invalid_request", f"require: model {served.name} decodes greedily (beam 1)")
+    if require and bundle.decode.ctc_weight > 0:
+        raise ApiError(422, "invalid_request", f"require: model {served.name} decodes jointly with its CTC head")
 
 
 def checked_language(language: str | None, served: Served, task: str) -> str | None:

@@ -69,10 +69,11 @@ async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     wave = await run_in_threadpool(audio.heard, data, name, served, svc.settings)
     seconds = wave.numel() / served.bundle.sample_rate
     timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
+    constraints = form.constraints()
     job = Job(
-        partial(audio.transcribe, served, task=task, language=language, timestamps=timed),
+        partial(audio.transcribe, served, task=task, language=language, timestamps=timed, **constraints),
         [wave],
-        key=("audio", served.name, task, language, timed),
+        key=("audio", served.name, task, language, timed, *constraints.values()),
         cost=math.ceil(seconds * FRAMES_PER_SECOND) * served.bundle.decode.beam_size,
     )
     start = time.perf_counter()

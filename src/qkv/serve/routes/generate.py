@@ -26,7 +26,9 @@ router = APIRouter(tags=["generate"])
 @router.post("/v1/generate", response_model=s.GenerateResponse, responses=s.ERRORS)
 async def generate(req: s.GenerateRequest, request: Request, svc: Shared):
     """Continue a prompt with a decoder-only model; with ``"stream": true`` as Server-Sent
-    Events: ``token`` events ({"text"}) as the text grows, then ``done`` ({"text", "tokens"})."""
+    Events: ``token`` events ({"text"}) as the text grows, then ``done`` ({"text", "tokens"}).
+    Constraints (not streamed): ``prefix`` (the continuation starts with it), ``ban`` (words
+    never written), ``require`` (words it contains; ``beam_size`` 2 or more)."""
     served = svc.pick(req.model, "generate")
     prompt = validate_generate(req, served, svc.settings)
     options = {"temperature": req.temperature, "top_k": req.top_k, "top_p": req.top_p, "sampling": req.sampling()}
@@ -42,6 +44,8 @@ def generation_job(served: Served, req: s.GenerateRequest, prompt: list[int], op
     """The job of a whole (not streamed) generation: one that may share a forward pass where it
     can (a prompt that is not blank and fits the window with its continuation; greedy, or
     sampling without a seed), else one decoded alone, as the stream would make it."""
+    if req.constrained() or req.beam_size > 1:
+        return searched_job(served, req, prompt, options)
     batchable = not options["sampling"] or req.seed is None
     if batchable and prompt and req.prompt.strip() and jobs.fits_without_sliding(served, prompt, req.max_new_tokens):
         return Job(
@@ -55,6 +59,18 @@ def generation_job(served: Served, req: s.GenerateRequest, prompt: list[int], op
         return [jobs.continue_alone(served, prompts[0], req.max_new_tokens, seed=req.seed, options=options)]
 
     return Job(alone, [req.prompt])
+
+
+def searched_job(served: Served, req: s.GenerateRequest, prompt: list[int], options: dict) -> Job:
+    """The job of a generation with constraints or a beam (``bundle.generations``, as ``qkv
+    generate`` with them: the prompt cut to the window, never slid): batched with requests of the
+    same settings, but a seeded one, whose draws are its own."""
+    settings = {"beam_size": req.beam_size, **req.constraints()}
+    run = partial(jobs.generate_batch, served, max_new_tokens=req.max_new_tokens, options=options, **settings)
+    if options["sampling"] and req.seed is not None:
+        return Job(partial(run, seed=req.seed), [req.prompt], cost=len(prompt))
+    key = ("generate", served.name, req.max_new_tokens, *options.values(), *settings.values())
+    return Job(run, [req.prompt], key=key, cost=len(prompt) * req.beam_size)
 
 
 def event(name: str, data: dict) -> str:

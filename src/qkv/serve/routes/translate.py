@@ -18,7 +18,9 @@ router = APIRouter(tags=["translate"])
 
 @router.post("/v1/translate", response_model=s.TranslateResponse, responses=s.ERRORS)
 async def translate(req: s.TranslateRequest, svc: Shared):
-    """Translate one sentence or several with an encoder-decoder (as ``qkv translate``)."""
+    """Translate one sentence or several with an encoder-decoder (as ``qkv translate``), with
+    any constraints: ``prefix`` (every output starts with it), ``ban`` (words never written),
+    ``require`` (words every output contains; beam_size 2 or more)."""
     served = svc.pick(req.model, "translate")
     texts, ids = validate_translate(req, served, svc.settings)
     options = {
@@ -27,6 +29,7 @@ async def translate(req: s.TranslateRequest, svc: Shared):
         "length_penalty": req.length_penalty,
         "max_len_a": req.max_len_a,
         "max_len_b": req.max_len_b,
+        **req.constraints(),
     }
     job = Job(
         partial(jobs.translate, served, **options),
