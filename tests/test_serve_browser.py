@@ -232,7 +232,7 @@ def test_stream_a_generation_in_german_and_chinese(site, browser):
     assert page.locator("#generated .continuation").text_content() == whole["text"]
     assert page.evaluate("window.pieces") > 2  # the text arrived in pieces, not at once
     page.wait_for_selector('table.heatmap[data-part="decoder"]')
-    assert page.get_by_role("tab").all_text_contents() == [
+    assert page.locator("#parts").get_by_role("tab").all_text_contents() == [
         "Decoder masked self-attention"
     ]  # a language model's one kind
     chips = page.locator('.tok[data-side="output"]').all_text_contents()
