@@ -243,9 +243,12 @@ function showSpoken(view) {
     figure.matrix = (layer, head) => transpose(headsOf(view.cross[layer], head)); // (symbols, steps)
     figure.caption = "Cross-attention: each letter (row) against the decoder's steps in time, over the spectrogram it wrote";
   } else {
-    figure.cols = view.alignment.map(([a, b]) => [a * fs, b * fs]);
-    figure.matrix = () => labels.map((_, r) => labels.map((_, c) => (r === c ? 1 : 0)));
-    figure.caption = "A Piper voice (VITS) has no cross-attention: each phoneme (row) lasts the frames its durations gave";
+    // Piper puts its pad symbol "_" between phonemes: the rows show the phonemes, the pads' frames lie between them.
+    const kept = range(labels.length).filter((i) => view.tokens.flat()[i] !== "_");
+    figure.labels = kept.map((i) => labels[i]);
+    figure.cols = kept.map((i) => view.alignment[i].map((f) => f * fs));
+    figure.matrix = () => kept.map((_, r) => kept.map((_, c) => (r === c ? 1 : 0)));
+    figure.caption = "A Piper voice (VITS) has no cross-attention: each phoneme (row) lasts the frames its predicted duration gave it";
   }
   views.figures.tts = figure;
   pickers("tts", view.layers, view.heads);
@@ -407,7 +410,7 @@ function drawTime(key) {
   const matrix = fig.matrix(layer, head);
   const top = Math.max(1e-9, ...matrix.map((row) => Math.max(...row)));
   const width = Math.max(240, holder.clientWidth);
-  const g = { left: width < 500 ? 56 : 96, spec: width < 500 ? 96 : 150, axis: 20, row: fig.labels.length > 40 ? 9 : 15 };
+  const g = { left: width < 500 ? 56 : 96, spec: width < 500 ? 96 : 150, axis: 20, row: fig.labels.length > 60 ? 9 : 15 };
   g.width = width;
   g.span = width - g.left - 4;
   g.height = g.spec + g.axis + g.row * fig.labels.length;
@@ -449,7 +452,8 @@ function drawTime(key) {
   });
   holder.replaceChildren(canvas);
   Object.assign(holder.dataset, { rows: matrix.length, cols: fig.cols.length, frames: fig.mel.length, top: fmt(top), layer, head });
-  $(`${key}-caption`).textContent = `${fig.caption}. Layer ${layer + 1}, ${head === "mean" ? "the heads' mean" : `head ${Number(head) + 1}`}; colours from 0 to ${fmt(top)}.`;
+  const which = fig.view.layers ? ` Layer ${layer + 1}, ${head === "mean" ? "the heads' mean" : `head ${Number(head) + 1}`}; colours from 0 to ${fmt(top)}.` : "";
+  $(`${key}-caption`).textContent = `${fig.caption}.${which}`;
 }
 
 function shade(v) {
