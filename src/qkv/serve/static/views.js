@@ -38,6 +38,7 @@ function setUpViews() {
   $("tts-form").addEventListener("submit", speakText);
   $("chat-form").addEventListener("submit", sendChat);
   $("new-chat").addEventListener("click", newChat);
+  $("chat-sink").addEventListener("change", () => views.chat.view && drawChatTokens());
 }
 
 // A new model: its views as tabs (none shown when it has one), its example as placeholders.
@@ -347,7 +348,10 @@ async function chatAttention(token) {
 function drawChatTokens() {
   const view = views.chat.view;
   const weights = headsOf(view.weights[Number($("chat-layer").value)], $("chat-head").value);
-  const top = Math.max(...weights, 1e-9);
+  // A language model sends most of its attention to the first token (an "attention sink", Xiao et
+  // al., 2023): scaled without it, the rest of the conversation can be read.
+  const scaled = $("chat-sink").checked && weights.length > 1 ? weights.slice(1) : weights;
+  const top = Math.max(...scaled, 1e-9);
   const chips = view.tokens.map((token, i) => {
     const answered = i >= view.answer_start;
     const w = weights[i];
@@ -356,7 +360,7 @@ function drawChatTokens() {
     });
     if (w !== undefined) {
       chip.dataset.weight = fmt(w);
-      chip.style.background = `rgba(var(--hot), ${(0.75 * w / top).toFixed(3)})`;
+      chip.style.background = `rgba(var(--hot), ${(0.75 * Math.min(w / top, 1)).toFixed(3)})`;
       chip.classList.toggle("lit", w / top > 0.5);
       chip.title = `attention ${fmt(w)}`;
     }
