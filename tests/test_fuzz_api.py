@@ -47,8 +47,15 @@ GOOD = {  # a request of every endpoint that must be answered 200 after each bat
     ("POST", "/v1/audio/transcriptions"): {"model": "asr"},  # with a file (UPLOADS)
     ("POST", "/v1/audio/translations"): {"model": "st", "response_format": "srt"},
     ("POST", "/v1/audio/speech"): {"model": "tts", "input": "do re mi"},
+    ("POST", "/v1/audio/attention"): {"model": "asr", "start": "0", "end": "0.5", "tokens": "5,6"},
+    ("POST", "/v1/audio/speech/attention"): {"model": "tts", "input": "do re mi"},
+    ("POST", "/v1/chat/attention"): {"model": "lm", "messages": [{"role": "user", "content": "hi"}], "answer": "a dog"},
 }
-UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")  # multipart forms: a good one has a file
+UPLOADS = (  # multipart forms: a good one has a file
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/audio/attention",
+)
 
 
 # Values a careless or hostile client writes that a schema's generator does not: non-finite
@@ -107,9 +114,17 @@ def send(client: httpx.Client, kwargs: dict) -> httpx.Response:
     if files:  # a multipart form: httpx writes it, with its own boundary in the Content-Type
         headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
         content = None
+        files = textual(files)
     return client.request(
         kwargs["method"], path, headers=headers, params=kwargs.get("params"), content=content, files=files
     )
+
+
+def textual(files: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """A drawn multipart form, ``(name, (filename, value, ...))`` each, with its integer values
+    written as text, as a form field is on the wire (schemathesis leaves them ints for
+    ``requests``, which writes them; httpx cannot)."""
+    return [(name, (part[0], str(part[1]), *part[2:]) if isinstance(part[1], int) else part) for name, part in files]
 
 
 def judged(response: httpx.Response, body: object) -> str | None:

@@ -3,7 +3,8 @@
 // (Server-Sent Events), /v1/chat, /v1/embed, /v1/classify for the output, then /v1/attention for
 // every attention map of it (and the beam search's trace). It draws the chosen map large, with
 // token labels, a colour scale and the value under the pointer, and every layer and head of the
-// chosen kind (encoder, decoder, cross) as a grid of small maps beside it.
+// chosen kind (encoder, decoder, cross) as a grid of small maps beside it. The speech, speech-out
+// and chat views are views.js's.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -63,6 +64,7 @@ async function init() {
   }
   for (const m of state.models) $("model").append(element("option", { value: m.name, text: m.name }));
   $("model").addEventListener("change", chooseModel);
+  setUpViews();
   $("task").addEventListener("change", showOptions);
   $("form").addEventListener("submit", run);
   $("clear-chat").addEventListener("click", () => { state.chat = []; $("output").replaceChildren(); });
@@ -70,7 +72,10 @@ async function init() {
   $("head").addEventListener("change", draw);
   $("scale").addEventListener("change", draw);
   let resizing = 0;
-  window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(draw, 150); });
+  window.addEventListener("resize", () => {
+    clearTimeout(resizing);
+    resizing = setTimeout(() => { if (state.view) draw(); redrawTime(); }, 150);
+  });
   chooseModel();
 }
 
@@ -79,8 +84,10 @@ function chooseModel() {
   if (!m) return;
   const layers = Object.entries(m.layers).map(([side, n]) => `${n} ${side} layer${n === 1 ? "" : "s"}`).join(" + ");
   const task = m.task ? `${m.task}, ` : "";
-  $("model-kind").textContent = `${task}${m.kind.replace("_", "-")}: ${layers}, ${m.heads} heads, window ${m.window}`;
+  const reads = m.window ? `, window ${m.window}` : "";
+  $("model-kind").textContent = `${task}${m.kind.replaceAll("_", "-")}: ${layers}, ${m.heads} heads${reads}`;
   $("text").placeholder = m.example;
+  chooseViews(m);
   const tasks = m.endpoints.map((e) => e.replace("/v1/", "")).filter((t) => t in TASKS);
   $("task").replaceChildren(...tasks.map((t) => element("option", { value: t, text: TASKS[t] })));
   state.chat = [];
