@@ -9,6 +9,7 @@ whose words and times are known.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -171,6 +172,12 @@ def test_progress_counts_whole_seconds_of_audio() -> None:
     for seconds in (0.4, 0.4, 0.4, 1.5, 0.02):
         report(seconds)
     assert updates == [1, 1] and sum(updates) == int(0.4 * 3 + 1.5 + 0.02)
+    from qkv.progress import Lines
+
+    lines = io.StringIO()
+    bar = Lines(600, desc="qkv transcribe", unit="s", stream=lines)
+    whole_seconds(bar.update)(60.5)
+    assert lines.getvalue().startswith("qkv transcribe: 60/600 s (10%)")  # seconds of audio, a line each 10%
 
 
 def test_transcribe_formats_and_output_dir(whisper_dir: Path, tmp_path: Path, capsys) -> None:

@@ -96,7 +96,9 @@ FSDD = Path(os.environ.get("QKV_DATA", "/work/shared/data")) / "fsdd" / "recordi
 
 def test_silero_finds_the_spoken_digits_and_leaves_threads_alone() -> None:
     """Three FSDD digits, 8 kHz resampled, with 1 s silences between: a piece on each, within the
-    pad and two of its 32 ms steps of where it was put; torch's threads as they were (the package's import sets them to 1)."""
+    pad and two of its 32 ms steps of where it was put; torch's threads as they were (the
+    package's import sets them to 1); tone bursts, which the energy detector finds, are no
+    speech to Silero."""
     pytest.importorskip("silero_vad", reason="pip install silero-vad")
     if not FSDD.is_dir():
         pytest.skip(f"no FSDD recordings in {FSDD}")
