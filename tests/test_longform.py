@@ -142,7 +142,6 @@ def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Pat
     import soundfile
 
     from qkv.audio import load_audio, whisper_log_mel
-    from qkv.audio_stream import AudioSource
     from qkv.bundle import long_transcript, transcriptions
 
     bundle = qkv.load(whisper_dir)
@@ -158,10 +157,8 @@ def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Pat
     whole = whisper_log_mel(load_audio(path), bundle.features, pad_seconds=bundle.features.chunk_seconds)
     options = LongForm(temperatures=(0.0,))
     before = long_transcript(bundle, WholeMel(whole), tuple(start), options)
-    after = long_transcript(bundle, AudioSource.of_file(path, 16000), tuple(start), options)
-    assert len(before) >= 3 and after == before
     found = transcriptions(bundle, [path], language=language, timestamps=True, long_form=options)
-    assert found[0].segments == tuple(after)  # a file given by its path is read a block at a time
+    assert len(before) >= 3 and found[0].segments == tuple(before)  # the file read a block at a time
 
 
 def test_progress_counts_whole_seconds_of_audio() -> None:
