@@ -48,6 +48,10 @@ BENCHMARKS = {
     "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
     "asr": ("Speech recognition and translation", "`python bench/asr.py CORPUS`: train a recipe, score its test set"),
     "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),
+    "longform_memory": (
+        "Long-form transcription: peak memory by length",
+        "`python bench/longform_memory.py`: Whisper tiny.en on 1, 10 and 60 minutes of joined FSDD digits",
+    ),
     "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
     "piper_speed": (
         "Piper voices: qkv's VITS beside onnxruntime",

@@ -9,6 +9,7 @@ whose words and times are known.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -124,6 +125,58 @@ def test_long_audio_is_read_window_by_window(whisper_dir: Path) -> None:
     assert isinstance(heard, str) and [(s.start, s.end, s.text) for s in heard.segments] == [(0.0, 0.8, heard.text)]
 
 
+class WholeMel:
+    """Whisper's features as long-form decoding read them before they were streamed: the whole
+    file's log-mel (``audio.whisper_log_mel`` after a chunk of zeros), held and sliced."""
+
+    def __init__(self, mel: torch.Tensor) -> None:
+        self.mel, self.frames = mel, mel.shape[0]
+
+    def window(self, first: int, count: int) -> torch.Tensor:
+        return self.mel[first : first + count]
+
+
+def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Path, tmp_path: Path) -> None:
+    """Clips joined with silences (4 s: four windows or more): the segments of the file read a
+    block at a time equal those of its whole log-mel held in memory, as before streaming."""
+    import soundfile
+
+    from qkv.audio import load_audio, whisper_log_mel
+    from qkv.bundle import long_transcript, transcriptions
+
+    bundle = qkv.load(whisper_dir)
+    silence = np.zeros(8000, dtype="f4")
+    wave = np.concatenate([part for i in range(5) for part in (noise(0.2 + 0.1 * i, 30 + i), silence)])
+    path = tmp_path / "joined.wav"
+    soundfile.write(path, wave, 16000, subtype="FLOAT")
+    settings = bundle.whisper
+    language = settings.languages[0] if settings.multilingual else None
+    start = settings.prefix(
+        bundle.model.config.bos_id, language=language, task="transcribe", timestamps=False, where=path
+    )
+    whole = whisper_log_mel(load_audio(path), bundle.features, pad_seconds=bundle.features.chunk_seconds)
+    options = LongForm(temperatures=(0.0,))
+    before = long_transcript(bundle, WholeMel(whole), tuple(start), options)
+    found = transcriptions(bundle, [path], language=language, timestamps=True, long_form=options)
+    assert len(before) >= 3 and found[0].segments == tuple(before)  # the file read a block at a time
+
+
+def test_progress_counts_whole_seconds_of_audio() -> None:
+    from qkv.cli.transcribe import whole_seconds
+
+    updates: list[int] = []
+    report = whole_seconds(updates.append)
+    for seconds in (0.4, 0.4, 0.4, 1.5, 0.02):
+        report(seconds)
+    assert updates == [1, 1] and sum(updates) == int(0.4 * 3 + 1.5 + 0.02)
+    from qkv.progress import Lines
+
+    lines = io.StringIO()
+    bar = Lines(600, desc="qkv transcribe", unit="s", stream=lines)
+    whole_seconds(bar.update)(60.5)
+    assert lines.getvalue().startswith("qkv transcribe: 60/600 s (10%)")  # seconds of audio, a line each 10%
+
+
 def test_transcribe_formats_and_output_dir(whisper_dir: Path, tmp_path: Path, capsys) -> None:
     import soundfile
 
@@ -204,7 +257,16 @@ def test_real_tiny_en_on_a_minute_of_joined_digits(tmp_path: Path) -> None:
         truth.append(DIGITS[int(f.name[0])])
     wave = torch.cat(pieces)
     import_hf(REAL, tmp_path / "qkv")
-    heard = qkv.load(tmp_path / "qkv").transcribe(wave)
+    bundle = qkv.load(tmp_path / "qkv")
+    heard = bundle.transcribe(wave)
+    from qkv.audio import whisper_log_mel
+    from qkv.bundle import long_transcript
+
+    whole = WholeMel(whisper_log_mel(wave, bundle.features, pad_seconds=bundle.features.chunk_seconds))
+    start = bundle.whisper.prefix(
+        bundle.model.config.bos_id, language=None, task="transcribe", timestamps=False, where=REAL
+    )
+    assert tuple(long_transcript(bundle, whole, tuple(start), None)) == heard.segments  # as before streaming
     spoken = [DIGITS[int(c)] if c.isdigit() else c for c in re.findall(r"\d|[a-z]+", heard.lower())]
     rates = error_rates([" ".join(spoken)], [" ".join(truth)])
     print(f"{wave.numel() / 16000:.0f} s, {len(heard.segments)} segments, WER {rates['wer']:.3f}")

@@ -26,8 +26,8 @@ What is here:
 Everything is a pure function: no parameters, no ``nn.Module``, nothing happens at import.
 
 What is not here: models that consume the features (a convolutional subsampler, an encoder),
-CTC or other speech losses, tokenizers, data sets and their manifests, streaming features,
-voice-activity detection, dithering, pre-emphasis, MFCCs.
+CTC or other speech losses, tokenizers, data sets and their manifests, features read a window
+at a time from a file (``audio_stream.py``), voice-activity detection (``vad.py``), dithering, pre-emphasis, MFCCs.
 
 References: Slaney (1998), Auditory Toolbox v2, Interval Research tech. report 1998-010 (mel
 scale and filter normalisation); Park et al. (2019), SpecAugment, arXiv:1904.08779; Radford et
@@ -139,6 +139,56 @@ def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: f
     return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
 
 
+def check_audio(path: str | Path, *, max_seconds: float | None = None, silence_db: float = -80.0) -> tuple[int, int]:
+    """Check one audio file as :func:`load_audio` does, keeping none of its samples: its frames
+    (as counted, at its own rate) and its rate; the same one-line ``UserError`` for a bad file.
+    Memory: one block (:data:`BLOCK_FRAMES`), whatever the file's length."""
+    try:
+        return _check(Path(path), max_seconds, silence_db)
+    except _BadFile as bad:
+        raise UserError(f"{path}: {bad}") from None
+
+
+def check_many(
+    paths: Iterable[str | Path], *, max_seconds: float | None = None, silence_db: float = -80.0
+) -> tuple[list[tuple[Path, int, int]], list[tuple[Path, str]]]:
+    """:func:`check_audio` of many files, never raising: ``(good, bad)``, good as ``(path,
+    frames, rate)`` in input order, bad as ``(path, reason)``."""
+    good: list[tuple[Path, int, int]] = []
+    bad: list[tuple[Path, str]] = []
+    for p in paths:
+        try:
+            good.append((Path(p), *_check(Path(p), max_seconds, silence_db)))
+        except _BadFile as reason:
+            bad.append((Path(p), str(reason)))
+    return good, bad
+
+
+def _check(path: Path, max_seconds: float | None, silence_db: float) -> tuple[int, int]:
+    import soundfile
+
+    if not path.exists():
+        raise _BadFile("no such file")
+    if not path.is_file():
+        raise _BadFile("not a file")
+    if path.stat().st_size == 0:
+        raise _BadFile("empty file (0 bytes)")
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            rate = f.samplerate
+            if f.frames == 0 or rate <= 0:
+                raise _BadFile("no audio in it (0 samples)")
+            _check_length(f.frames, rate, max_seconds)
+            _, count, peak = _scan(f, rate, max_seconds, keep=False)
+    except soundfile.SoundFileError as err:
+        reason = getattr(err, "error_string", "") or str(err)
+        raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
+    if count == 0:
+        raise _BadFile("no audio in it (0 samples)")
+    _check_silence(peak, silence_db)
+    return count, rate
+
+
 def _read_mono(path: Path, max_seconds: float | None, silence_db: float) -> tuple[np.ndarray, int]:
     """The file's samples mixed to mono (Y,), and its rate: read in blocks of
     :data:`BLOCK_FRAMES`, each checked (length against ``max_seconds`` as counted, not only as
@@ -162,13 +212,13 @@ def _read_mono(path: Path, max_seconds: float | None, silence_db: float) -> tupl
         raise _BadFile(f"not readable as audio ({reason.rstrip('.')})") from None
 
 
-def _scan(f, rate: int, max_seconds: float | None) -> tuple[list[np.ndarray] | None, int, float]:
+def _scan(f, rate: int, max_seconds: float | None, *, keep: bool = True) -> tuple[list[np.ndarray] | None, int, float]:
     """One pass over an open file's mono blocks, each checked as it comes (its length as counted,
     since a header may understate; finite samples): the blocks while they stay within
     :data:`KEEP_BYTES` (else None), the samples counted, and their peak magnitude."""
-    kept: list[np.ndarray] | None = []
+    kept: list[np.ndarray] | None = [] if keep else None
     count, peak = 0, 0.0
-    for block in _mono_blocks(f):
+    for block in mono_blocks(f):
         count += len(block)
         _check_length(count, rate, max_seconds)
         if not np.isfinite(block).all():
@@ -185,14 +235,14 @@ def _reread(f, count: int) -> np.ndarray:
     f.seek(0)
     whole = np.empty(count, dtype=np.float32)  # (Y,)
     at = 0
-    for block in _mono_blocks(f):
+    for block in mono_blocks(f):
         n = min(len(block), count - at)
         whole[at : at + n] = block[:n]
         at += n
     return whole[:at]
 
 
-def _mono_blocks(f) -> Iterable[np.ndarray]:
+def mono_blocks(f) -> Iterable[np.ndarray]:
     """An open ``soundfile.SoundFile``'s samples from where it stands, as mono float32 blocks
     (channels averaged), until the data ends (whatever its header said)."""
     while True:
@@ -527,17 +577,29 @@ def whisper_log_mel(waveform: Tensor | np.ndarray, config: FeatureConfig, *, pad
     half, hop = config.n_fft // 2, config.hop_length
     padded = torch.nn.functional.pad(x[None, None], (half, half), mode="reflect")[0, 0]  # (Y' + 2·half,)
     frames, step = x.numel() // hop, max(1, round(config.chunk_seconds * config.sample_rate) // hop)
-    window = _cached_window(config.win_length)
-    fb = _cached_filterbank(config.n_mels, config.n_fft, config.sample_rate, float(config.f_min), config.f_max)
     pieces = []
     for first in range(0, frames, step):  # frame t reads samples [t·hop, t·hop + n_fft) of the padded signal
         last = min(frames, first + step)
-        piece = padded[first * hop : (last - 1) * hop + config.n_fft]
-        spec = torch.stft(piece, config.n_fft, hop, config.win_length, window, center=False, return_complex=True)
-        pieces.append((_power(spec[None])[0] @ fb).clamp_(min=LOG_FLOOR).log10_())  # (t, M)
+        pieces.append(log10_mel(padded[first * hop : (last - 1) * hop + config.n_fft], config))  # (t, M)
     log = torch.cat(pieces)  # (T, M)
-    log = torch.maximum(log, log.max() - 8.0)
-    return (log + 4.0) / 4.0
+    return whisper_scaled(log, log.max())
+
+
+def log10_mel(piece: Tensor, config: FeatureConfig) -> Tensor:
+    """log10 of the mel power, floored at 1e-10, of the frames of an already padded stretch of
+    samples (frame t reads ``piece[t·hop : t·hop + n_fft]``; no centring here): (Y,) -> (t, M),
+    t = 1 + (Y − n_fft) // hop. What :func:`whisper_log_mel` computes a chunk at a time."""
+    window = _cached_window(config.win_length)
+    fb = _cached_filterbank(config.n_mels, config.n_fft, config.sample_rate, float(config.f_min), config.f_max)
+    hop = config.hop_length
+    spec = torch.stft(piece, config.n_fft, hop, config.win_length, window, center=False, return_complex=True)
+    return (_power(spec[None])[0] @ fb).clamp_(min=LOG_FLOOR).log10_()  # (t, M)
+
+
+def whisper_scaled(log: Tensor, peak: Tensor) -> Tensor:
+    """Whisper's scaling of log10 mel frames (T, M) given the maximum over the whole waveform
+    (``peak``, a 0-d tensor): clipped to at most 8 below it, then (x + 4) / 4."""
+    return (torch.maximum(log, peak - 8.0) + 4.0) / 4.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from qkv.audio import FeatureConfig, features, load_audio, load_many
+from qkv.audio import FeatureConfig, check_many, features
+from qkv.audio_stream import AudioSource
 from qkv.chat import draw, template_reply
 from qkv.chat import reply as next_turn
 from qkv.checkpoint import load_model, model_dir, read_meta
@@ -61,7 +62,7 @@ from qkv.ensemble import Ensemble
 from qkv.errors import OptionError, UserError
 from qkv.hf.whisper import WhisperSettings, most_likely_languages, settings_in
 from qkv.loading import KIND_NAMES, check_options, load_fusion_lm, matching_vocabularies, prepared, reading_as_trained
-from qkv.longform import LongForm, WhisperTokens, transcribe_long
+from qkv.longform import LongForm, MelWindows, WhisperTokens, transcribe_long
 from qkv.piper import Voice
 from qkv.piper import speak as speak_piper
 from qkv.recipes import upgrade_stored
@@ -73,6 +74,7 @@ from qkv.synthesis import Synthesis
 from qkv.tasks.asr import too_short, transcribe
 from qkv.tasks.tts import speak, speaking_of
 from qkv.tokenization import Tokenizer, Vocabularies
+from qkv.vad import Vad, piece_waves, speech_pieces
 from qkv.vocoder import write_wav
 
 JOBS = {  # what each kind of model does
@@ -101,7 +103,7 @@ NEEDING = {  # what a model directory without its tokenizer cannot do, by kind
 }
 LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
 TRANSLATE_CHUNK = 1024  # texts translated per call: bounded memory (each is batched by tokens inside)
-Audio = str | Path | Tensor | np.ndarray  # a file, or a mono waveform (N,) at the model's sample rate
+Audio = str | Path | Tensor | np.ndarray | AudioSource  # a file, a mono waveform (N,) at the model's rate, or a source
 
 
 @dataclass(frozen=True)
@@ -748,20 +750,21 @@ class Transcript:
 
 def read_audio(
     bundle: Bundle, paths: Sequence[str | Path], *, max_seconds: float | None = None
-) -> tuple[list[tuple[Path, Tensor]], list[tuple[Path, str]]]:
-    """Audio files as the speech model reads them, ``(good, bad)``: each good file's waveform
-    (N,) at the model's sample rate, in order; each bad one with why, never raised
-    (``audio.load_many``): unreadable, longer than ``max_seconds`` (None: any length for an
-    imported Whisper, which reads long audio a window at a time; 60 s for other models), or too
-    short for the model's front-end."""
+) -> tuple[list[tuple[Path, AudioSource]], list[tuple[Path, str]]]:
+    """Audio files as the speech model reads them, ``(good, bad)``: each good file as a source
+    (``audio_stream.AudioSource``: checked, none of its samples kept; read again, a block at a
+    time, when transcribed), in order; each bad one with why, never raised
+    (``audio.check_many``): unreadable, longer than ``max_seconds`` (None: any length for an
+    imported Whisper, which reads long audio a window at a time, and for other models, which
+    read it piece by piece, cut by voice activity), or too short for the model's front-end."""
     bundle.require("transcribe")
     config = bundle.features
-    longest = max_seconds if max_seconds is not None or config.kind == "whisper" else 60.0
-    good, bad = load_many(paths, sample_rate=config.sample_rate, max_seconds=longest, skip_bad=True)
-    short = [too_short(bundle.model, config.frames(wave.numel())) for _, wave in good]
+    checked, bad = check_many(paths, max_seconds=max_seconds)
+    good = [(path, AudioSource(path, None, config.sample_rate, rate, frames)) for path, frames, rate in checked]
+    short = [too_short(bundle.model, config.frames(round(s.seconds * config.sample_rate))) for _, s in good]
     bad += [
-        (path, f"{1000 * wave.numel() / config.sample_rate:.0f} ms is too short for this model")
-        for (path, wave), cut in zip(good, short, strict=True)
+        (path, f"{1000 * source.seconds:.0f} ms is too short for this model")
+        for (path, source), cut in zip(good, short, strict=True)
         if cut
     ]
     return [g for g, cut in zip(good, short, strict=True) if not cut], bad
@@ -787,6 +790,7 @@ def transcriptions(
     timestamps: bool = False,
     long_form: LongForm | None = None,
     on_seconds: Callable[[float], None] | None = None,
+    vad: Vad | None = None,
 ) -> list[Transcript]:
     """Each input's transcript, in order: audio files (read at the model's rate) or mono
     waveforms (N,) at :attr:`Bundle.sample_rate`.
@@ -795,8 +799,11 @@ def transcriptions(
     ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
     with temperature fallback, each window after the previous text; ``long_form``: its
     settings, None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds
-    of audio read): its segments carry the timestamps' times. Other inputs are decoded in
-    batches, each one segment from 0 to its end.
+    of audio read): its segments carry the timestamps' times. A model of qkv's own reads an
+    input longer than ``vad.max_seconds`` (``vad``: None, :class:`~qkv.vad.Vad`'s defaults,
+    30 s) piece by piece, cut where voice activity stops (``vad.py``), each piece a segment
+    with its times. Other inputs are decoded in batches, each one segment from 0 to its end.
+    Files are read a block at a time: memory does not grow with their length.
 
     Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
     ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
@@ -829,15 +836,26 @@ def transcriptions(
     if lm is not None:
         bf16 = bundle.precision == "bf16"
         fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
-    feats, seconds, waves = [], [], []
+    vad = vad or Vad()
+    feats, seconds, sources, waves = [], [], [], []
     for i, item in enumerate(audio):
-        waves.append(_waveform(bundle, item, i))
+        sources.append(_source(bundle, item, i))
         began = time.perf_counter()
-        feats.append(features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
+        cut = bundle.whisper is None and sources[-1].seconds > vad.max_seconds  # read piece by piece
+        waves.append(None if cut else _head(bundle, sources[-1]))  # a Whisper's first chunk and a sample more
+        feats.append(None if cut else features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
         seconds.append(time.perf_counter() - began)
     starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
     found: list[Transcript | None] = [None] * len(feats)
-    windowed = [i for i, w in enumerate(waves) if _windowed(bundle, w, timestamps)]
+    windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, timestamps)]
+    voiced = [i for i, w in enumerate(waves) if w is None]
+    if voiced and (prefix is not None or require):
+        raise OptionError(
+            f"inputs longer than {vad.max_seconds:g} s are transcribed piece by piece, cut by voice activity: "
+            "no prefix or require there",
+            "prefix",
+            "require",
+        )
     if windowed and (beam_size not in (None, 1) or prefix is not None or require):
         raise OptionError(
             "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
@@ -848,10 +866,37 @@ def transcriptions(
         )
     for i in windowed:
         began = time.perf_counter()
-        segments = long_transcript(bundle, waves[i], starts[i], long_form, steer.scorers, on_seconds)
+        segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
         ids = [t for s in segments for t in s.tokens]
         text = "".join(s.text for s in segments).strip()
         found[i] = Transcript(text, ids, languages[i], seconds[i], time.perf_counter() - began, tuple(segments))
+        if on_batch is not None:
+            on_batch(1)
+
+    def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
+        return transcribe(
+            bundle.model,
+            bundle.vocab.target,
+            rows,
+            beam_size=beam,
+            ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
+            ctc_only=ctc_only,
+            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+            batch_size=batch_size,
+            prefix=_started_with(bundle, start, steer.shown),
+            on_batch=report,
+            lm=fused,
+            lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
+            scorers=[*whisper_rules(bundle), *steer.scorers],
+            required=required,
+        )
+
+    for i in voiced:
+        began = time.perf_counter()
+        segments = _voiced(bundle, sources[i], vad, lambda rows: decode(rows, None, None, None), batch_size)
+        ids = [t for s in segments for t in s.tokens]
+        text = " ".join(s.text for s in segments)
+        found[i] = Transcript(text, ids, None, seconds[i], time.perf_counter() - began, tuple(segments))
         if on_batch is not None:
             on_batch(1)
     groups: dict[tuple[int, ...] | None, list[int]] = {}
@@ -859,22 +904,8 @@ def transcriptions(
         if found[i] is None:
             groups.setdefault(start, []).append(i)
     for start, rows in groups.items():
-        heard = transcribe(
-            bundle.model,
-            bundle.vocab.target,
-            [feats[i] for i in rows],
-            beam_size=beam,
-            ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
-            ctc_only=ctc_only,
-            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            batch_size=batch_size,
-            prefix=_started_with(bundle, start, steer.shown),
-            on_batch=on_batch,
-            lm=fused,
-            lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
-            scorers=[*whisper_rules(bundle), *steer.scorers],
-            required=None if steer.required is None else [steer.required[i] for i in rows],
-        )
+        required = None if steer.required is None else [steer.required[i] for i in rows]
+        heard = decode([feats[i] for i in rows], start, required, on_batch)
         for i, h in zip(rows, heard, strict=True):
             ids = [*steer.shown, *h.ids]
             text = bundle.vocab.target.decode(ids) if steer.shown else h.text
@@ -883,9 +914,28 @@ def transcriptions(
     return [t for t in found if t is not None]
 
 
+def _voiced(
+    bundle: Bundle, source: AudioSource, vad: Vad, decode: Callable[[list[Tensor]], list], batch_size: int
+) -> list[Segment]:
+    """A long input to a model of qkv's own, cut by voice activity (``vad.speech_pieces``): each
+    piece decoded (``decode``: features -> transcriptions, ``batch_size`` pieces at a time, read
+    as they come), a segment each with its times; pieces heard as nothing are left out."""
+    rate, segments, batch = bundle.sample_rate, [], []
+    pieces = piece_waves(source, speech_pieces(source, vad))
+    for piece in itertools.chain(pieces, [None]):
+        batch += [] if piece is None else [piece]
+        if batch and (piece is None or len(batch) == batch_size):
+            heard = decode([features(wave, bundle.features) for _, _, wave in batch])
+            for (start, end, _), h in zip(batch, heard, strict=True):
+                if h.text.strip():
+                    segments.append(Segment(start / rate, end / rate, h.text.strip(), tuple(h.ids)))
+            batch = []
+    return segments
+
+
 def _windowed(bundle: Bundle, wave: Tensor, timestamps: bool) -> bool:
-    """Whether an imported Whisper reads ``wave`` window by window (longer than its chunk, or
-    timed); never for other models."""
+    """Whether an imported Whisper reads an input window by window (longer than its chunk, or
+    timed), given ``wave``, its :func:`_head`; never for other models."""
     if bundle.whisper is None:
         return False
     return timestamps or wave.numel() > bundle.features.chunk_seconds * bundle.sample_rate
@@ -893,7 +943,7 @@ def _windowed(bundle: Bundle, wave: Tensor, timestamps: bool) -> bool:
 
 def long_transcript(
     bundle: Bundle,
-    wave: Tensor,
+    wave: Tensor | AudioSource | MelWindows,
     start: tuple[int, ...],
     options: LongForm | None,
     bans: Sequence[Scorer] = (),
@@ -933,15 +983,27 @@ def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int
     return [*(start or [bundle.model.config.bos_id]), *shown]
 
 
-def _waveform(bundle: Bundle, item: Audio, i: int) -> Tensor:
-    """Input ``i``: a file read at the model's rate (any length), or a mono waveform as given."""
+def _source(bundle: Bundle, item: Audio, i: int) -> AudioSource:
+    """Input ``i``: a file (checked, any length, read at the model's rate when used), a mono
+    waveform as given, or a source as it is."""
     config = bundle.features
+    if isinstance(item, AudioSource):
+        return item
     if isinstance(item, str | Path):
-        return load_audio(item, sample_rate=config.sample_rate, max_seconds=None)
+        return AudioSource.of_file(item, config.sample_rate)
     wave = torch.as_tensor(item, dtype=torch.float32)
     if wave.ndim != 1:
         raise UserError(f"input {i + 1}: a waveform is one channel of samples (N,), not {tuple(wave.shape)}")
-    return wave
+    return AudioSource.of_wave(wave, config.sample_rate)
+
+
+def _head(bundle: Bundle, source: AudioSource) -> Tensor:
+    """What is read of an input before decoding: an imported Whisper's first chunk and one sample
+    more (its features read the chunk; a longer input is read window by window from its source),
+    else the whole input."""
+    if bundle.whisper is None:
+        return source.whole()
+    return source.head(round(bundle.features.chunk_seconds * bundle.sample_rate) + 1)
 
 
 def _start_tokens(

@@ -1,7 +1,8 @@
 """Whisper on audio of any length: sequential 30-second windows, as openai/whisper's ``transcribe``.
 
 The file's log-mel (``audio.whisper_log_mel``, with one chunk of zeros appended) is read one
-window (a chunk: 3,000 frames) at a time. Each window is decoded with timestamps, after the
+window (a chunk: 3,000 frames) at a time, computed as it is read (``audio_stream.WhisperFrames``:
+memory flat in the file's length). Each window is decoded with timestamps, after the
 previous windows' tokens as a prompt (<|startofprev|>, at most half the decoder's window), by
 greedy search with Whisper's rules (``decoding/whisper_rules.py``); when the result looks wrong,
 it is decoded again at the next temperature (temperature fallback, Radford et al., 2022,
@@ -29,11 +30,13 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from qkv.audio import FeatureConfig, whisper_log_mel
+from qkv.audio import FeatureConfig
+from qkv.audio_stream import AudioSource, WhisperFrames
 from qkv.decoding import DONE, Scorer, stream
 from qkv.decoding.decoders import SpeechEncoderDecoderDecoder
 from qkv.models.speech import SpeechEncoderDecoder
@@ -42,6 +45,16 @@ from qkv.tokenization import Tokenizer
 
 TOKEN_SECONDS = 0.02  # a timestamp step: two feature frames of 10 ms (the encoder halves the frames)
 FRAMES_PER_STAMP = 2
+
+
+class MelWindows(Protocol):
+    """Whisper's features of one input (after a chunk of zeros), read a window at a time:
+    ``frames`` (T) and ``window(first, count)``, frames [first, first + count) (count, M).
+    ``audio_stream.WhisperFrames`` computes them a chunk at a time, in flat memory."""
+
+    frames: int
+
+    def window(self, first: int, count: int) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -238,27 +251,32 @@ def _with_fallback(model, tokenizer, window: Tensor, prompt, ids: WhisperTokens,
 def transcribe_long(
     model: SpeechEncoderDecoder,
     tokenizer: Tokenizer,
-    wave: Tensor,
+    wave: Tensor | AudioSource | MelWindows,
     features: FeatureConfig,
     ids: WhisperTokens,
     options: LongForm = LongForm(),
     on_seconds: Callable[[float], None] | None = None,
 ) -> list[Segment]:
-    """The segments of one waveform (Y,) at ``features.sample_rate`` (see the module docstring).
-    ``on_seconds(s)`` after each window, with the seconds of audio it moved on by.
+    """The segments of one input (see the module docstring): a waveform (Y,) at
+    ``features.sample_rate``, a source (a file read a block at a time) or its features read a
+    window at a time (:class:`MelWindows`, with a chunk of zeros after the audio). Memory: one
+    window's, whatever the input's length (a waveform's own aside). ``on_seconds(s)`` after
+    each window, with the seconds of audio it moved on by.
 
     Shapes: wave (Y,) -> segments.
     """
     dtype = next(model.parameters()).dtype
-    mel = whisper_log_mel(wave, features, pad_seconds=features.chunk_seconds)  # (T + chunk, M)
+    if isinstance(wave, Tensor):
+        wave = AudioSource.of_wave(wave, features.sample_rate)
+    mel = WhisperFrames(wave, features, pad_seconds=features.chunk_seconds) if isinstance(wave, AudioSource) else wave
     chunk = round(features.chunk_seconds * features.sample_rate) // features.hop_length  # frames a window
     frame_seconds = features.hop_length / features.sample_rate
-    content = mel.shape[0] - chunk
+    content = mel.frames - chunk
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(options.seed)
     seek, context, reset, segments = 0, list(options.initial_prompt), 0, []
     while seek < content:
         size = min(chunk, content - seek)
-        window = torch.nn.functional.pad(mel[seek : seek + size], (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
+        window = torch.nn.functional.pad(mel.window(seek, size), (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
         d = _with_fallback(model, tokenizer, window, context[reset:], ids, options, generator)
         offset = seek * frame_seconds
         moved = size

@@ -108,7 +108,8 @@ class Lines:
         done = self.n - self.start_n
         rate = done / elapsed if elapsed > 0 else 0.0
         where = f"{self.n}/{self.total}" if self.total else f"{self.n}"
-        parts = [f"{self.desc}: {where} {self.unit}s"]
+        units = self.unit if self.unit.endswith("s") else f"{self.unit}s"  # "600 s" of audio, not "600 ss"
+        parts = [f"{self.desc}: {where} {units}"]
         if self.total:
             parts[0] += f" ({100 * self.n / self.total:.0f}%)"
         parts.append(f"{_duration(elapsed)} elapsed")

@@ -174,3 +174,20 @@ def add_constraints(p: argparse.ArgumentParser, *, terms: bool = False) -> None:
             help="terminology: lines of SOURCE<TAB>TARGET; TARGET is required (as --require) of each input that "
             "holds SOURCE as a word",
         )
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads N: the CPU threads torch computes with (default: torch's, one per core)."""
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        help="CPU threads to compute with (default: all cores, torch's default); fewer leave cores to other work",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """Apply --threads before the work (torch.set_num_threads; None leaves torch's default)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)

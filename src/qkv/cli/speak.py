@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from qkv.cli.common import number, positive_int, read_input_lines, seed
+from qkv.cli.common import add_threads, number, positive_int, read_input_lines, seed, use_threads
 from qkv.errors import UserError
 from qkv.files import check_writable
 
@@ -27,6 +27,7 @@ EPILOG_SPEAK = """examples:
   qkv speak --model runs/tts_voices --speaker jackson --text "three one four" --output jackson.wav
   qkv import-hf en_US-joe-medium.onnx voices/joe      # a Piper voice (VOICE.onnx.json beside it)
   qkv speak --model voices/joe --text "Hello there." --output hello.wav --length-scale 1.2 --noise-scale 0.5
+  qkv speak --model runs/tts_en --input sentences.txt --output-dir spoken/ --threads 2   # two CPU threads
 
 Each file written is printed as PATH<TAB>SECONDS<TAB>TEXT (with --json, one object per line);
 a sentence that ran into --max-seconds before the model ended it is named on stderr.
@@ -58,6 +59,7 @@ def cmd_speak(args: argparse.Namespace) -> int:
     from qkv.progress import progress
 
     texts, paths = _texts_and_paths(args)  # a bad output is said before the model is read
+    use_threads(args.threads)
     bundle = load(args.model, job="speak")
     if args.output_dir is not None:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
@@ -209,4 +211,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="one JSON object per file written")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads(p)
     p.set_defaults(run=cmd_speak)

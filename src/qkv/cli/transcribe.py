@@ -13,9 +13,19 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from qkv.cli.common import Output, add_constraints, add_precision, number, positive_int, read_input_lines
+from qkv.cli.common import (
+    Output,
+    add_constraints,
+    add_precision,
+    add_threads,
+    number,
+    positive_int,
+    read_input_lines,
+    use_threads,
+)
 from qkv.errors import UserError
 
 LM_WEIGHT = 0.3  # bundle.LM_WEIGHT, the library's default (the help says it without importing torch)
@@ -31,6 +41,8 @@ EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model runs/speech_en --ctc-weight 0 --require Zurich --ban um talk.wav   # constraints
   qkv transcribe --model whisper-tiny.en lecture.mp3 --format srt --output-dir subtitles/   # any length
   qkv transcribe --model whisper-tiny.en recordings/ --format txt --output hyp.txt   # for evaluate --wer
+  qkv transcribe --model whisper-tiny.en meeting.flac --format vtt --threads 2   # two CPU threads
+  qkv transcribe --model runs/speech_en lecture.wav --format srt --vad silero   # cut by Silero VAD
 
 Each line of output is PATH<TAB>TEXT; with --json one JSON object per file (path, text,
 audio_seconds, load_seconds, decode_seconds), and a summary line on stderr. --format txt writes
@@ -45,7 +57,10 @@ times: --format tsv/json/srt/vtt or --output-dir) is read in 30 s windows moving
 timestamp, each window after the previous text, with temperature fallback (0, 0.2, ... 1.0;
 5 samples each) where the text repeats itself (gzip compression ratio > 2.4) or is unlikely
 (mean log-probability < -1), and a window skipped as silence where no-speech probability > 0.6
-and the log-probability is below -1: openai/whisper's transcribe defaults.
+and the log-probability is below -1: openai/whisper's transcribe defaults. A model of qkv's own
+reads a file longer than 30 s piece by piece, cut where voice activity stops (an energy
+detector; --vad silero: Silero VAD), each piece a segment with its times. Files are read a block at a time, so memory
+does not grow with their length; progress is counted in seconds of audio.
 """
 
 
@@ -91,10 +106,12 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.longform import LongForm
     from qkv.progress import progress
     from qkv.subtitles import Heard
+    from qkv.vad import Vad
 
     paths = audio_paths(args.files, args.input)
     args.format = args.format or ("txt" if args.output_dir is not None else None)
     _check_format(args, paths)
+    use_threads(args.threads)
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="transcribe")
     if args.initial_prompt is not None and bundle.whisper is None:
         raise UserError("--initial-prompt is for an imported Whisper")
@@ -114,7 +131,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     timed = timed or bool(prompt)
     chunk = bundle.features.chunk_seconds if bundle.whisper is not None else None
-    seconds = [wave.numel() / bundle.sample_rate for _, wave in good]
+    seconds = [source.seconds for _, source in good]
     windowed = sum(s for s in seconds if chunk is not None and (timed or s > chunk))
     if windowed:  # progress in seconds of audio read window by window
         bar = progress(round(windowed), desc="qkv transcribe", unit="s", disable=args.quiet)
@@ -122,7 +139,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         bar = progress(len(good), desc="qkv transcribe", unit="file", disable=args.quiet or len(good) < 2)
     found = transcriptions(
         bundle,
-        [wave for _, wave in good],
+        [source for _, source in good],
         beam_size=args.beam,
         ctc_weight=args.ctc_weight,
         ctc_only=args.ctc_only,
@@ -139,7 +156,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         long_form=LongForm(temperatures=(0.0,), initial_prompt=prompt)
         if args.no_fallback
         else LongForm(initial_prompt=prompt),
-        on_seconds=bar.update if windowed else None,
+        on_seconds=whole_seconds(bar.update) if windowed else None,
+        vad=Vad(detector=args.vad),
     )
     bar.close()
     elapsed = time.perf_counter() - start
@@ -149,7 +167,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
             f"qkv transcribe: detected language{'s' if len(detected) > 1 else ''} {', '.join(detected)}",
             file=sys.stderr,
         )
-    audio_seconds = [wave.numel() / bundle.sample_rate for _, wave in good]
+    audio_seconds = seconds
     for (path, _), heard, seconds in zip(good, found, audio_seconds, strict=True):
         if args.format is not None:
             _write_format(args, out, path, Heard(heard.text, heard.segments, heard.language))
@@ -177,6 +195,20 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def whole_seconds(update: Callable[[int], object]) -> Callable[[float], None]:
+    """``update(n)`` in whole seconds of audio, given the windows' seconds (fractions kept until
+    they add up to one): a progress bar or log line counts seconds, not 0.02-second steps."""
+    done = [0.0, 0]  # seconds read, seconds reported
+
+    def report(seconds: float) -> None:
+        done[0] += seconds
+        if (step := int(done[0]) - done[1]) > 0:
+            update(step)
+            done[1] += step
+
+    return report
 
 
 def _write_format(args: argparse.Namespace, out: Output, path: Path, heard) -> None:
@@ -245,8 +277,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-seconds",
         type=number(float, lambda v: v > 0, "a positive number of seconds"),
-        help="refuse files longer than this (default: no limit for an imported Whisper, which reads 30 s windows; "
-        "60 for other models)",
+        help="refuse files longer than this (default: no limit: an imported Whisper reads 30 s windows, other models "
+        "pieces of at most 30 s cut where voice activity stops)",
     )
     p.add_argument(
         "--no-fallback",
@@ -257,6 +289,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--initial-prompt",
         help="Whisper: text read before the first window (spellings, names, style); decodes with timestamps",
     )
+    p.add_argument(
+        "--vad",
+        choices=("energy", "silero"),
+        default="energy",
+        help="qkv's own models, files over 30 s: how voice activity is found, to cut them into pieces (default "
+        "energy; silero: Silero VAD's ONNX model, pip install silero-vad)",
+    )
     p.add_argument("--skip-bad", action="store_true", help="name unreadable files on stderr and transcribe the rest")
     p.add_argument("--language", help="Whisper: the spoken language's code (e.g. en, de); multilingual models only")
     p.add_argument("--task", choices=("transcribe", "translate"), help="Whisper: transcribe, or translate to English")
@@ -264,4 +303,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_constraints(p)
     add_precision(p)
+    add_threads(p)
     p.set_defaults(run=cmd_transcribe)

@@ -11,7 +11,7 @@ import math
 import sys
 import time
 
-from qkv.cli.common import Output, add_constraints, add_precision, number, read_input_lines
+from qkv.cli.common import Output, add_constraints, add_precision, add_threads, number, read_input_lines, use_threads
 from qkv.errors import UserError
 
 EPILOG_TRANSLATE = """examples:
@@ -21,6 +21,7 @@ EPILOG_TRANSLATE = """examples:
   qkv translate --model runs/en_de_seed0 --ensemble runs/en_de_seed1 --beam 5 < test.en > test.de
   echo "Ein Hund läuft." | qkv translate --model runs/multi30k_de_en --prefix "The dog" --ban runs
   qkv translate --model runs/multi30k_de_en --require puppy --terms glossary.tsv < test.de > test.en
+  qkv translate --model runs/multi30k_de_en --threads 2 < test.de > test.en   # two CPU threads
 """
 
 
@@ -32,6 +33,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.nbest > args.beam:
         raise UserError(f"--nbest {args.nbest} needs --beam of at least {args.nbest}")
     terms = read_terms(args.terms) if args.terms else []
+    use_threads(args.threads)
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="translate")
     others = [load(path, bf16=args.bf16, int8=args.int8) for path in args.ensemble]
     out = Output(args.output)
@@ -145,4 +147,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     add_constraints(p, terms=True)
     add_precision(p)
+    add_threads(p)
     p.set_defaults(run=cmd_translate)
