@@ -2,7 +2,8 @@
 
 What is here: ``info`` (the page, ``/health``, ``/metrics``, ``/v1/models``), ``translate``,
 ``generate`` (with its Server-Sent Events), ``chat``, ``embed``, ``classify``, ``attention`` and
-``audio`` (OpenAI's transcriptions, translations and speech).
+``audio`` (OpenAI's transcriptions, translations and speech) and ``stream`` (speech heard as it is
+spoken, over a WebSocket).
 Each route picks its model, validates the request (``validation.py``), runs its job
 (``jobs.py``, through ``qkv.bundle``) on the model thread and answers in its schema
 (``schemas.py``). ``app.create_app`` includes every router.
