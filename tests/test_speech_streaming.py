@@ -26,6 +26,7 @@ from qkv.speech_streaming import (
     decoder_of,
     resaid,
     spelled,
+    trusted,
     words_of,
 )
 from qkv.subtitles import Segment
@@ -73,6 +74,12 @@ def test_words_share_their_segment_time_by_characters() -> None:
     words, counts = words_of([Segment(1.0, 2.0, " ab c."), Segment(2.0, 4.0, ""), Segment(4.0, 5.0, " d")], 10.0)
     assert [w.text for w in words] == ["ab", "c.", "d"] and counts == [2, 2, 3]
     assert [(w.start, w.end) for w in words] == [(11.0, 11.5), (11.5, 12.0), (14.0, 15.0)]
+
+
+def test_trusted_segments_stop_at_a_window_that_repeats_itself() -> None:
+    ok, loop = Segment(0.0, 1.0, " five", compression_ratio=1.1), Segment(1.0, 2.0, " nine nine", compression_ratio=9.0)
+    assert trusted([ok, loop, ok], 2.4) == [ok] and trusted([ok, loop], None) == [ok, loop]
+    assert trusted([loop, ok], 2.4) == []
 
 
 # ------------------------------------------------------------------------ the policy, scripted

@@ -25,8 +25,8 @@ an estimate a final's ``start`` and ``end`` carry.
 
 What is here: :class:`StreamOptions`, :class:`Word`, :class:`Update` (what one step commits and
 what it guesses beyond), the pure parts (:func:`words_of`, :func:`spelled`, :func:`agreed`,
-:func:`resaid`, :func:`cut_at`), :class:`SpeechStream` (the policy's state, over a ``decode``
-function) and :func:`decoder_of` (a loaded speech model's decoding as that function: an imported
+:func:`resaid`, :func:`cut_at`, :func:`trusted`), :class:`SpeechStream` (the policy's state,
+over a ``decode`` function) and :func:`decoder_of` (a loaded speech model's decoding as that function: an imported
 Whisper's segments by its timestamps, greedy, after the prompt; a model of qkv's own, one segment).
 What is not here: the decoding (``bundle.transcriptions``, ``longform.py``), the WebSocket
 (``serve/routes/stream.py``).
@@ -248,12 +248,26 @@ class SpeechStream:
             self.in_buffer, self.pending = 0, []
 
 
+def trusted(segments: Sequence[Segment], threshold: float | None) -> list[Segment]:
+    """The segments before the first whose window's text repeats itself (gzip compression ratio
+    above ``threshold``, Whisper's sign of a greedy decoding caught in a loop, which its
+    temperature fallback would decode again; None: all). A stream decodes the buffer again a
+    second later instead, with more audio."""
+    out = []
+    for s in segments:
+        if threshold is not None and s.compression_ratio > threshold:
+            break
+        out.append(s)
+    return out
+
+
 def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None = None) -> Decode:
     """A loaded speech model's decoding as :class:`SpeechStream` calls it: an imported Whisper's
-    timed segments (greedy, no temperature fallback: a step must be quick; ``language`` and
-    ``task`` as :func:`~qkv.bundle.transcriptions`), after the prompt as its ``initial_prompt``;
-    a model of qkv's own, one segment over the buffer (no prompt). Audio too short for the
-    model's front-end: no segment."""
+    timed segments (greedy, no temperature fallback: a step must be quick; those of a window that
+    repeats itself left out, :func:`trusted`; ``language`` and ``task`` as
+    :func:`~qkv.bundle.transcriptions`), after the prompt as its ``initial_prompt``; a model of
+    qkv's own, one segment over the buffer (no prompt). Audio too short for the model's
+    front-end: no segment."""
     whisper = bundle.whisper is not None
     tokenizer = bundle.vocab.target
 
@@ -263,6 +277,6 @@ def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None 
         prompt_ids = tuple(tokenizer.encode(" " + prompt.strip())) if whisper and prompt.strip() else ()
         options = LongForm(temperatures=(0.0,), initial_prompt=prompt_ids) if whisper else None
         (found,) = transcriptions(bundle, [wave], language=language, task=task, timestamps=whisper, long_form=options)
-        return found.segments
+        return trusted(found.segments, options.compression_ratio_threshold if options else None)
 
     return decode
