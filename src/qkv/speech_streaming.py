@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from qkv.bundle import Bundle, transcriptions
-from qkv.longform import LongForm
+from qkv.longform import LongForm, compression_ratio
 from qkv.subtitles import Segment
 from qkv.tasks.asr import too_short
 
@@ -249,13 +249,14 @@ class SpeechStream:
 
 
 def trusted(segments: Sequence[Segment], threshold: float | None) -> list[Segment]:
-    """The segments before the first whose window's text repeats itself (gzip compression ratio
-    above ``threshold``, Whisper's sign of a greedy decoding caught in a loop, which its
-    temperature fallback would decode again; None: all). A stream decodes the buffer again a
-    second later instead, with more audio."""
+    """The segments before the first whose text repeats itself (its gzip compression ratio above
+    ``threshold``: Whisper's sign of greedy decoding caught in a loop, which its temperature
+    fallback would decode again; None: all). Judged segment by segment, not by window, so that a
+    loop in the half-heard audio at the buffer's end leaves the words before it; a stream decodes
+    the buffer again a second later, with more audio."""
     out = []
     for s in segments:
-        if threshold is not None and s.compression_ratio > threshold:
+        if threshold is not None and compression_ratio(s.text.strip()) > threshold:
             break
         out.append(s)
     return out
