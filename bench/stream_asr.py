@@ -249,7 +249,8 @@ def record(result: dict, args, model: Path) -> None:
     setting = f"{result['audio_seconds']:g} s of joined FSDD digits at {args.speed:g}x real time"
     notes = (
         f"{where}; {setting}, {args.chunk:g} s messages, min_chunk 1 s (LocalAgreement-2); delay: a word's final "
-        "arriving minus its last sample sent, wall seconds; loopback" + (f"; {args.note}" if args.note else "")
+        "arriving minus the wall time it ended being spoken (each message sent once its audio has played), "
+        "wall seconds; loopback" + (f"; {args.note}" if args.note else "")
     )
     details = {k: v for k, v in result.items() if k not in ("delay_median_s", "stream_wer")}
     append_run(
