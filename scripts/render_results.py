@@ -52,6 +52,10 @@ BENCHMARKS = {
         "Long-form transcription: peak memory by length",
         "`python bench/longform_memory.py`: Whisper tiny.en on 1, 10 and 60 minutes of joined FSDD digits",
     ),
+    "stream_asr": (
+        "Streaming speech recognition over a WebSocket",
+        "`python bench/stream_asr.py`: Whisper tiny.en hearing joined FSDD digits in real time: delay and WER",
+    ),
     "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
     "piper_speed": (
         "Piper voices: qkv's VITS beside onnxruntime",

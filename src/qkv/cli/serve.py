@@ -152,6 +152,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         max_audio_seconds=args.max_audio_seconds,
         max_speech_chars=args.max_speech_chars,
+        stream_max_buffered_seconds=args.stream_max_buffered_seconds,
+        stream_idle_seconds=args.stream_idle_seconds,
     )
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
@@ -195,7 +197,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "/v1/generate (streamed as Server-Sent Events), /v1/chat, /v1/embed, /v1/classify and /v1/attention (every "
         "attention map, the beam search's trace); OpenAI's API for language models (POST /v1/chat/completions and "
         "/v1/completions, streamed too: the openai client works against it) and for speech and TTS models "
-        "(/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech); GET /v1/models, /health, /metrics "
+        "(/v1/audio/transcriptions, /v1/audio/translations, /v1/audio/speech), speech heard as it is spoken over a "
+        "WebSocket (/v1/audio/stream); GET /v1/models, /health, /metrics "
         "(Prometheus) and the page at /. "
         "Requests that arrive within --batch-wait-ms share one forward pass. Every limit is a JSON error: no API key "
         "401 (with --api-key), a body too large 413, a bad or too long input 422, a full server or one over "
@@ -281,6 +284,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         default=defaults.max_speech_chars,
         help="longest text /v1/audio/speech speaks (default: %(default)s; 422 beyond)",
+    )
+    seconds = number(float, lambda v: v > 0, "a positive number of seconds")
+    sound.add_argument(
+        "--stream-max-buffered-seconds",
+        type=seconds,
+        default=defaults.stream_max_buffered_seconds,
+        help="audio a /v1/audio/stream client may send ahead of the decoding (default: %(default)s; closed beyond)",
+    )
+    sound.add_argument(
+        "--stream-idle-seconds",
+        type=seconds,
+        default=defaults.stream_idle_seconds,
+        help="a /v1/audio/stream that receives nothing this long is closed (default: %(default)s)",
     )
     access = p.add_argument_group("who may call it")
     access.add_argument(

@@ -25,6 +25,8 @@ the :class:`~qkv.serve.settings.Settings` (every limit) and returns the ASGI app
                            the page's views: a transcript segment's cross-attention over its
                            spectrogram, a text's speech with its attention, a chat answer
                            token's attention over the conversation (routes/views.py)
+    WS   /v1/audio/stream  a speech model hears 16 kHz PCM as it is sent: partial and final
+                           transcripts (routes/stream.py)
     GET  /docs             the OpenAPI page (FastAPI's; /openapi.json is the schema)
 
 Each family's endpoints are one router of ``routes/``; what they share (the models, the limits,
@@ -56,7 +58,7 @@ from qkv.serve.access import Keys, RateLimiter
 from qkv.serve.errors import add_handlers
 from qkv.serve.middleware import BodyLimit, Gate, Observe
 from qkv.serve.models import Served
-from qkv.serve.routes import attention, audio, chat, classify, embed, generate, info, openai, translate, views
+from qkv.serve.routes import attention, audio, chat, classify, embed, generate, info, openai, stream, translate, views
 from qkv.serve.service import Service
 from qkv.serve.settings import Settings
 
@@ -81,7 +83,7 @@ def create_app(models: dict[str, Served], settings: Settings | None = None) -> F
     service = Service(models, settings)
     app = FastAPI(title="qkv", summary=SUMMARY, version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    for family in (info, translate, generate, chat, embed, classify, attention, openai, audio, views):
+    for family in (info, translate, generate, chat, embed, classify, attention, openai, audio, views, stream):
         app.include_router(family.router)
     add_handlers(app)
     metrics = service.metrics

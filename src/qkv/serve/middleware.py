@@ -6,7 +6,8 @@ What is here, outermost first (``app.create_app`` stacks them):
                         request, and a bug answered as the JSON 500 (logged with its traceback)
     CORS                Starlette's, only when origins are named (``Settings.cors_origins``)
     :class:`Gate`       the API key (401) and the rate limit (429 with Retry-After) of every
-                        path but ``/health``: routes, the page, ``/docs``, ``/metrics``, unknown paths
+                        path but ``/health``: routes, the page, ``/docs``, ``/metrics``, unknown paths,
+                        and WebSocket handshakes (``/v1/audio/stream``: refused before it opens)
     :class:`BodyLimit`  a body over the limit: 413, read no further
 and :class:`RequestIdFilter`, which puts the request id into every log record of the request.
 
@@ -135,8 +136,9 @@ class Gate:
         self.app, self.keys, self.limiter, self.metrics = app, keys, limiter, metrics
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] == self.OPEN:
+        if scope["type"] not in ("http", "websocket") or scope["path"] == self.OPEN:
             return await self.app(scope, receive, send)
+        refuse = refusing_handshake(scope, send) if scope["type"] == "websocket" else send
         identity = scope["client"][0] if scope.get("client") else "-"
         if self.keys:
             name = self.keys.match(header(scope, b"authorization"))
@@ -146,7 +148,7 @@ class Gate:
                     "this server needs an API key: send the header 'Authorization: Bearer KEY' with a key it knows"
                 )
                 answer = error_response(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
-                return await answer(scope, receive, send)
+                return await answer(scope, receive, refuse)
             scope.get(ACCESS, {})["key"] = name
             identity = f"key {name}"
         wait = self.limiter.take(identity) if self.limiter is not None else 0
@@ -154,8 +156,23 @@ class Gate:
             self.metrics.refused.labels("rate_limited").inc()
             message = f"over the rate limit of {self.limiter.size:g} requests a minute; retry in {wait} s"
             answer = error_response(429, "rate_limited", message, {"Retry-After": str(wait)})
-            return await answer(scope, receive, send)
+            return await answer(scope, receive, refuse)
         await self.app(scope, receive, send)
+
+
+def refusing_handshake(scope, send):
+    """A WebSocket's ``send`` through which the gate's HTTP answers refuse the handshake: as
+    themselves where the server takes the ASGI denial-response extension (uvicorn with
+    ``websockets``: the client reads the 401 or 429 and its JSON), else as a close, which the
+    server answers 403."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        return send  # Starlette's responses send websocket.http.response.* themselves
+
+    async def closing(message):
+        if message["type"] == "websocket.http.response.start":  # as Starlette's responses name it
+            await send({"type": "websocket.close", "code": 1008})
+
+    return closing
 
 
 class BodyLimit:
