@@ -407,6 +407,9 @@ def test_required_words_and_terms_are_always_written(models) -> None:
     assert all("dog" not in t.text for t in found[1])  # "a dog": neither source
     assert all("mi: 0" in t.text for t in found[2])
     assert ed.translate("a dog", prefix="a dog", require=["dog"]) == ed.translate("a dog", prefix="a dog")
+    for m in (ed, lm):  # after a prefix, a required word starts a word: never glued to the prefix's end
+        for g in bundles.generations(m, ["a dog", "do re"], beam_size=2, prefix="a", require=["dog"], max_new_tokens=9):
+            assert re.search(r"(?<!\w)dog", g[0].text), g[0].text
     for m in (ed, lm):  # (the language model's window leaves room after short prompts)
         for g in bundles.generations(m, ["a dog", "do re"], beam_size=2, require=["hund"], max_new_tokens=9):
             assert "hund" in g[0].text

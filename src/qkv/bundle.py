@@ -545,15 +545,18 @@ def _required(
     written: str,
 ) -> list[list[Required]]:
     """Each input's required terms: the ``wanted`` words and the targets of the ``terms`` whose
-    source its text holds, each once, but those the prefix (``written``) already writes."""
-    ways = {word: _ways(target, word, "require") for word in wanted}
+    source its text holds, each once, but those the prefix (``written``) already writes. After a
+    prefix, the output's first tokens follow text: a word may not be written there as at a
+    text's start (it would be glued to the prefix, " A" + "dog")."""
+    at_start = not written
+    ways = {word: _ways(target, word, "require", at_start=at_start) for word in wanted}
     required = []
     for text in sources:
         # A substring test first: a long glossary meets each text in C before any pattern does.
         found = [t for s, t in terms if text is not None and s in text and _holds_word(text, s)]
         for word in found:
             if word not in ways:
-                ways[word] = _ways(target, word, "terms")
+                ways[word] = _ways(target, word, "terms", at_start=at_start)
         required.append([ways[word] for word in dict.fromkeys(wanted + found) if not _holds_word(written, word)])
     return required
 
@@ -598,15 +601,15 @@ def _holds_word(text: str, word: str) -> bool:
     return re.search(r"(?<!\w)" + re.escape(word) + r"(?!\w)", text) is not None
 
 
-def _ways(tokenizer: Tokenizer, word: str, option: str) -> Required:
+def _ways(tokenizer: Tokenizer, word: str, option: str, *, at_start: bool = True) -> Required:
     """A required word as token sequences: as the tokenizer writes it after a space (the tokens
-    "a " + word adds to "a") and, where that differs, at a text's start (only there: glued to
-    other text it would write another word), without any unknown token."""
+    "a " + word adds to "a") and, where that differs and ``at_start``, at a text's start (only
+    there: glued to other text it would write another word), without any unknown token."""
     alone = tuple(tokenizer.encode(word, add_special_tokens=False))
     head = tokenizer.encode("a", add_special_tokens=False)
     spaced = tokenizer.encode("a " + word, add_special_tokens=False)
     after_space = tuple(spaced[len(head) :]) if spaced[: len(head)] == head else ()
-    ways = {w for w in (alone, after_space) if w and tokenizer.unk_id not in w}
+    ways = {w for w in (alone if at_start else (), after_space) if w and tokenizer.unk_id not in w}
     ways = {w if w == after_space else (AT_START, *w) for w in ways}
     if not ways:
         raise OptionError(f"{option} {word!r}: the model's vocabulary cannot write it", option)
