@@ -60,7 +60,7 @@ def start_server(model: str, *, batching: bool, threads: int) -> tuple[subproces
 
     port = free_port()
     argv = [sys.executable, "-m", "qkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--no-access-log", "--max-active", "256"] + ([] if batching else ["--no-batching"])
+    argv += ["--no-access-log", "--max-active", "256", "--timeout", "600"] + ([] if batching else ["--no-batching"])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
@@ -131,7 +131,10 @@ def run_setting(args, *, batching: bool) -> list[dict]:
     server, url = start_server(args.model, batching=batching, threads=args.threads)
     name = Path(args.model).name
     try:
-        rows = [asyncio.run(pattern(url, name, p, args)) for p in ("sequential", "together", "staggered")]
+        rows = []
+        for p in ("sequential", "together", "staggered"):
+            rows.append(asyncio.run(pattern(url, name, p, args)))
+            print(f"batching {'on' if batching else 'off'}, {p}: {rows[-1]['wall_s']} s", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -249,6 +249,10 @@ async def streamed(
     ticket = Ticket(served, asks, picking, key)
     svc.scheduler.submit(ticket)
 
+    def release() -> None:
+        ticket.gone = True  # its rows leave the batch at the next step
+        free()
+
     async def events():
         start, told = time.perf_counter(), [False] * len(asks)
         try:
@@ -274,10 +278,9 @@ async def streamed(
                 yield made.chunk([], usage(asks[:: req.n], answers))
             yield "data: [DONE]\n\n"
         finally:
-            ticket.gone = True  # its rows leave the batch at the next step
-            free()
+            release()
 
-    return FreeingStream(events(), free)
+    return FreeingStream(events(), release)  # a stream never started leaves as well
 
 
 def step_chunks(step: Step, told: list[bool], made: Made, shape):
