@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -133,8 +134,9 @@ def permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(path: Path, hf: torch.nn.Module, arch: str, tokenizer: dict) -> None:
-    """``hf``'s weights, hyper-parameters and ``tokenizer`` (metadata) as llama.cpp writes them."""
+def write_gguf(path: Path, hf: torch.nn.Module, arch: str, tokenizer: dict, extra: dict | None = None) -> None:
+    """``hf``'s weights, hyper-parameters and ``tokenizer`` (metadata) as llama.cpp writes them,
+    and the float32 tensors ``extra`` (name: values) beside them."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     rng = np.random.default_rng(0)
@@ -179,6 +181,8 @@ def write_gguf(path: Path, hf: torch.nn.Module, arch: str, tokenizer: dict) -> N
         if data.ndim == 1 or suffix == "bias":
             kind = Q.F32
         writer.add_tensor(gguf_name, quantized(data, kind, rng), raw_dtype=None if kind in (Q.F32, Q.F16) else kind)
+    for name, data in (extra or {}).items():
+        writer.add_tensor(name, np.asarray(data, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -301,6 +305,56 @@ def test_gguf_import_equals_transformers_reading_the_file(arch: str, tmp_path: P
     back_tokenizer = AutoTokenizer.from_pretrained(tmp_path / "exported")
     assert all(back_tokenizer(t).input_ids == tokenizer.encode(t) for t in TEXTS)
     assert back_tokenizer.chat_template == TEMPLATE
+
+
+LLAMA31 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama_cpp_rope_factors(head_dim: int, theta: float, scaling: dict) -> list[float]:
+    """What llama.cpp's convert_hf_to_gguf.py writes as ``rope_freqs.weight`` for a llama3 rope_scaling."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * theta ** (i / head_dim)
+        if wavelength < old / high:
+            factors.append(1.0)
+        elif wavelength > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
+def test_llama31_rope_factors_are_read_as_its_rope_scaling(tmp_path: Path, capsys) -> None:
+    """A Llama 3.1 GGUF (its RoPE factors in ``rope_freqs.weight``) imports with the llama3
+    rope_scaling that gives them: the logits of transformers' Llama with that scaling, over the
+    file's weights (transformers' own GGUF reader leaves the factors out); factors of another
+    rule are refused by name."""
+    hf, tokenizer_meta = family("llama")
+    parameters = {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA31}
+    config = LlamaConfig(**{**hf.config.to_dict(), "rope_parameters": parameters, "max_position_embeddings": 128})
+    scaled = LlamaForCausalLM(config).eval()
+    scaled.load_state_dict(hf.state_dict())
+    factors = llama_cpp_rope_factors(config.hidden_size // config.num_attention_heads, 500000.0, LLAMA31)
+    assert 1.0 in factors and 8.0 in factors and any(1 < f < 8 for f in factors)  # every branch of the rule
+    path = tmp_path / "llama31.gguf"
+    write_gguf(path, scaled, "llama", tokenizer_meta, extra={"rope_freqs.weight": factors})
+    assert main(["import-gguf", str(path), str(tmp_path / "qkv"), "--json"]) == 0
+    capsys.readouterr()
+    model, _ = load_model(tmp_path / "qkv")
+    read = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()  # unscaled RoPE
+    reference = LlamaForCausalLM(config).eval()
+    reference.load_state_dict(read.state_dict())  # the file's dequantised weights, with the scaling
+    tokens = torch.randint(5, config.vocab_size, (2, 97), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, unscaled, ours = reference(input_ids=tokens).logits, read(input_ids=tokens).logits, model(tokens)
+    assert (ours - expected).abs().max().item() <= ATOL < (unscaled - expected).abs().max().item()
+
+    write_gguf(path, scaled, "llama", tokenizer_meta, extra={"rope_freqs.weight": [f**0.5 for f in factors]})
+    with pytest.raises(UserError, match=r"rope_freqs\.weight"):
+        import_hf(path, tmp_path / "other")
 
 
 def test_a_gguf_of_another_architecture_is_refused_by_name(tmp_path: Path, capsys) -> None:

@@ -12,6 +12,7 @@ that take both.
     however the tokens spell them;
   * ``search.py``: greedy, sampling, the token stream, batched beam search with an ``on_step``
     hook, CTC best path;
+  * ``continuous.py``: continuous batching, a decoding that inputs join and leave between steps;
   * ``constrained.py``: beam search whose outputs contain required terms (dynamic beam
     allocation, Post & Vilar, 2018);
   * ``planning.py``: each input's cap within the window, and how many inputs fit in memory.
@@ -25,10 +26,12 @@ The names below are the package's public interface: import them from ``qkv.decod
 
 from qkv.decoding.bans import BannedSequences, BannedWords
 from qkv.decoding.constrained import AT_START, Required, bank_sizes, constrained_beam_search
+from qkv.decoding.continuous import Continuous, Group
 from qkv.decoding.decoders import (
     Decoder,
     DecodingModel,
     Inputs,
+    Regrouping,
     decoder_for,
     mean_of_distributions,
     member,
@@ -65,12 +68,15 @@ __all__ = [
     "BeamStep",
     "CTCPrefixScore",
     "Candidate",
+    "Continuous",
     "Decoder",
     "DecodingModel",
+    "Group",
     "Hypothesis",
     "Inputs",
     "LanguageModelScore",
     "MaxNew",
+    "Regrouping",
     "Required",
     "Scorer",
     "SuppressTokens",

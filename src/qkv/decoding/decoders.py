@@ -11,9 +11,12 @@ A search (``search.py``) asks a model for three things and nothing else, whateve
 
 Beside them, what memory planning and input checks need: ``caps`` (each input's new-token cap
 within the window), ``bytes_needed`` (an estimate of what decoding holds), ``source_length``,
-``reserve`` (preallocate the self-attention cache of a loop that never reorders).
+``reserve`` (preallocate the self-attention cache of a loop that never reorders). A decoder
+whose rows may join and leave a running decoding (continuous batching, ``continuous.py``) also
+has ``regroup(parts)``: the chosen rows of several states as one state (:class:`Regrouping`;
+the decoder-only adapter and ensembles of it).
 
-What is here: :class:`Decoder` (the protocol), :class:`TextEncoderDecoder`,
+What is here: :class:`Decoder` and :class:`Regrouping` (the protocols), :class:`TextEncoderDecoder`,
 :class:`SpeechEncoderDecoderDecoder`, :class:`DecoderOnlyDecoder`, :class:`EnsembleDecoder`
 (the mean of its members' distributions) and :func:`decoder_for`, which picks the adapter of a
 model once, when a search is given a model. The states are each adapter's own: a search never
@@ -32,10 +35,12 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.attention import KVBuffer
+from qkv.attention import KVBuffer, KVCache
 from qkv.audio import pad_features
+from qkv.blocks import cache_length
 from qkv.ensemble import Ensemble
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
@@ -92,6 +97,16 @@ class Decoder(Protocol):
         ...
 
 
+class Regrouping(Decoder, Protocol):
+    """A :class:`Decoder` whose states can be cut and joined by rows between steps."""
+
+    def regroup(self, parts: Sequence[tuple[object, Tensor | None]]) -> object:
+        """One state holding, in order, the rows ``rows`` (N_i,) of each part's state (None: all
+        of them), each row decoding on as it would have in its own state. States of different
+        lengths are aligned as the adapter's ``start`` aligns its inputs."""
+        ...
+
+
 def pad_rows(
     rows: list[list[int]], value: int, *, left: bool = False, device: torch.device | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -124,6 +139,13 @@ def _reserved(cache: list, room: int) -> list:
     """Every block's self-attention keys and values preallocated with ``room`` more positions
     (:class:`KVBuffer`), so steps write in place instead of concatenating."""
     return [(KVBuffer.holding(self_kv, capacity=self_kv[0].shape[2] + room), cross_kv) for self_kv, cross_kv in cache]
+
+
+def _filled(self_kv: KVCache | KVBuffer) -> KVCache:
+    """A self-attention cache's keys and values as a ``(k, v)`` tuple (a buffer's filled positions)."""
+    if isinstance(self_kv, KVBuffer):
+        return self_kv.k[:, :, : self_kv.length], self_kv.v[:, :, : self_kv.length]  # (B, G, S, K) views
+    return self_kv
 
 
 def _kv_width(c) -> int:
@@ -290,6 +312,25 @@ class _Prompted:
     next_position: Tensor  # (N,)
 
 
+def _unbuffered(state: _Prompted) -> _Prompted:
+    """``state`` with ``(k, v)`` tuples for caches (a :class:`KVBuffer`'s filled positions), which
+    rows can be picked from."""
+    return replace(state, cache=[(_filled(self_kv), cross_kv) for self_kv, cross_kv in state.cache])
+
+
+def _left_padded(state: _Prompted, length: int) -> tuple[list[KVCache], Tensor]:
+    """Every layer's keys and values of ``state`` (tuples) and its key mask, with positions
+    added at the left up to ``length`` (zeros; False in the mask).
+    Shapes: (N, G, S, K) -> (N, G, length, K) each; the mask (N, length)."""
+    s = cache_length(state.cache)
+    mask = state.key_mask
+    if mask is None:
+        mask = torch.ones(len(state.next_position), s, dtype=torch.bool, device=state.next_position.device)  # (N, S)
+    pad = length - s
+    cache = [tuple(F.pad(t, (0, 0, pad, 0)) for t in self_kv) for self_kv, _ in state.cache]  # (N, G, length, K)
+    return cache, F.pad(mask, (pad, 0), value=False)  # (N, length)
+
+
 class DecoderOnlyDecoder:
     """A :class:`~qkv.models.decoder_only.DecoderOnly`: inputs are prompts (an empty one starts
     from BEGIN), left-padded into one batch, each row counting positions from its first token."""
@@ -337,6 +378,22 @@ class DecoderOnlyDecoder:
 
     def reserve(self, state: _Prompted, room: int) -> _Prompted:
         return replace(state, cache=_reserved(state.cache, room))
+
+    def regroup(self, parts: Sequence[tuple[_Prompted, Tensor | None]]) -> _Prompted:
+        """The rows of several states as one, left-padded to the longest cache as ``start`` pads
+        its prompts: each row keeps its own positions (RoPE's included) and its key mask marks
+        the padding False, so it attends to what it attended to alone. Positions that are
+        padding in every row are cut. Shapes: each state (N_i, ...) -> (sum N_i, ...)."""
+        picked = [_unbuffered(s) if rows is None else self.reorder(_unbuffered(s), rows) for s, rows in parts]
+        length = max(cache_length(s.cache) for s in picked)
+        padded = [_left_padded(s, length) for s in picked]
+        key_mask = torch.cat([mask for _, mask in padded])  # (N, S)
+        first = int(key_mask.any(0).nonzero()[0])  # the first position some row reads
+        layers = zip(*(cache for cache, _ in padded), strict=True)  # per layer, every part's (k, v)
+        cache = [tuple(torch.cat(t)[:, :, first:] for t in zip(*kvs, strict=True)) for kvs in layers]  # (N, G, S', K)
+        key_mask = key_mask[:, first:]  # (N, S')
+        positions = torch.cat([s.next_position for s in picked])  # (N,)
+        return _Prompted([(kv, None) for kv in cache], None if bool(key_mask.all()) else key_mask, positions)
 
     def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
         if prefix is not None:
@@ -404,6 +461,11 @@ class EnsembleDecoder:
 
     def reserve(self, state: tuple, room: int) -> tuple:
         return tuple(m.reserve(st, room) for m, st in zip(self.members, state, strict=True))
+
+    def regroup(self, parts: Sequence[tuple[tuple, Tensor | None]]) -> tuple:
+        if not all(hasattr(m, "regroup") for m in self.members):
+            raise ValueError("this ensemble's members cannot regroup rows (continuous batching is decoder-only's)")
+        return tuple(m.regroup([(st[i], rows) for st, rows in parts]) for i, m in enumerate(self.members))
 
     def caps(self, inputs: Inputs, wanted: list[int], prefix: Sequence[int] | None) -> list[int]:
         return self.members[0].caps(inputs, wanted, prefix)

@@ -12,8 +12,10 @@ llama), ``qwen2``, ``gemma3``; others are refused by name. Tensors: every type t
 dequantises (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K to Q6_K, ...), each to float32;
 names mapped by the package's own table (``gguf.get_tensor_name_map``). llama.cpp stores a llama's
 Wq and Wk rows permuted for its interleaved RoPE (``convert_hf_to_gguf.py``'s ``permute``), and
-Gemma's norm gains as 1 + w: both are undone, as transformers' GGUF loader undoes them. Not read:
-Llama 3.1's ``rope_freqs.weight`` (its RoPE frequency factors; refused by name).
+Gemma's norm gains as 1 + w: both are undone, as transformers' GGUF loader undoes them. Llama
+3.1's ``rope_freqs.weight`` (its RoPE frequency factors) becomes the llama3 ``rope_scaling`` that
+gives them (:func:`llama3_scaling`; transformers' GGUF reader leaves it out, and rotates as an
+unscaled Llama would).
 
 Metadata: llama.cpp's keys (``gguf.Keys``) become config.json's fields as transformers maps them;
 what a GGUF leaves out takes llama.cpp's values: Gemma 3's every sixth layer global, its local
@@ -42,6 +44,7 @@ import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
+from qkv.attention import RopeScaling, rope_frequencies
 from qkv.errors import UserError
 from qkv.hf.common import State
 from qkv.tokenization import Tokenizer
@@ -50,6 +53,8 @@ from qkv.tokenization import Tokenizer
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 GEMMA_PATTERN, GEMMA_LOCAL_BASE = 6, 10000.0  # llama.cpp's Gemma 3: five sliding layers per global one
 GEMMA_27B_LAYERS = 62  # how llama.cpp tells Gemma 3 27B, whose scores it scales otherwise
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1's RoPE frequency factors: read into rope_scaling, not a weight
+LLAMA3_WINDOW = 8192  # Llama 3.1's original_max_position_embeddings (convert_hf_to_gguf.py's default too)
 CONTROL, USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 # Pre-tokenizer splits by tokenizer.ggml.pre (llama.cpp's llama-vocab.cpp; transformers' GGUF reader).
@@ -88,7 +93,8 @@ def read_gguf(path: Path) -> GGUFCheckpoint:
     """The model, tokenizer and chat template of the GGUF file ``path``."""
     reader = _reader(path)
     meta = _metadata(reader)
-    fields = gguf_config(path, meta, [t.name for t in reader.tensors])
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    fields = gguf_config(path, meta, [t.name for t in reader.tensors], None if freqs is None else freqs.data)
     tokenizer = gguf_tokenizer(path, meta)
     stops = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
     return GGUFCheckpoint(
@@ -121,14 +127,14 @@ def _metadata(reader) -> dict:
 # ------------------------------------------------------------------------------ config
 
 
-def gguf_config(path: Path, meta: Mapping, tensor_names: list[str]) -> dict:
+def gguf_config(path: Path, meta: Mapping, tensor_names: list[str], rope_freqs: np.ndarray | None = None) -> dict:
     """config.json's fields of the model a GGUF file's metadata describes (transformers' mapping
-    of llama.cpp's keys, with llama.cpp's values for what the file leaves out)."""
+    of llama.cpp's keys, with llama.cpp's values for what the file leaves out); ``rope_freqs``:
+    the file's ``rope_freqs.weight`` (Llama 3.1's RoPE frequency factors), read as the llama3
+    ``rope_scaling`` that makes them (:func:`llama3_scaling`)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UserError(f"{path}: architecture {arch!r} is not supported; qkv imports GGUF {', '.join(ARCHITECTURES)}")
-    if "rope_freqs.weight" in tensor_names:
-        raise UserError(f"{path}: tensor 'rope_freqs.weight' (Llama 3.1's RoPE frequency factors) is not read")
 
     def get(key: str, default: object = None) -> object:
         return meta.get(key.format(arch=arch), default)
@@ -153,7 +159,7 @@ def gguf_config(path: Path, meta: Mapping, tensor_names: list[str]) -> dict:
         "max_position_embeddings": get("{arch}.context_length"),
         "rms_norm_eps": get("{arch}.attention.layer_norm_rms_epsilon", 1e-6),
         "rope_theta": get("{arch}.rope.freq_base", 10000.0),
-        "rope_scaling": _rope_scaling(get),
+        "rope_scaling": _rope_scaling(get) if rope_freqs is None else llama3_scaling(path, rope_freqs, get),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
@@ -191,6 +197,37 @@ def _rope_scaling(get) -> dict | None:
     return scaling
 
 
+def llama3_scaling(path: Path, factors: np.ndarray, get) -> dict:
+    """config.json's llama3 ``rope_scaling`` from llama.cpp's ``rope_freqs.weight``, which holds, per
+    RoPE frequency, what it divides it by (``convert_hf_to_gguf.py`` computes them by Llama 3.1's
+    rule from factor s, low_freq_factor, high_freq_factor and the original window L₀). The file
+    keeps only the quotients: s is the largest; Llama 3.1's and 3.2's own low 1, high 4 and L₀
+    8192 (or the file's rope.scaling.original_context_length) are taken, and the factors they give
+    must be the file's (else refused by name: qkv would rotate otherwise than llama.cpp)."""
+    width = get("{arch}.embedding_length") // get("{arch}.attention.head_count")
+    head_dim = get("{arch}.rope.dimension_count") or get("{arch}.attention.key_length") or width
+    base = float(get("{arch}.rope.freq_base", 10000.0))
+    original = int(get("{arch}.rope.scaling.original_context_length") or LLAMA3_WINDOW)
+    found = np.asarray(factors, dtype=np.float64).reshape(-1)
+    scaling = {
+        "rope_type": "llama3",
+        "factor": float(found.max()),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": original,
+    }
+    kept = RopeScaling("llama3", scaling["factor"], original, 1.0, 4.0)
+    plain, _ = rope_frequencies(head_dim, base=base)  # (K/2,)
+    scaled, _ = rope_frequencies(head_dim, base=base, scaling=kept)  # (K/2,)
+    expected = (plain.double() / scaled.double()).numpy()
+    if found.shape != expected.shape or not np.allclose(found, expected, rtol=1e-5, atol=0):
+        raise UserError(
+            f"{path}: tensor 'rope_freqs.weight' holds RoPE factors that Llama 3.1's rule (low_freq_factor 1, "
+            f"high_freq_factor 4, original window {original}) does not give; qkv does not read them"
+        )
+    return scaling
+
+
 # ------------------------------------------------------------------------------ tensors
 
 
@@ -205,6 +242,8 @@ def gguf_tensors(path: Path, reader, fields: dict) -> State:
     tensors: State = {}
     for tensor in reader.tensors:
         name = tensor.name
+        if name == ROPE_FREQS:
+            continue  # read into the config's rope_scaling (gguf_config)
         try:
             weights = gguf.dequantize(tensor.data, tensor.tensor_type)
         except (NotImplementedError, ValueError) as e:

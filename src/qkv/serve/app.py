@@ -67,13 +67,14 @@ SUMMARY = "The Transformer, whole: translate, generate, chat, embed, classify, a
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    """The batcher's loop runs while the app does; it stops after uvicorn has let every request
-    in flight finish."""
+    """The batcher's loop (and the scheduler's, from its first request) runs while the app does;
+    they stop after uvicorn has let every request in flight finish."""
     batcher = app.state.service.batcher
     batcher.start()
     try:
         yield
     finally:
+        await app.state.service.scheduler.stop()
         await batcher.stop()
 
 

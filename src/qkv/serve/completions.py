@@ -10,38 +10,30 @@ What is here:
     them across tokens), ended by an end-of-turn token or a stop string (cut before it), and
     the tail that may yet begin a stop string held back, so that streamed pieces never hold
     what the whole text cuts;
-  * :class:`Picking`, how a batch picks its tokens (greedy or drawn, and a repetition penalty
-    of each row's own text), equal for the requests that share a batch;
-  * :func:`steps`, a batch of asks decoded together (one forward pass per step for all rows;
-    a row that has ended is made to write END so the search stops it), yielding each step's
-    new piece per row; :func:`complete`, a batch's whole answers (the batcher's job), and
-    :class:`Shared` (:func:`shared_steps`, the batcher's job for streams), one batch that
-    several streams read at their own pace.
+  * :class:`Picking`, how a request picks its tokens (greedy or drawn, and a repetition penalty
+    of each row's own text), each request with its own picker (and generator).
 
-A batch is fixed when it starts: a request that arrives while one runs waits for it to end
-(no continuous batching: joining a running batch would mean merging KV caches mid-decoding).
-
-Streamed and whole answers go through the same :class:`Reader`: the pieces of a stream joined
-are the whole answer's text for the same request (greedy, or the same seed).
+The decoding itself is the scheduler's (``serve/continuous.py``): continuous batching, a
+request joining a running batch at its next step. Streamed and whole answers go through the
+same :class:`Reader`: the pieces of a stream joined are the whole answer's text for the same
+request (greedy, or the same seed).
 
 What is not here: HTTP, the OpenAI shapes and the limits (``routes/openai.py``,
-``openai_schemas.py``), the template's rendering (``qkv.conversation``), the search
-(``qkv.decoding.stream``).
+``openai_schemas.py``), the template's rendering (``qkv.conversation``), the scheduling and the
+step loop (``serve/continuous.py``, ``qkv.decoding.continuous``).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise
 
 import torch
 from torch import Tensor
 
 from qkv.bundle import Sampling
 from qkv.chat import dialogue_context, repetition_penalty, template_prompt
-from qkv.decoding import DONE, most_likely, stream
+from qkv.decoding import DONE, most_likely
 from qkv.serve.errors import ApiError
 from qkv.serve.models import Served
 from qkv.streaming import INCOMPLETE
@@ -84,7 +76,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class Picking:
-    """How a batch picks its tokens (equal pickings may share a batch): drawn with
+    """How a request picks its tokens: drawn with
     ``sampling`` (None: the most likely), after CTRL's repetition penalty θ = ``penalty`` of
     each row's own text, its prompt and what it has written (1: none; ``qkv chat``'s
     ``--repetition-penalty``)."""
@@ -93,7 +85,8 @@ class Picking:
     penalty: float = 1.0
 
     def picker(self, device: torch.device, prompts: Sequence[Sequence[int]], vocab_size: int) -> Choose:
-        """The batch's token picker, one generator for all its draws. Shapes: (B, V) -> (B,)."""
+        """A token picker for the rows of ``prompts``, one generator for all its draws.
+        Shapes: (B, V) -> (B,)."""
         choose = most_likely if self.sampling is None else self.sampling.chooser(device)
         if self.penalty == 1.0:
             return choose
@@ -222,81 +215,3 @@ def held(text: str, stops: Sequence[str], *, strip: bool) -> int:
     rest = rest[: len(rest) - tail]
     spaces = len(rest) - len(rest.rstrip()) if strip else 0
     return n + tail + spaces
-
-
-def steps(served: Served, asks: Sequence[Ask], picking: Picking) -> tuple[list[Reader], Iterator[list[str]]]:
-    """The asks decoded as one batch: their readers, and per step the piece of text each row
-    adds ('' for none), the last item what each row's end adds. Nothing runs before the first
-    step is asked for (on the model thread)."""
-    eos = served.model.config.eos_id
-    readers = [Reader(served.vocab.target, a, eos) for a in asks]
-    choose = picking.picker(served.bundle.device, [a.prompt for a in asks], served.model.config.vocab_size)
-    return readers, _pieces(served, asks, readers, choose, eos)
-
-
-def _pieces(served: Served, asks: Sequence[Ask], readers: list[Reader], choose: Choose, eos: int | None):
-    ended = torch.zeros(len(asks), dtype=torch.bool)
-
-    def pick(logits: Tensor) -> Tensor:
-        chosen = choose(logits)  # (B,)
-        if eos is None:
-            return chosen
-        return chosen.masked_fill(ended.to(chosen.device), eos)  # a row ended by a stop writes END: the search ends it
-
-    prompts = [list(a.prompt) for a in asks]
-    for tokens in stream(served.model, prompts, max_new_tokens=[a.max_new_tokens for a in asks], choose=pick):
-        yield [r.feed(t) for r, t in zip(readers, tokens.tolist(), strict=True)]
-        ended[:] = torch.tensor([r.finish_reason is not None for r in readers])
-    yield [r.end("length") for r in readers]
-
-
-class Shared:
-    """The asks of several streams decoded as one batch (:func:`steps`), each stream reading its
-    own rows' pieces at its own pace: :meth:`next_for` gives a stream its next step, decoding
-    one more for the whole batch when it has none waiting; :meth:`leave` ends a stream's rows
-    (they write END at the next step, and the search drops them once every row has ended).
-    Used on the model thread only."""
-
-    def __init__(self, served: Served, groups: list[list[Ask]], picking: Picking) -> None:
-        self.readers, self.pieces = steps(served, [a for asks in groups for a in asks], picking)
-        ends = list(accumulate((len(asks) for asks in groups), initial=0))
-        self.rows = [range(a, b) for a, b in pairwise(ends)]
-        self.waiting: list[deque[list[str]] | None] = [deque() for _ in groups]  # None: left
-        self.done = False
-
-    def readers_of(self, group: int) -> list[Reader]:
-        return [self.readers[i] for i in self.rows[group]]
-
-    def next_for(self, group: int) -> list[str] | None:
-        """The pieces of ``group``'s rows at their next step (None: they have all ended)."""
-        queue = self.waiting[group]
-        while queue is not None and not queue and not self.done:
-            step = next(self.pieces, None)
-            self.done = step is None
-            for rows, waiting in zip(self.rows, self.waiting, strict=True):
-                if step is not None and waiting is not None:
-                    waiting.append([step[i] for i in rows])
-        return queue.popleft() if queue else None
-
-    def leave(self, group: int) -> None:
-        """``group``'s stream is over (it ended, failed, or its client left)."""
-        self.waiting[group] = None
-        for i in self.rows[group]:
-            self.readers[i].end("length")
-        if all(w is None for w in self.waiting):
-            self.pieces.close()
-
-
-def shared_steps(served: Served, groups: list[list[Ask]], *, picking: Picking) -> list[tuple[Shared, int]]:
-    """Streams that arrive together, as one batch (the batcher's job): per stream, the
-    :class:`Shared` batch and its group in it."""
-    shared = Shared(served, groups, picking)
-    return [(shared, g) for g in range(len(groups))]
-
-
-def complete(served: Served, asks: list[Ask], *, picking: Picking) -> list[Answer]:
-    """The asks' answers, decoded as one batch."""
-    readers, pieces = steps(served, asks, picking)
-    for _ in pieces:
-        pass
-    return [Answer(r.text, r.tokens, r.finish_reason or "length") for r in readers]

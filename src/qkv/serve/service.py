@@ -1,4 +1,5 @@
-"""What every route shares: the served models, the limits, the metrics, the slots and the batcher.
+"""What every route shares: the served models, the limits, the metrics, the slots, the batcher
+and the scheduler of continuous batching (the OpenAI routes').
 
 What is here: :class:`Service` (one per app: :meth:`~Service.pick` the model a request names,
 :meth:`~Service.run` a job on the model thread within a slot and the request's timeout,
@@ -19,6 +20,7 @@ from fastapi import Depends, Request
 
 from qkv.serve import schemas as s
 from qkv.serve.batching import Batcher, BatchStats, Busy, Job, Slots
+from qkv.serve.continuous import Scheduler
 from qkv.serve.errors import ApiError, described
 from qkv.serve.metrics import Metrics
 from qkv.serve.models import Served
@@ -38,10 +40,20 @@ class Service:
             max_cost=settings.max_batch_tokens,
             on_batch=self._counted,
         )
+        self.scheduler = Scheduler(
+            self.batcher,
+            wait_s=settings.batch_wait_ms / 1000 if settings.batching else 0.0,
+            max_tokens=settings.max_batch_tokens,
+            on_join=self._joined,
+        )
 
     def _counted(self, stats: BatchStats, jobs: list[Job]) -> None:
         self.metrics.batch_requests.observe(stats.jobs)
         self.metrics.batch_inputs.observe(stats.inputs)
+
+    def _joined(self, requests: int, rows: int) -> None:
+        self.metrics.batch_requests.observe(requests)
+        self.metrics.batch_inputs.observe(rows)
 
     def pick(self, name: str | None, endpoint: str) -> Served:
         """The model a request names, or the one model that answers ``endpoint``."""

@@ -4,12 +4,13 @@ unchanged; ``GET /v1/models`` answers in OpenAI's shape too (``info.py``), and `
 /v1/models/{model}`` gives one model in it.
 
 A chat's messages are read through the model's chat template (``completions.chat_ask``), a
-completion's prompt as ``/v1/generate`` reads it. Requests that arrive together share their
-forward passes (the batcher: the same model and the same sampling, greedy or without a seed;
-whole answers with whole answers, streams with streams, ``completions.Shared``; ``n`` answers
-of one request are rows of one batch). With ``"stream": true`` the answer comes as Server-Sent
-Events in OpenAI's chunk shape, ending with ``data: [DONE]``; its pieces joined are the whole
-answer's text.
+completion's prompt as ``/v1/generate`` reads it. Requests share their forward passes by
+continuous batching (``serve/continuous.py``): one that arrives while its model decodes joins
+the running batch at the next step and leaves it when its answers end, streamed or whole, of
+any sampling options (a seeded one is decoded alone, so that its seed reproduces it); ``n``
+answers of one request are rows of one group. With ``"stream": true`` the answer comes as
+Server-Sent Events in OpenAI's chunk shape, ending with ``data: [DONE]``; its pieces joined are
+the whole answer's text.
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``code``: the
 HTTP status, as in the rest of the API), and a request the server refuses for what it holds is
@@ -26,7 +27,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +38,7 @@ from qkv.errors import UserError
 from qkv.serve import completions as c
 from qkv.serve import openai_schemas as o
 from qkv.serve import schemas as s
-from qkv.serve.batching import Job
+from qkv.serve.continuous import Step, Ticket
 from qkv.serve.errors import ApiError, ErrorJSON, described, validation_detail, validation_message
 from qkv.serve.models import Served
 from qkv.serve.routes.generate import FreeingStream
@@ -130,7 +130,8 @@ async def text_completions(req: o.CompletionRequest, request: Request, svc: Shar
 
 def checked_options(req: o.Options, served: Served, svc: Service, max_new: int, *, inputs: int = 1):
     """The request's options within the server's limits and what qkv computes: what makes
-    its token picker, and its batch key (None: decoded alone, a seeded draw)."""
+    its token picker, and its batch key (None: decoded alone: a seeded draw, or batching off;
+    each request picks its own tokens, so other options share a batch)."""
     if max_new > svc.settings.max_new_tokens:
         raise ApiError(
             422, "too_many", f"max_tokens {max_new} is over the server's limit of {svc.settings.max_new_tokens}"
@@ -149,7 +150,7 @@ def checked_options(req: o.Options, served: Served, svc: Service, max_new: int, 
     penalty = first_of(req.repetition_penalty, defaults.repetition_penalty, 1.0)
     picking = c.Picking(sampling_of(req, defaults), penalty)
     seeded = picking.sampling is not None and picking.sampling.seed is not None
-    return picking, None if seeded else ("openai", served.name, picking)
+    return picking, None if seeded or not svc.settings.batching else ("openai", served.name)
 
 
 def sampling_of(req: o.Options, defaults: GenerationDefaults) -> Sampling | None:
@@ -174,11 +175,31 @@ def first_of(*values):
 
 
 async def answered(svc: Service, req: o.Options, served: Served, asks: list[c.Ask], picking, key) -> list[c.Answer]:
-    start = time.perf_counter()
-    job = Job(partial(c.complete, served, picking=picking), asks, key=key, cost=sum(len(a.prompt) for a in asks))
-    answers = await svc.run(job, req)
-    svc.count_tokens("completions", sum(a.tokens for a in answers), time.perf_counter() - start)
-    return answers
+    """The asks' whole answers, decoded in the scheduler's running batch (a slot held meanwhile)."""
+    free, timeout = svc.take_slot(), svc.timeout_of(req)
+    start, deadline = time.perf_counter(), asyncio.get_running_loop().time() + timeout
+    ticket = Ticket(served, asks, picking, key)
+    try:
+        svc.scheduler.submit(ticket)
+        while await next_step(svc, ticket, deadline, timeout) is not None:
+            pass
+    finally:
+        ticket.gone = True  # a request that timed out leaves its batch at the next step
+        free()
+    svc.count_tokens("completions", sum(r.tokens for r in ticket.readers), time.perf_counter() - start)
+    return [c.Answer(r.text, r.tokens, r.finish_reason or "length") for r in ticket.readers]
+
+
+async def next_step(svc: Service, ticket: Ticket, deadline: float, timeout: float) -> Step | None:
+    """The ticket's next step (None once its answers have ended); 504 past the deadline."""
+    try:
+        item = await asyncio.wait_for(ticket.pieces.get(), max(0.0, deadline - asyncio.get_running_loop().time()))
+    except asyncio.TimeoutError:
+        svc.metrics.refused.labels("timeout").inc()
+        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 def usage(asks: list[c.Ask], answers: list[c.Answer]) -> o.Usage:
@@ -220,15 +241,17 @@ async def streamed(
     svc: Service, req: o.Options, request: Request, served: Served, asks, made: Made, shape, picking, key
 ):
     """The answers as Server-Sent Events in OpenAI's chunk shape (``shape`` makes a choice;
-    ``picking`` how tokens are picked). Streams that arrive together with the same ``key`` are
-    decoded as one batch (``completions.Shared``), each step on the model thread between
-    batches; the slot is held until the stream ends, the client leaves or the timeout passes."""
-    free, timeout, loop = svc.take_slot(), svc.timeout_of(req), asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    key = None if key is None else ("stream", *key)  # never batched with whole answers: another job
-    job = Job(partial(c.shared_steps, served, picking=picking), [asks], key=key, cost=sum(len(a.prompt) for a in asks))
-    shared, group = await started(svc, job, timeout, free)
-    readers = shared.readers_of(group)
+    ``picking`` how tokens are picked), decoded in the scheduler's running batch: the stream
+    joins it at its next step and leaves when its answers end; the slot is held until the
+    stream ends, the client leaves or the timeout passes."""
+    free, timeout = svc.take_slot(), svc.timeout_of(req)
+    deadline = asyncio.get_running_loop().time() + timeout
+    ticket = Ticket(served, asks, picking, key)
+    svc.scheduler.submit(ticket)
+
+    def release() -> None:
+        ticket.gone = True  # its rows leave the batch at the next step
+        free()
 
     async def events():
         start, told = time.perf_counter(), [False] * len(asks)
@@ -237,54 +260,37 @@ async def streamed(
                 yield made.chunk([shape(i, None, None) for i in range(len(asks))])
             while not await request.is_disconnected():
                 try:
-                    left = max(0.0, deadline - loop.time())
-                    step = await asyncio.wait_for(svc.batcher.call(shared.next_for, group), left)
-                except asyncio.TimeoutError:
-                    svc.metrics.refused.labels("timeout").inc()
-                    yield stream_error(504, "timeout", f"the stream took over {timeout:g} s")
+                    step = await next_step(svc, ticket, deadline, timeout)
+                except ApiError as e:
+                    yield stream_error(e.code, e.kind, f"the stream took over {timeout:g} s")
                     return
                 if step is None:
                     break
-                for chunk in step_chunks(step, readers, told, made, shape):
+                for chunk in step_chunks(step, told, made, shape):
                     yield chunk
             else:
                 svc.metrics.refused.labels("disconnected").inc()
                 return
+            readers = ticket.readers
             svc.count_tokens("completions", sum(r.tokens for r in readers), time.perf_counter() - start)
             if req.stream_options is not None and req.stream_options.include_usage:
                 answers = [c.Answer(r.text, r.tokens, r.finish_reason or "length") for r in readers]
                 yield made.chunk([], usage(asks[:: req.n], answers))
             yield "data: [DONE]\n\n"
         finally:
-            svc.batcher.thread.submit(shared.leave, group)  # on the model thread, after any step in flight
-            free()
+            release()
 
-    return FreeingStream(events(), free)
-
-
-async def started(svc: Service, job: Job, timeout: float, free: Callable[[], None]) -> tuple[c.Shared, int]:
-    """A stream's batch and its group in it, once the batcher has started it (504 past the
-    timeout; the slot freed on any failure)."""
-    try:
-        ((shared, group),) = await svc.batcher.submit(job, timeout=timeout)
-        return shared, group
-    except asyncio.TimeoutError:
-        free()
-        svc.metrics.refused.labels("timeout").inc()
-        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
-    except BaseException:
-        free()
-        raise
+    return FreeingStream(events(), release)  # a stream never started leaves as well
 
 
-def step_chunks(step: list[str], readers: list[c.Reader], told: list[bool], made: Made, shape):
+def step_chunks(step: Step, told: list[bool], made: Made, shape):
     """The chunks of one decoding step: each answer's new piece, and its end once it has ended."""
-    for i, (piece, reader) in enumerate(zip(step, readers, strict=True)):
+    for i, (piece, finish) in enumerate(step):
         if piece:
             yield made.chunk([shape(i, piece, None)])
-        if reader.finish_reason is not None and not told[i]:
+        if finish is not None and not told[i]:
             told[i] = True
-            yield made.chunk([shape(i, None, reader.finish_reason)])
+            yield made.chunk([shape(i, None, finish)])
 
 
 def stream_error(code: int, kind: str, message: str) -> str:

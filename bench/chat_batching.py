@@ -1,0 +1,195 @@
+"""Continuous batching on ``qkv serve`` (issue 46, section 3): N short chats through OpenAI's API,
+one after another against all at once and against arrivals spread over time.
+
+    python bench/chat_batching.py --model /tmp/sb_smollm2               # 8 chats of 32 tokens
+    python bench/chat_batching.py --model models/smollm2 --chats 16 --max-tokens 64 --threads 2
+
+A fresh ``qkv serve --model DIR`` starts on a free port of 127.0.0.1 (``OMP_NUM_THREADS`` =
+``--threads``) for each setting: batching on, and ``--no-batching`` (every request a batch of its
+own, the batches taking turns a step each). Each chat is a short question of its own, greedy, its
+answer streamed (``openai`` client) and ``--max-tokens`` long unless the model ends it. Patterns:
+
+  * ``sequential``: each chat sent when the one before has answered (the baseline);
+  * ``together``: every chat sent at once;
+  * ``staggered``: one chat sent every ``--gap`` seconds, so that most join a batch already decoding
+    (what continuous batching is for: a fixed batch would make each wait for the one before).
+
+Reported per pattern: the wall time until every answer has ended, generated tokens/s over it, the
+mean time to the first piece of text and the mean time to the whole answer; and whether the answers
+of each pattern equal the sequential ones (greedy: they must). A warm-up chat runs first.
+Appends its figures to bench/results/chat_batching.json (bench/record.py); ``--no-record`` skips that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Why is the sky blue?",
+    "What is 12 times 7?",
+    "Give me a word that rhymes with cat.",
+    "What do bees make?",
+    "Which planet is the largest?",
+    "How many legs does a spider have?",
+    "What is the boiling point of water?",
+    "Who wrote Romeo and Juliet?",
+    "What language is spoken in Brazil?",
+    "What is the opposite of cold?",
+    "How many days are in a leap year?",
+    "What gas do plants take in?",
+    "What is the tallest animal?",
+    "Translate 'thank you' into German.",
+]
+
+
+def start_server(model: str, *, batching: bool, threads: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+    from serve_load import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "qkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--no-access-log", "--max-active", "256", "--timeout", "600"] + ([] if batching else ["--no-batching"])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise SystemExit(f"chat_batching: qkv serve exited {server.returncode}: {server.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            time.sleep(0.3)
+    server.kill()
+    raise SystemExit("chat_batching: qkv serve did not start within 180 s")
+
+
+async def chat(client, model: str, question: str, max_tokens: int, *, after: float = 0.0) -> dict:
+    """One streamed greedy chat: its text, tokens, time to first piece and to the end (from its send)."""
+    await asyncio.sleep(after)
+    sent = time.perf_counter()
+    first, text, tokens = None, "", 0
+    chunks = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in chunks:
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if piece:
+            first = first or time.perf_counter() - sent
+            text += piece
+    return {"text": text, "tokens": tokens, "first_s": first or float("nan"), "whole_s": time.perf_counter() - sent}
+
+
+async def pattern(url: str, model: str, name: str, args) -> dict:
+    import openai
+
+    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.chats)]
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600) as client:
+        await chat(client, model, "Hello!", 8)  # warm-up
+        start = time.perf_counter()
+        if name == "sequential":
+            answers = [await chat(client, model, q, args.max_tokens) for q in questions]
+        else:
+            gap = args.gap if name == "staggered" else 0.0
+            jobs = [chat(client, model, q, args.max_tokens, after=i * gap) for i, q in enumerate(questions)]
+            answers = list(await asyncio.gather(*jobs))
+        wall = time.perf_counter() - start
+    tokens = sum(a["tokens"] for a in answers)
+    return {
+        "pattern": name,
+        "wall_s": round(wall, 3),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 1),
+        "mean_first_s": round(statistics.mean(a["first_s"] for a in answers), 3),
+        "mean_whole_s": round(statistics.mean(a["whole_s"] for a in answers), 3),
+        "texts": [a["text"] for a in answers],
+    }
+
+
+def run_setting(args, *, batching: bool) -> list[dict]:
+    server, url = start_server(args.model, batching=batching, threads=args.threads)
+    name = Path(args.model).name
+    try:
+        rows = []
+        for p in ("sequential", "together", "staggered"):
+            rows.append(asyncio.run(pattern(url, name, p, args)))
+            print(f"batching {'on' if batching else 'off'}, {p}: {rows[-1]['wall_s']} s", flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    sequential = rows[0]["texts"]
+    for row in rows:
+        row["batching"] = batching
+        row["same_as_sequential"] = row.pop("texts") == sequential
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="/tmp/sb_smollm2", help="a language model directory (qkv import-gguf)")
+    parser.add_argument("--chats", type=int, default=8, help="chats per pattern (default: 8)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per answer at most (default: 32)")
+    parser.add_argument("--gap", type=float, default=0.25, help="seconds between staggered chats (default: 0.25)")
+    parser.add_argument("--threads", type=int, default=2, help="the server's OMP_NUM_THREADS (default: 2)")
+    parser.add_argument("--note", default="", help="for the record's notes (e.g. measured under contention)")
+    parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
+    args = parser.parse_args(argv)
+    if not Path(args.model).is_dir():
+        parser.error(f"--model {args.model}: no such directory")
+    rows = [r for batching in (True, False) for r in run_setting(args, batching=batching)]
+    print(f"{'batching':>8} {'pattern':>10} {'wall s':>7} {'tok/s':>7} {'first s':>8} {'whole s':>8} same")
+    for r in rows:
+        print(
+            f"{'on' if r['batching'] else 'off':>8} {r['pattern']:>10} {r['wall_s']:7.2f} {r['tokens_per_s']:7.1f} "
+            f"{r['mean_first_s']:8.2f} {r['mean_whole_s']:8.2f} {r['same_as_sequential']}"
+        )
+    if not args.no_record:
+        from record import append_run
+
+        sequential = next(r for r in rows if r["batching"] and r["pattern"] == "sequential")
+        notes = (
+            f"{args.chats} chats x {args.max_tokens} tokens, {args.threads} threads, model {args.model}; {args.note}"
+        )
+        append_run(
+            "chat_batching",
+            [
+                {
+                    "metric": f"chat tokens/s, {r['pattern']}, batching {'on' if r['batching'] else 'off'}",
+                    "figure": r["tokens_per_s"],
+                    "unit": "tokens/s",
+                    "peer": "the same chats one after another",
+                    "peer_figure": sequential["tokens_per_s"],
+                    "details": r,
+                    "notes": notes,
+                }
+                for r in rows
+            ],
+        )
+    return 0 if all(r["same_as_sequential"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
