@@ -128,7 +128,7 @@ def _speak_tts(job: dict) -> tuple[list, int]:
     """A qkv TTS model, each text spoken as ``qkv speak`` speaks it (Griffin-Lim)."""
     import qkv
 
-    bundle = qkv.load(job["model"], job="speak")
+    bundle = qkv.load(job["model"])
     return [lambda t=t: bundle.speak(t) for t in job["texts"]], bundle.sample_rate
 
 
@@ -188,11 +188,21 @@ def run_child(engine: str, job: dict, out: Path, threads: int) -> dict:
     return json.loads((out / "result.json").read_text(encoding="utf-8"))
 
 
+SHORTEST = RATE // 10  # 0.1 s: a model that stops at once says less; DNSMOS loops its input to 9 s
+
+
+def at_least(wave, samples: int):
+    """``wave`` padded with silence to ``samples`` (an empty one cannot be looped or framed)."""
+    import numpy as np
+
+    return np.pad(wave, (0, max(0, samples - wave.size)))
+
+
 def dnsmos(waves: list) -> dict[str, float]:
     """DNSMOS P.835 (SIG, BAK, OVRL) and P.808, each the mean over the waveforms (16 kHz)."""
     from speechmos import dnsmos as model
 
-    scores = [model.run(w, sr=RATE) for w in waves]
+    scores = [model.run(at_least(w, SHORTEST), sr=RATE) for w in waves]
     names = {"SIG": "sig_mos", "BAK": "bak_mos", "OVRL": "ovrl_mos", "P.808": "p808_mos"}
     return {k: float(sum(s[v] for s in scores) / len(scores)) for k, v in names.items()}
 
@@ -205,7 +215,7 @@ def judge(whisper_dir: Path, tmp: Path):
     from qkv.hf.convert import import_hf
 
     import_hf(whisper_dir, tmp / "whisper")
-    bundle = qkv.load(tmp / "whisper", job="transcribe")
+    bundle = qkv.load(tmp / "whisper")
 
     def transcripts(waves: list) -> list[str]:
         return [str(h) for h in bundle.transcribe([torch.from_numpy(w) for w in waves], timestamps=False)]
@@ -213,13 +223,14 @@ def judge(whisper_dir: Path, tmp: Path):
     return transcripts
 
 
-def mcd(waves: list, references: list[Path]) -> float:
-    """The mean mel-cepstral distance (``bench/tts.py``'s: DTW-aligned) to the references."""
+def mcd(waves: list, references: list[Path]) -> float | None:
+    """The mean mel-cepstral distance (``bench/tts.py``'s: DTW-aligned) to the references, over
+    the waveforms of 0.1 s or more (None: none is)."""
     import torch
     from tts import mel_cepstral_distance
 
-    pairs = zip(waves, references, strict=True)
-    return sum(mel_cepstral_distance(torch.from_numpy(w), RATE, r) for w, r in pairs) / len(waves)
+    pairs = [(w, r) for w, r in zip(waves, references, strict=True) if w.size >= SHORTEST]
+    return sum(mel_cepstral_distance(torch.from_numpy(w), RATE, r) for w, r in pairs) / len(pairs) if pairs else None
 
 
 def corpora(n: int, voice: Path):
