@@ -62,6 +62,11 @@ BENCHMARKS = {
         "`python bench/piper_speed.py`: the same voice and sentences, each runtime in its own process, "
         "rounds alternating",
     ),
+    "tts_quality": (
+        "How synthesized speech sounds",
+        "`python bench/tts_quality.py`: DNSMOS, Whisper tiny.en's WER, real-time factor and MCD of every engine, "
+        "the same held-out sentences",
+    ),
     "ddp": (
         "Training on several processes (DDP)",
         "`python bench/ddp.py`: 1 process × 2 threads against 2 processes × 1 thread, Multi30k recipe",

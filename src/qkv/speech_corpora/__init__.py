@@ -1,4 +1,4 @@
-"""Speech corpora that qkv builds itself: real digits (FSDD) and synthetic captions (espeak-ng),
+"""Speech corpora that qkv builds itself: real digits (FSDD) and synthetic captions (espeak-ng, or a Piper voice),
 cached, deterministic to the byte, built in parallel on every core with progress.
 
 What is here, bottom up (a module imports only the ones above it):
@@ -12,7 +12,9 @@ What is here, bottom up (a module imports only the ones above it):
   * ``fsdd.py``: :func:`fsdd_digits` (FSDD's standard split, listed in place) and
     :func:`fsdd_digit_strings` (strings of 1–7 digits, one speaker held out);
   * ``espeak.py``: :func:`espeak_corpus` (Multi30k's captions spoken by ``espeak-ng``) and
-    :func:`espeak_phonemes` (texts in IPA phonemes).
+    :func:`espeak_phonemes` (texts in IPA phonemes);
+  * ``piper.py``: :func:`piper_corpus` (Multi30k's English captions spoken by a natural voice, a
+    :class:`Teacher` the caller passes in; the voice's licence kept beside the audio).
 
 This file only re-exports the public names, so ``from qkv.speech_corpora import X`` is the way
 in; nothing runs at import. The tools (``espeak-ng``, ``sox``) are needed only to build: without
@@ -42,6 +44,7 @@ from qkv.speech_corpora.fsdd import (
     valid_speeds,
 )
 from qkv.speech_corpora.manifests import MANIFEST_COLUMNS, Corpus, Utterance, read_manifest
+from qkv.speech_corpora.piper import Teacher, piper_corpus
 from qkv.speech_corpora.pool import STALL_ENV
 
 __all__ = [
@@ -61,12 +64,14 @@ __all__ = [
     "TEST_VARIANTS",
     "TRAIN_VARIANTS",
     "Corpus",
+    "Teacher",
     "Utterance",
     "cache_root",
     "espeak_corpus",
     "espeak_phonemes",
     "fsdd_digit_strings",
     "fsdd_digits",
+    "piper_corpus",
     "read_manifest",
     "valid_speeds",
 ]

