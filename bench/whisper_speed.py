@@ -11,7 +11,8 @@ on the same audio, the same beam, the same number of threads, in one run.
 
 Workloads: (a) FSDD's test split (recordings 0-4 of every digit and speaker: 300 one-second
 files; ``--fsdd N`` takes N of them spread evenly over digits and speakers, default 60: the full
-run is sized to stay near 10 minutes on 2 idle cores), each file its own
+run is sized to stay near 10 minutes on 2 idle cores, and ``--row-timeout`` stops an engine that
+takes longer than 4 minutes on one workload, its row left out), each file its own
 transcript, no timestamps, no temperature fallback, ``--beam`` (default 1: greedy, as Whisper and
 transformers decode); (b) one long recording: FSDD training-split clips of every speaker joined
 with 0.8 s of silence after each (as tests/test_longform.py builds its minute) to ``--long-minutes``
@@ -303,7 +304,13 @@ def run_child(engine: str, workload: str, inputs: Path, args: argparse.Namespace
         command += ["--qkv-model", str(args.qkv_model), "--ct2-model", str(args.ct2_model)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
         env["TRANSFORMERS_VERBOSITY"] = "error"
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, check=False, timeout=args.row_timeout
+            )
+        except subprocess.TimeoutExpired:  # the child is killed: the row is left out, said in one line
+            print(f"  {engine}: stopped after {args.row_timeout:.0f} s (--row-timeout); row left out", flush=True)
+            return None
         if done.returncode != 0 or not out.is_file():
             print(f"  {engine}: failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}", flush=True)
             return None
@@ -448,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-model", type=Path, default=HF_MODEL, help=f"transformers tiny.en (default {HF_MODEL})")
     parser.add_argument("--qkv-model", type=Path, default=QKV_MODEL, help=f"qkv's import of it (default {QKV_MODEL})")
     parser.add_argument("--ct2-model", type=Path, default=CT2_MODEL, help=f"CTranslate2 tiny.en (default {CT2_MODEL})")
+    parser.add_argument(
+        "--row-timeout", type=float, default=240, help="seconds one engine may take on one workload (default 240)"
+    )
     parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
     parser.add_argument("--notes", default="", help="notes for the records (say when the machine was busy)")
     parser.add_argument("--texts", type=Path, help="also write every row's transcripts to this JSON file")
@@ -466,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.fsdd, args.long_minutes, args.no_record = 4, 1.0, True
     try:
-        if args.beam < 1 or args.batch < 1 or args.threads < 1 or args.fsdd < 1 or args.long_minutes <= 0:
-            raise UserError("--beam, --batch, --threads and --fsdd must be 1 or more, --long-minutes above 0")
+        if min(args.beam, args.batch, args.threads, args.fsdd) < 1 or min(args.long_minutes, args.row_timeout) <= 0:
+            raise UserError(
+                "--beam, --batch, --threads, --fsdd must be 1 or more, --long-minutes, --row-timeout above 0"
+            )
         prepare_models(args)
         print(f"{os.cpu_count()} cores, {args.threads} threads per engine, allocator {malloc}, beam {args.beam}")
         results = run_workloads(args)
