@@ -164,7 +164,9 @@ def long_workload(data: Path | None, minutes: float) -> tuple[str, object]:
 # ---------------------------------------------------------------- the engines (each in a child)
 
 
-def transformers_engine(model_dir: Path, *, beam: int, batch: int, long: bool) -> Callable[[list], list[str]]:
+def transformers_engine(
+    model_dir: Path, *, beam: int, batch: int, long: bool, temperatures: tuple[float, ...] = TEMPERATURES
+) -> Callable[[list], list[str]]:
     """transformers' generate with the checkpoint's generation config: short files in batches,
     no timestamps; a long recording by its sequential long-form decoding (timestamps, fallback)."""
     import torch
@@ -187,7 +189,7 @@ def transformers_engine(model_dir: Path, *, beam: int, batch: int, long: bool) -
                     num_beams=1,
                     return_timestamps=True,
                     condition_on_prev_tokens=True,
-                    temperature=TEMPERATURES,
+                    temperature=temperatures if len(temperatures) > 1 else temperatures[0],
                     # transformers counts the ratio on token ids, where a list of digits (ten words over
                     # and over) is above its advised 1.35 in every window: each decoded six times.
                     compression_ratio_threshold=None,
@@ -207,7 +209,15 @@ def transformers_engine(model_dir: Path, *, beam: int, batch: int, long: bool) -
     return run
 
 
-def qkv_engine(model_dir: Path, precision: str, *, beam: int, batch: int, long: bool) -> Callable[[list], list[str]]:
+def qkv_engine(
+    model_dir: Path,
+    precision: str,
+    *,
+    beam: int,
+    batch: int,
+    long: bool,
+    temperatures: tuple[float, ...] = TEMPERATURES,
+) -> Callable[[list], list[str]]:
     """``qkv transcribe``'s call: ``bundle.transcriptions`` over the waveforms, ``batch`` at a time
     (text only: long audio is read window by window, with fallback, short files batched)."""
     import torch
@@ -224,14 +234,22 @@ def qkv_engine(model_dir: Path, precision: str, *, beam: int, batch: int, long: 
             beam_size=None if long else beam,
             batch_size=batch,
             timestamps=False,
-            long_form=LongForm(),
+            long_form=LongForm(temperatures=temperatures),
         )
         return [t.text for t in found]
 
     return run
 
 
-def faster_whisper_engine(model_dir: Path, precision: str, *, beam: int, threads: int, long: bool):
+def faster_whisper_engine(
+    model_dir: Path,
+    precision: str,
+    *,
+    beam: int,
+    threads: int,
+    long: bool,
+    temperatures: tuple[float, ...] = TEMPERATURES,
+):
     """faster-whisper's ``transcribe``, one waveform at a time (its API): short files without
     timestamps or fallback; a long one with its defaults (timestamps, fallback, previous text)."""
     from faster_whisper import WhisperModel
@@ -243,7 +261,7 @@ def faster_whisper_engine(model_dir: Path, precision: str, *, beam: int, threads
         texts = []
         for wave in waves:
             if long:
-                segments, _ = model.transcribe(wave, language="en", beam_size=1, temperature=list(TEMPERATURES))
+                segments, _ = model.transcribe(wave, language="en", beam_size=1, temperature=list(temperatures))
             else:
                 segments, _ = model.transcribe(
                     wave,
@@ -269,17 +287,20 @@ def child(args: argparse.Namespace) -> int:
     stored = np.load(args.inputs)
     waves = [stored[k] for k in sorted(stored.files, key=int)]
     long = args.workload == "long"
+    temps = (0.0,) if args.no_fallback else TEMPERATURES
     began = time.perf_counter()
     if family == "faster-whisper":
-        run = faster_whisper_engine(args.ct2_model, precision, beam=args.beam, threads=args.threads, long=long)
+        run = faster_whisper_engine(
+            args.ct2_model, precision, beam=args.beam, threads=args.threads, long=long, temperatures=temps
+        )
     else:
         import torch
 
         torch.set_num_threads(args.threads)
         if family == "qkv":
-            run = qkv_engine(args.qkv_model, precision, beam=args.beam, batch=args.batch, long=long)
+            run = qkv_engine(args.qkv_model, precision, beam=args.beam, batch=args.batch, long=long, temperatures=temps)
         else:
-            run = transformers_engine(args.hf_model, beam=args.beam, batch=args.batch, long=long)
+            run = transformers_engine(args.hf_model, beam=args.beam, batch=args.batch, long=long, temperatures=temps)
     run([waves[0][: 2 * RATE]] if long else waves[:1])  # warm-up
     load_seconds = time.perf_counter() - began
     start, cpu = time.perf_counter(), time.process_time()
@@ -301,6 +322,7 @@ def run_child(engine: str, workload: str, inputs: Path, args: argparse.Namespace
         command = [sys.executable, __file__, "--child", engine, "--workload", workload, "--inputs", str(inputs)]
         command += ["--figures", str(out), "--beam", str(args.beam), "--batch", str(args.batch)]
         command += ["--threads", str(args.threads), "--hf-model", str(args.hf_model)]
+        command += ["--no-fallback"] if args.no_fallback else []
         command += ["--qkv-model", str(args.qkv_model), "--ct2-model", str(args.ct2_model)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
         env["TRANSFORMERS_VERBOSITY"] = "error"
@@ -458,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--row-timeout", type=float, default=240, help="seconds one engine may take on one workload (default 240)"
     )
+    parser.add_argument(
+        "--no-fallback", action="store_true", help="long-form greedy at temperature 0 only, on every engine"
+    )
     parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
     parser.add_argument("--notes", default="", help="notes for the records (say when the machine was busy)")
     parser.add_argument("--texts", type=Path, help="also write every row's transcripts to this JSON file")
@@ -531,11 +556,11 @@ def record(results: dict, args: argparse.Namespace) -> None:
             machine[package] = version(package)
         except PackageNotFoundError:
             pass
-    found = records(results, beam=args.beam, notes=args.notes)
+    found = records(results, beam=args.beam, notes=args.notes, fallback=not args.no_fallback)
     append_run("whisper_speed", [{**r, "machine": machine} for r in found])
 
 
-def records(results: dict, *, beam: int, notes: str = "") -> list[dict]:
+def records(results: dict, *, beam: int, notes: str = "", fallback: bool = True) -> list[dict]:
     """The records of a run: per workload, each qkv row's speed (x real time) beside its peer
     (fp32: transformers fp32, target 1.2x, the issue's; bf16 and int8: faster-whisper int8), and
     qkv's fastest mode beside faster-whisper int8 (target: as fast or faster) with its WER beside
@@ -544,7 +569,7 @@ def records(results: dict, *, beam: int, notes: str = "") -> list[dict]:
     for workload, result in results.items():
         rows = result["rows"]
         what = f"FSDD test {result['files']} files beam {beam}" if workload == "fsdd" else (
-            f"long-form {result['audio_seconds'] / 60:.0f} min greedy"
+            f"long-form {result['audio_seconds'] / 60:.0f} min greedy{'' if fallback else ' no fallback'}"
         )  # fmt: skip
         details = {}
         for engine, r in rows.items():
