@@ -144,6 +144,27 @@ def test_translations_by_qkvs_own_translator_and_an_imported_whisper(client, pat
         client.audio.transcriptions.create(model="whisper", file=f, language="fr")
 
 
+def test_word_timestamps_are_the_librarys_words(client, paths, wav):
+    """timestamp_granularities[]=word: verbose_json's words are the library's (without their
+    leading space), segments only where asked for too; a model of qkv's own has none to give."""
+    expected = qkv.load(paths["whisper"]).transcribe(wav, language="en", word_timestamps=True)
+    words = [(w.word.strip(), round(w.start, 3), round(w.end, 3)) for s in expected.segments for w in s.words]
+    assert words  # something to compare
+
+    def verbose(model: str, granularities: list[str]):
+        language = {"language": "en"} if model == "whisper" else {}  # qkv's own recognizer takes none
+        with wav.open("rb") as f:
+            return client.audio.transcriptions.create(
+                model=model, file=f, response_format="verbose_json", timestamp_granularities=granularities, **language
+            )
+
+    both = verbose("whisper", ["word", "segment"])
+    assert [(w.word, w.start, w.end) for w in both.words] == words and both.segments
+    assert not verbose("whisper", ["word"]).segments
+    with pytest.raises(openai.UnprocessableEntityError, match="imported Whisper"):
+        verbose("asr", ["word"])
+
+
 def speech_of(client, model: str, text: str, **options) -> bytes:
     return client.audio.speech.create(model=model, voice="default", input=text, **options).read()
 

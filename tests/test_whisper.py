@@ -226,6 +226,7 @@ def test_import_summary_settings_and_tokenizer(multilingual, english, tmp_path: 
         "suppress_tokens": [],
         "begin_suppress_tokens": [],
         "max_initial_timestamp": None,
+        "alignment_heads": [],  # none named: word timestamps read the upper half's heads
     }
     tokenizer = Tokenizer.load(tmp_path / "qkv" / "tokenizer.json")
     end = hf_tokenizer.eos_token_id

@@ -31,7 +31,7 @@ import itertools
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +76,7 @@ from qkv.tasks.tts import speak, speaking_of
 from qkv.tokenization import Tokenizer, Vocabularies
 from qkv.vad import Vad, piece_waves, speech_pieces
 from qkv.vocoder import write_wav
+from qkv.word_timing import UNSPACED, ctc_timed
 
 JOBS = {  # what each kind of model does
     "encoder_decoder": ("translate", "generate", "chat"),
@@ -300,6 +301,7 @@ class Bundle:
         ban: Sequence[str] = (),
         require: Sequence[str] = (),
         timestamps: bool | None = None,
+        word_timestamps: bool = False,
     ) -> Heard | list[Heard]:
         """Each file's or waveform's transcript (one: its transcript), by :func:`transcriptions`:
         a :class:`~qkv.subtitles.Heard`, the text itself (a ``str``) with ``.segments`` (each
@@ -307,19 +309,29 @@ class Bundle:
         ("transcribe" or "translate"): an imported Whisper's, which reads audio of any length and
         times its segments with its timestamps (``timestamps``; None: yes for a Whisper, whose
         segments are then timed; a model of qkv's own gives one segment per input); ``prefix``,
-        ``ban``, ``require``: constraints (:func:`constraints`)."""
+        ``ban``, ``require``: constraints (:func:`constraints`). ``word_timestamps``: the segments
+        carry their words, each timed (``Segment.words``, ``word_timing.py``): an imported
+        Whisper's by its alignment heads, a model of qkv's own by its CTC head."""
+        if word_timestamps and self.whisper is None and not getattr(self.model.config, "ctc", False):
+            raise OptionError(
+                "word_timestamps: for an imported Whisper, or a speech model with a CTC head", "word_timestamps"
+            )
         one = _one_audio(audio)
+        inputs = [audio] if one else list(audio)
         found = transcriptions(
             self,
-            [audio] if one else list(audio),
+            inputs,
             beam_size=beam_size,
             language=language,
             task=task,
             prefix=prefix,
             ban=ban,
             require=require,
-            timestamps=self.whisper is not None if timestamps is None else timestamps,
+            timestamps=word_timestamps or (self.whisper is not None if timestamps is None else timestamps),
+            long_form=LongForm(word_timestamps=True) if word_timestamps else None,
         )
+        if word_timestamps and self.whisper is None:
+            found = [ctc_timed_words(self, item, i, t) for i, (item, t) in enumerate(zip(inputs, found, strict=True))]
         heard = [Heard(t.text, t.segments, t.language) for t in found]
         return heard[0] if one else heard
 
@@ -967,8 +979,33 @@ def long_transcript(
         timestamp_begin=settings.no_timestamps_id + 1,
         eos=bundle.model.config.eos_id,
         rules=(*whisper_rules(bundle, timestamps=True), *bans),
+        alignment_heads=checked_heads(bundle),
+        spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
     )
     return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
+
+
+def ctc_timed_words(bundle: Bundle, item: Audio, i: int, found: Transcript) -> Transcript:
+    """``found`` (one segment, the whole input) with its words timed by the CTC head (forced
+    alignment, ``word_timing.ctc_timed``); none where the head cannot read them. The input is
+    one the model reads whole (at most its window), so its samples are gathered whole here."""
+    wave = torch.from_numpy(np.concatenate([np.zeros(0, np.float32), *_source(bundle, item, i).blocks()]))  # (Y,)
+    feats = features(wave, bundle.features)  # (T, M)
+    texts = bundle.vocab.target.token_texts()
+    words = ctc_timed(bundle.model, feats, found.ids, texts)
+    segments = tuple(replace(s, words=words) for s in found.segments[:1])
+    return replace(found, segments=segments)
+
+
+def checked_heads(bundle: Bundle) -> tuple[tuple[int, int], ...]:
+    """An imported Whisper's alignment heads, each one the decoder has (else a UserError)."""
+    c = bundle.model.config
+    wrong = [pair for pair in bundle.whisper.alignment_heads if pair[0] >= c.n_decoder_layers or pair[1] >= c.n_heads]
+    if wrong:
+        raise UserError(
+            f"{bundle.path}: alignment head(s) {wrong} not in the decoder ({c.n_decoder_layers} layers of {c.n_heads})"
+        )
+    return bundle.whisper.alignment_heads
 
 
 def whisper_rules(bundle: Bundle, *, timestamps: bool = False) -> list[Scorer]:

@@ -12,7 +12,10 @@ at <|startoftranscript|>) and is unsure of the text (then the window is silence 
 A draw at temperature > 0 takes the likeliest of ``best_of`` samples. The window's text is cut
 into segments at each pair of timestamps; the next window starts at the last timestamp (or
 after the window, when the last segment is open). A prompt is dropped after a window decoded
-at a temperature above 0.5 (its text is not to be trusted as context). The defaults are
+at a temperature above 0.5 (its text is not to be trusted as context). With word timestamps
+(``LongForm.word_timestamps``), each window's words are timed by its alignment heads
+(``word_timing.py``) and, unless the window ended with a lone timestamp, the next window starts
+at the end of its last word, as openai/whisper's ``transcribe`` does. The defaults are
 openai/whisper's (:class:`LongForm`).
 
 What is here: :class:`LongForm` (the settings), :class:`WhisperTokens` (the token ids it
@@ -42,6 +45,7 @@ from qkv.decoding.decoders import SpeechEncoderDecoderDecoder
 from qkv.models.speech import SpeechEncoderDecoder
 from qkv.subtitles import Segment
 from qkv.tokenization import Tokenizer
+from qkv.word_timing import align_window, fit_words
 
 TOKEN_SECONDS = 0.02  # a timestamp step: two feature frames of 10 ms (the encoder halves the frames)
 FRAMES_PER_STAMP = 2
@@ -72,6 +76,8 @@ class LongForm:
         best_of: samples drawn at a temperature above 0, the likeliest kept.
         initial_prompt: token ids read before the first window (Whisper's ``--initial_prompt``).
         seed: the samples' seed.
+        word_timestamps: time each segment's words (``Segment.words``; Whisper's
+            ``--word_timestamps``).
     """
 
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -82,6 +88,7 @@ class LongForm:
     best_of: int = 5
     initial_prompt: tuple[int, ...] = ()
     seed: int = 0
+    word_timestamps: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,8 +96,10 @@ class WhisperTokens:
     """The ids long-form decoding needs: ``start`` (<|startoftranscript|>, and a multilingual
     model's language and task; no <|notimestamps|>), ``previous`` (<|startofprev|>; None: no
     prompts), ``no_speech`` (<|nospeech|> or <|nocaptions|>; None: never silence),
-    ``timestamp_begin`` (<|0.00|>), ``eos`` (END), and ``rules``: Whisper's rules as scorers,
-    the timestamp rules included."""
+    ``timestamp_begin`` (<|0.00|>, right after <|notimestamps|>), ``eos`` (END), ``rules``:
+    Whisper's rules as scorers, the timestamp rules included; for word timestamps,
+    ``alignment_heads`` ((layer, head) pairs; empty: the upper half's) and ``spaced`` (the
+    language writes spaces between words)."""
 
     start: tuple[int, ...]
     previous: int | None
@@ -98,6 +107,8 @@ class WhisperTokens:
     timestamp_begin: int
     eos: int
     rules: tuple[Scorer, ...]
+    alignment_heads: tuple[tuple[int, int], ...] = ()
+    spaced: bool = True
 
 
 @dataclass(frozen=True)
@@ -273,7 +284,7 @@ def transcribe_long(
     frame_seconds = features.hop_length / features.sample_rate
     content = mel.frames - chunk
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(options.seed)
-    seek, context, reset, segments = 0, list(options.initial_prompt), 0, []
+    seek, context, reset, segments, last_speech = 0, list(options.initial_prompt), 0, [], 0.0
     while seek < content:
         size = min(chunk, content - seek)
         window = torch.nn.functional.pad(mel.window(seek, size), (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
@@ -282,16 +293,46 @@ def transcribe_long(
         moved = size
         if not silent(d, options):
             found, next_step = _segments(d, offset, size * frame_seconds, ids, tokenizer)
-            segments += found
-            context += [t for s in found for t in s.tokens]
             if next_step is not None:
                 moved = max(1, min(size, next_step * FRAMES_PER_STAMP))
+            if options.word_timestamps and found:
+                found, last_speech = _timed(model, tokenizer, window, size, found, offset, last_speech, ids)
+                moved = _after_words(found, d.tokens, ids, seek, frame_seconds, size) or moved
+            segments += found
+            context += [t for s in found for t in s.tokens]
         if not options.condition_on_previous_text or d.temperature > 0.5:
             reset = len(context)
         seek += moved
         if on_seconds is not None:
             on_seconds(moved * frame_seconds)
     return segments
+
+
+def _timed(model, tokenizer: Tokenizer, window: Tensor, size: int, found, offset: float, last_speech, ids):
+    """A window's segments with their words timed (``word_timing``), and where its speech ends."""
+    text = [t for s in found for t in s.tokens if t < ids.eos]
+    words = align_window(
+        model,
+        window,
+        size,
+        ids.start,
+        text,
+        no_timestamps=ids.timestamp_begin - 1,
+        heads=ids.alignment_heads,
+        decode=tokenizer.decode,
+        spaces=ids.spaced,
+    )
+    return fit_words(found, words, offset, last_speech, ids.eos)
+
+
+def _after_words(found, tokens: Sequence[int], ids: WhisperTokens, seek: int, frame_seconds: float, size: int):
+    """The frames the next window moves on by, timed words: to the last word's end, unless the
+    window ended with a lone timestamp (then: after it; None) or has no words."""
+    ends = [w.end for s in found for w in s.words]
+    single = len(tokens) >= 2 and tokens[-1] >= ids.timestamp_begin > tokens[-2]
+    if single or not ends or round(ends[-1] / frame_seconds) <= seek:
+        return None
+    return max(1, min(size, round(ends[-1] / frame_seconds) - seek))
 
 
 def _segments(d: Decoded, offset: float, duration: float, ids: WhisperTokens, tokenizer: Tokenizer):

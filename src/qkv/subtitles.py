@@ -1,11 +1,14 @@
 """Transcripts with times, and the files they are written as (the Whisper CLI's formats).
 
-What is here: :class:`Segment` (a stretch of audio and what was said in it), :class:`Heard`
+What is here: :class:`Segment` (a stretch of audio and what was said in it, with its
+:class:`Word` s when word timestamps were asked for), :class:`Heard`
 (a transcript: the text itself, a ``str``, with its segments and language), and the writers
 of :data:`FORMATS` (:func:`render`): ``txt`` (the text, one segment a line), ``tsv`` (start, end
 in integer milliseconds, text), ``json`` (text, segments, language), ``srt`` (SubRip) and
-``vtt`` (WebVTT), as openai/whisper's ``utils.py`` writes them. What is not here: how segments
-are found (``longform.py``), reading audio (``audio.py``), the command (``cli/transcribe.py``).
+``vtt`` (WebVTT), as openai/whisper's ``utils.py`` writes them (``max_words``: subtitle cues of at
+most that many timed words, its ``--max_words_per_line``). What is not here: how segments
+are found (``longform.py``), how words are timed (``word_timing.py``), reading audio
+(``audio.py``), the command (``cli/transcribe.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 FORMATS = ("txt", "tsv", "json", "srt", "vtt")
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word of a segment, said from ``start`` to ``end`` (seconds from the start of the file):
+    its text as the tokens write it (a leading space, punctuation attached) and the mean
+    probability the model gave its tokens."""
+
+    word: str
+    start: float
+    end: float
+    probability: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,7 @@ class Segment:
         avg_logprob: that decoding's mean log-probability per token (END included).
         compression_ratio: its text's length over its zlib-compressed length (repetition).
         no_speech_prob: the probability the model gave to "no speech" in its window.
+        words: its words with their times (empty unless word timestamps were asked for).
     """
 
     start: float
@@ -39,6 +55,7 @@ class Segment:
     avg_logprob: float = 0.0
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
+    words: tuple[Word, ...] = ()
 
 
 class Heard(str):
@@ -80,8 +97,25 @@ def _line(text: str) -> str:
     return " ".join(text.split()).replace("-->", "->")
 
 
-def render(fmt: str, heard: Heard) -> str:
-    """``heard`` written in ``fmt`` (one of :data:`FORMATS`), a file's whole contents."""
+def cues(segments: Sequence[Segment], max_words: int | None = None) -> list[tuple[float, float, str]]:
+    """The subtitle cues (start, end, text) of ``segments``: one per segment, or, with
+    ``max_words``, one per run of at most that many of a segment's timed words (from its first
+    word's start to its last's end; a segment without words stays one cue), as the Whisper CLI's
+    ``--max_words_per_line`` cuts them."""
+    out = []
+    for s in segments:
+        if max_words is None or not s.words:
+            out.append((s.start, s.end, _line(s.text)))
+            continue
+        for i in range(0, len(s.words), max_words):
+            run = s.words[i : i + max_words]
+            out.append((run[0].start, run[-1].end, _line("".join(w.word for w in run))))
+    return out
+
+
+def render(fmt: str, heard: Heard, *, max_words: int | None = None) -> str:
+    """``heard`` written in ``fmt`` (one of :data:`FORMATS`), a file's whole contents; srt and vtt
+    cues of at most ``max_words`` timed words each (None: a cue per segment, see :func:`cues`)."""
     segments = [s for s in heard.segments if s.text.strip()]
     if fmt == "txt":
         return "".join(f"{_line(s.text)}\n" for s in segments)
@@ -90,22 +124,25 @@ def render(fmt: str, heard: Heard) -> str:
         return "start\tend\ttext\n" + "".join(rows)
     if fmt == "srt":
         return "".join(
-            f"{i}\n{clock(s.start, decimal=',', hours=True)} --> {clock(s.end, decimal=',', hours=True)}\n"
-            f"{_line(s.text)}\n\n"
-            for i, s in enumerate(segments, start=1)
+            f"{i}\n{clock(start, decimal=',', hours=True)} --> {clock(end, decimal=',', hours=True)}\n{text}\n\n"
+            for i, (start, end, text) in enumerate(cues(segments, max_words), start=1)
         )
     if fmt == "vtt":
-        cues = (f"{clock(s.start)} --> {clock(s.end)}\n{_line(s.text)}\n\n" for s in segments)
-        return "WEBVTT\n\n" + "".join(cues)
+        lines = (f"{clock(start)} --> {clock(end)}\n{text}\n\n" for start, end, text in cues(segments, max_words))
+        return "WEBVTT\n\n" + "".join(lines)
     if fmt == "json":
         return json.dumps(asdict(record(heard)), ensure_ascii=False) + "\n"
     raise ValueError(f"unknown format {fmt!r}; the formats: {', '.join(FORMATS)}")
 
 
 def record(heard: Heard) -> _Record:
-    """``heard`` as the json format holds it (segments with their times rounded to the ms)."""
-    segments = [
-        {**asdict(s), "id": i, "start": round(s.start, 3), "end": round(s.end, 3), "tokens": list(s.tokens)}
-        for i, s in enumerate(heard.segments)
-    ]
+    """``heard`` as the json format holds it (segments with their times rounded to the ms; their
+    ``words``, each {word, start, end, probability}, where words were timed)."""
+    segments, timed = [], any(s.words for s in heard.segments)
+    for i, s in enumerate(heard.segments):
+        fields = {**asdict(s), "id": i, "start": round(s.start, 3), "end": round(s.end, 3), "tokens": list(s.tokens)}
+        fields["words"] = [{**w, "probability": round(w["probability"], 4)} for w in fields["words"]]
+        if not timed:
+            del fields["words"]
+        segments.append(fields)
     return _Record(heard.text, heard.language, segments)

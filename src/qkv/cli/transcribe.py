@@ -43,6 +43,8 @@ EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model whisper-tiny.en recordings/ --format txt --output hyp.txt   # for evaluate --wer
   qkv transcribe --model whisper-tiny.en meeting.flac --format vtt --threads 2   # two CPU threads
   qkv transcribe --model runs/speech_en lecture.wav --format srt --vad silero   # cut by Silero VAD
+  qkv transcribe --model whisper-tiny.en talk.wav --word-timestamps --format json   # each word's times
+  qkv transcribe --model whisper-tiny.en talk.wav --word-timestamps --format srt --max-words-per-line 3
 
 Each line of output is PATH<TAB>TEXT; with --json one JSON object per file (path, text,
 audio_seconds, load_seconds, decode_seconds), and a summary line on stderr. --format txt writes
@@ -50,6 +52,9 @@ one line per file, its text alone (what `qkv evaluate --hyp FILE --wer` reads, l
 --format json one JSON object per file (path, text, language, segments with start and end in
 seconds); tsv (start and end in ms), srt and vtt hold one file's segments: with several files,
 give --output-dir, which writes one file per input (NAME.FORMAT, as the Whisper CLI does).
+--word-timestamps times each word (Whisper's alignment heads and dynamic time warping, as
+openai/whisper): json segments get "words" [{word, start, end, probability}], and srt/vtt cues
+of at most --max-words-per-line words each.
 
 An imported Whisper decodes greedily, with its checkpoint's suppressed tokens and, for times,
 its timestamp rules, as transformers' generate does; audio longer than 30 s (and any audio with
@@ -94,6 +99,10 @@ def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
         )
     if args.json and args.format is not None:
         raise UserError("give --json (lines with timings) or --format, not both")
+    if args.max_words_per_line is not None and not (args.word_timestamps and args.format in ("srt", "vtt")):
+        raise UserError(
+            "--max-words-per-line cuts srt and vtt cues by timed words: give --word-timestamps and --format srt or vtt"
+        )
     if args.output_dir is not None:
         stems = [p.stem for p in paths]
         twice = sorted({s for s in stems if stems.count(s) > 1})
@@ -115,6 +124,8 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     bundle = load(args.model, bf16=args.bf16, int8=args.int8, job="transcribe")
     if args.initial_prompt is not None and bundle.whisper is None:
         raise UserError("--initial-prompt is for an imported Whisper")
+    if args.word_timestamps and bundle.whisper is None:
+        raise UserError("--word-timestamps is for an imported Whisper")
     timed = bundle.whisper is not None and (args.format not in (None, "txt") or args.output_dir is not None)
     prompt = () if args.initial_prompt is None else tuple(bundle.vocab.target.encode(" " + args.initial_prompt.strip()))
     out = Output(args.output)
@@ -129,7 +140,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()
-    timed = timed or bool(prompt)
+    timed = timed or bool(prompt) or args.word_timestamps
     chunk = bundle.features.chunk_seconds if bundle.whisper is not None else None
     seconds = [source.seconds for _, source in good]
     windowed = sum(s for s in seconds if chunk is not None and (timed or s > chunk))
@@ -153,9 +164,11 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         ban=args.ban,
         require=args.require,
         timestamps=timed,
-        long_form=LongForm(temperatures=(0.0,), initial_prompt=prompt)
-        if args.no_fallback
-        else LongForm(initial_prompt=prompt),
+        long_form=LongForm(
+            initial_prompt=prompt,
+            word_timestamps=args.word_timestamps,
+            temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
+        ),
         on_seconds=whole_seconds(bar.update) if windowed else None,
         vad=Vad(detector=args.vad),
     )
@@ -220,13 +233,14 @@ def _write_format(args: argparse.Namespace, out: Output, path: Path, heard) -> N
     if args.output_dir is not None:
         folder = Path(args.output_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / f"{path.stem}.{args.format}", render(args.format, heard).encode())
+        text = render(args.format, heard, max_words=args.max_words_per_line)
+        write_atomic(folder / f"{path.stem}.{args.format}", text.encode())
     elif args.format == "txt":
         out.write(" ".join(heard.text.split()))
     elif args.format == "json":
         out.write(json.dumps({"path": str(path), **dataclasses.asdict(record(heard))}, ensure_ascii=False))
     else:
-        out.write(render(args.format, heard).rstrip("\n"))
+        out.write(render(args.format, heard, max_words=args.max_words_per_line).rstrip("\n"))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -295,6 +309,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="energy",
         help="qkv's own models, files over 30 s: how voice activity is found, to cut them into pieces (default "
         "energy; silero: Silero VAD's ONNX model, pip install silero-vad)",
+    )
+    p.add_argument(
+        "--word-timestamps",
+        action="store_true",
+        help="Whisper: time each word (json: segments' words; srt/vtt: see --max-words-per-line)",
+    )
+    p.add_argument(
+        "--max-words-per-line",
+        type=positive_int,
+        help="with --word-timestamps and --format srt or vtt: a cue per run of at most this many words",
     )
     p.add_argument("--skip-bad", action="store_true", help="name unreadable files on stderr and transcribe the rest")
     p.add_argument("--language", help="Whisper: the spoken language's code (e.g. en, de); multilingual models only")

@@ -50,7 +50,8 @@ language token (<|de|>) and a task token (<|transcribe|> or <|translate|>), an E
 the qkv model's ``config.json`` under ``"whisper"`` (:class:`WhisperSettings`), with what
 transcription applies as HF's ``generate`` does (``decoding/whisper_rules.py``): the
 ``suppress_tokens`` and ``begin_suppress_tokens`` it masks and the latest first timestamp
-(``max_initial_timestamp_index``). Long-form transcription, previous-text prompts and
+(``max_initial_timestamp_index``), and the ``alignment_heads`` word timestamps read
+(``word_timing.py``). Long-form transcription, previous-text prompts and
 temperature fallback are ``longform.py``'s.
 
 Shapes: features (T, M) per input, as ``decoding/`` takes them.
@@ -384,6 +385,9 @@ class WhisperSettings:
             the first step), as transcription does.
         max_initial_timestamp: the latest first timestamp, in 20 ms steps (generation_config's
             ``max_initial_timestamp_index``; None: any).
+        alignment_heads: the (decoder layer, head) pairs whose cross-attention follows the
+            speech, which word timestamps read (generation_config's ``alignment_heads``; empty:
+            none named, and every head of the upper half of the layers is read, as openai/whisper does).
     """
 
     multilingual: bool = False
@@ -393,6 +397,7 @@ class WhisperSettings:
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
     max_initial_timestamp: int | None = None
+    alignment_heads: tuple[tuple[int, int], ...] = ()
 
     def record(self) -> dict:
         """As config.json holds it."""
@@ -404,6 +409,7 @@ class WhisperSettings:
             "suppress_tokens": list(self.suppress_tokens),
             "begin_suppress_tokens": list(self.begin_suppress_tokens),
             "max_initial_timestamp": self.max_initial_timestamp,
+            "alignment_heads": [list(pair) for pair in self.alignment_heads],
         }
 
     @staticmethod
@@ -451,6 +457,7 @@ class WhisperSettings:
             tuple(lists["suppress_tokens"]),
             tuple(lists["begin_suppress_tokens"]),
             initial,
+            alignment_heads(record.get("alignment_heads", []), where),
         )
 
     def scorers(self, *, eos: int, timestamps: bool = False) -> list[Scorer]:
@@ -553,8 +560,18 @@ def whisper_settings(
         lists["suppress_tokens"],
         lists["begin_suppress_tokens"],
         initial,
+        alignment_heads(generation.fields.get("alignment_heads") or [], str(path)),
     )
     return settings, []
+
+
+def alignment_heads(value: object, where: str) -> tuple[tuple[int, int], ...]:
+    """(layer, head) pairs from a JSON list of two-integer lists; a UserError (naming ``where``)
+    for anything else. Whether the model has such heads is checked where they are read."""
+    pairs = value if isinstance(value, list) else [None]
+    if not all(isinstance(p, list) and len(p) == 2 and all(type(i) is int and i >= 0 for i in p) for p in pairs):
+        raise UserError(f"{where}: 'alignment_heads' must be a list of [layer, head] pairs, got {value!r}")
+    return tuple((layer, head) for layer, head in pairs)
 
 
 def whisper_generation_config(config: SpeechConfig, settings: WhisperSettings) -> dict:
@@ -576,6 +593,8 @@ def whisper_generation_config(config: SpeechConfig, settings: WhisperSettings) -
         generation["no_timestamps_token_id"] = settings.no_timestamps_id
     if settings.max_initial_timestamp is not None:
         generation["max_initial_timestamp_index"] = settings.max_initial_timestamp
+    if settings.alignment_heads:
+        generation["alignment_heads"] = [list(pair) for pair in settings.alignment_heads]
     return generation
 
 

@@ -10,9 +10,9 @@ TTS model spoken by its :func:`sentences`), the transcript's
 :class:`Segment` s and their writers (:func:`verbose`, :func:`subtitles`), and :func:`encoded`
 (a waveform as WAV, FLAC or raw PCM bytes).
 
-Timestamps: the library's transcripts of today have none, so a transcript is one segment that
-spans the whole audio; :func:`segments_of` is where the segments of a long-form decoding with
-timestamps will come in, and :func:`subtitles` writes whatever segments it is given.
+Timestamps: an imported Whisper's segments (and, asked for, their words) carry the times of its
+long-form decoding; a model of qkv's own gives one segment that spans the whole audio
+(:func:`segments_of`); :func:`subtitles` writes whatever segments it is given.
 
 What is not here: HTTP (``routes/audio.py``), what is checked before any work (``validation.py``).
 """
@@ -31,6 +31,7 @@ from torch import Tensor
 from qkv.audio import load_audio
 from qkv.bundle import piper_speeches, speeches, transcriptions
 from qkv.errors import UserError
+from qkv.longform import LongForm
 from qkv.serve.errors import ApiError
 from qkv.serve.models import Served
 from qkv.serve.settings import Settings
@@ -114,13 +115,15 @@ def transcribe(
     prefix: str | None = None,
     ban: tuple[str, ...] = (),
     require: tuple[str, ...] = (),
+    words: bool = False,
 ) -> list[Heard]:
     """Each waveform's transcript by ``bundle.transcriptions`` (as ``qkv transcribe``, with the
     model's own decoding settings); ``task`` and ``language``: an imported Whisper's (None for
     a model of qkv's own, which does the one task it was trained for). ``timestamps``: an
     imported Whisper finds its segments' times (its timestamp tokens, window by window), as
     subtitles need; audio longer than its 30-second chunk is read that way whatever it is.
-    ``prefix``, ``ban``, ``require``: constraints (``bundle.constraints``)."""
+    ``prefix``, ``ban``, ``require``: constraints (``bundle.constraints``).
+    ``words``: an imported Whisper times each word too (``LongForm.word_timestamps``)."""
     bundle = served.bundle
     whisper = bundle.whisper is not None
     found = transcriptions(
@@ -128,7 +131,8 @@ def transcribe(
         waves,
         language=language if whisper else None,
         task=task if whisper and task != "transcribe" else None,
-        timestamps=timestamps and whisper,
+        timestamps=(timestamps or words) and whisper,
+        long_form=LongForm(word_timestamps=words and whisper),
         prefix=prefix,
         ban=ban,
         require=require,
@@ -147,9 +151,11 @@ def segments_of(heard: Heard) -> list[Segment]:
     return [Segment(heard.text, 0.0, heard.seconds, heard.ids)] if heard.text else []
 
 
-def verbose(heard: Heard, *, task: str) -> dict:
-    """OpenAI's ``verbose_json`` transcript: the text, language, duration and segments."""
-    return {
+def verbose(heard: Heard, *, task: str, segments: bool = True) -> dict:
+    """OpenAI's ``verbose_json`` transcript: the text, language, duration, ``segments`` (unless
+    only words were asked for) and, where they were timed, ``words`` ({word, start, end}, as
+    OpenAI's, the word without its leading space)."""
+    found = {
         "task": task,
         "language": heard.language,
         "duration": round(heard.seconds, 3),
@@ -167,6 +173,12 @@ def verbose(heard: Heard, *, task: str) -> dict:
             for i, s in enumerate(segments_of(heard))
         ],
     }
+    words = [w for g in heard.segments for w in g.words]
+    if words:
+        found["words"] = [{"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3)} for w in words]
+    if not segments:
+        del found["segments"]
+    return found
 
 
 def clock(seconds: float, *, decimal: str) -> str:

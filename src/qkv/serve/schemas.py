@@ -295,7 +295,7 @@ class TranscriptionForm(Constrained):
     )
     temperature: float = Field(0.0, ge=0, le=1, description="0: the model's own decoding (sampling: not supported)")
     timestamp_granularities: list[Literal["segment", "word"]] | None = Field(
-        None, alias="timestamp_granularities[]", description="with verbose_json: segment (word: not supported yet)"
+        None, alias="timestamp_granularities[]", description="with verbose_json: segment, word (an imported Whisper's)"
     )
 
     _unicode = field_validator("model", "language", "prompt", "prefix", "ban", "require")(unicode_text)

@@ -147,8 +147,8 @@ def validate_transcription(form: s.TranscriptionForm, served: Served, task: str)
     granularities = form.timestamp_granularities or []
     if granularities and form.response_format != "verbose_json":
         raise ApiError(422, "invalid_request", "timestamp_granularities[] needs response_format verbose_json")
-    if "word" in granularities:
-        raise ApiError(422, "invalid_request", "timestamp_granularities[]: word timestamps are not supported yet")
+    if "word" in granularities and served.bundle.whisper is None:
+        raise ApiError(422, "invalid_request", "timestamp_granularities[]: word timestamps need an imported Whisper")
     check_heard_required(form.require, served)
     return checked_language(form.language, served, task)
 

@@ -70,24 +70,27 @@ async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     seconds = wave.numel() / served.bundle.sample_rate
     timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
     constraints = form.constraints()
+    words = "word" in (form.timestamp_granularities or [])
     job = Job(
-        partial(audio.transcribe, served, task=task, language=language, timestamps=timed, **constraints),
+        partial(audio.transcribe, served, task=task, language=language, timestamps=timed, words=words, **constraints),
         [wave],
-        key=("audio", served.name, task, language, timed, *constraints.values()),
+        key=("audio", served.name, task, language, timed, words, *constraints.values()),
         cost=math.ceil(seconds * FRAMES_PER_SECOND) * served.bundle.decode.beam_size,
     )
     start = time.perf_counter()
     (found,) = await svc.run(job, s.Request())
     svc.count_tokens(SPEECH_ENDPOINTS[task], len(found.ids), time.perf_counter() - start)
-    return answer(found, form.response_format, task)
+    return answer(
+        found, form.response_format, task, segments="segment" in (form.timestamp_granularities or ["segment"])
+    )
 
 
-def answer(found: audio.Heard, form: str, task: str) -> Response:
+def answer(found: audio.Heard, form: str, task: str, *, segments: bool = True) -> Response:
     """A transcript as OpenAI's ``response_format`` writes it."""
     if form == "json":
         return JSONResponse(s.Transcription(text=found.text).model_dump())
     if form == "verbose_json":
-        return JSONResponse(audio.verbose(found, task=task))
+        return JSONResponse(audio.verbose(found, task=task, segments=segments))
     text = found.text if form == "text" else audio.subtitles(audio.segments_of(found), form)
     return Response(text, media_type=f"{TEXT_FORMS[form]}; charset=utf-8")
 
