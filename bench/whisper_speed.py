@@ -538,7 +538,8 @@ def run_workloads(args: argparse.Namespace) -> dict[str, dict]:
         rows = workload_rows("long", [reference], [wave], args)
         seconds = len(wave) / RATE
         words = len(reference.split())
-        print_rows(f"long-form: {seconds / 60:.1f} minutes ({words} digits), greedy with fallback", rows, 1)
+        how = "greedy, no fallback" if args.no_fallback else "greedy with fallback"
+        print_rows(f"long-form: {seconds / 60:.1f} minutes ({words} digits), {how}", rows, 1)
         results["long"] = {"files": 1, "audio_seconds": seconds, "rows": rows}
     return results
 

@@ -41,6 +41,10 @@ BENCHMARKS = {
         "GPT and BERT speed, side by side",
         "`python bench/lm_speed.py`: qkv against HF GPT-2 and BERT on the same batches",
     ),
+    "step_profile": (
+        "Where a decoding step's time goes",
+        "`python bench/step_profile.py`: the base translation model, greedy and beam 5, ms per step by kind of work",
+    ),
     "chat_speed": (
         "Chat model speed on a CPU, side by side",
         "`python bench/chat_speed.py`: SmolLM2-135M-Instruct in qkv, transformers, llama.cpp: a process each",
