@@ -124,15 +124,20 @@ BLOCK_FRAMES = 1 << 16
 KEEP_BYTES = 32 * 2**20
 
 
-def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: float) -> Tensor:
-    import soxr
-
+def _exists(path: Path) -> None:
+    """A ``_BadFile`` unless ``path`` is a file with bytes in it."""
     if not path.exists():
         raise _BadFile("no such file")
     if not path.is_file():
         raise _BadFile("not a file")
     if path.stat().st_size == 0:
         raise _BadFile("empty file (0 bytes)")
+
+
+def _load(path: Path, sample_rate: int, max_seconds: float | None, silence_db: float) -> Tensor:
+    import soxr
+
+    _exists(path)
     mono, rate = _read_mono(path, max_seconds, silence_db)  # (Y,) at the file's rate
     if rate != sample_rate:
         mono = soxr.resample(mono, rate, sample_rate)  # (Y',) float32
@@ -167,12 +172,7 @@ def check_many(
 def _check(path: Path, max_seconds: float | None, silence_db: float) -> tuple[int, int]:
     import soundfile
 
-    if not path.exists():
-        raise _BadFile("no such file")
-    if not path.is_file():
-        raise _BadFile("not a file")
-    if path.stat().st_size == 0:
-        raise _BadFile("empty file (0 bytes)")
+    _exists(path)
     try:
         with soundfile.SoundFile(str(path)) as f:
             rate = f.samplerate

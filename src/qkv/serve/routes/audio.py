@@ -16,15 +16,16 @@ import time
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Form
+from fastapi import APIRouter, Form, UploadFile
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from torch import Tensor
 
 from qkv.serve import audio
 from qkv.serve import schemas as s
 from qkv.serve.batching import Job
 from qkv.serve.errors import ApiError, described
-from qkv.serve.models import SPEECH_ENDPOINTS
+from qkv.serve.models import SPEECH_ENDPOINTS, Served
 from qkv.serve.service import Service, Shared
 from qkv.serve.validation import validate_speech, validate_transcription
 
@@ -57,16 +58,22 @@ async def translations(form: UploadForm, svc: Shared):
     return await heard(form, svc, "translate")
 
 
+async def uploaded(file: UploadFile, served: Served, svc: Service) -> Tensor:
+    """An upload's waveform at the served model's rate: 413 over the size limit, else as
+    ``audio.heard`` reads it (a 4xx naming the file when it cannot be read or is too long)."""
+    data = await file.read()
+    if len(data) > svc.settings.max_upload_bytes:
+        limit = svc.settings.max_upload_bytes
+        raise ApiError(413, "too_large", f"the file is {len(data)} bytes; the server takes at most {limit}")
+    name = described(file.filename or "(unnamed)")
+    return await run_in_threadpool(audio.heard, data, name, served, svc.settings)  # (Y,)
+
+
 async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     """What ``task`` ("transcribe" or "translate") makes of the upload, in its response format."""
     served = svc.pick(form.model, SPEECH_ENDPOINTS[task])
     language = validate_transcription(form, served, task)
-    data = await form.file.read()
-    if len(data) > svc.settings.max_upload_bytes:
-        limit = svc.settings.max_upload_bytes
-        raise ApiError(413, "too_large", f"the file is {len(data)} bytes; the server takes at most {limit}")
-    name = described(form.file.filename or "(unnamed)")
-    wave = await run_in_threadpool(audio.heard, data, name, served, svc.settings)
+    wave = await uploaded(form.file, served, svc)
     seconds = wave.numel() / served.bundle.sample_rate
     timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
     constraints = form.constraints()

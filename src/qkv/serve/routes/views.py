@@ -15,13 +15,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Form
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
-from qkv.serve import audio
 from qkv.serve import schemas as s
 from qkv.serve import view_schemas as v
 from qkv.serve.batching import Job
-from qkv.serve.errors import ApiError, described
+from qkv.serve.errors import ApiError
+from qkv.serve.routes.audio import uploaded
 from qkv.serve.routes.info import page
 from qkv.serve.service import Shared
 from qkv.serve.validation import check_texts, checked_language, validate_speech
@@ -56,12 +55,7 @@ async def heard_attention(form: ViewForm, svc: Shared):
     language = checked_language(form.language, served, "transcribe")
     if form.end <= form.start:
         raise ApiError(422, "invalid_request", f"end {form.end:g} s is not after start {form.start:g} s")
-    data = await form.file.read()
-    if len(data) > svc.settings.max_upload_bytes:
-        limit = svc.settings.max_upload_bytes
-        raise ApiError(413, "too_large", f"the file is {len(data)} bytes; the server takes at most {limit}")
-    name = described(form.file.filename or "(unnamed)")
-    wave = await run_in_threadpool(audio.heard, data, name, served, svc.settings)
+    wave = await uploaded(form.file, served, svc)
     view = partial(heard_view, served, start=form.start, end=form.end, tokens=form.ids(), language=language)
     found = await answered(svc, Job(view, [wave]), s.Request())
     return v.HeardView(model=served.name, **found)
