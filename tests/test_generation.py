@@ -653,6 +653,19 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
             decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
 
 
+def _decode_the_same(model, fast, prompts: list[list[int]], *, steps: int) -> None:
+    """``fast`` (a decoding copy of ``model``) gives the same logits at every cached step, and
+    the same greedy and beam outputs."""
+    (a, state_a), (b, state_b) = decoder_for(model).start(prompts), decoder_for(fast).start(prompts)  # (N, V) each
+    for _ in range(steps):
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+        tokens = a.argmax(-1)  # (N,)
+        (a, state_a), (b, state_b) = decoder_for(model).step(state_a, tokens), decoder_for(fast).step(state_b, tokens)
+    assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
+    beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
+    assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
+
+
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope", "alibi"])
 @pytest.mark.parametrize("n_kv_heads", [None, 1])
 def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int | None) -> None:
@@ -665,17 +678,7 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
         fast = for_decoding(model)
         assert hasattr(model.decoder.blocks[0].self_attn, "w_q") and model.decoder.blocks[0].self_attn.w_qkv is None
         assert all(not hasattr(b.self_attn, "w_q") for b in fast.decoder.blocks)
-        (a, state_a), (b, state_b) = decoder_for(model).start(prompts), decoder_for(fast).start(prompts)  # (N, V) each
-        for _ in range(6):
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-            tokens = a.argmax(-1)  # (N,)
-            (a, state_a), (b, state_b) = (
-                decoder_for(model).step(state_a, tokens),
-                decoder_for(fast).step(state_b, tokens),
-            )
-        assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
-        beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
-        assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
+        _decode_the_same(model, fast, prompts, steps=6)
     assert for_decoding(fast).state_dict().keys() == fast.state_dict().keys()  # fusing twice: as once
     with pytest.raises(ValueError, match="fuse before quantizing"):
         for_decoding(int8_linears(model))
@@ -697,17 +700,7 @@ def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
         )
         assert any(isinstance(m, torch.nn.Linear) for m in wide.modules())  # narrowing ones stay nn.Linear
         assert not any(isinstance(m, WideLinear) for m in model.modules())
-        (a, state_a), (b, state_b) = decoder_for(fused).start(prompts), decoder_for(wide).start(prompts)  # (N, V) each
-        for _ in range(5):
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-            tokens = a.argmax(-1)  # (N,)
-            (a, state_a), (b, state_b) = (
-                decoder_for(fused).step(state_a, tokens),
-                decoder_for(wide).step(state_b, tokens),
-            )
-        assert greedy(wide, prompts, max_new_tokens=7) == greedy(fused, prompts, max_new_tokens=7)
-        beams, wide_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (fused, wide))
-        assert [h[0].tokens for h in wide_beams] == [h[0].tokens for h in beams]
+        _decode_the_same(fused, wide, prompts, steps=5)
 
 
 # ----------------------------------------------------------------- ensembles

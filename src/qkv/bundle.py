@@ -834,18 +834,21 @@ def transcriptions(
     ``ctc_only``, and ``require`` not joint with the CTC prefix score.
     """
     bundle.require("transcribe")
-    if lm_weight is not None and lm is None:
-        raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
-    if bundle.whisper is None and (language is not None or task is not None):
-        raise OptionError("language and task apply to imported Whisper models only", "language", "task")
     d = bundle.decode
     # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
     beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
-    named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
-    if ctc_only and named:
-        raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
-    if require and (d.ctc_weight if ctc_weight is None else ctc_weight) > 0:
-        raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+    _check_transcription_options(
+        bundle,
+        lm,
+        lm_weight,
+        language,
+        task,
+        ctc_only,
+        d.ctc_weight if ctc_weight is None else ctc_weight,
+        prefix,
+        ban,
+        require,
+    )
     steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
     fused = None
     if lm is not None:
@@ -864,29 +867,11 @@ def transcriptions(
     found: list[Transcript | None] = [None] * len(feats)
     windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, timestamps)]
     voiced = [i for i, w in enumerate(waves) if w is None]
-    if voiced and (prefix is not None or require):
-        raise OptionError(
-            f"inputs longer than {vad.max_seconds:g} s are transcribed piece by piece, cut by voice activity: "
-            "no prefix or require there",
-            "prefix",
-            "require",
-        )
-    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
-        raise OptionError(
-            "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
-            "no beam_size, prefix or require there",
-            "beam_size",
-            "prefix",
-            "require",
-        )
+    _check_pieced(vad, bool(windowed), bool(voiced), beam_size, prefix, require)
     for i in windowed:
         began = time.perf_counter()
         segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
-        ids = [t for s in segments for t in s.tokens]
-        text = "".join(s.text for s in segments).strip()
-        found[i] = Transcript(text, ids, languages[i], seconds[i], time.perf_counter() - began, tuple(segments))
-        if on_batch is not None:
-            on_batch(1)
+        found[i] = _of_segments(segments, "", languages[i], seconds[i], began, on_batch)
 
     def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
         return transcribe(
@@ -909,11 +894,7 @@ def transcriptions(
     for i in voiced:
         began = time.perf_counter()
         segments = _voiced(bundle, sources[i], vad, lambda rows: decode(rows, None, None, None), batch_size)
-        ids = [t for s in segments for t in s.tokens]
-        text = " ".join(s.text for s in segments)
-        found[i] = Transcript(text, ids, None, seconds[i], time.perf_counter() - began, tuple(segments))
-        if on_batch is not None:
-            on_batch(1)
+        found[i] = _of_segments(segments, " ", None, seconds[i], began, on_batch)
     groups: dict[tuple[int, ...] | None, list[int]] = {}
     for i, start in enumerate(starts):
         if found[i] is None:
@@ -927,6 +908,70 @@ def transcriptions(
             whole = Segment(0.0, waves[i].numel() / bundle.sample_rate, text.strip(), tuple(ids))
             found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds, (whole,))
     return [t for t in found if t is not None]
+
+
+def _check_transcription_options(
+    bundle: Bundle,
+    lm: str | Path | None,
+    lm_weight: float | None,
+    language: str | None,
+    task: str | None,
+    ctc_only: bool,
+    ctc_weight: float,
+    prefix: str | None,
+    ban: Sequence[str],
+    require: Sequence[str],
+) -> None:
+    """:func:`transcriptions`' options that cannot go together, refused in one line."""
+    if lm_weight is not None and lm is None:
+        raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
+    if bundle.whisper is None and (language is not None or task is not None):
+        raise OptionError("language and task apply to imported Whisper models only", "language", "task")
+    named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
+    if ctc_only and named:
+        raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
+    if require and ctc_weight > 0:
+        raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+
+
+def _check_pieced(
+    vad: Vad, windowed: bool, voiced: bool, beam_size: int | None, prefix: str | None, require: Sequence[str]
+) -> None:
+    """Inputs read in pieces (an imported Whisper's windows, or pieces cut by voice activity)
+    take no per-transcript constraint, and a Whisper's windows no beam: refused in one line."""
+    if voiced and (prefix is not None or require):
+        raise OptionError(
+            f"inputs longer than {vad.max_seconds:g} s are transcribed piece by piece, cut by voice activity: "
+            "no prefix or require there",
+            "prefix",
+            "require",
+        )
+    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
+        raise OptionError(
+            "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
+            "no beam_size, prefix or require there",
+            "beam_size",
+            "prefix",
+            "require",
+        )
+
+
+def _of_segments(
+    segments: list[Segment],
+    joiner: str,
+    language: str | None,
+    read_seconds: float,
+    began: float,
+    on_batch: Callable[[int], None] | None,
+) -> Transcript:
+    """One input's transcript from the segments it was read in (its text: theirs joined by
+    ``joiner``, stripped; ``began``: when its decoding started), reported as one input done."""
+    ids = [t for s in segments for t in s.tokens]
+    text = joiner.join(s.text for s in segments).strip()
+    found = Transcript(text, ids, language, read_seconds, time.perf_counter() - began, tuple(segments))
+    if on_batch is not None:
+        on_batch(1)
+    return found
 
 
 def _voiced(
