@@ -279,7 +279,7 @@ def test_fsdp_checkpoints_are_sharded_and_resume_on_any_number_of_workers(tmp_pa
     assert _max_difference(_weights(one), _weights(reference)) <= 1e-4
 
 
-@pytest.mark.parametrize("task", ["asr", "tts"])
+@pytest.mark.parametrize("task", ["asr", pytest.param("tts", marks=pytest.mark.slow)])  # both share the speech path
 def test_speech_and_tts_tasks_train_on_two_workers_as_on_one(tmp_path, task) -> None:
     """qkv train --nproc 2 on the speech tasks themselves (their step losses: each worker's
     share of a batch, its part of the whole batch's loss): a few steps end with one process's

@@ -663,6 +663,7 @@ def test_translation_recipe_errors(tmp_path, capsys) -> None:
     assert "holds no unfinished run" in capsys.readouterr().err  # every task resumes now; x holds no run
 
 
+@pytest.mark.slow  # ~40 s; bench/mt.py trains on the whole corpus
 @pytest.mark.skipif(not (data_root() / "multi30k" / "train.de").is_file(), reason="Multi30k not found under QKV_DATA")
 def test_multi30k_smoke(tmp_path) -> None:
     """~1 minute: 2,000 real Multi30k pairs, a small model; validation loss falls and BLEU > 0."""
