@@ -171,6 +171,7 @@ def test_speak_gives_waveforms_and_leaves_the_global_generator_alone(models, tmp
 
 def test_the_metadata_is_read_once(models, monkeypatch, sound, capsys) -> None:
     from qkv import checkpoint
+    from qkv.bundle import core  # where load looks read_meta up
     from qkv.hf import whisper
 
     real, reads = checkpoint.read_meta, []
@@ -179,7 +180,7 @@ def test_the_metadata_is_read_once(models, monkeypatch, sound, capsys) -> None:
         reads.append(Path(directory))
         return real(directory)
 
-    for module in (checkpoint, bundles, whisper):
+    for module in (checkpoint, core, whisper):
         monkeypatch.setattr(module, "read_meta", counted)
     for name, job in [
         ("de_en", "translate"),

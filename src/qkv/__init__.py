@@ -17,11 +17,11 @@ contracts in pyproject.toml, checked by ``lint-imports`` in the test command, en
     recipes.py                                recipes, and what every task shares
     runner.py                                 the one runner: start, fit, save, evaluate (every task)
     tasks/                                    one module per task: its recipe defaults and its parts of a run
-    bundle.py                                 a model directory loaded once, and one function per job
+    bundle/                                   a model directory loaded once (core.py), and one module per job
     serve/                                    the HTTP server and its page (an adapter, as cli/ is)
     cli/                                      the command line: the composition root (qkv serve starts serve/)
 
-This file holds the version and :func:`load`, which imports ``bundle.py`` when it is called:
+This file holds the version and :func:`load`, which imports ``bundle/`` when it is called:
 importing qkv loads nothing else.
 
     import qkv

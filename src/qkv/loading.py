@@ -7,11 +7,11 @@ its jobs run it: stacked for decoding, bfloat16 or int8, on its device), :func:`
 :func:`load_fusion_lm` (a language model to fuse into a speech model's beam search),
 :func:`matching_vocabularies` and :func:`matching_tokenizer` (a model directory's tokenizers,
 refused when they do not fit the model). The command line and the server load models through
-here (or through ``bundle.py``, built on it), so both refuse the same mistakes with the same words.
+here (or through ``bundle/``, built on it), so both refuse the same mistakes with the same words.
 
 What is not here: reading and checking the directory itself (``checkpoint.py``), the decoding
 preparations (``decoding_copies.for_decoding``, ``decoding_copies.int8_linears``), everything
-else a loaded model carries and the jobs it does (``bundle.py``).
+else a loaded model carries and the jobs it does (``bundle/``).
 """
 
 from __future__ import annotations

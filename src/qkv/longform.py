@@ -23,7 +23,7 @@ needs), :func:`transcribe_long` (one waveform's segments), :func:`decode_window`
 decodings, with what the fallback reads), and the pure parts it is built of:
 :func:`compression_ratio`, :func:`cut_segments`, :func:`needs_fallback`. What is not here:
 the rules (``decoding/whisper_rules.py``), the start tokens and settings (``hf/whisper.py``),
-the segments' files (``subtitles.py``), the library job (``bundle.py``).
+the segments' files (``subtitles.py``), the library job (``bundle/transcription.py``).
 
 Shapes use the legend of ``attention.py``: T frames, M mel bins, N rows, V vocabulary.
 """

@@ -16,7 +16,7 @@ What is here: :class:`Vad` (the settings), the pure steps (:func:`frame_levels`,
 :func:`hysteresis`, :func:`runs`, :func:`bridge_and_drop`, :func:`widen`, :func:`split_long`),
 and :func:`speech_pieces` with :func:`piece_waves` (their samples), and :func:`silero_pieces`,
 each over a source read a block at a time (memory: one block and one number per frame, 1.4 MB
-an hour of 10 ms frames). What is not here: transcribing the pieces (``bundle.py``), reading
+an hour of 10 ms frames). What is not here: transcribing the pieces (``bundle/transcription.py``), reading
 audio (``audio_stream.py``).
 
 Shapes: Y samples, F frames (of ``hop`` samples).

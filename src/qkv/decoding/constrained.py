@@ -28,7 +28,7 @@ output with every term, unless a scorer bans a term's tokens. Without terms the 
 What is here: :class:`Required` (with :data:`AT_START`), :func:`bank_sizes` and
 :func:`constrained_beam_search`. What
 is not: the plain searches (``search.py``), bans (``bans.py``), turning words into token
-sequences (the caller's tokenizer: ``bundle.py``).
+sequences (the caller's tokenizer: ``bundle/constraints.py``).
 
 Shapes use the legend of ``attention.py``: B inputs, W beam width, N rows (B·W hypotheses),
 V vocabulary, L tokens so far.

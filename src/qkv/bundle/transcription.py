@@ -1,0 +1,413 @@
+"""The transcribing job: :func:`transcriptions` (each input's :class:`Transcript`: audio files or
+waveforms decoded in batches, an imported Whisper's long or timed input window by window
+(:func:`long_transcript`), a long input to a model of qkv's own piece by piece, cut by voice
+activity), :func:`read_audio` (files as the model reads them, good and bad), an imported
+Whisper's rules and alignment heads (:func:`whisper_rules`, :func:`checked_heads`), and words
+timed by a CTC head (:func:`ctc_timed_words`); :data:`LM_WEIGHT`, the shallow-fusion weight.
+
+What is not here: the speech decoders (``qkv.tasks.asr``'s ``transcribe``), Whisper's long-form
+decoding (``qkv.longform``), voice activity (``qkv.vad``), the word timings
+(``qkv.word_timing``), the constraints (``constraints.py``), streamed recognition
+(``qkv.speech_streaming``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from qkv.audio import check_many, features
+from qkv.audio_stream import AudioSource
+from qkv.bundle.constraints import constraints
+from qkv.bundle.defaults import Audio
+from qkv.decoding import Scorer
+from qkv.errors import OptionError, UserError
+from qkv.hf.whisper import most_likely_languages
+from qkv.loading import load_fusion_lm
+from qkv.longform import LongForm, MelWindows, WhisperTokens, transcribe_long
+from qkv.subtitles import Segment
+from qkv.tasks.asr import too_short, transcribe
+from qkv.vad import Vad, piece_waves, speech_pieces
+from qkv.word_timing import UNSPACED, ctc_timed
+
+if TYPE_CHECKING:
+    from qkv.bundle.core import Bundle
+
+
+LM_WEIGHT = 0.3  # ESPnet's usual shallow-fusion weight; bench/asr.py --lm-weight measures others
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """One input's transcription: its text (stripped), its token ids, the language it was
+    decoded as (an imported multilingual Whisper's, given or detected; else None), the seconds
+    its features took, its share of its batch's decoding seconds, and its segments (with their
+    times: an imported Whisper's by its timestamps, else one for the whole input)."""
+
+    text: str
+    ids: list[int]
+    language: str | None
+    feature_seconds: float
+    decode_seconds: float
+    segments: tuple[Segment, ...] = ()
+
+
+def read_audio(
+    bundle: Bundle, paths: Sequence[str | Path], *, max_seconds: float | None = None
+) -> tuple[list[tuple[Path, AudioSource]], list[tuple[Path, str]]]:
+    """Audio files as the speech model reads them, ``(good, bad)``: each good file as a source
+    (``audio_stream.AudioSource``: checked, none of its samples kept; read again, a block at a
+    time, when transcribed), in order; each bad one with why, never raised
+    (``audio.check_many``): unreadable, longer than ``max_seconds`` (None: any length for an
+    imported Whisper, which reads long audio a window at a time, and for other models, which
+    read it piece by piece, cut by voice activity), or too short for the model's front-end."""
+    bundle.require("transcribe")
+    config = bundle.features
+    checked, bad = check_many(paths, max_seconds=max_seconds)
+    good = [(path, AudioSource(path, None, config.sample_rate, rate, frames)) for path, frames, rate in checked]
+    short = [too_short(bundle.model, config.frames(round(s.seconds * config.sample_rate))) for _, s in good]
+    bad += [
+        (path, f"{1000 * source.seconds:.0f} ms is too short for this model")
+        for (path, source), cut in zip(good, short, strict=True)
+        if cut
+    ]
+    return [g for g, cut in zip(good, short, strict=True) if not cut], bad
+
+
+def transcriptions(
+    bundle: Bundle,
+    audio: Sequence[Audio],
+    *,
+    beam_size: int | None = None,
+    ctc_weight: float | None = None,
+    ctc_only: bool = False,
+    length_penalty: float | None = None,
+    lm: str | Path | None = None,
+    lm_weight: float | None = None,
+    language: str | None = None,
+    task: str | None = None,
+    batch_size: int = 32,
+    on_batch: Callable[[int], None] | None = None,
+    prefix: str | None = None,
+    ban: Sequence[str] = (),
+    require: Sequence[str] = (),
+    timestamps: bool = False,
+    long_form: LongForm | None = None,
+    on_seconds: Callable[[float], None] | None = None,
+    vad: Vad | None = None,
+) -> list[Transcript]:
+    """Each input's transcript, in order: audio files (read at the model's rate) or mono
+    waveforms (N,) at :attr:`Bundle.sample_rate`.
+
+    An imported Whisper reads an input longer than its chunk (30 s), or any input with
+    ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
+    with temperature fallback, each window after the previous text; ``long_form``: its
+    settings, None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds
+    of audio read): its segments carry the timestamps' times. A model of qkv's own reads an
+    input longer than ``vad.max_seconds`` (``vad``: None, :class:`~qkv.vad.Vad`'s defaults,
+    30 s) piece by piece, cut where voice activity stops (``vad.py``), each piece a segment
+    with its times. Other inputs are decoded in batches, each one segment from 0 to its end.
+    Files are read a block at a time: memory does not grow with their length.
+
+    Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
+    ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
+    the recipe's (:attr:`Bundle.decode`), but an imported Whisper decodes greedily, with its
+    checkpoint's suppressed tokens (:func:`whisper_rules`), as transformers' ``generate`` does.
+    ``lm``: a language model directory of the same
+    tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
+    Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
+    a multilingual one without ``language`` from each input's own language, detected as
+    Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar). ``prefix``,
+    ``ban``, ``require``: constraints (:func:`constraints`; the prefix follows an imported
+    Whisper's start tokens, and a transcript's tokens and text start with it); not with
+    ``ctc_only``, and ``require`` not joint with the CTC prefix score.
+    """
+    bundle.require("transcribe")
+    d = bundle.decode
+    # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
+    beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
+    _check_transcription_options(
+        bundle,
+        lm,
+        lm_weight,
+        language,
+        task,
+        ctc_only,
+        d.ctc_weight if ctc_weight is None else ctc_weight,
+        prefix,
+        ban,
+        require,
+    )
+    steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
+    fused = None
+    if lm is not None:
+        bf16 = bundle.precision == "bf16"
+        fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
+    vad = vad or Vad()
+    feats, seconds, sources, waves = [], [], [], []
+    for i, item in enumerate(audio):
+        sources.append(_source(bundle, item, i))
+        began = time.perf_counter()
+        cut = bundle.whisper is None and sources[-1].seconds > vad.max_seconds  # read piece by piece
+        waves.append(None if cut else _head(bundle, sources[-1]))  # a Whisper's first chunk and a sample more
+        feats.append(None if cut else features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
+        seconds.append(time.perf_counter() - began)
+    starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
+    found: list[Transcript | None] = [None] * len(feats)
+    windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, timestamps)]
+    voiced = [i for i, w in enumerate(waves) if w is None]
+    _check_pieced(vad, bool(windowed), bool(voiced), beam_size, prefix, require)
+    for i in windowed:
+        began = time.perf_counter()
+        segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
+        found[i] = _of_segments(segments, "", languages[i], seconds[i], began, on_batch)
+
+    def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
+        return transcribe(
+            bundle.model,
+            bundle.vocab.target,
+            rows,
+            beam_size=beam,
+            ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
+            ctc_only=ctc_only,
+            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
+            batch_size=batch_size,
+            prefix=_started_with(bundle, start, steer.shown),
+            on_batch=report,
+            lm=fused,
+            lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
+            scorers=[*whisper_rules(bundle), *steer.scorers],
+            required=required,
+        )
+
+    for i in voiced:
+        began = time.perf_counter()
+        segments = _voiced(bundle, sources[i], vad, lambda rows: decode(rows, None, None, None), batch_size)
+        found[i] = _of_segments(segments, " ", None, seconds[i], began, on_batch)
+    groups: dict[tuple[int, ...] | None, list[int]] = {}
+    for i, start in enumerate(starts):
+        if found[i] is None:
+            groups.setdefault(start, []).append(i)
+    for start, rows in groups.items():
+        required = None if steer.required is None else [steer.required[i] for i in rows]
+        heard = decode([feats[i] for i in rows], start, required, on_batch)
+        for i, h in zip(rows, heard, strict=True):
+            ids = [*steer.shown, *h.ids]
+            text = bundle.vocab.target.decode(ids) if steer.shown else h.text
+            whole = Segment(0.0, waves[i].numel() / bundle.sample_rate, text.strip(), tuple(ids))
+            found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds, (whole,))
+    return [t for t in found if t is not None]
+
+
+def _check_transcription_options(
+    bundle: Bundle,
+    lm: str | Path | None,
+    lm_weight: float | None,
+    language: str | None,
+    task: str | None,
+    ctc_only: bool,
+    ctc_weight: float,
+    prefix: str | None,
+    ban: Sequence[str],
+    require: Sequence[str],
+) -> None:
+    """:func:`transcriptions`' options that cannot go together, refused in one line."""
+    if lm_weight is not None and lm is None:
+        raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
+    if bundle.whisper is None and (language is not None or task is not None):
+        raise OptionError("language and task apply to imported Whisper models only", "language", "task")
+    named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
+    if ctc_only and named:
+        raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
+    if require and ctc_weight > 0:
+        raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+
+
+def _check_pieced(
+    vad: Vad, windowed: bool, voiced: bool, beam_size: int | None, prefix: str | None, require: Sequence[str]
+) -> None:
+    """Inputs read in pieces (an imported Whisper's windows, or pieces cut by voice activity)
+    take no per-transcript constraint, and a Whisper's windows no beam: refused in one line."""
+    if voiced and (prefix is not None or require):
+        raise OptionError(
+            f"inputs longer than {vad.max_seconds:g} s are transcribed piece by piece, cut by voice activity: "
+            "no prefix or require there",
+            "prefix",
+            "require",
+        )
+    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
+        raise OptionError(
+            "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
+            "no beam_size, prefix or require there",
+            "beam_size",
+            "prefix",
+            "require",
+        )
+
+
+def _of_segments(
+    segments: list[Segment],
+    joiner: str,
+    language: str | None,
+    read_seconds: float,
+    began: float,
+    on_batch: Callable[[int], None] | None,
+) -> Transcript:
+    """One input's transcript from the segments it was read in (its text: theirs joined by
+    ``joiner``, stripped; ``began``: when its decoding started), reported as one input done."""
+    ids = [t for s in segments for t in s.tokens]
+    text = joiner.join(s.text for s in segments).strip()
+    found = Transcript(text, ids, language, read_seconds, time.perf_counter() - began, tuple(segments))
+    if on_batch is not None:
+        on_batch(1)
+    return found
+
+
+def _voiced(
+    bundle: Bundle, source: AudioSource, vad: Vad, decode: Callable[[list[Tensor]], list], batch_size: int
+) -> list[Segment]:
+    """A long input to a model of qkv's own, cut by voice activity (``vad.speech_pieces``): each
+    piece decoded (``decode``: features -> transcriptions, ``batch_size`` pieces at a time, read
+    as they come), a segment each with its times; pieces heard as nothing are left out."""
+    rate, segments, batch = bundle.sample_rate, [], []
+    pieces = piece_waves(source, speech_pieces(source, vad))
+    for piece in itertools.chain(pieces, [None]):
+        batch += [] if piece is None else [piece]
+        if batch and (piece is None or len(batch) == batch_size):
+            heard = decode([features(wave, bundle.features) for _, _, wave in batch])
+            for (start, end, _), h in zip(batch, heard, strict=True):
+                if h.text.strip():
+                    segments.append(Segment(start / rate, end / rate, h.text.strip(), tuple(h.ids)))
+            batch = []
+    return segments
+
+
+def _windowed(bundle: Bundle, wave: Tensor, timestamps: bool) -> bool:
+    """Whether an imported Whisper reads an input window by window (longer than its chunk, or
+    timed), given ``wave``, its :func:`_head`; never for other models."""
+    if bundle.whisper is None:
+        return False
+    return timestamps or wave.numel() > bundle.features.chunk_seconds * bundle.sample_rate
+
+
+def long_transcript(
+    bundle: Bundle,
+    wave: Tensor | AudioSource | MelWindows,
+    start: tuple[int, ...],
+    options: LongForm | None,
+    bans: Sequence[Scorer] = (),
+    on_seconds: Callable[[float], None] | None = None,
+) -> list[Segment]:
+    """An imported Whisper's segments of ``wave`` (``longform.transcribe_long``) from the start
+    tokens ``start`` (<|notimestamps|> left out), with its rules and ``bans``."""
+    settings, tokenizer = bundle.whisper, bundle.vocab.target
+    if settings.no_timestamps_id is None:
+        raise UserError(
+            f"{bundle.path}: the model has no <|notimestamps|> token, so no timestamps to read long audio by"
+        )
+    token = tokenizer.backend.token_to_id
+    ids = WhisperTokens(
+        start=tuple(t for t in start if t != settings.no_timestamps_id),
+        previous=token("<|startofprev|>"),
+        no_speech=token("<|nospeech|>") if token("<|nospeech|>") is not None else token("<|nocaptions|>"),
+        timestamp_begin=settings.no_timestamps_id + 1,
+        eos=bundle.model.config.eos_id,
+        rules=(*whisper_rules(bundle, timestamps=True), *bans),
+        alignment_heads=checked_heads(bundle),
+        spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
+    )
+    return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
+
+
+def ctc_timed_words(bundle: Bundle, item: Audio, i: int, found: Transcript) -> Transcript:
+    """``found`` (one segment, the whole input) with its words timed by the CTC head (forced
+    alignment, ``word_timing.ctc_timed``); none where the head cannot read them. The input is
+    one the model reads whole (at most its window), so its samples are gathered whole here."""
+    wave = torch.from_numpy(np.concatenate([np.zeros(0, np.float32), *_source(bundle, item, i).blocks()]))  # (Y,)
+    feats = features(wave, bundle.features)  # (T, M)
+    texts = bundle.vocab.target.token_texts()
+    words = ctc_timed(bundle.model, feats, found.ids, texts)
+    segments = tuple(replace(s, words=words) for s in found.segments[:1])
+    return replace(found, segments=segments)
+
+
+def checked_heads(bundle: Bundle) -> tuple[tuple[int, int], ...]:
+    """An imported Whisper's alignment heads, each one the decoder has (else a UserError)."""
+    c = bundle.model.config
+    wrong = [pair for pair in bundle.whisper.alignment_heads if pair[0] >= c.n_decoder_layers or pair[1] >= c.n_heads]
+    if wrong:
+        raise UserError(
+            f"{bundle.path}: alignment head(s) {wrong} not in the decoder ({c.n_decoder_layers} layers of {c.n_heads})"
+        )
+    return bundle.whisper.alignment_heads
+
+
+def whisper_rules(bundle: Bundle, *, timestamps: bool = False) -> list[Scorer]:
+    """An imported Whisper's decoding rules (suppressed tokens; with ``timestamps``, the timestamp
+    rules) as scorers, as transformers' ``generate`` applies them; none for other models."""
+    if bundle.whisper is None:
+        return []
+    return bundle.whisper.scorers(eos=bundle.model.config.eos_id, timestamps=timestamps)
+
+
+def _started_with(bundle: Bundle, start: tuple[int, ...] | None, shown: list[int]) -> list[int] | None:
+    """The decoder's forced first tokens: the start tokens (None: BEGIN alone), then the prefix's."""
+    if not shown:
+        return None if start is None else list(start)
+    return [*(start or [bundle.model.config.bos_id]), *shown]
+
+
+def _source(bundle: Bundle, item: Audio, i: int) -> AudioSource:
+    """Input ``i``: a file (checked, any length, read at the model's rate when used), a mono
+    waveform as given, or a source as it is."""
+    config = bundle.features
+    if isinstance(item, AudioSource):
+        return item
+    if isinstance(item, str | Path):
+        return AudioSource.of_file(item, config.sample_rate)
+    wave = torch.as_tensor(item, dtype=torch.float32)
+    if wave.ndim != 1:
+        raise UserError(f"input {i + 1}: a waveform is one channel of samples (N,), not {tuple(wave.shape)}")
+    return AudioSource.of_wave(wave, config.sample_rate)
+
+
+def _head(bundle: Bundle, source: AudioSource) -> Tensor:
+    """What is read of an input before decoding: an imported Whisper's first chunk and one sample
+    more (its features read the chunk; a longer input is read window by window from its source),
+    else the whole input."""
+    if bundle.whisper is None:
+        return source.whole()
+    return source.head(round(bundle.features.chunk_seconds * bundle.sample_rate) + 1)
+
+
+def _start_tokens(
+    bundle: Bundle, feats: list[Tensor], *, language: str | None, task: str
+) -> tuple[list[tuple[int, ...] | None], list[str | None]]:
+    """Each input's forced start tokens and language: None and None for a model of qkv's own
+    (BEGIN alone); an imported Whisper's for ``language`` and ``task``, or, for a multilingual
+    one without ``language``, for each input's own language, detected 16 inputs at a time."""
+    settings, n = bundle.whisper, len(feats)
+    if settings is None:
+        return [None] * n, [None] * n
+    where, start = bundle.path / "config.json", bundle.model.config.bos_id
+
+    def prefix(code: str | None) -> tuple[int, ...]:
+        return tuple(settings.prefix(start, language=code, task=task, timestamps=False, where=where))
+
+    if language is not None or not settings.multilingual:
+        return [prefix(language)] * n, [language] * n
+    dtype = next(bundle.model.parameters()).dtype
+    codes = [
+        code
+        for i in range(0, n, 16)
+        for code in most_likely_languages(bundle.model, [f.to(dtype) for f in feats[i : i + 16]], settings, where=where)
+    ]
+    return [prefix(code) for code in codes], codes
