@@ -383,8 +383,9 @@ def test_speech_in_upload_and_microphone(site, browser, heard_wav):
     page.wait_for_function("Number(document.getElementById('transcript').dataset.partials) > 0")  # a second heard
     page.get_by_role("button", name="Stop").click()
     page.wait_for_selector('#segments[data-done="true"]', state="attached")  # the recording, read again whole
+    kinds = [json.loads(m)["type"] for m in received]
+    assert kinds[0] == "partial" and "final" in kinds  # a guess while it listens, then the final
     messages = [json.loads(m) for m in received]
-    assert messages[0]["type"] == "partial" and messages[-1]["type"] == "final"  # a guess, then the final
     streamed = " ".join(m["text"] for m in messages if m["type"] == "final")
     assert streamed and page.locator("#transcript").text_content() == streamed
     assert page.locator("#transcript .word").count() == len(streamed.split())
@@ -394,8 +395,8 @@ def test_speech_in_upload_and_microphone(site, browser, heard_wav):
     assert rate == 16000 and len(samples) / rate > 0.9 and np.abs(samples).max() > 300  # sound, not silence
     assert b"".join(f for f in sent if isinstance(f, bytes)) == samples.tobytes()  # every sample, once, in order
     assert json.loads(sent[-1]) == {"type": "end"}
-    # One decoding step before Stop commits nothing (a step commits what two decodings agree on),
-    # so the final is the whole recording decoded at once: what the API makes of the same WAV.
+    # The stream commits what two decodings of the growing buffer agree on; this tiny model writes
+    # the same for any stretch of the recording, so the stream's text is what the API makes of the WAV.
     assert streamed == _verbose(site, recorded)["text"]
     page.close()
 
@@ -551,7 +552,7 @@ def test_real_tiny_en_streams_the_microphone_as_it_transcribes_the_recording(tmp
     finally:
         server.stop()
     messages = [json.loads(m) for m in received]
-    assert messages[0]["type"] == "partial" and messages[-1]["type"] == "final"
+    assert messages[0]["type"] == "partial" and "final" in [m["type"] for m in messages]
     assert all(m["timing"] == "aligned" for m in messages if m["type"] == "final") and "alignment" in times
     print(f"streamed {streamed!r}; the recording at once {offline!r}")
     assert _digit_words(streamed)[:3] == ["three", "seven", "one"]

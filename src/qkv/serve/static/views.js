@@ -214,6 +214,7 @@ function startLive() {
   views.speech = null;
   $("speech-audio").removeAttribute("src");
   $("segments").replaceChildren();
+  delete $("segments").dataset.done;
   $("speech-figure").hidden = true;
   $("transcript").replaceChildren();
   $("transcript").dataset.partials = "0";
