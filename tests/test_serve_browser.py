@@ -13,10 +13,16 @@ The same server also serves a tiny recognizer and Transformer-TTS of qkv's own a
 with a chat template, for the page's other views, in the same browser, whose fake microphone plays a
 WAV file (an FSDD recording where ``QKV_DATA`` has one, else a tone): an uploaded file's transcript
 on the page is the API's, with its segments and a segment's cross-attention drawn to the size the API
-gives; a recording from the microphone is transcribed as the API transcribes the WAV the page
-recorded; a spoken sentence loads in the ``<audio>`` element with the WAV's duration (within a frame)
-and its cross-attention is drawn; a streamed chat answer is the API's whole greedy answer, arrived in
-pieces, and clicking an answer token shades the conversation by the API's weights.
+gives; the microphone streams over /v1/audio/stream (a partial while it listens, then finals as
+words; the recording is exactly the frames sent, and its API transcript the stream's text), and
+Chromium's own WebSocket gets in with the API key among its subprotocols (a server of its own with
+keys) and is refused with a wrong one; a spoken sentence loads in the ``<audio>`` element with the
+WAV's duration (within a frame) and its cross-attention is drawn; a streamed chat answer is the
+API's whole greedy answer, arrived in pieces, and clicking an answer token shades the conversation
+by the API's weights.
+
+Marked slow: Whisper tiny.en imported and served, the microphone playing three FSDD digits, its
+stream's words (aligned by the model) those the API gives for the recording.
 
 Skipped, saying why, where Playwright or Chromium is missing; CI installs both.
 """
