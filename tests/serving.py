@@ -4,12 +4,15 @@ port."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,9 +23,16 @@ from qkv.checkpoint import save_model
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
+from qkv.serve.settings import Settings
 from qkv.tokenization import FILE, Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+# The Chromium the page's tests drive through Playwright (Debian's, which scripts/setup.sh installs; None: skip).
+CHROMIUM = next(
+    (p for p in (os.environ.get("QKV_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")) if p),
+    None,
+)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking"]
 # German and Chinese among the characters, so texts in both round-trip through every endpoint.
 CHARACTERS = "Ein Hund läuft über die Wiese. Grüße aus 北京, 你好世界! A dog runs on the grass: 0123456789"
 
@@ -111,6 +121,37 @@ class Server:
             self.process.kill()
             self.process.wait()
         return self.process.returncode, self.stderr()
+
+
+class LocalServer:
+    """The app (``create_app``, as ``qkv serve`` builds it) served by uvicorn on a free loopback
+    port in a thread of this process: a real socket, without a second process's start-up."""
+
+    def __init__(self, model: Path, settings: Settings) -> None:
+        import uvicorn
+
+        from qkv.serve.app import create_app
+        from qkv.serve.models import load_served
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(load_served([str(model)]), settings)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def key_protocol(key: str) -> str:
+    """The WebSocket subprotocol that carries ``key``: ``qkv.bearer.`` and the key in base64url, unpadded."""
+    return "qkv.bearer." + base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:

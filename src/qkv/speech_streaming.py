@@ -20,16 +20,22 @@ decoding:
 
 Words are compared by their letters and digits, casefolded (:func:`spelled`): a word that gains
 a comma or a capital between two decodings still agrees. The decoder gives segments with times
-but no word times; a word's times are its segment's, shared out by characters (:func:`words_of`),
-an estimate a final's ``start`` and ``end`` carry.
+but no word times. A step that commits words first has them timed where a ``timer`` can (an
+imported Whisper: the cross-attention of its alignment heads, as its word timestamps are found,
+``word_timing.py``; :func:`timer_of`), each word's times those of the timed words that hold its
+characters (:func:`aligned`); elsewhere (a model of qkv's own, a timer's words that do not spell
+the segment) a word's times are its segment's, shared out by characters (:func:`words_of`): an
+estimate, and :attr:`Word.aligned` says which.
 
 What is here: :class:`StreamOptions`, :class:`Word`, :class:`Update` (what one step commits and
-what it guesses beyond), the pure parts (:func:`words_of`, :func:`spelled`, :func:`agreed`,
-:func:`resaid`, :func:`cut_at`, :func:`trusted`), :class:`SpeechStream` (the policy's state,
-over a ``decode`` function) and :func:`decoder_of` (a loaded speech model's decoding as that function: an imported
-Whisper's segments by its timestamps, greedy, after the prompt; a model of qkv's own, one segment).
-What is not here: the decoding (``bundle.transcriptions``, ``longform.py``), the WebSocket
-(``serve/routes/stream.py``).
+what it guesses beyond), the pure parts (:func:`words_of`, :func:`aligned`, :func:`spelled`,
+:func:`agreed`, :func:`resaid`, :func:`cut_at`, :func:`trusted`), :class:`SpeechStream` (the
+policy's state, over a ``decode`` function and an optional ``timer``), :func:`decoder_of` (a
+loaded speech model's decoding as that function: an imported Whisper's segments by its
+timestamps, greedy, after the prompt; a model of qkv's own, one segment) and :func:`timer_of`
+(an imported Whisper's word timing of a decoded buffer).
+What is not here: the decoding (``bundle.transcriptions``, ``longform.py``), the alignment
+(``word_timing.py``), the WebSocket (``serve/routes/stream.py``).
 
 Shapes: a waveform (Y,) of samples at the decoder's rate.
 """
@@ -41,16 +47,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.bundle import Bundle, transcriptions
+from qkv.audio_stream import AudioSource, WhisperFrames
+from qkv.bundle import Bundle, checked_heads, transcriptions
+from qkv.hf.whisper import most_likely_languages
 from qkv.longform import LongForm, compression_ratio
 from qkv.subtitles import Segment
 from qkv.tasks.asr import too_short
+from qkv.word_timing import UNSPACED, align_window, fit_words
 
 Decode = Callable[
     [Tensor, str], Sequence[Segment]
 ]  # (buffer (Y,), prompt) -> segments, seconds from the buffer's start
+Timer = Callable[
+    [Tensor, Sequence[Segment]], Sequence[Segment]
+]  # (buffer (Y,), its segments) -> the same segments, their words timed (Segment.words)
 LETTERS = re.compile(r"[\W_]+")
 
 
@@ -74,11 +87,13 @@ class StreamOptions:
 
 @dataclass(frozen=True)
 class Word:
-    """A word as decoded (punctuation kept) and its estimated times, in seconds from the stream's start."""
+    """A word as decoded (punctuation kept) and its times, in seconds from the stream's start:
+    the model's alignment (``aligned``) or a share of its segment's by characters (an estimate)."""
 
     text: str
     start: float
     end: float
+    aligned: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,19 +115,39 @@ class Update:
 
 
 def words_of(segments: Sequence[Segment], offset: float) -> tuple[list[Word], list[int]]:
-    """The segments' words (split at white space) with times ``offset`` seconds later, each a
-    share of its segment's time in proportion to its characters; and how many words there are
+    """The segments' words (split at white space) with times ``offset`` seconds later: where a
+    segment's timed words (``Segment.words``) spell it, each word's :func:`aligned` times, else
+    a share of its segment's time in proportion to its characters; and how many words there are
     up to the end of each segment (cumulative)."""
     words, counts = [], []
     for s in segments:
         pieces = s.text.split()
+        timed = aligned(pieces, [(w.word, w.start, w.end) for w in s.words]) if s.words else None
         total, at = sum(map(len, pieces)) or 1, 0
-        for piece in pieces:
+        for i, piece in enumerate(pieces):
             begin = s.start + (s.end - s.start) * at / total
             at += len(piece)
-            words.append(Word(piece, offset + begin, offset + s.start + (s.end - s.start) * at / total))
+            end = s.start + (s.end - s.start) * at / total
+            if timed is not None:
+                begin, end = timed[i]
+            words.append(Word(piece, offset + begin, offset + end, timed is not None))
         counts.append(len(words))
     return words, counts
+
+
+def aligned(pieces: Sequence[str], timed: Sequence[tuple[str, float, float]]) -> list[tuple[float, float]] | None:
+    """Each piece's (start, end): from the start of the timed word (text, start, end) that holds
+    its first character to the end of the one that holds its last, white space aside (the two
+    may split a text differently: Whisper's words keep a hyphen's halves apart). None when the
+    timed words do not spell the pieces."""
+    owners = [(start, end) for text, start, end in timed for _ in "".join(text.split())]
+    if "".join(pieces) != "".join("".join(text.split()) for text, _, _ in timed):
+        return None
+    out, at = [], 0
+    for piece in pieces:
+        out.append((owners[at][0], owners[at + len(piece) - 1][1]))
+        at += len(piece)
+    return out
 
 
 def spelled(word: str) -> str:
@@ -161,13 +196,21 @@ def cut_at(ends: Sequence[float], counts: Sequence[int], committed: int) -> tupl
 
 class SpeechStream:
     """LocalAgreement-2 over ``decode`` (see the module): :meth:`insert` audio as it arrives,
-    :meth:`step` when :meth:`ready`, :meth:`finish` at the end.
+    :meth:`step` when :meth:`ready`, :meth:`finish` at the end. ``timer``: the words a step
+    commits are timed by it (None: their times are estimates).
 
     Shapes: each chunk (Y,) at ``sample_rate``.
     """
 
-    def __init__(self, decode: Decode, *, sample_rate: int, options: StreamOptions = StreamOptions()) -> None:
-        self.decode, self.rate, self.options = decode, sample_rate, options
+    def __init__(
+        self,
+        decode: Decode,
+        *,
+        sample_rate: int,
+        options: StreamOptions = StreamOptions(),
+        timer: Timer | None = None,
+    ) -> None:
+        self.decode, self.rate, self.options, self.timer = decode, sample_rate, options, timer
         self.buffer = torch.zeros(0)  # (Y,) the audio since the last cut
         self.offset = 0.0  # seconds of the stream before the buffer
         self.fresh = 0  # samples inserted since the last decoding
@@ -195,12 +238,16 @@ class SpeechStream:
         return " ".join(w.text for w in before)[-self.options.prompt_chars :]
 
     def step(self) -> Update:
-        """Decode the buffer and commit what the last two hypotheses agree on."""
-        words, counts, ends, skip = self._hypothesis()
+        """Decode the buffer and commit what the last two hypotheses agree on (timed by the
+        timer, when there is one: only a step that commits pays for it)."""
+        segments, words, counts, skip = self._hypothesis()
         tail = words[skip:]
         n = agreed([w.text for w in self.pending], [w.text for w in tail])
+        if n:
+            tail = self._timed(segments, words)[skip:]
         new = self._commit(tail[:n])
         self.pending = tail[n:]
+        ends = [s.end for s in segments]
         cut = cut_at(ends, counts, skip + n) if self.seconds > self.options.trim_seconds else None
         if cut is not None:
             self._cut(cut[0], cut[1])
@@ -210,30 +257,39 @@ class SpeechStream:
         return Update(new, tuple(self.pending))
 
     def finish(self) -> Update:
-        """Decode what is left (if any audio came since the last step) and commit it whole."""
-        if self.fresh:
-            words, _, _, skip = self._hypothesis()
-            self.pending = words[skip:]
+        """Decode what is left and commit it whole: if any audio came since the last step, or
+        the guess left has words the timer could time (the same buffer decodes the same)."""
+        if self.fresh or (self.pending and self.timer is not None):
+            segments, words, _, skip = self._hypothesis()
+            self.pending = self._timed(segments, words)[skip:]
         new = self._commit(self.pending)
         self._cut(self.seconds, self.in_buffer)
         return Update(new, ())
 
-    def _hypothesis(self) -> tuple[list[Word], list[int], list[float], int]:
-        """The buffer decoded: its words, the words up to each segment's end, the segments' ends
-        (seconds from the buffer's start), how many leading words re-say committed ones."""
+    def _hypothesis(self) -> tuple[list[Segment], list[Word], list[int], int]:
+        """The buffer decoded: its segments (seconds from the buffer's start), its words, the
+        words up to each segment's end, how many leading words re-say committed ones."""
         self.fresh = 0
         segments = list(self.decode(self.buffer, self.prompt())) if self.buffer.numel() else []
         words, counts = words_of(segments, self.offset)
         heard = self.committed[len(self.committed) - self.in_buffer :]
         skip = resaid([w.text for w in words], [w.text for w in heard])
-        return words, counts, [s.end for s in segments], skip
+        return segments, words, counts, skip
+
+    def _timed(self, segments: list[Segment], words: list[Word]) -> list[Word]:
+        """``words`` (the hypothesis's, of ``segments``) with the timer's times where it has
+        them; the same words, as they were, without a timer or segments."""
+        if self.timer is None or not segments:
+            return words
+        timed, _ = words_of(self.timer(self.buffer, segments), self.offset)
+        return timed if [w.text for w in timed] == [w.text for w in words] else words
 
     def _commit(self, words: Sequence[Word]) -> tuple[Word, ...]:
         """Commit ``words``, their times kept in order (a word starts no earlier than the last ended)."""
         out = []
         for w in words:
             last = self.committed[-1].end if self.committed else 0.0
-            self.committed.append(Word(w.text, max(w.start, last), max(w.end, last)))
+            self.committed.append(Word(w.text, max(w.start, last), max(w.end, last), w.aligned))
             out.append(self.committed[-1])
         self.in_buffer += len(out)
         return tuple(out)
@@ -281,3 +337,47 @@ def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None 
         return trusted(found.segments, options.compression_ratio_threshold if options else None)
 
     return decode
+
+
+def timer_of(bundle: Bundle, *, language: str | None = None, task: str | None = None) -> Timer | None:
+    """An imported Whisper's word timing of a decoded buffer, as its word timestamps are found
+    (``longform.py`` with ``word_timestamps``): the buffer read as one window, the segments' text
+    aligned by the checkpoint's alignment heads (``word_timing.align_window``; none named: the
+    upper half's heads) and fitted to the segments (``fit_words``). ``language``: the buffer's
+    (None: a multilingual model detects it). A buffer longer than the window keeps its segments
+    as they are. None for a model of qkv's own (its words keep their estimates)."""
+    settings = bundle.whisper
+    if settings is None or settings.no_timestamps_id is None:
+        return None
+    heads, eot, tokenizer = checked_heads(bundle), bundle.model.config.eos_id, bundle.vocab.target
+    where, bos = bundle.path / "config.json", bundle.model.config.bos_id
+    frames = round(bundle.features.chunk_seconds * bundle.sample_rate) // bundle.features.hop_length  # a window
+
+    @torch.no_grad()
+    def timed(wave: Tensor, segments: Sequence[Segment]) -> Sequence[Segment]:
+        source = AudioSource.of_wave(wave, bundle.sample_rate)
+        mel = WhisperFrames(source, bundle.features, pad_seconds=bundle.features.chunk_seconds)
+        size = mel.frames - frames  # the buffer's own frames (a window of zeros follows them)
+        if not segments or not 0 < size <= frames:
+            return segments
+        window = F.pad(mel.window(0, size), (0, 0, 0, frames - size))  # (T, M): as longform pads one
+        window = window.to(next(bundle.model.parameters()).dtype)
+        code = language
+        if code is None and settings.multilingual:
+            (code,) = most_likely_languages(bundle.model, [window], settings, where=where)
+        start = settings.prefix(bos, language=code, task=task or "transcribe", timestamps=True, where=where)
+        text = [t for s in segments for t in s.tokens if t < eot]
+        words = align_window(
+            bundle.model,
+            window,
+            size,
+            start,
+            text,
+            no_timestamps=settings.no_timestamps_id,
+            heads=heads,
+            decode=tokenizer.decode,
+            spaces=code not in UNSPACED,
+        )
+        return fit_words(segments, words, 0.0, 0.0, eot)[0]
+
+    return timed

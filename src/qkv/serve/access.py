@@ -2,7 +2,9 @@
 
 What is here, as plain logic the middleware (``middleware.py``) applies:
 :class:`Keys` (the API keys a request may carry as ``Authorization: Bearer KEY``, compared in
-constant time; a key is named in logs by :func:`key_id`, never itself), :class:`RateLimiter`
+constant time; a key is named in logs by :func:`key_id`, never itself), :func:`protocol_key`
+(the key a browser's WebSocket carries among its subprotocols, as it cannot set a header:
+:data:`KEY_PROTOCOL` and the key in base64url, beside :data:`PROTOCOL`), :class:`RateLimiter`
 (a token bucket per key, or per client address without keys: 429 with Retry-After beyond it)
 and :func:`request_id` (the id in every response's ``X-Request-ID`` and every log line: the
 client's own when it is a plain short one, else a new one).
@@ -12,16 +14,24 @@ What is not here: HTTP (``middleware.py``), the options (``qkv.cli.serve``).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import math
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 MAX_CLIENTS = 10_000  # buckets kept at most; beyond, the full (idle) ones are forgotten
+# A browser's WebSocket cannot set Authorization; it can offer subprotocols (RFC 6455 section
+# 4.1), tokens of RFC 7230's characters, which a key may go beyond (any visible ASCII): the key
+# goes base64url-encoded after KEY_PROTOCOL (as Kubernetes' "base64url.bearer.authorization.k8s.io."),
+# beside PROTOCOL, the one the server selects (a browser fails a handshake whose answer selects
+# none of those it offered; the key is never sent back).
+PROTOCOL = "qkv"
+KEY_PROTOCOL = "qkv.bearer."
 
 
 def key_id(key: str) -> str:
@@ -50,6 +60,19 @@ class Keys:
             if hmac.compare_digest(digest, known) and scheme.lower() == "bearer":
                 found = name
         return found
+
+
+def protocol_key(offered: Sequence[str]) -> str | None:
+    """The key among a WebSocket's offered subprotocols: the first :data:`KEY_PROTOCOL` one's,
+    base64url-decoded (padding optional); None when there is none or it is not base64url text."""
+    for protocol in offered:
+        if protocol.startswith(KEY_PROTOCOL):
+            code = protocol[len(KEY_PROTOCOL) :]
+            try:
+                return base64.b64decode(code + "=" * (-len(code) % 4), altchars=b"-_", validate=True).decode()
+            except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+                return None
+    return None
 
 
 class RateLimiter:

@@ -7,7 +7,8 @@ What is here, outermost first (``app.create_app`` stacks them):
     CORS                Starlette's, only when origins are named (``Settings.cors_origins``)
     :class:`Gate`       the API key (401) and the rate limit (429 with Retry-After) of every
                         path but ``/health``: routes, the page, ``/docs``, ``/metrics``, unknown paths,
-                        and WebSocket handshakes (``/v1/audio/stream``: refused before it opens)
+                        and WebSocket handshakes (``/v1/audio/stream``: refused before it opens; the
+                        key in the header or, from a browser, among the subprotocols)
     :class:`BodyLimit`  a body over the limit: 413, read no further
 and :class:`RequestIdFilter`, which puts the request id into every log record of the request.
 
@@ -21,7 +22,7 @@ import contextvars
 import logging
 import time
 
-from qkv.serve.access import Keys, RateLimiter, request_id
+from qkv.serve.access import KEY_PROTOCOL, PROTOCOL, Keys, RateLimiter, protocol_key, request_id
 from qkv.serve.errors import error_response
 from qkv.serve.metrics import Metrics
 
@@ -124,11 +125,29 @@ class Observe:
             REQUEST_ID.reset(token)
 
 
+NEEDS_KEY = "this server needs an API key: send the header 'Authorization: Bearer KEY' with a key it knows"
+NEEDS_KEY_WS = (
+    f"{NEEDS_KEY} (a browser's WebSocket, which cannot: offer the subprotocols '{PROTOCOL}' and "
+    f"'{KEY_PROTOCOL}' followed by the key in base64url)"
+)
+
+
+def authorization(scope) -> str | None:
+    """The credentials a request carries: its ``Authorization`` header, else (a WebSocket's
+    handshake) the key among its subprotocols, as a Bearer header would say it."""
+    given = header(scope, b"authorization")
+    if given is None and scope["type"] == "websocket":
+        key = protocol_key(scope.get("subprotocols", ()))
+        given = None if key is None else f"Bearer {key}"
+    return given
+
+
 class Gate:
     """Who may pass: with keys, a request must carry one (401 otherwise, ``WWW-Authenticate:
-    Bearer``); with a rate limit, a key (without keys, a client address) may make that many
-    requests a minute (429 and Retry-After beyond). ``/health`` always passes, for a load
-    balancer's checks: it tells only that the server is up and how busy."""
+    Bearer``; a WebSocket's may be among its subprotocols, :func:`authorization`); with a rate
+    limit, a key (without keys, a client address) may make that many requests a minute (429 and
+    Retry-After beyond). ``/health`` always passes, for a load balancer's checks: it tells only
+    that the server is up and how busy."""
 
     OPEN = "/health"
 
@@ -141,12 +160,10 @@ class Gate:
         refuse = refusing_handshake(scope, send) if scope["type"] == "websocket" else send
         identity = scope["client"][0] if scope.get("client") else "-"
         if self.keys:
-            name = self.keys.match(header(scope, b"authorization"))
+            name = self.keys.match(authorization(scope))
             if name is None:
                 self.metrics.refused.labels("unauthorized").inc()
-                message = (
-                    "this server needs an API key: send the header 'Authorization: Bearer KEY' with a key it knows"
-                )
+                message = NEEDS_KEY_WS if scope["type"] == "websocket" else NEEDS_KEY
                 answer = error_response(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})
                 return await answer(scope, receive, refuse)
             scope.get(ACCESS, {})["key"] = name

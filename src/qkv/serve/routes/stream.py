@@ -1,16 +1,22 @@
 """``/v1/audio/stream``: speech recognised while it is spoken, over a WebSocket.
 
-The client opens ``ws://HOST/v1/audio/stream?model=NAME&language=CODE`` (both optional, as
-``/v1/audio/transcriptions`` takes them; with API keys, the same ``Authorization: Bearer KEY``
-header: 401 before the handshake without one), then sends
+The client opens ``ws://HOST/v1/audio/stream?model=NAME&language=CODE&timing=aligned`` (all
+optional: ``model`` and ``language`` as ``/v1/audio/transcriptions`` takes them; ``timing``:
+"aligned", word times by the model's alignment where it has one, or "estimated", none sought,
+a cheaper step; with API keys, the same ``Authorization: Bearer KEY``
+header, or, from a browser, which cannot set it, the key among the subprotocols it offers:
+``qkv.bearer.`` and the key in base64url, beside ``qkv``, the one the server answers with;
+401 before the handshake without a key it knows), then sends
 
   * binary messages: 16 kHz mono audio, 16-bit signed little-endian samples (``s16le``), any
     number of samples each, at most ``stream_max_message_bytes``;
   * a text message ``{"type": "end"}`` when the audio is over.
 
-The server answers JSON text messages: ``{"type": "final", "text", "start", "end"}`` for words
-it has committed (never taken back: the finals joined by spaces are the transcript, in order;
-``start`` and ``end`` in seconds of the stream, estimated from the segments' timestamps) and
+The server answers JSON text messages: ``{"type": "final", "text", "start", "end", "words",
+"timing"}`` for words it has committed (never taken back: the finals joined by spaces are the
+transcript, in order; ``start`` and ``end`` in seconds of the stream; ``words``: each word's
+``{"word", "start", "end"}``; ``timing``: "aligned" where an imported Whisper's alignment heads
+timed every word, else "estimated", the segments' times shared out by characters) and
 ``{"type": "partial", "text"}`` for its present guess beyond them; after ``end``, the last
 finals, then it closes (1000). The policy is local agreement (``qkv.speech_streaming``): every
 second of new audio the buffer is decoded again on the model thread (between other requests'
@@ -20,10 +26,11 @@ Refusals are ``{"type": "error", "error": {"code", "type", "message"}}`` and a c
 data the server cannot read (an odd number of bytes, a text that is not the end message);
 1008 for a limit (a message over ``stream_max_message_bytes``, more than
 ``stream_max_buffered_seconds`` of audio waiting to be decoded, nothing received for
-``stream_idle_seconds``) or a bad model or language; 1013 when every slot is taken; 1011 when
+``stream_idle_seconds``) or a bad model, language or timing; 1013 when every slot is taken; 1011 when
 a step fails or takes longer than the server's timeout. The stream holds one slot while open.
 
-What is not here: the policy (``qkv.speech_streaming``), the key check (``middleware.Gate``).
+What is not here: the policy (``qkv.speech_streaming``), the key check (``middleware.Gate``,
+``access.protocol_key``).
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ import torch
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from qkv.serve.access import PROTOCOL
 from qkv.serve.errors import ApiError, error_body
 from qkv.serve.models import Served
 from qkv.serve.service import Service
 from qkv.serve.validation import checked_language
-from qkv.speech_streaming import SpeechStream, Update, decoder_of
+from qkv.speech_streaming import SpeechStream, Update, decoder_of, timer_of
 
 router = APIRouter(tags=["audio"])
 PATH = "/v1/audio/stream"
@@ -137,19 +145,31 @@ def opened(ws: WebSocket, svc: Service) -> tuple[Served, str | None]:
     return served, language
 
 
+def aligning(ws: WebSocket) -> bool:
+    """Whether the query's ``timing`` asks for word times by the model's alignment ("aligned",
+    the default: where the model has one) or for estimates ("estimated": no alignment pass, a
+    cheaper step); :class:`Refused` (1008) for any other."""
+    timing = ws.query_params.get("timing", "aligned")
+    if timing not in ("aligned", "estimated"):
+        raise Refused(LIMIT, 400, "invalid_request", f"timing {timing[:40]!r}: 'aligned' or 'estimated'")
+    return timing == "aligned"
+
+
 @router.websocket(PATH)
 async def stream(ws: WebSocket) -> None:
     """Partial and final transcripts of 16 kHz s16le audio sent as it is spoken (see the module)."""
     svc: Service = ws.app.state.service
-    await ws.accept()
+    await ws.accept(subprotocol=PROTOCOL if PROTOCOL in ws.scope.get("subprotocols", ()) else None)
     free = None
     try:
         served, language = opened(ws, svc)
+        timer = timer_of(served.bundle, language=language) if aligning(ws) else None
         try:
             free = svc.take_slot()
         except ApiError as e:
             raise Refused(BUSY, e.code, e.kind, e.message) from None
-        await transcribe(ws, svc, SpeechStream(decoder_of(served.bundle, language=language), sample_rate=RATE))
+        speech = SpeechStream(decoder_of(served.bundle, language=language), sample_rate=RATE, timer=timer)
+        await transcribe(ws, svc, speech)
         await closed(ws, 1000)
     except Refused as e:
         svc.metrics.refused.labels(e.kind).inc()
@@ -207,10 +227,22 @@ async def step(svc: Service, speech: SpeechStream, chunk: torch.Tensor, ended: b
 async def send_update(ws: WebSocket, update: Update, ended: bool) -> None:
     """A step's final (if it committed words) and, unless the stream is over, its partial."""
     if update.committed:
-        start, end = update.committed[0].start, update.committed[-1].end
-        await ws.send_json({"type": "final", "text": update.text, "start": round(start, 3), "end": round(end, 3)})
+        await ws.send_json(final_message(update))
     if not ended:
         await ws.send_json({"type": "partial", "text": update.partial_text})
+
+
+def final_message(update: Update) -> dict:
+    """A step's committed words as a ``final`` message: their text, times and each word's."""
+    words = update.committed
+    return {
+        "type": "final",
+        "text": update.text,
+        "start": round(words[0].start, 3),
+        "end": round(words[-1].end, 3),
+        "words": [{"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)} for w in words],
+        "timing": "aligned" if all(w.aligned for w in words) else "estimated",
+    }
 
 
 async def say(ws: WebSocket, message: dict) -> None:

@@ -1,7 +1,8 @@
 """The page's views of speech and chat: ``POST /v1/audio/attention`` (a transcript segment's
 cross-attention over its spectrogram), ``POST /v1/audio/speech/attention`` (a text's speech:
 its spectrogram and attention) and ``POST /v1/chat/attention`` (a chat answer token's attention
-over the conversation), and their script, ``GET /views.js``. Each answers for a model that
+over the conversation), and their scripts, ``GET /views.js`` and ``GET /microphone.js`` (the
+speech view's AudioWorklet). Each answers for a model that
 answers the route it looks into (``audio/transcriptions``, ``audio/speech``,
 ``chat/completions``); what cannot be drawn is a 422.
 
@@ -35,6 +36,12 @@ UPLOADS = ("/v1/audio/attention",)  # takes an upload as large as the transcript
 async def script() -> Response:
     """The page's script of these views (``static/views.js``)."""
     return page("views.js", "text/javascript")
+
+
+@router.get("/microphone.js", include_in_schema=False)
+async def microphone() -> Response:
+    """The speech view's AudioWorklet: the microphone as 16 kHz s16le (``static/microphone.js``)."""
+    return page("microphone.js", "text/javascript")
 
 
 async def answered(svc, job: Job, req: s.Request) -> dict:

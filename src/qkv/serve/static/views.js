@@ -1,7 +1,8 @@
 // qkv's page, its views of speech and chat: plain JavaScript, no framework, no build step; loaded
 // before app.js, whose helpers ($, element, api, fmt, range, SHADES, state) it uses once the page
-// runs. Which views a model has follows from its kind: a speech model "Speech in" (upload or
-// record, the transcript's segments, a segment's cross-attention over its spectrogram), a TTS
+// runs. Which views a model has follows from its kind: a speech model "Speech in" (upload, or
+// speak into the microphone, streamed over /v1/audio/stream; the transcript's segments, a
+// segment's cross-attention over its spectrogram), a TTS
 // model or Piper voice "Speech out" (speak a text, its spectrogram and cross-attention), a
 // language model "Text" and "Chat" (a streamed conversation; a token's attention over it).
 "use strict";
@@ -10,7 +11,7 @@ const VIEWS = ["text", "chat", "speech", "tts"];
 const TAGLINES = {
   text: "Type a sentence; see the output, then every attention map that made it.",
   chat: "Talk with the model; click a token of its answer to see what it attended to when it wrote it.",
-  speech: "Upload or record speech; see the transcript, and what each segment's words attended to in the sound.",
+  speech: "Upload or speak; see the transcript (as you speak), and what each segment's words attended to in the sound.",
   tts: "Type a sentence and hear it; see its spectrogram and which letters each stretch of sound attended to.",
 };
 const views = { figures: {}, speech: null, recorder: null, stopAt: null, chat: { messages: [], view: null } };
@@ -82,16 +83,21 @@ async function posted(path, form) {
 // ------------------------------------------------------------------------------ speech in
 
 // Transcribe an uploaded or recorded file (verbose_json: its segments with their times), list the
-// segments, and show the first one's attention.
-async function hearing(blob, name) {
+// segments, and show the first one's attention. ``streamed``: the transcript shown is the stream's
+// (a recording), kept; the segments are the whole recording's, read at once.
+async function hearing(blob, name, streamed = false) {
   const m = model();
   views.speech = { blob, name, segments: [], language: null };
   $("speech-audio").src = URL.createObjectURL(blob);
   $("segments").replaceChildren();
-  $("transcript").textContent = "";
-  delete $("transcript").dataset.done;
+  delete $("segments").dataset.done;
+  if (!streamed) {
+    $("transcript").textContent = "";
+    $("word-times").textContent = "";
+    delete $("transcript").dataset.done;
+  }
   $("speech-figure").hidden = true;
-  say("speech-status", "transcribing…");
+  say("speech-status", streamed ? "reading the recording's segments…" : "transcribing…");
   try {
     const form = new FormData();
     form.append("file", blob, name);
@@ -100,8 +106,11 @@ async function hearing(blob, name) {
     const heard = await posted("/v1/audio/transcriptions", form);
     views.speech.segments = heard.segments;
     views.speech.language = heard.language;
-    $("transcript").textContent = heard.text;
-    $("transcript").dataset.done = "true";
+    if (!streamed) {
+      $("transcript").textContent = heard.text;
+      $("transcript").dataset.done = "true";
+    }
+    $("segments").dataset.done = "true";
     $("segments").replaceChildren(...heard.segments.map((s, i) =>
       element("li", {}, element("button", {
         type: "button", class: "segment", dataset: { i, start: s.start, end: s.end },
@@ -152,55 +161,144 @@ async function showSegment(i) {
   }
 }
 
-// The microphone, as 16-bit PCM WAV (what the server reads; MediaRecorder would give WebM).
+// The microphone, streamed: an AudioWorklet (microphone.js) turns it into 16 kHz s16le pieces of
+// 0.1 s, sent over the WebSocket /v1/audio/stream as they come; the server's partial text (its
+// guess, greyed) and final words (never taken back) are shown as they arrive. At Stop: the
+// worklet's last piece, then {"type": "end"}; the server sends the last finals and closes. The
+// pieces sent make the recording (a 16 kHz WAV), read again whole for its segments and attention.
 async function toggleRecording() {
   if (views.recorder) return stopRecording();
+  $("record").disabled = true;
+  let media = null;
+  let context = null;
+  let socket = null;
   try {
-    const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
-    const context = new AudioContext();
-    const source = context.createMediaStreamSource(stream);
-    const node = context.createScriptProcessor(4096, 1, 1);
-    const chunks = [];
-    node.onaudioprocess = (e) => chunks.push(new Float32Array(e.inputBuffer.getChannelData(0)));
-    source.connect(node);
-    node.connect(context.destination);
-    views.recorder = { stream, context, node, chunks };
-    $("record").textContent = "Stop";
-    $("record").setAttribute("aria-pressed", "true");
-    say("speech-status", "recording… press Stop when done");
+    media = await navigator.mediaDevices.getUserMedia({ audio: true });
+    context = new AudioContext();
+    await context.resume(); // a context made after an await may start suspended
+    await context.audioWorklet.addModule("/microphone.js");
+    socket = await connected(model());
+    const live = { media, context, socket, pieces: [], finals: [], partial: "", partials: 0 };
+    live.node = new AudioWorkletNode(context, "qkv-microphone");
+    live.node.port.onmessage = (e) => piece(live, e.data);
+    live.socket.onmessage = (e) => heardLive(live, JSON.parse(e.data));
+    live.closed = new Promise((resolve) => { live.socket.onclose = resolve; });
+    live.closed.then((event) => views.recorder === live && stopRecording(event)); // the server ended it first
+    context.createMediaStreamSource(media).connect(live.node);
+    live.node.connect(context.destination); // silent: it outputs nothing, but a node is run only when it leads somewhere
+    views.recorder = live;
+    startLive();
   } catch (e) {
+    if (media) for (const track of media.getTracks()) track.stop();
+    if (context) context.close();
+    if (socket) socket.close();
     say("speech-status", `cannot record: ${e.message}`, true);
+  } finally {
+    $("record").disabled = false;
   }
 }
 
-function stopRecording() {
-  const { stream, context, node, chunks } = views.recorder;
+// The stream, open (the subprotocol "qkv": the server answers with it; with API keys, a proxy adds
+// the header, or a page of its own offers the key too, as docs/serving.md shows).
+function connected(m) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(`${scheme}://${location.host}/v1/audio/stream?model=${encodeURIComponent(m.name)}`, ["qkv"]);
+  socket.binaryType = "arraybuffer";
+  return new Promise((resolve, reject) => {
+    socket.onopen = () => resolve(socket);
+    socket.onerror = () => reject(new Error("the server refused the stream"));
+  });
+}
+
+function startLive() {
+  views.speech = null;
+  $("speech-audio").removeAttribute("src");
+  $("segments").replaceChildren();
+  delete $("segments").dataset.done;
+  $("speech-figure").hidden = true;
+  $("transcript").replaceChildren();
+  $("transcript").dataset.partials = "0";
+  delete $("transcript").dataset.done;
+  $("word-times").textContent = "";
+  $("record").textContent = "Stop";
+  $("record").setAttribute("aria-pressed", "true");
+  say("speech-status", "listening… the words appear as you speak; press Stop when done");
+}
+
+function piece(live, data) {
+  if (data.flushed) return live.flushed && live.flushed();
+  live.pieces.push(data.samples);
+  if (live.socket.readyState === WebSocket.OPEN) live.socket.send(data.samples);
+}
+
+function heardLive(live, message) {
+  if (message.type === "partial") {
+    live.partial = message.text;
+    $("transcript").dataset.partials = String(++live.partials);
+  } else if (message.type === "final") {
+    live.finals.push(message);
+  } else if (message.type === "error") {
+    live.error = message.error.message;
+  }
+  drawLive(live);
+}
+
+// The final words, each a button that plays its stretch (once recorded), then the partial, greyed.
+function drawLive(live) {
+  const words = live.finals.flatMap((f) => f.words.map((w) => ({ ...w, timing: f.timing })));
+  const shown = [];
+  for (const w of words) {
+    if (shown.length) shown.push(" ");
+    shown.push(element("button", {
+      type: "button", class: "word", text: w.word, dataset: { start: w.start, end: w.end, timing: w.timing },
+      title: `${w.start.toFixed(2)}–${w.end.toFixed(2)} s (${w.timing})`, onclick: () => playStretch(w.start, w.end),
+    }));
+  }
+  if (live.partial) shown.push(shown.length ? " " : "", element("span", { class: "partial", text: live.partial }));
+  $("transcript").replaceChildren(...shown);
+}
+
+// Stop: the worklet's last piece and the end sent, the last finals read until the server closes
+// (``ended``: the close that came first, the server's, when it ended the stream).
+async function stopRecording(ended = null) {
+  const live = views.recorder;
   views.recorder = null;
-  node.disconnect();
-  for (const track of stream.getTracks()) track.stop();
-  const rate = context.sampleRate;
-  context.close();
+  $("record").disabled = true;
+  if (!ended) {
+    say("speech-status", "finishing…");
+    const flushed = new Promise((resolve) => { live.flushed = resolve; });
+    live.node.port.postMessage("flush");
+    await Promise.race([flushed, new Promise((resolve) => setTimeout(resolve, 1000))]);
+  }
+  live.node.disconnect();
+  for (const track of live.media.getTracks()) track.stop();
+  live.context.close();
+  if (live.socket.readyState === WebSocket.OPEN) live.socket.send(JSON.stringify({ type: "end" }));
+  const closing = ended || (await live.closed);
+  live.partial = "";
+  drawLive(live);
   $("record").textContent = "Record";
   $("record").setAttribute("aria-pressed", "false");
-  hearing(wavBlob(chunks, rate), "recording.wav");
+  $("record").disabled = false;
+  if (closing.code !== 1000) return say("speech-status", live.error || `the stream ended (${closing.code})`, true);
+  $("transcript").dataset.done = "true";
+  const aligned = live.finals.length && live.finals.every((f) => f.timing === "aligned");
+  $("word-times").textContent = !live.finals.length ? "" : aligned
+    ? "Word times: the model's own alignment (its cross-attention). Click a word to hear it."
+    : "Word times: estimates (each segment's time shared out by its letters). Click a word to hear it.";
+  await hearing(wavBlob(live.pieces, 16000), "recording.wav", true);
 }
 
-function wavBlob(chunks, rate) {
-  const n = chunks.reduce((a, c) => a + c.length, 0);
-  const data = new DataView(new ArrayBuffer(44 + 2 * n));
-  const text = (at, s) => [...s].forEach((ch, i) => data.setUint8(at + i, ch.charCodeAt(0)));
-  text(0, "RIFF"); data.setUint32(4, 36 + 2 * n, true); text(8, "WAVE"); text(12, "fmt ");
-  data.setUint32(16, 16, true); data.setUint16(20, 1, true); data.setUint16(22, 1, true); // PCM, mono
-  data.setUint32(24, rate, true); data.setUint32(28, 2 * rate, true); data.setUint16(32, 2, true); data.setUint16(34, 16, true);
-  text(36, "data"); data.setUint32(40, 2 * n, true);
-  let at = 44;
-  for (const chunk of chunks) {
-    for (const x of chunk) {
-      data.setInt16(at, Math.round(Math.max(-1, Math.min(1, x)) * 32767), true);
-      at += 2;
-    }
-  }
-  return new Blob([data], { type: "audio/wav" });
+// A WAV of ``pieces``: ArrayBuffers of mono s16le samples at ``rate`` (the stream's own bytes).
+function wavBlob(pieces, rate) {
+  const n = pieces.reduce((a, p) => a + p.byteLength, 0);
+  const head = new DataView(new ArrayBuffer(44));
+  const text = (at, s) => [...s].forEach((ch, i) => head.setUint8(at + i, ch.charCodeAt(0)));
+  text(0, "RIFF"); head.setUint32(4, 36 + n, true); text(8, "WAVE"); text(12, "fmt ");
+  head.setUint32(16, 16, true); head.setUint16(20, 1, true); head.setUint16(22, 1, true); // PCM, mono
+  head.setUint32(24, rate, true); head.setUint32(28, 2 * rate, true); head.setUint16(32, 2, true); head.setUint16(34, 16, true);
+  text(36, "data"); head.setUint32(40, n, true);
+  return new Blob([head, ...pieces], { type: "audio/wav" });
 }
 
 // ------------------------------------------------------------------------------ speech out
