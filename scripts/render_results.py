@@ -91,6 +91,11 @@ BENCHMARKS = {
         "Decoding speed against the commit before a change",
         "`python bench/decode_ab.py --before CHECKOUT`: each tree in its own process, rounds alternating",
     ),
+    "check_trained": (
+        "qkv check on trained and imported models",
+        "`python bench/check_trained.py`: a short run of the Multi30k and TTS recipes and the imported Whisper "
+        "tiny.en, each checked by `qkv check --json` in a process of its own",
+    ),
     "probes": ("Probes", "short measurements behind a design choice (A/B runs, quick trials)"),
 }
 

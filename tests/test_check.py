@@ -10,6 +10,7 @@ export round trip is checked too; the text-to-speech model has none.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -45,6 +46,7 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 from qkv.models.tts import TransformerTTS, TTSConfig
+from qkv.tasks.tts import symbol_ids
 from qkv.tokenization import FILE, Tokenizer
 from qkv.vocoder import write_wav
 
@@ -244,6 +246,28 @@ def test_json_output_and_given_inputs(tmp_path: Path, capsys) -> None:
     write_wav(tmp_path / "a.wav", torch.sin(torch.arange(16000) / 5.0) * 0.3, 16000)
     sources = checked(speech, given=tmp_path / "a.wav").probe.sources
     assert [len(s) for s in sources] == [100, 70, 40]  # whole (one second), then cut so a batch pads
+
+
+def test_given_text_is_read_as_the_models_own_job_reads_it(tmp_path: Path) -> None:
+    """--input for a text-to-speech model: each line as qkv speak reads it (lowercase, numbers as
+    words), not spelt through its tokenizer (capitals and digits it never saw would be UNK); a
+    translation model trained on a recognizer's transcripts: each line read as a transcript."""
+    text = "A dog ran 3 laps, Fast."
+    tokenizer = Tokenizer.train_char_level(["abcdefghijklmnopqrstuvwxyz ,."])  # what normalize_text writes
+    files = tokenizer.save(tmp_path / FILE)
+    (tmp_path / "in.txt").write_text(text + "\n", encoding="utf-8")
+    torch.manual_seed(0)
+    tts = TransformerTTS(dataclasses.replace(family("tts").config, vocab_size=tokenizer.vocab_size))
+    saved = save_model(tts.eval(), tmp_path / "tts", files=files)
+    (read,) = checked(saved, given=tmp_path / "in.txt").probe.sources
+    assert read == symbol_ids(tokenizer, [text])[0] and tokenizer.unk_id not in read  # "a dog ran three laps, fast."
+    recipe = {"task": "translation", "data": {"source_as_transcript": True}}
+    v = tokenizer.vocab_size
+    config = EncoderDecoderConfig(**BLOCK, src_vocab_size=v, tgt_vocab_size=v, n_encoder_layers=1, n_decoder_layers=1)
+    cascade = save_model(EncoderDecoder(config).eval(), tmp_path / "mt", files=files, extra={"recipe": recipe})
+    (tmp_path / "said.txt").write_text("A dog, Fast.\n", encoding="utf-8")
+    (read,) = checked(cascade, given=tmp_path / "said.txt").probe.sources
+    assert read == tokenizer.encode("a dog fast")  # as a recognizer writes it: no capitals, no punctuation
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """Constraints through the server (``prefix``, ``ban``, ``require`` on /v1/translate, /v1/generate
-and /v1/audio/transcriptions), in-process with the real app and tiny random models: every output
-obeys its constraints and equals what the library's job function gives for them; without
-constraints an output is unchanged; a request that cannot be honoured is a 422 naming what is
-wrong, never a 500."""
+and /v1/audio/transcriptions; ``terms`` on /v1/translate), in-process with the real app and tiny
+random models: every output obeys its constraints and equals what the library's job function
+gives for them; without constraints an output is unchanged; a request that cannot be honoured
+is a 422 naming what is wrong, never a 500."""
 
 from __future__ import annotations
 
@@ -82,6 +82,19 @@ def test_translations_obey_their_constraints_and_are_the_librarys(client, served
     assert steered != plain
 
 
+def test_terms_are_required_only_where_their_source_appears(client, served) -> None:
+    """``terms``, as ``qkv translate --terms FILE``: a target is written in the output of the
+    sentence that holds its source, and the other sentence is translated as without terms."""
+    plain = translated(client)
+    terms = [["Hund", "dog"], ["Katze", "cat"]]  # the first text holds "Hund"; neither holds "Katze"
+    steered = translated(client, terms=terms)
+    library = translations(served["de_en"].bundle, TEXTS, beam_size=3, **LENGTHS, terms=[tuple(t) for t in terms])
+    assert steered == [h[0].text for h in library]
+    assert starts_a_word(steered[0], "dog") and not starts_a_word(plain[0], "dog")
+    assert not starts_a_word(steered[0], "cat")
+    assert steered[1] == plain[1]  # no source of a term in it: nothing required
+
+
 def test_generations_obey_their_constraints_and_are_the_librarys(client, served) -> None:
     body = {"prompt": "Hund", "max_new_tokens": 8}
     plain = client.post("/v1/generate", json=body).json()
@@ -126,6 +139,13 @@ def test_transcripts_obey_their_constraints_and_are_the_librarys(client, served)
         ("/v1/translate", {"text": "Hund", "prefix": "A dog", "ban": ["do"]}, "writes the banned word"),
         ("/v1/translate", {"text": "Hund", "ban": ["dog"], "require": ["dog"]}, "both banned and required"),
         ("/v1/translate", {"text": "Hund", "beam_size": 2, "require": ["Ωμέγα"]}, "cannot write"),
+        ("/v1/translate", {"text": "Hund", "beam_size": 1, "terms": [["Hund", "dog"]]}, "terms needs beam search"),
+        ("/v1/translate", {"text": "Hund", "terms": [["a", "b"]] * 65}, "at most 64"),
+        ("/v1/translate", {"text": "Hund", "terms": [["Hund"]]}, "terms"),
+        ("/v1/translate", {"text": "Hund", "terms": [["Hund", "dog", "cat"]]}, "terms"),
+        ("/v1/translate", {"text": "Hund", "terms": [["Hund", " "]]}, "blank"),
+        ("/v1/translate", {"text": "Hund", "terms": [["Hund", "a" * 101]]}, "terms"),
+        ("/v1/translate", {"text": "Hund", "beam_size": 2, "terms": [["Hund", "Ωμέγα"]]}, "cannot write"),
         ("/v1/generate", {"prompt": "Hund", "prefix": "A dog runs on the grass", **SHORT}, "window"),
         ("/v1/generate", {"prompt": "Hund", "ban": ["a"], "stream": True, **SHORT}, "stream"),
         ("/v1/generate", {"prompt": "Hund", "require": ["a"], "beam_size": 3, "seed": 1, **SHORT}, "beam_size"),
@@ -137,6 +157,13 @@ def test_constraints_that_cannot_be_honoured_are_422_naming_why(client, path, bo
     got = client.post(path, json=body)
     assert got.status_code == 422, got.text
     assert said in got.json()["error"]["message"]
+
+
+def test_a_term_that_is_not_unicode_is_422(client) -> None:
+    body = '{"text": "Hund", "beam_size": 2, "terms": [["Hund", "\\ud800"]]}'  # JSON can carry a lone surrogate
+    got = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
+    assert got.status_code == 422, got.text
+    assert got.json()["error"]["message"].startswith("terms.0.1: ")  # the pair and the side named
 
 
 @pytest.mark.parametrize(

@@ -48,7 +48,7 @@ from qkv.data import read_lines
 from qkv.decoding import beam_search, decoder_for, greedy, pad_rows
 from qkv.errors import UserError
 from qkv.hf.convert import export_hf, import_hf
-from qkv.loading import DECODING_KINDS, prepared
+from qkv.loading import DECODING_KINDS, prepared, reading_as_trained
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
@@ -58,6 +58,7 @@ from qkv.onnx_export import EXPORTED_KINDS, export_onnx, read_source
 from qkv.onnx_verify import TOLERANCE as ONNX_TOLERANCE
 from qkv.onnx_verify import verify
 from qkv.synthesis import synthesize
+from qkv.tasks.tts import speaking_of, symbol_ids
 from qkv.tokenization import FILE, Tokenizer, Vocabularies
 
 FP32_TOLERANCE = 1e-4  # float32 paths that differ only in rounding: this times max(1, the outputs' largest |value|)
@@ -185,11 +186,29 @@ def speech_sources(config: FeatureConfig, audio: Path | None) -> list[Tensor]:
     return rows
 
 
+def read_given(model: nn.Module, meta: dict, vocab: Vocabularies, texts: Sequence[str]) -> list[list[int]]:
+    """The given ``texts`` as the model's own job reads them: a text-to-speech model's symbols
+    as ``qkv speak`` reads them (normalized, then its recipe's characters or espeak-ng phonemes:
+    its tokenizer never saw English spelling), a translation model's sources as it learnt them
+    (a cascade's, as a recognizer writes them), else the tokenizer's ids; an empty one left out."""
+    if isinstance(model, TransformerTTS):
+        how = speaking_of(meta)
+        return symbol_ids(vocab.source, texts, symbols=how["symbols"], voice=how["voice"])
+    source = reading_as_trained(vocab, meta.get("recipe")).source
+    return [ids for ids in (source.encode(t) for t in texts) if ids]
+
+
 def probe_of(
-    model: nn.Module, vocab: Vocabularies | None, *, texts: Sequence[str] = (), audio: Path | None = None, seed: int = 0
+    model: nn.Module,
+    vocab: Vocabularies | None,
+    *,
+    given: Sequence[list[int]] = (),
+    audio: Path | None = None,
+    seed: int = 0,
 ) -> Probe:
-    """The inputs the checks read: ``texts`` (tokenized) or ``audio`` where given, else drawn
-    from the model's tokenizer (or its vocabulary) and generated signals; targets drawn."""
+    """The inputs the checks read: ``given`` (token id lists, :func:`read_given`) or ``audio``
+    where given, else drawn from the model's tokenizer (or its vocabulary) and generated
+    signals; targets drawn."""
     g = torch.Generator().manual_seed(seed)
     c = model.config
     source_tok = vocab.source if vocab is not None else None
@@ -198,10 +217,8 @@ def probe_of(
     room = c.max_len - (TARGET_TOKENS + 1 if isinstance(model, DecoderOnly) else 0)  # a prompt leaves room for targets
     if isinstance(model, SpeechEncoderDecoder):
         sources = speech_sources(c.features, audio)
-    elif texts:
-        sources = [ids[:room] for ids in (source_tok.encode(t) for t in texts) if ids]
-        if not sources:
-            raise UserError("no line of the input holds a token the model's tokenizer knows")
+    elif given:
+        sources = [ids[:room] for ids in given]
     else:
         v = getattr(c, "src_vocab_size", None) or c.vocab_size
         sources = drawn(ordinary_ids(source_tok, v, specials), [min(n, room) for n in (9, 5, 7)], g)
@@ -576,7 +593,7 @@ def checked(path: str | Path, *, given: str | Path | None = None, device: str = 
     model = model.to(device)
     files = meta.get("files", {})
     vocab = Vocabularies.load(directory, files=files) if FILE in files else None
-    audio, texts = None, []
+    audio, ids = None, []
     if given is not None and meta["kind"] == "speech_encoder_decoder":
         audio = Path(given)
     elif given is not None:
@@ -585,7 +602,10 @@ def checked(path: str | Path, *, given: str | Path | None = None, device: str = 
             raise UserError(f"{given} holds no text to check the model on")
         if vocab is None:
             raise UserError(f"{directory} has no {FILE}: reading text needs a model saved with its tokenizer")
-    return Checked(directory, model, probe_of(model, vocab, texts=texts, audio=audio))
+        ids = read_given(model, meta, vocab, texts)
+        if not ids:
+            raise UserError("no line of the input holds a token the model's tokenizer knows")
+    return Checked(directory, model, probe_of(model, vocab, given=ids, audio=audio))
 
 
 def checks(target: Checked, *, grad: bool = False, onnx: bool = False) -> list[tuple[str, Callable[[], Row]]]:

@@ -48,9 +48,10 @@ def translate(
     prefix=None,
     ban=(),
     require=(),
+    terms=(),
 ):
     """Per text, its ``nbest`` (text, score, tokens written) outputs; ``prefix``, ``ban``,
-    ``require``: constraints (``bundle.constraints``)."""
+    ``require``, ``terms``: constraints (``bundle.constraints``)."""
     found = translations(
         served.bundle,
         texts,
@@ -62,6 +63,7 @@ def translate(
         prefix=prefix,
         ban=ban,
         require=require,
+        terms=terms,
     )
     return [[(h.text, h.score, len(h.tokens)) for h in hyps] for hyps in found]
 

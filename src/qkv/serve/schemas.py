@@ -72,6 +72,7 @@ class Sampling(BaseModel):
 MAX_PREFIX_CHARS = 500  # a forced prefix's characters at most (the library also caps its tokens at half the window)
 MAX_WORDS = 16  # banned or required words in one request at most
 MAX_WORD_CHARS = 100  # characters of one banned or required word at most
+MAX_TERMS = 64  # (source, target) term pairs in one translation request at most: a small glossary
 Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS)]
 
 
@@ -109,13 +110,36 @@ class Constrained(BaseModel):
         return self.prefix is not None or bool(self.ban) or bool(self.require)
 
 
+def some_terms(pairs: list[tuple[str, str]] | None) -> list[tuple[str, str]] | None:
+    """``pairs`` if no source or target is blank (as ``qkv translate --terms`` refuses a blank field)."""
+    if pairs and any(not w.strip() for pair in pairs for w in pair):
+        raise ValueError("give a source and a target word, not a blank one")
+    return pairs
+
+
 class TranslateRequest(Request, Constrained):
     text: Texts = Field(description="a sentence, or a list of sentences translated together")
+    terms: list[tuple[Word, Word]] = Field(
+        [],
+        max_length=MAX_TERMS,
+        description="terminology: [source, target] pairs; the target is required of each sentence that holds "
+        "the source as a word (as qkv translate --terms; beam_size 2 or more)",
+    )
     beam_size: int = Field(5, ge=1, le=INT32, description="beam width (1: greedy)")
     nbest: int = Field(1, ge=1, le=INT32, description="outputs per sentence, best first, each with its score")
     length_penalty: float = Field(1.0, ge=0, le=10, description="score = log p / length^penalty")
     max_len_a: float = Field(1.5, ge=0, le=10, description="outputs have at most a*S + b tokens (S: source tokens)")
     max_len_b: int = Field(10, ge=0, le=1000, description="see max_len_a")
+
+    _terms = field_validator("terms")(some_terms)
+
+    def constraints(self) -> dict:
+        """The constraints as ``bundle.translations`` takes them, the terms too (hashable: a
+        batching key holds them)."""
+        return {**super().constraints(), "terms": tuple((source, target) for source, target in self.terms)}
+
+    def constrained(self) -> bool:
+        return super().constrained() or bool(self.terms)
 
 
 class Scored(BaseModel):

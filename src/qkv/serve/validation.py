@@ -61,11 +61,12 @@ def listed(text: str | list[str]) -> list[str]:
     return [text] if isinstance(text, str) else text
 
 
-def check_required(require: list[str], beam: int, sampling: bool = False) -> None:
-    """Required words only with beam search (lexically constrained beam search needs a beam)."""
+def check_required(require: list, beam: int, sampling: bool = False, *, option: str = "require") -> None:
+    """Required words (or ``terms``, named by ``option``) only with beam search (lexically
+    constrained beam search needs a beam)."""
     if require and (sampling or beam < 2):
         why = "sampling draws each token" if sampling else f"beam_size {beam} is greedy decoding"
-        raise ApiError(422, "invalid_request", f"require needs beam search (beam_size 2 or more): {why}")
+        raise ApiError(422, "invalid_request", f"{option} needs beam search (beam_size 2 or more): {why}")
 
 
 def validate_translate(
@@ -76,6 +77,7 @@ def validate_translate(
     check_texts(texts, settings)
     check_beam(req.beam_size, settings, req.nbest)
     check_required(req.require, req.beam_size)
+    check_required(req.terms, req.beam_size, option="terms")
     ids = served.vocab.source.encode_batch(texts)
     check_window(served, ids)
     for i, (text, row) in enumerate(zip(texts, ids, strict=True)):

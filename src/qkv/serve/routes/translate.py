@@ -20,7 +20,8 @@ router = APIRouter(tags=["translate"])
 async def translate(req: s.TranslateRequest, svc: Shared):
     """Translate one sentence or several with an encoder-decoder (as ``qkv translate``), with
     any constraints: ``prefix`` (every output starts with it), ``ban`` (words never written),
-    ``require`` (words every output contains; beam_size 2 or more)."""
+    ``require`` (words every output contains; beam_size 2 or more), ``terms`` ([source, target]
+    pairs: the target required of each sentence that holds the source, as ``--terms FILE``)."""
     served = svc.pick(req.model, "translate")
     texts, ids = validate_translate(req, served, svc.settings)
     options = {
