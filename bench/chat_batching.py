@@ -10,9 +10,10 @@ A fresh ``qkv serve --model DIR`` starts on a free port of 127.0.0.1 (``OMP_NUM_
 ``--threads``) for each setting: batching on, and ``--no-batching`` (every request a batch of its
 own, the batches taking turns a step each). Each chat is a short question of its own, greedy, its
 answer streamed (``openai`` client; ``--whole``: not streamed) and ``--max-tokens`` long unless the
-model ends it. With ``--route generate`` each question is a prompt continued by ``/v1/generate``
-instead (greedy, ``max_new_tokens`` = ``--max-tokens``; streamed as its Server-Sent Events, or whole
-with ``--whole``), which the same continuous batcher decodes. Patterns:
+model ends it. With ``--route generate`` each question is continued by ``/v1/generate`` instead,
+as the prompt "Q: question", a new line, "A: Let me explain." (an instruct model ends a bare
+question at once); greedy, ``max_new_tokens`` = ``--max-tokens``, streamed as its Server-Sent
+Events, or whole with ``--whole``; the same continuous batcher decodes it. Patterns:
 
   * ``sequential``: each chat sent when the one before has answered (the baseline);
   * ``together``: every chat sent at once;
@@ -112,6 +113,7 @@ async def continuation(client, model: str, prompt: str, max_tokens: int, *, whol
 
     await asyncio.sleep(after)
     sent = time.perf_counter()
+    prompt = f"Q: {prompt}\nA: Let me explain."  # a bare question an instruct model ends at once
     body = {"model": model, "prompt": prompt, "max_new_tokens": max_tokens, "stream": not whole}
     if whole:
         got = (await client.post("/v1/generate", json=body)).raise_for_status().json()
