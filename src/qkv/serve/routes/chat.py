@@ -6,7 +6,7 @@ template, else the newest turns joined by ``separator``, within the window), gre
 at an end-of-turn token or the separator, as ``bundle.reply`` ends it. Decoded directly instead,
 alone on the model thread by ``bundle.reply``: an encoder-decoder's reply (a beam search, or a
 decoder whose state cannot join a running batch), and a language model's without a chat template
-whose separator is only spaces (``"\\n"``: ``qkv chat`` cuts the raw text at it, where a reply
+whose separator is only white space (``"\\n"``: ``qkv chat`` cuts the raw text at it, where a reply
 decoded in the batch is read stripped of its leading spaces, which would hide a separator there).
 """
 
