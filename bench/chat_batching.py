@@ -1,13 +1,19 @@
-"""Continuous batching on ``qkv serve`` (issue 46, section 3): N short chats through OpenAI's API,
-one after another against all at once and against arrivals spread over time.
+"""Continuous batching on ``qkv serve`` (issue 46, section 3): N short chats through OpenAI's API
+(or N continuations through ``/v1/generate``), one after another against all at once and against
+arrivals spread over time.
 
     python bench/chat_batching.py --model /tmp/sb_smollm2               # 8 chats of 32 tokens
     python bench/chat_batching.py --model models/smollm2 --chats 16 --max-tokens 64 --threads 2
+    python bench/chat_batching.py --model /tmp/sb_smollm2 --route generate --no-record   # /v1/generate
 
 A fresh ``qkv serve --model DIR`` starts on a free port of 127.0.0.1 (``OMP_NUM_THREADS`` =
 ``--threads``) for each setting: batching on, and ``--no-batching`` (every request a batch of its
 own, the batches taking turns a step each). Each chat is a short question of its own, greedy, its
-answer streamed (``openai`` client) and ``--max-tokens`` long unless the model ends it. Patterns:
+answer streamed (``openai`` client; ``--whole``: not streamed) and ``--max-tokens`` long unless the
+model ends it. With ``--route generate`` each question is continued by ``/v1/generate`` instead,
+as the prompt "Q: question", a new line, "A: Let me explain." (an instruct model ends a bare
+question at once); greedy, ``max_new_tokens`` = ``--max-tokens``, streamed as its Server-Sent
+Events, or whole with ``--whole``; the same continuous batcher decodes it. Patterns:
 
   * ``sequential``: each chat sent when the one before has answered (the baseline);
   * ``together``: every chat sent at once;
@@ -101,18 +107,69 @@ async def chat(client, model: str, question: str, max_tokens: int, *, after: flo
     return {"text": text, "tokens": tokens, "first_s": first or float("nan"), "whole_s": time.perf_counter() - sent}
 
 
-async def pattern(url: str, model: str, name: str, args) -> dict:
+async def continuation(client, model: str, prompt: str, max_tokens: int, *, whole: bool, after: float = 0.0) -> dict:
+    """One greedy ``/v1/generate`` of ``prompt`` (streamed unless ``whole``), measured as :func:`chat`."""
+    import json
+
+    await asyncio.sleep(after)
+    sent = time.perf_counter()
+    prompt = f"Q: {prompt}\nA: Let me explain."  # a bare question an instruct model ends at once
+    body = {"model": model, "prompt": prompt, "max_new_tokens": max_tokens, "stream": not whole}
+    if whole:
+        got = (await client.post("/v1/generate", json=body)).raise_for_status().json()
+        first = time.perf_counter() - sent
+        return {"text": got["text"], "tokens": got["tokens"], "first_s": first, "whole_s": first}
+    first, done = None, {}
+    async with client.stream("POST", "/v1/generate", json=body) as events:
+        async for line in events.raise_for_status().aiter_lines():
+            if line.startswith("event: token"):
+                first = first or time.perf_counter() - sent
+            elif line.startswith("data: "):
+                done = json.loads(line[len("data: ") :])  # the last is done's: the whole text
+    return {**done, "first_s": first or float("nan"), "whole_s": time.perf_counter() - sent}
+
+
+def chat_client(url: str, args):
+    """The pattern's client and its ask(model, question, max_tokens, after=...) coroutine."""
+    if args.route == "generate":
+        import httpx
+
+        client = httpx.AsyncClient(base_url=url, timeout=600)
+        return client, lambda m, q, n, after=0.0: continuation(client, m, q, n, whole=args.whole, after=after)
     import openai
 
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    if args.whole:
+        return client, lambda m, q, n, after=0.0: whole_chat(client, m, q, n, after=after)
+    return client, lambda m, q, n, after=0.0: chat(client, m, q, n, after=after)
+
+
+async def whole_chat(client, model: str, question: str, max_tokens: int, *, after: float = 0.0) -> dict:
+    """One greedy chat, not streamed, measured as :func:`chat` (its first piece is its whole answer)."""
+    await asyncio.sleep(after)
+    sent = time.perf_counter()
+    messages = [{"role": "user", "content": question}]
+    got = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
+    took = time.perf_counter() - sent
+    return {
+        "text": got.choices[0].message.content,
+        "tokens": got.usage.completion_tokens,
+        "first_s": took,
+        "whole_s": took,
+    }
+
+
+async def pattern(url: str, model: str, name: str, args) -> dict:
     questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.chats)]
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600) as client:
-        await chat(client, model, "Hello!", 8)  # warm-up
+    client, ask = chat_client(url, args)
+    async with client:
+        await ask(model, "Hello!", 8)  # warm-up
         start = time.perf_counter()
         if name == "sequential":
-            answers = [await chat(client, model, q, args.max_tokens) for q in questions]
+            answers = [await ask(model, q, args.max_tokens) for q in questions]
         else:
             gap = args.gap if name == "staggered" else 0.0
-            jobs = [chat(client, model, q, args.max_tokens, after=i * gap) for i, q in enumerate(questions)]
+            jobs = [ask(model, q, args.max_tokens, after=i * gap) for i, q in enumerate(questions)]
             answers = list(await asyncio.gather(*jobs))
         wall = time.perf_counter() - start
     tokens = sum(a["tokens"] for a in answers)
@@ -154,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per answer at most (default: 32)")
     parser.add_argument("--gap", type=float, default=0.25, help="seconds between staggered chats (default: 0.25)")
     parser.add_argument("--threads", type=int, default=2, help="the server's OMP_NUM_THREADS (default: 2)")
+    parser.add_argument(
+        "--route", choices=("chat", "generate"), default="chat", help="OpenAI's chat (default) or /v1/generate"
+    )
+    parser.add_argument("--whole", action="store_true", help="answers not streamed")
     parser.add_argument("--note", default="", help="for the record's notes (e.g. measured under contention)")
     parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
     args = parser.parse_args(argv)
@@ -170,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
         from record import append_run
 
         sequential = next(r for r in rows if r["batching"] and r["pattern"] == "sequential")
+        what = ("chat" if args.route == "chat" else "/v1/generate") + (" (whole)" if args.whole else "")
         notes = (
-            f"{args.chats} chats x {args.max_tokens} tokens, {args.threads} threads, model {args.model}; {args.note}"
+            f"{args.chats} chats x {args.max_tokens} tokens, {args.threads} threads, model {args.model}, "
+            f"route {args.route}{', whole' if args.whole else ''}; {args.note}"
         )
         append_run(
             "chat_batching",
             [
                 {
-                    "metric": f"chat tokens/s, {r['pattern']}, batching {'on' if r['batching'] else 'off'}",
+                    "metric": f"{what} tokens/s, {r['pattern']}, batching {'on' if r['batching'] else 'off'}",
                     "figure": r["tokens_per_s"],
                     "unit": "tokens/s",
                     "peer": "the same chats one after another",

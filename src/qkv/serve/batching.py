@@ -17,7 +17,13 @@ model thread; PyTorch uses the cores inside each operation) and merges jobs:
 
 With ``enabled=False`` every job runs alone (the benchmark's baseline).
 
-What is not here: what a job computes (``models.py``), HTTP (``app.py``).
+It batches the endpoints whose work is one call over a fixed batch (translations, embeddings,
+labels, transcriptions) and runs the generations that continuous batching cannot hold (a beam,
+constraints, a continuation that slides past the window, an encoder-decoder's chat), each alone;
+every other generation is decoded by continuous batching (``continuous.py``), whose steps run
+on this batcher's model thread too (:meth:`Batcher.call`).
+
+What is not here: what a job computes (``jobs.py``), HTTP (``app.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The work of the OpenAI-compatible routes (``routes/openai.py``): prompts in, texts out.
+"""The work of the routes decoded by continuous batching (OpenAI's in ``routes/openai.py``, and
+``/v1/generate`` and ``/v1/chat``): prompts in, texts out.
 
 What is here:
   * :class:`Ask`, one completion to make (its prompt's token ids, its cap, how its text ends
@@ -103,11 +104,18 @@ class Picking:
         return pick
 
 
-def chat_ask(served: Served, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, stops: tuple[str, ...]):
+def chat_ask(
+    served: Served,
+    messages: Sequence[Mapping[str, str]],
+    *,
+    max_new_tokens: int,
+    stops: tuple[str, ...],
+    separator: str = SEPARATOR,
+):
     """The :class:`Ask` of a chat (``messages``: role and content each, oldest first): the
     newest messages that leave ``max_new_tokens`` of the window for the reply. A model
-    without a chat template reads the turns' texts joined by :data:`SEPARATOR` and stops
-    where it writes the separator; it takes no system message."""
+    without a chat template reads the turns' texts joined by ``separator`` and stops where it
+    writes the separator's text (``chat.reply``'s marker); it takes no system message."""
     window, tokenizer = served.window, served.vocab.source
     if max_new_tokens >= window:
         raise ApiError(
@@ -124,8 +132,8 @@ def chat_ask(served: Served, messages: Sequence[Mapping[str, str]], *, max_new_t
     if any(m["role"] == "system" for m in messages):
         raise ApiError(422, "invalid_request", f"model {served.name} has no chat template: a system message needs one")
     turns = [m["content"] for m in messages]
-    prompt = dialogue_context(turns, tokenizer, room=room, separator=SEPARATOR)
-    marker = SEPARATOR.strip()
+    prompt = dialogue_context(turns, tokenizer, room=room, separator=separator)
+    marker = separator.strip() or separator
     return Ask(tuple(prompt), max_new_tokens, (*stops, marker), (), after_prompt=False)
 
 

@@ -1,5 +1,7 @@
-"""Continuous batching of the OpenAI routes' completions: a request joins a running decoding at
-its next step, and leaves it (its stream closed) as soon as its own answers end.
+"""Continuous batching of every language model's generation the server answers (``/v1/generate``,
+``/v1/chat``, ``/v1/chat/completions``, ``/v1/completions``; the requests it cannot hold, a beam,
+constraints or a slide past the window, the routes decode alone): a request joins a running
+decoding at its next step, and leaves it (its stream closed) as soon as its own answers end.
 
 What is here: :class:`Ticket` (one request's asks, their readers and the pieces of text each
 step adds, which the route reads from a queue) and :class:`Scheduler`, one asyncio task that
@@ -15,8 +17,9 @@ sampling options share forward passes.
 A step's pieces are handed over with each row's finish reason as it was at that step, so a
 route never tells an end before the text that comes before it.
 
-What is not here: HTTP and the OpenAI shapes (``routes/openai.py``), how tokens become text
-(``completions.Reader``), the step loop (``qkv.decoding.continuous``).
+What is not here: HTTP and the routes' shapes (``routes/``), waiting for a ticket's answers
+(``answering.py``), how tokens become text (``completions.Reader``), the step loop
+(``qkv.decoding.continuous``).
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class Running:
 
 
 class Scheduler:
-    """Runs the OpenAI routes' decodings (see the module). ``on_join(requests, rows)`` is told
+    """Runs the generation routes' decodings (see the module). ``on_join(requests, rows)`` is told
     the size of a decoding each time requests join it."""
 
     def __init__(

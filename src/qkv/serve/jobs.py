@@ -3,14 +3,17 @@
 What is here: one function per job, each over a list of inputs (the batcher joins the inputs of
 requests that arrive together) returning one result per input, each through the job function of
 ``qkv.bundle`` that the command line calls: :func:`translate` (``bundle.translations``, as ``qkv
-translate``), :func:`generate_batch` (``bundle.generations``) and :func:`continuation_pieces`
-(``bundle.continued``, as ``qkv generate --prompt`` streams it), :func:`chat` (``bundle.reply``,
-as ``qkv chat``), :func:`embed` (``bundle.embeddings``, as ``qkv embed``), and :func:`classify`
-(``tasks.bert.predict_labels``: a classifier has no job of the bundle's yet); and the sampling
-options of a request as the library's :class:`~qkv.bundle.Sampling`.
+translate``), :func:`embed` (``bundle.embeddings``, as ``qkv embed``), :func:`classify`
+(``tasks.bert.predict_labels``: a classifier has no job of the bundle's yet); and the generations
+that continuous batching cannot decode, each request alone (``routes/generate.py``, ``routes/chat.py``
+say which): :func:`generate_batch` (``bundle.generations``: a beam or constraints),
+:func:`continuation_pieces` and :func:`continue_alone` (``bundle.continued``, as ``qkv generate
+--prompt`` streams it, sliding past the window), :func:`chat` (``bundle.reply``, as ``qkv chat``:
+an encoder-decoder's reply); and the sampling options of a request as the library's
+:class:`~qkv.bundle.Sampling`.
 
 What is not here: the attention view (``attention.py``), HTTP (``routes/``), batching
-(``batching.py``).
+(``batching.py``), continuous batching (``continuous.py``: every other generation).
 """
 
 from __future__ import annotations
@@ -69,8 +72,8 @@ def translate(
 
 
 def fits_without_sliding(served: Served, prompt: list[int], max_new_tokens: int) -> bool:
-    """Whether a prompt and its continuation fit the window: then a batch decodes it as the
-    streamed continuation would (no slide), and it may share a forward pass."""
+    """Whether a prompt and its continuation fit the window: then continuous batching decodes
+    it as the streamed continuation would (no slide), sharing forward passes."""
     return max(1, len(prompt)) + max_new_tokens - 1 <= served.window
 
 
@@ -86,9 +89,9 @@ def generate_batch(
     ban: tuple[str, ...] = (),
     require: tuple[str, ...] = (),
 ):
-    """Continuations of prompts that fit the window (:func:`fits_without_sliding`, none blank),
-    decoded as one batch (greedy, beam search of ``beam_size``, or one generator: unseeded, or
-    ``seed`` for a prompt alone): per prompt, (text, tokens made). Each text is what the tokens
+    """Continuations of prompts (none blank; each cut to the window), decoded as one batch
+    (greedy, beam search of ``beam_size``, or one generator: unseeded, or ``seed``; the server
+    gives it one prompt at a time): per prompt, (text, tokens made). Each text is what the tokens
     add after the prompt (``streaming.decoded_after``), as the stream gives it; ``prefix``,
     ``ban``, ``require``: constraints (``bundle.constraints``; the prefix's tokens count as made)."""
     found = generations(

@@ -283,7 +283,7 @@ class Health(BaseModel):
     status: str
     models: int
     active: int = Field(description="requests held now (waiting, running or streaming)")
-    waiting: int = Field(description="model jobs waiting for the model thread")
+    waiting: int = Field(description="model jobs waiting for the model thread, and generations for their batch")
 
 
 class ErrorBody(BaseModel):

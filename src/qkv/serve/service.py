@@ -1,5 +1,7 @@
 """What every route shares: the served models, the limits, the metrics, the slots, the batcher
-and the scheduler of continuous batching (the OpenAI routes').
+(fixed batches: translations, embeddings, labels, speech; and the generations decoded alone) and
+the scheduler of continuous batching (every other generation: ``/v1/generate``, ``/v1/chat``,
+OpenAI's routes).
 
 What is here: :class:`Service` (one per app: :meth:`~Service.pick` the model a request names,
 :meth:`~Service.run` a job on the model thread within a slot and the request's timeout,

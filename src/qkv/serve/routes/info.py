@@ -45,7 +45,8 @@ async def style():
 
 @router.get("/health", response_model=s.Health)
 async def health(svc: Shared):
-    return s.Health(status="ok", models=len(svc.models), active=svc.slots.active, waiting=len(svc.batcher.waiting))
+    waiting = len(svc.batcher.waiting) + len(svc.scheduler.waiting)  # jobs, and requests yet to join a decoding
+    return s.Health(status="ok", models=len(svc.models), active=svc.slots.active, waiting=waiting)
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -5,19 +5,20 @@ unchanged; ``GET /v1/models`` answers in OpenAI's shape too (``info.py``), and `
 
 A chat's messages are read through the model's chat template (``completions.chat_ask``), a
 completion's prompt as ``/v1/generate`` reads it. Requests share their forward passes by
-continuous batching (``serve/continuous.py``): one that arrives while its model decodes joins
-the running batch at the next step and leaves it when its answers end, streamed or whole, of
-any sampling options (a seeded one is decoded alone, so that its seed reproduces it); ``n``
-answers of one request are rows of one group. With ``"stream": true`` the answer comes as
-Server-Sent Events in OpenAI's chunk shape, ending with ``data: [DONE]``; its pieces joined are
-the whole answer's text.
+continuous batching (``serve/continuous.py``, with ``/v1/generate``'s and ``/v1/chat``'s): one
+that arrives while its model decodes joins the running batch at the next step and leaves it when
+its answers end, streamed or whole, of any sampling options (a seeded one is decoded alone, so
+that its seed reproduces it); ``n`` answers of one request are rows of one group. With
+``"stream": true`` the answer comes as Server-Sent Events in OpenAI's chunk shape, ending with
+``data: [DONE]``; its pieces joined are the whole answer's text.
 
 Errors are OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``code``: the
 HTTP status, as in the rest of the API), and a request the server refuses for what it holds is
 400 here (OpenAI's BadRequestError), where the rest of the API answers 422. A stream that fails
 after its first chunk ends with a chunk holding the error, as OpenAI's does.
 
-What is not here: the work (``completions.py``), the request shapes (``openai_schemas.py``).
+What is not here: the work (``completions.py``), waiting for the scheduler's answers (``answering.py``),
+the request shapes (``openai_schemas.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from qkv.errors import UserError
 from qkv.serve import completions as c
 from qkv.serve import openai_schemas as o
 from qkv.serve import schemas as s
+from qkv.serve.answering import answered, batch_key, next_step
 from qkv.serve.continuous import Step, Ticket
 from qkv.serve.errors import ApiError, ErrorJSON, described, validation_detail, validation_message
 from qkv.serve.models import Served
@@ -99,7 +101,7 @@ async def chat_completions(req: o.ChatCompletionRequest, request: Request, svc: 
     asks, made = [ask] * req.n, Made("chatcmpl", "chat.completion", served.name, chunk="chat.completion.chunk")
     if req.stream:
         return await streamed(svc, req, request, served, asks, made, chat_chunk, picking, key)
-    answers = await answered(svc, req, served, asks, picking, key)
+    answers = await answered(svc, req, served, asks, picking, key, endpoint="completions")
     choices = [
         o.ChatChoice(index=i, message=o.AssistantMessage(content=a.text), finish_reason=a.finish_reason)
         for i, a in enumerate(answers)
@@ -121,7 +123,7 @@ async def text_completions(req: o.CompletionRequest, request: Request, svc: Shar
     asks, made = [a for a in ones for _ in range(req.n)], Made("cmpl", "text_completion", served.name)
     if req.stream:
         return await streamed(svc, req, request, served, asks, made, text_chunk, picking, key)
-    answers = await answered(svc, req, served, asks, picking, key)
+    answers = await answered(svc, req, served, asks, picking, key, endpoint="completions")
     choices = [o.CompletionChoice(index=i, text=a.text, finish_reason=a.finish_reason) for i, a in enumerate(answers)]
     return o.Completion(
         id=made.id, created=made.created, model=served.name, choices=choices, usage=usage(ones, answers)
@@ -149,8 +151,7 @@ def checked_options(req: o.Options, served: Served, svc: Service, max_new: int, 
     defaults = conversation.defaults if conversation is not None else GenerationDefaults()
     penalty = first_of(req.repetition_penalty, defaults.repetition_penalty, 1.0)
     picking = c.Picking(sampling_of(req, defaults), penalty)
-    seeded = picking.sampling is not None and picking.sampling.seed is not None
-    return picking, None if seeded or not svc.settings.batching else ("openai", served.name)
+    return picking, batch_key(served, picking, batching=svc.settings.batching)
 
 
 def sampling_of(req: o.Options, defaults: GenerationDefaults) -> Sampling | None:
@@ -172,34 +173,6 @@ def sampling_of(req: o.Options, defaults: GenerationDefaults) -> Sampling | None
 def first_of(*values):
     """The first value that is not None."""
     return next((v for v in values if v is not None), None)
-
-
-async def answered(svc: Service, req: o.Options, served: Served, asks: list[c.Ask], picking, key) -> list[c.Answer]:
-    """The asks' whole answers, decoded in the scheduler's running batch (a slot held meanwhile)."""
-    free, timeout = svc.take_slot(), svc.timeout_of(req)
-    start, deadline = time.perf_counter(), asyncio.get_running_loop().time() + timeout
-    ticket = Ticket(served, asks, picking, key)
-    try:
-        svc.scheduler.submit(ticket)
-        while await next_step(svc, ticket, deadline, timeout) is not None:
-            pass
-    finally:
-        ticket.gone = True  # a request that timed out leaves its batch at the next step
-        free()
-    svc.count_tokens("completions", sum(r.tokens for r in ticket.readers), time.perf_counter() - start)
-    return [c.Answer(r.text, r.tokens, r.finish_reason or "length") for r in ticket.readers]
-
-
-async def next_step(svc: Service, ticket: Ticket, deadline: float, timeout: float) -> Step | None:
-    """The ticket's next step (None once its answers have ended); 504 past the deadline."""
-    try:
-        item = await asyncio.wait_for(ticket.pieces.get(), max(0.0, deadline - asyncio.get_running_loop().time()))
-    except asyncio.TimeoutError:
-        svc.metrics.refused.labels("timeout").inc()
-        raise ApiError(504, "timeout", f"no answer within {timeout:g} s") from None
-    if isinstance(item, BaseException):
-        raise item
-    return item
 
 
 def usage(asks: list[c.Ask], answers: list[c.Answer]) -> o.Usage:
