@@ -120,13 +120,13 @@ def plain(word: str) -> str:
 
 
 def start_errors(said: list[tuple[object, float]], heard: list[tuple[object, float]]) -> list[float]:
-    """|heard start − true start| of each word matched in order (difflib's matching blocks over
-    the words themselves). Shapes: said and heard are (word, start) pairs."""
+    """heard start − true start of each word matched in order (difflib's matching blocks over
+    the words themselves; positive: heard late). Shapes: said and heard are (word, start) pairs."""
     matcher = difflib.SequenceMatcher(a=[w for w, _ in said], b=[w for w, _ in heard], autojunk=False)
     errors = []
     for block in matcher.get_matching_blocks():
         for k in range(block.size):
-            errors.append(abs(heard[block.b + k][1] - said[block.a + k][1]))
+            errors.append(heard[block.b + k][1] - said[block.a + k][1])
     return errors
 
 
@@ -222,9 +222,10 @@ def in_child(engine: str, args: argparse.Namespace, wave) -> tuple[list[tuple[st
 def summary(name: str, said, words: list[tuple[str, float]], seconds: float, audio_seconds: float) -> dict:
     """An engine's figures: how many words were heard and matched, the start errors' median and p95."""
     heard = heard_pairs(name, words)
-    errors = start_errors(said, heard)
-    if not errors:
+    signed = start_errors(said, heard)
+    if not signed:
         raise UserError("no word was heard in order: nothing to measure")
+    errors = [abs(e) for e in signed]
     return {
         "audio_seconds": audio_seconds,
         "said": len(said),
@@ -233,6 +234,7 @@ def summary(name: str, said, words: list[tuple[str, float]], seconds: float, aud
         "median": percentile(errors, 50),
         "p95": percentile(errors, 95),
         "within_0.1": sum(e <= 0.1 for e in errors) / len(errors),
+        "median_signed": percentile(signed, 50),  # positive: words heard late
         "seconds": seconds,
     }
 
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{engine}: {r['audio_seconds']:.0f} s of audio, {r['said']} words said, {r['heard']} heard, "
             f"{r['matched']} matched; word start error median {r['median']:.3f} s, 95th percentile "
-            f"{r['p95']:.3f} s, {100 * r['within_0.1']:.0f}% within 0.1 s; "
+            f"{r['p95']:.3f} s, {100 * r['within_0.1']:.0f}% within 0.1 s, signed median {r['median_signed']:+.3f} s; "
             f"{r['seconds']:.1f} s ({args.threads} threads)"
         )
     if not args.no_record:
