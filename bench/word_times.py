@@ -303,7 +303,7 @@ def write_records(args: argparse.Namespace, rows: dict[str, dict]) -> None:
 
     what = "speech" if args.workload == "speech" else "digits"
     length = f"{args.minutes:g} min {what}"
-    details = {e: {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()} for e, r in rows.items()}
+    details = {f"{e} {k}": round(v, 3) if isinstance(v, float) else v for e, r in rows.items() for k, v in r.items()}
     truth = (
         "Multi30k test captions spoken by the Piper voice en_US-joe-medium through qkv's VITS "
         "(bench/joined_speech.py); "
