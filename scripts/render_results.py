@@ -54,7 +54,13 @@ BENCHMARKS = {
     "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),
     "longform_memory": (
         "Long-form transcription: peak memory by length",
-        "`python bench/longform_memory.py`: Whisper tiny.en on 1, 10 and 60 minutes of joined FSDD digits",
+        "`python bench/longform_memory.py`: Whisper tiny.en on 1, 10 and 60 minutes of joined speech "
+        "(Multi30k captions spoken by a Piper voice; earlier runs: joined FSDD digits)",
+    ),
+    "word_times": (
+        "Word timestamps",
+        "`python bench/word_times.py`: Whisper tiny.en on joined speech whose word times are known, "
+        "transformers' word timestamps beside (earlier runs: joined FSDD digits)",
     ),
     "stream_asr": (
         "Streaming speech recognition over a WebSocket",

@@ -30,6 +30,16 @@ def test_transcripts_are_read_as_digit_words(bench) -> None:
     assert bench.wer(["one two", "three"], ["one", "three four"]) == pytest.approx(100 * 2 / 3)
 
 
+def test_a_looping_transcript_scores_its_insertions(bench) -> None:
+    # tiny.en on joined digits writes "7, 7, 7, ..." to a window's token limit: 12 words heard for 4
+    # said, 2 of them right, so 10 errors (2 substitutions, 8 insertions), and two loops of the same
+    # length score the same whichever digit repeats.
+    said = "one two three four"
+    assert bench.wer([said], ["1, 2, " + "7, " * 10]) == pytest.approx(100 * 10 / 4)
+    assert bench.wer([said], ["1, 2, " + "5, " * 10]) == bench.wer([said], ["1, 2, " + "7, " * 10])
+    assert bench.wer(["A man, in a hat."], ["a man in the hat"]) == pytest.approx(100 / 5)
+
+
 def row(seconds: float, wer: float, audio: float = 300.0, **more) -> dict:
     return {"seconds": seconds, "x_real_time": round(audio / seconds, 1), "peak_mib": 400, "wer": wer, **more}
 
