@@ -18,7 +18,7 @@ from torch import nn
 
 from qkv.audio import FeatureConfig
 from qkv.decoding_copies import for_decoding, int8_linears
-from qkv.int8 import ACTIVATION_LEVELS, MANY_ROWS, Bf16Linear, Int8Linear, int8_linear, quantize_channels
+from qkv.int8 import ACTIVATION_LEVELS, HUGE_ROWS, MANY_ROWS, Bf16Linear, Int8Linear, int8_linear, quantize_channels
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -67,36 +67,39 @@ def test_int8_linear_is_a_per_channel_quantize_matmul_dequantize() -> None:
     assert error <= scale[1:].max() / 2 + 1e-7 and error < scale[0] / 4
 
 
-@pytest.mark.parametrize(("k", "rows"), [(32, 1), (32, MANY_ROWS - 1), (32, MANY_ROWS), (32, 41), (7, 41)])
+@pytest.mark.parametrize(
+    ("k", "rows"), [(32, 1), (32, MANY_ROWS - 1), (32, MANY_ROWS), (7, 41), (32, HUGE_ROWS - 1), (32, HUGE_ROWS)]
+)
 def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
-    """Few rows: bfloat16 activations, within bfloat16 rounding. Many rows: int8 activations with
-    a scale per row, within half a quantization step per activation; the rows are of very
-    different sizes, so one scale for the whole tensor would break the quiet rows' bound."""
+    """Few rows and huge products: bfloat16 activations, within bfloat16 rounding. Many rows: int8
+    activations with a scale per row, within half a quantization step per activation; the rows
+    are of very different sizes, so one scale for the whole tensor would break the quiet rows' bound."""
     layer = Int8Linear(_linear(k, 13, seed=rows))
     x = torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]  # (rows, K): quiet and loud rows
     reference = int8_linear(x, layer.q, layer.scale, layer.bias)  # (rows, 13)
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 13)
-    many = rows >= MANY_ROWS
-    assert layer.path(x) == ("int8 GEMM" if many else "weight-only")
+    many = MANY_ROWS <= rows < HUGE_ROWS
+    assert layer.path(x) == ("int8 GEMM" if many else "bf16 GEMM" if rows >= HUGE_ROWS else "weight-only")
     bound = _int8_bound(x, layer) if many else _bf16_bound(x, layer)
     assert ((got - reference).abs() <= bound).all()
     assert torch.allclose(layer(x[None]), got[None])  # (1, rows, K): the rows of any shape count
 
 
-def test_the_row_count_picks_the_path_on_both_sides_of_the_threshold() -> None:
+def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
     """Every row is one outlier feature and many features just under half a step of the row's int8
     grid, signed as output 1's weights: int8 activations round them all to zero, which costs
-    output 1 their whole sum; bfloat16 ones keep them. Below MANY_ROWS rows the output is within
-    bfloat16 rounding of the explicit product, from MANY_ROWS on it is not (within the int8 bound)."""
+    output 1 their whole sum; bfloat16 ones keep them. Below MANY_ROWS rows and from HUGE_ROWS on
+    the output is within bfloat16 rounding of the explicit product, in between it is not (within
+    the int8 bound)."""
     layer = Int8Linear(_linear(32, 13, seed=1))
-    x = torch.empty(MANY_ROWS, 32)
+    x = torch.empty(HUGE_ROWS, 32)
     x[:, 0] = 1.0
     x[:, 1:] = 0.9 / (2 * ACTIVATION_LEVELS) * layer.q[1, 1:].float().sign()  # (M, K - 1)
-    for rows in (MANY_ROWS - 1, MANY_ROWS):
+    for rows in (MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
         part = x[:rows]
         error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
-        assert bool((error <= _bf16_bound(part, layer)).all()) == (rows < MANY_ROWS)
+        assert bool((error <= _bf16_bound(part, layer)).all()) == (not MANY_ROWS <= rows < HUGE_ROWS)
         assert (error <= _int8_bound(part, layer)).all()
 
 

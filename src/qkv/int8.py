@@ -3,19 +3,21 @@ int8 weights, one scale per output channel), :func:`int8_linear` (the explicit p
 then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths) and
 :class:`Bf16Linear` (the vocabulary projection, kept in bfloat16).
 
-Two fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, measured):
+Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
 
 * a few rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
   features of its token (Dettmers et al., 2022, LLM.int8()).
-* many rows (batched decoding, beam search, an encoder's frames, a prompt): an int8 × int8 GEMM
+* many rows (a decoding step of a batch or a beam search): an int8 × int8 GEMM
   (fbgemm's dynamic-quantization kernel, ``torch.ops.quantized.linear_dynamic``: int32
   accumulation) with the activations quantized on the fly, each row on its own scale (per-token
   scales, as Dettmers et al., 2022, section 3.1, and Xiao et al., 2023, SmoothQuant, do): every
   row is divided by its max |x| before the kernel quantizes the whole tensor and multiplied back
   after, so one row's outlier coarsens no other row. The weights' bytes are read once for all rows
-  and the arithmetic is integer: with 32 or more rows this is what bounds the step.
+  and the arithmetic is integer: with 8 rows and more this is what bounds the step.
+* huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
+  dequantized for the call, float activations again (int8 ones lost Whisper's words there).
 
 Why bfloat16 for the output projection: its logits decide every token, and int8 rows flip near
 ties (measured on Whisper tiny.en in docs/speed.md). The copying of a model is in
@@ -36,8 +38,13 @@ from torch import Tensor, nn
 
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q
 FAST_MULTIPLE = 16  # torch._weight_int8pack_mm's CPU kernel needs in_features % 16 == 0 (others crash)
-# From this many rows on, the int8 x int8 GEMM beats the int8-weight kernel (bench: docs/speed.md).
+# From this many rows on, the int8 x int8 GEMM beats the int8-weight kernel (per call, 1 thread: 89 against
+# 205 us at 8 x 512 x 1536, 58 against 78 at 8 x 512 x 512; it wins from 2 to 5 rows, depending on the shape).
 MANY_ROWS = 8
+# From this many rows on (an encoder's frames, a prompt: once per input, not once per token), a bfloat16
+# GEMM on the weights dequantized for the call: float activations again, which keep Whisper's words
+# (int8 activations in its encoder's 1,500-row products lost some: tests/test_int8.py's slow test).
+HUGE_ROWS = 256
 
 
 def _vnni() -> bool:
@@ -88,12 +95,13 @@ def packed_weights(q: Tensor, scale: Tensor):
 class Int8Linear(nn.Module):
     """An ``nn.Linear`` with int8 weights (per-output-channel scales).
 
-    On the CPU, :data:`MANY_ROWS` rows and more run fbgemm's int8 GEMM with each row's
-    activations quantized on its own scale: equal to :func:`int8_linear` within half a
-    quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
-    (tested). Fewer rows keep float activations: ``torch._weight_int8pack_mm`` where
-    ``in_features`` is a multiple of 16 (bfloat16 activations; equal to :func:`int8_linear` up
-    to bfloat16 rounding, tested), else :func:`int8_linear` itself. Inference only.
+    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8 GEMM with
+    each row's activations quantized on its own scale: equal to :func:`int8_linear` within half
+    a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
+    (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
+    ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
+    the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
+    :func:`int8_linear` itself. Inference only.
 
     Shapes: x (..., K) -> (..., N).
     """
@@ -110,24 +118,30 @@ class Int8Linear(nn.Module):
         self.packed = packed_weights(q, scale)  # fbgemm's copy of (q, scale), for many rows
 
     def path(self, x: Tensor) -> str:
-        """Which product ``x`` takes: "int8 GEMM" (int8 activations, one scale per row) for
-        :data:`MANY_ROWS` rows and more on the CPU; for fewer, float activations: "weight-only"
-        (the int8-weight kernel, bfloat16 activations) where it runs, else "explicit"."""
-        on_cpu = x.device.type == "cpu"
-        if on_cpu and x.numel() >= MANY_ROWS * self.in_features:
-            return "int8 GEMM"
-        return "weight-only" if on_cpu and self.in_features % FAST_MULTIPLE == 0 else "explicit"
+        """Which product ``x`` takes on the CPU: from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows
+        (a decoding step of many hypotheses) "int8 GEMM" (int8 activations, one scale per row);
+        from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the call); fewer
+        rows "weight-only" (the int8-weight kernel) where ``in_features`` allows, else "explicit"."""
+        rows = x.numel() // max(self.in_features, 1)
+        if x.device.type != "cpu":
+            return "explicit"
+        if rows >= MANY_ROWS:
+            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
+        return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
         path = self.path(x)
         if path == "explicit":
             return int8_linear(x, self.q, self.scale, self.bias).to(x.dtype)
         rows = x.reshape(-1, self.in_features)  # (M, K)
-        if path == "weight-only":
-            y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.q, self.scale_bf16).float()  # (M, N)
-            y = y if self.bias is None else y + self.bias
-        else:
+        if path == "int8 GEMM":
             y = self._int8_gemm(rows.float())  # (M, N)
+        else:
+            if path == "weight-only":
+                y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.q, self.scale_bf16)  # (M, N)
+            else:
+                y = F.linear(rows.to(torch.bfloat16), self.q.to(torch.bfloat16) * self.scale_bf16[:, None])  # (M, N)
+            y = y.float() if self.bias is None else y.float() + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
 
     def _int8_gemm(self, rows: Tensor) -> Tensor:
