@@ -18,7 +18,16 @@ from torch import nn
 
 from qkv.audio import FeatureConfig
 from qkv.decoding_copies import for_decoding, int8_linears
-from qkv.int8 import ACTIVATION_LEVELS, HUGE_ROWS, MANY_ROWS, Bf16Linear, Int8Linear, int8_linear, quantize_channels
+from qkv.int8 import (
+    ACTIVATION_LEVELS,
+    HUGE_ROWS,
+    MANY_ROWS,
+    OUTLIER,
+    Bf16Linear,
+    Int8Linear,
+    int8_linear,
+    quantize_channels,
+)
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -101,6 +110,18 @@ def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
         error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
         assert bool((error <= _bf16_bound(part, layer)).all()) == (not MANY_ROWS <= rows < HUGE_ROWS)
         assert (error <= _int8_bound(part, layer)).all()
+
+
+def test_outlier_features_are_multiplied_in_float() -> None:
+    """In the int8 GEMM, a feature beyond OUTLIER in any row leaves the quantized product: the
+    row's other features keep the precision of their own scale, as if the outlier were not there."""
+    layer = Int8Linear(_linear(32, 13, seed=5))
+    x = torch.randn(MANY_ROWS, 32) * 0.1
+    x[0, 3] = 50 * OUTLIER  # (M, K): one outlier in one row
+    quiet = x.clone()
+    quiet[:, 3] = 0.0
+    error = (layer(x) - int8_linear(x, layer.q, layer.scale, layer.bias)).abs()  # (M, 13)
+    assert layer.path(x) == "int8 GEMM" and (error <= _int8_bound(quiet, layer)).all()
 
 
 def test_an_int8_layer_copies_and_keeps_its_outputs() -> None:

@@ -55,6 +55,10 @@ def _vnni() -> bool:
     return any(have.get(flag) for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
+# An activation beyond this is an outlier feature (LLM.int8()'s threshold, Dettmers et al., 2022, section 3.2):
+# its column is multiplied in float32 rather than quantized with the rest of its row.
+OUTLIER = 6.0
+
 # The levels a row of activations is quantized to in the many-rows path: the kernel maps the
 # tensor's [min, max] (about [-1, 1] once each row is divided by its max |x|) onto them.
 ACTIVATION_LEVELS = 255 if _vnni() else 127
@@ -147,10 +151,18 @@ class Int8Linear(nn.Module):
     def _int8_gemm(self, rows: Tensor) -> Tensor:
         """fbgemm's GEMM with the activations quantized per row: each row divided by its max |x|
         (the kernel then quantizes the tensor, now about [-1, 1], on one scale) and multiplied
-        back after. Shapes: rows (M, K) -> (M, N)."""
+        back after. Input features with an outlier (|x| > :data:`OUTLIER` in any row) are left out
+        of it and multiplied in float32 (Dettmers et al., 2022, LLM.int8(), section 3.2), so they
+        coarsen no other feature. Shapes: rows (M, K) -> (M, N)."""
+        loud = (rows.abs() > OUTLIER).any(dim=0).nonzero().squeeze(1)  # (L,) outlier features
+        exact = None
+        if len(loud):
+            exact = rows[:, loud] @ (self.q[:, loud].float() * self.scale[:, None]).T  # (M, N)
+            rows = rows.index_fill(1, loud, 0.0)  # (M, K)
         size = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (M, 1)
         y = torch.ops.quantized.linear_dynamic(rows / size, self.packed, ACTIVATION_LEVELS < 255)  # (M, N)
-        return y * size if self.bias is None else torch.addcmul(self.bias, y, size)  # (M, N)
+        y = y * size if self.bias is None else torch.addcmul(self.bias, y, size)  # (M, N)
+        return y if exact is None else y + exact
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
