@@ -154,12 +154,15 @@ class Int8Linear(nn.Module):
         back after. Input features with an outlier (|x| > :data:`OUTLIER` in any row) are left out
         of it and multiplied in float32 (Dettmers et al., 2022, LLM.int8(), section 3.2), so they
         coarsen no other feature. Shapes: rows (M, K) -> (M, N)."""
-        loud = (rows.abs() > OUTLIER).any(dim=0).nonzero().squeeze(1)  # (L,) outlier features
+        magnitude = rows.abs()  # (M, K)
+        size = magnitude.amax(dim=1, keepdim=True)  # (M, 1)
         exact = None
-        if len(loud):
+        if float(size.max()) > OUTLIER:  # rare after a norm: the common step pays one reduction for it
+            loud = (magnitude > OUTLIER).any(dim=0).nonzero().squeeze(1)  # (L,) outlier features
             exact = rows[:, loud] @ (self.q[:, loud].float() * self.scale[:, None]).T  # (M, N)
             rows = rows.index_fill(1, loud, 0.0)  # (M, K)
-        size = rows.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)  # (M, 1)
+            size = rows.abs().amax(dim=1, keepdim=True)  # (M, 1)
+        size = size.clamp_min(torch.finfo(torch.float32).tiny)
         y = torch.ops.quantized.linear_dynamic(rows / size, self.packed, ACTIVATION_LEVELS < 255)  # (M, N)
         y = y * size if self.bias is None else torch.addcmul(self.bias, y, size)  # (M, N)
         return y if exact is None else y + exact
