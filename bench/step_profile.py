@@ -14,10 +14,12 @@ batch 8, profiled with ``torch.profiler`` and each operator's own time put in on
 in milliseconds per step (one step = one new token for every hypothesis), for two layouts of
 the float32 decoding copy: ``for_decoding(model)`` (weights as ``nn.Linear`` stores them) and
 ``for_decoding(model, wide=True)`` (widening layers stored transposed, what ``qkv translate``
-loads on the CPU). Both in this process, alternating, after a warm-up.
+loads on the CPU), and with ``--also`` the ``--bf16`` and ``--int8`` copies (their int8 kernels
+count as projections). All in this process, one after another, after a warm-up.
 
     python bench/step_profile.py                 # a minute or two
     python bench/step_profile.py --no-record
+    python bench/step_profile.py --also bf16 int8 --no-record     # the --bf16 and --int8 copies too
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import record
 
 from qkv.decoding import beam_search, greedy
 from qkv.decoding_copies import for_decoding
+from qkv.loading import prepared
 from qkv.memory import choose_allocator
 
 NEW = 32
@@ -48,6 +51,8 @@ TOPK = ("topk", "log_softmax", "argmax", "sort", "max")
 def bucket(name: str, shapes: list) -> str:
     """The bucket of one operator call, by its name and (for products) its weight's shape."""
     op = name.removeprefix("aten::")
+    if op in ("_weight_int8pack_mm", "quantized::linear_dynamic"):  # int8 layers (qkv.int8), never the output layer
+        return "projections"
     if op in ("mm", "addmm", "linear", "matmul"):
         width = shapes[1][-1] if len(shapes) > 1 and shapes[1] else 0
         return "output layer" if width == mt_speed.VOCAB else "projections"
@@ -92,6 +97,7 @@ def profiled(model, batch: int, beam: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--also", nargs="*", default=[], choices=["bf16", "int8"], help="also profile these copies")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--notes", default="")
     args = parser.parse_args()
@@ -101,6 +107,8 @@ def main() -> None:
     model = mt_speed.qkv_model(mt_speed.SIZES["base"], dropout=0.0).eval()
     object.__setattr__(model.config, "eos_id", None)  # exactly NEW tokens
     layouts = {"nn.Linear layout": for_decoding(model), "widening layers transposed": for_decoding(model, wide=True)}
+    for precision in args.also:  # as qkv translate --bf16 / --int8 loads them
+        layouts[f"{precision} copy"] = prepared(model, "encoder_decoder", **{precision: True})
     records = []
     for batch, beam, what in ((1, 1, "greedy batch 1"), (8, 5, "beam 5 batch 8")):
         rows = {name: profiled(m, batch, beam) for name, m in layouts.items()}

@@ -1,11 +1,14 @@
-"""Weight-only int8 (``--int8``, qkv.int8): the int8 linear is a per-channel quantize → matmul →
-dequantize computed by hand; the fast kernels equal the explicit product up to bfloat16
-rounding; the copy replaces every linear layer, the encoder's included, and keeps the vocabulary
+"""int8 linear layers (``--int8``, qkv.int8): the explicit product is a per-channel quantize →
+matmul → dequantize computed by hand; with a few rows the int8-weight kernel equals it up to
+bfloat16 rounding, with many rows the int8 GEMM (activations quantized per row) within half a
+quantization step per activation, and the row count picks the path on both sides of the
+threshold; the copy replaces every linear layer, the encoder's included, and keeps the vocabulary
 projection in bfloat16. Slow: on the real Whisper tiny.en, int8 transcripts equal float32's on
 at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 
@@ -15,7 +18,16 @@ from torch import nn
 
 from qkv.audio import FeatureConfig
 from qkv.decoding_copies import for_decoding, int8_linears
-from qkv.int8 import Bf16Linear, Int8Linear, int8_linear, quantize_channels
+from qkv.int8 import (
+    ACTIVATION_LEVELS,
+    HUGE_ROWS,
+    MANY_ROWS,
+    OUTLIER,
+    Bf16Linear,
+    Int8Linear,
+    int8_linear,
+    quantize_channels,
+)
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -29,34 +41,99 @@ def _linear(k: int, n: int, seed: int) -> nn.Linear:
     return linear
 
 
+def _bf16_bound(x: torch.Tensor, layer: Int8Linear) -> torch.Tensor:
+    """What bfloat16 activations (8 significant bits) and a bfloat16 product may cost each output:
+    a few relative units of 2⁻⁸ of Σ|x||w|. Shapes: x (M, K) -> (M, N)."""
+    dequantized = layer.q.float() * layer.scale[:, None]  # (N, K)
+    return 4 * 2**-8 * (x.abs() @ dequantized.abs().T) + 1e-6  # (M, N)
+
+
+def _int8_bound(x: torch.Tensor, layer: Int8Linear) -> torch.Tensor:
+    """What int8 activations on one scale per row may cost each output: half a step of the row's
+    grid (its range, at most 2 max|row|, over ACTIVATION_LEVELS steps) on every input, times Σ|w|,
+    plus float rounding. Shapes: x (M, K) -> (M, N)."""
+    dequantized = layer.q.float() * layer.scale[:, None]  # (N, K)
+    half_step = x.abs().amax(dim=1, keepdim=True) / ACTIVATION_LEVELS  # (M, 1)
+    return half_step * dequantized.abs().sum(dim=1) * 1.01 + 1e-5  # (M, N)
+
+
 def test_int8_linear_is_a_per_channel_quantize_matmul_dequantize() -> None:
-    """Each output row gets its own scale max|row|/127; the layer computes x @ (q * scale)ᵀ + b."""
+    """Each output row gets its own scale max|row|/127; the product is x @ (q * scale)ᵀ + b."""
     linear = _linear(7, 13, seed=0)
-    x = torch.randn(3, 5, 7)  # K = 7: not a multiple of 16, the explicit product runs
+    x = torch.randn(2, 7)
     w = linear.weight.detach()
     scale = torch.stack([row.abs().max() / 127 for row in w])  # (13,) by hand, row by row
     q = torch.stack([torch.round(row / s) for row, s in zip(w, scale, strict=True)])  # (13, 7)
-    expected = x @ (q * scale[:, None]).T + linear.bias.detach()  # (3, 5, 13)
+    expected = x @ (q * scale[:, None]).T + linear.bias.detach()  # (2, 13)
     got_q, got_scale = quantize_channels(w)
     assert got_q.dtype == torch.int8 and torch.equal(got_q.float(), q)
     assert torch.allclose(got_scale, scale)
-    layer = Int8Linear(linear)
-    assert torch.allclose(layer(x), expected, atol=1e-5)
+    assert torch.allclose(int8_linear(x, got_q, got_scale, linear.bias), expected, atol=1e-5)
+    layer = Int8Linear(linear)  # K = 7: no int8-weight kernel; a few rows take the explicit product
+    assert layer.path(x) == "explicit" and torch.allclose(layer(x), expected, atol=1e-5)
     # per channel: the quiet rows lose far less than the loud row's scale would cost them
     error = (q * scale[:, None] - w).abs()[1:].max()
     assert error <= scale[1:].max() / 2 + 1e-7 and error < scale[0] / 4
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])  # the int8-weight kernel (few rows), the bf16 GEMM (many)
-def test_fast_path_equals_the_explicit_product(rows: int) -> None:
-    linear = _linear(32, 13, seed=rows)
-    layer = Int8Linear(linear)
-    x = torch.randn(rows, 32)
-    assert layer.fast(x)
-    reference = int8_linear(x.bfloat16().float(), layer.q, layer.scale_bf16.float(), layer.bias)  # (rows, 13)
+@pytest.mark.parametrize(
+    ("k", "rows"), [(32, 1), (32, MANY_ROWS - 1), (32, MANY_ROWS), (7, 41), (32, HUGE_ROWS - 1), (32, HUGE_ROWS)]
+)
+def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
+    """Few rows and huge products: bfloat16 activations, within bfloat16 rounding. Many rows: int8
+    activations with a scale per row, within half a quantization step per activation; the rows
+    are of very different sizes, so one scale for the whole tensor would break the quiet rows' bound."""
+    layer = Int8Linear(_linear(k, 13, seed=rows))
+    x = torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]  # (rows, K): quiet and loud rows
+    reference = int8_linear(x, layer.q, layer.scale, layer.bias)  # (rows, 13)
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 13)
-    assert torch.allclose(got, reference, rtol=2**-7, atol=1e-3 * reference.abs().max().item())
+    many = MANY_ROWS <= rows < HUGE_ROWS
+    assert layer.path(x) == ("int8 GEMM" if many else "bf16 GEMM" if rows >= HUGE_ROWS else "weight-only")
+    bound = _int8_bound(x, layer) if many else _bf16_bound(x, layer)
+    assert ((got - reference).abs() <= bound).all()
+    assert torch.allclose(layer(x[None]), got[None])  # (1, rows, K): the rows of any shape count
+
+
+def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
+    """Every row is one outlier feature and many features just under half a step of the row's int8
+    grid, signed as output 1's weights: int8 activations round them all to zero, which costs
+    output 1 their whole sum; bfloat16 ones keep them. Below MANY_ROWS rows and from HUGE_ROWS on
+    the output is within bfloat16 rounding of the explicit product, in between it is not (within
+    the int8 bound)."""
+    layer = Int8Linear(_linear(32, 13, seed=1))
+    x = torch.empty(HUGE_ROWS, 32)
+    x[:, 0] = 1.0
+    x[:, 1:] = 0.9 / (2 * ACTIVATION_LEVELS) * layer.q[1, 1:].float().sign()  # (M, K - 1)
+    for rows in (MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
+        part = x[:rows]
+        error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
+        assert bool((error <= _bf16_bound(part, layer)).all()) == (not MANY_ROWS <= rows < HUGE_ROWS)
+        assert (error <= _int8_bound(part, layer)).all()
+
+
+def test_outlier_features_are_multiplied_in_float() -> None:
+    """In the int8 GEMM, a feature beyond OUTLIER in any row leaves the quantized product: the
+    row's other features keep the precision of their own scale, as if the outlier were not there."""
+    layer = Int8Linear(_linear(32, 13, seed=5))
+    x = torch.randn(MANY_ROWS, 32) * 0.1
+    x[0, 3] = 50 * OUTLIER  # (M, K): one outlier in one row
+    quiet = x.clone()
+    quiet[:, 3] = 0.0
+    error = (layer(x) - int8_linear(x, layer.q, layer.scale, layer.bias)).abs()  # (M, 13)
+    assert layer.path(x) == "int8 GEMM" and (error <= _int8_bound(quiet, layer)).all()
+
+
+def test_an_int8_layer_copies_and_keeps_its_outputs() -> None:
+    """Copies of a model (an ensemble's members, a decoding copy) carry the packed weights."""
+    layer = Int8Linear(_linear(32, 13, seed=2))
+    x = torch.randn(MANY_ROWS + 3, 32)
+    assert torch.equal(copy.deepcopy(layer)(x), layer(x))
+
+
+def test_bf16_output_projection_is_close_to_float32() -> None:
+    linear = _linear(32, 13, seed=4)
+    x = torch.randn(5, 32)
     bf16 = Bf16Linear(linear)
     assert torch.allclose(bf16(x), linear(x), rtol=2**-6, atol=2e-2 * linear(x).abs().max().item())
 

@@ -1,19 +1,36 @@
-"""Weight-only int8 linear layers for decoding on CPUs (``--int8``): :func:`quantize_channels`
-(symmetric int8 weights, one scale per output channel), :func:`int8_linear` (the explicit
-product: dequantize, then multiply), :class:`Int8Linear` (the module, with PyTorch's int8-weight
-kernel as its fast path) and :class:`Bf16Linear` (the vocabulary projection, kept in bfloat16).
+"""int8 linear layers for decoding on CPUs (``--int8``): :func:`quantize_channels` (symmetric
+int8 weights, one scale per output channel), :func:`int8_linear` (the explicit product: dequantize,
+then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths) and
+:class:`Bf16Linear` (the vocabulary projection, kept in bfloat16).
 
-Why weight-only: activations are not quantized, so an outlier feature in the residual stream
-(Whisper has large ones) cannot coarsen the other features of its token, as a per-tensor or
-per-token activation scale does (Dettmers et al., 2022, LLM.int8()). Why bfloat16 for the output
-projection: its logits decide every token, and int8 rows flip near ties (measured on Whisper
-tiny.en in docs/speed.md). The copying of a model is in ``decoding_copies.int8_linears``.
+Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
 
-What is not here: which layers a model gets (``decoding_copies``), dynamic activation
-quantization (PyTorch's fbgemm one is what ``--int8`` used before; it lost words).
+* a few rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
+  (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
+  so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
+  features of its token (Dettmers et al., 2022, LLM.int8()).
+* many rows (a decoding step of a batch or a beam search): an int8 × int8 GEMM
+  (fbgemm's dynamic-quantization kernel, ``torch.ops.quantized.linear_dynamic``: int32
+  accumulation) with the activations quantized on the fly, each row on its own scale (per-token
+  scales, as Dettmers et al., 2022, section 3.1, and Xiao et al., 2023, SmoothQuant, do): every
+  row is divided by its max |x| before the kernel quantizes the whole tensor and multiplied back
+  after, so one row's outlier coarsens no other row. The weights' bytes are read once for all rows
+  and the arithmetic is integer: with 8 rows and more this is what bounds the step.
+* huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
+  dequantized for the call, float activations again (int8 ones lost Whisper's words there).
+
+Why bfloat16 for the output projection: its logits decide every token, and int8 rows flip near
+ties (measured on Whisper tiny.en in docs/speed.md). The copying of a model is in
+``decoding_copies.int8_linears``.
+
+What is not here: which layers a model gets (``decoding_copies``); PyTorch's per-tensor dynamic
+quantization as a whole-model pass (what ``--int8`` used before: 7-bit activations on one scale per
+call lost Whisper's words).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +38,30 @@ from torch import Tensor, nn
 
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q
 FAST_MULTIPLE = 16  # torch._weight_int8pack_mm's CPU kernel needs in_features % 16 == 0 (others crash)
-# From this many rows on (an encoder's frames, a prompt), a bfloat16 GEMM on the weights dequantized
-# for the call beats the int8-weight kernel, which is tuned for a few rows (bench: 1500 x 384 x 1536
-# took 27 ms with it, 10 ms this way, 20 ms in float32); dequantizing costs N * K, the product M * N * K.
-MANY_ROWS = 32
+# From this many rows on, the int8 x int8 GEMM beats the int8-weight kernel (per call, 1 thread: 89 against
+# 205 us at 8 x 512 x 1536, 58 against 78 at 8 x 512 x 512; it wins from 2 to 5 rows, depending on the shape).
+MANY_ROWS = 8
+# From this many rows on (an encoder's frames, a prompt: once per input, not once per token), a bfloat16
+# GEMM on the weights dequantized for the call: float activations again, which keep Whisper's words
+# (int8 activations in its encoder's 1,500-row products lost some: tests/test_int8.py's slow test).
+HUGE_ROWS = 256
+
+
+def _vnni() -> bool:
+    """Whether the CPU multiplies uint8 by int8 into int32 without an int16 step (AVX512-VNNI,
+    AVX-VNNI, AMX): then activations may use all 8 bits; otherwise fbgemm's kernels can saturate
+    the int16 pair sums, and its "reduce range" (7 bits) avoids that."""
+    have = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return any(have.get(flag) for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+# An activation beyond this is an outlier feature (LLM.int8()'s threshold, Dettmers et al., 2022, section 3.2):
+# its column is multiplied in float32 rather than quantized with the rest of its row.
+OUTLIER = 6.0
+
+# The levels a row of activations is quantized to in the many-rows path: the kernel maps the
+# tensor's [min, max] (about [-1, 1] once each row is divided by its max |x|) onto them.
+ACTIVATION_LEVELS = 255 if _vnni() else 127
 
 
 def quantize_channels(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -40,21 +77,35 @@ def quantize_channels(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def int8_linear(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
-    """The explicit product: ``x @ (q * scale)ᵀ + bias`` in float32 (the reference for the fast path).
+    """The explicit product: ``x @ (q * scale)ᵀ + bias`` in float32 (the reference for the fast paths).
 
     Shapes: x (..., K), q (N, K), scale (N,), bias (N,) -> (..., N).
     """
     return F.linear(x.float(), q.float() * scale[:, None], bias)  # (..., N)
 
 
-class Int8Linear(nn.Module):
-    """An ``nn.Linear`` with int8 weights (per-output-channel scales) and float activations.
+def packed_weights(q: Tensor, scale: Tensor):
+    """``q`` with its per-channel ``scale`` in fbgemm's packed layout, for
+    ``torch.ops.quantized.linear_dynamic`` (no bias: the caller adds it after rescaling rows).
 
-    On the CPU, when ``in_features`` is a multiple of 16, it runs ``torch._weight_int8pack_mm``
-    (bfloat16 activations, int8 weights read as they are: a quarter of float32's bytes, which is
-    what bounds decoding a token at a time), or for :data:`MANY_ROWS` rows and more a bfloat16
-    product with the weights dequantized for the call; otherwise :func:`int8_linear`. The two agree up to
-    bfloat16 rounding of the input and the product (tested). Inference only.
+    Shapes: q (N, K) int8, scale (N,)."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch 2.13 warns that quantized tensors will move to torchao
+        warnings.simplefilter("ignore", UserWarning)
+        weight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)  # (N, K) qint8
+    return torch.ops.quantized.linear_prepack(weight, None)
+
+
+class Int8Linear(nn.Module):
+    """An ``nn.Linear`` with int8 weights (per-output-channel scales).
+
+    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8 GEMM with
+    each row's activations quantized on its own scale: equal to :func:`int8_linear` within half
+    a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
+    (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
+    ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
+    the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
+    :func:`int8_linear` itself. Inference only.
 
     Shapes: x (..., K) -> (..., N).
     """
@@ -68,23 +119,53 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # (N,) what the kernel takes
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)  # (N,) or None
+        self.packed = packed_weights(q, scale)  # fbgemm's copy of (q, scale), for many rows
 
-    def fast(self, x: Tensor) -> bool:
-        """Whether ``x`` takes the int8-weight kernel (else the explicit product)."""
-        return x.device.type == "cpu" and self.in_features % FAST_MULTIPLE == 0
+    def path(self, x: Tensor) -> str:
+        """Which product ``x`` takes on the CPU: from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows
+        (a decoding step of many hypotheses) "int8 GEMM" (int8 activations, one scale per row);
+        from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the call); fewer
+        rows "weight-only" (the int8-weight kernel) where ``in_features`` allows, else "explicit"."""
+        rows = x.numel() // max(self.in_features, 1)
+        if x.device.type != "cpu":
+            return "explicit"
+        if rows >= MANY_ROWS:
+            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
+        return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.fast(x):
+        path = self.path(x)
+        if path == "explicit":
             return int8_linear(x, self.q, self.scale, self.bias).to(x.dtype)
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (M, K)
-        if rows.shape[0] >= MANY_ROWS:
-            weight = self.q.to(torch.bfloat16) * self.scale_bf16[:, None]  # (N, K)
-            y = F.linear(rows, weight).to(x.dtype)  # (M, N)
+        rows = x.reshape(-1, self.in_features)  # (M, K)
+        if path == "int8 GEMM":
+            y = self._int8_gemm(rows.float())  # (M, N)
         else:
-            y = torch._weight_int8pack_mm(rows, self.q, self.scale_bf16).to(x.dtype)  # (M, N)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+            if path == "weight-only":
+                y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.q, self.scale_bf16)  # (M, N)
+            else:
+                y = F.linear(rows.to(torch.bfloat16), self.q.to(torch.bfloat16) * self.scale_bf16[:, None])  # (M, N)
+            y = y.float() if self.bias is None else y.float() + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def _int8_gemm(self, rows: Tensor) -> Tensor:
+        """fbgemm's GEMM with the activations quantized per row: each row divided by its max |x|
+        (the kernel then quantizes the tensor, now about [-1, 1], on one scale) and multiplied
+        back after. Input features with an outlier (|x| > :data:`OUTLIER` in any row) are left out
+        of it and multiplied in float32 (Dettmers et al., 2022, LLM.int8(), section 3.2), so they
+        coarsen no other feature. Shapes: rows (M, K) -> (M, N)."""
+        magnitude = rows.abs()  # (M, K)
+        size = magnitude.amax(dim=1, keepdim=True)  # (M, 1)
+        exact = None
+        if float(size.max()) > OUTLIER:  # rare after a norm: the common step pays one reduction for it
+            loud = (magnitude > OUTLIER).any(dim=0).nonzero().squeeze(1)  # (L,) outlier features
+            exact = rows[:, loud] @ (self.q[:, loud].float() * self.scale[:, None]).T  # (M, N)
+            rows = rows.index_fill(1, loud, 0.0)  # (M, K)
+            size = rows.abs().amax(dim=1, keepdim=True)  # (M, 1)
+        size = size.clamp_min(torch.finfo(torch.float32).tiny)
+        y = torch.ops.quantized.linear_dynamic(rows / size, self.packed, ACTIVATION_LEVELS < 255)  # (M, N)
+        y = y * size if self.bias is None else torch.addcmul(self.bias, y, size)  # (M, N)
+        return y if exact is None else y + exact
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
