@@ -15,7 +15,7 @@ Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, 
   scales, as Dettmers et al., 2022, section 3.1, and Xiao et al., 2023, SmoothQuant, do): every
   row is divided by its max |x| before the kernel quantizes the whole tensor and multiplied back
   after, so one row's outlier coarsens no other row. The weights' bytes are read once for all rows
-  and the arithmetic is integer: with 8 rows and more this is what bounds the step.
+  and the arithmetic is integer: with many rows this is what bounds the step.
 * huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
   dequantized for the call, float activations again (int8 ones lost Whisper's words there).
 
@@ -40,7 +40,10 @@ INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q
 FAST_MULTIPLE = 16  # torch._weight_int8pack_mm's CPU kernel needs in_features % 16 == 0 (others crash)
 # From this many rows on, the int8 x int8 GEMM beats the int8-weight kernel (per call, 1 thread: 89 against
 # 205 us at 8 x 512 x 1536, 58 against 78 at 8 x 512 x 512; it wins from 2 to 5 rows, depending on the shape).
-MANY_ROWS = 8
+# Taken at 16, not 8: int8 activations cost a language model's agreement with fp32 (SmolLM2, 8 prompts x 32
+# tokens: 52.0% weight-only, 44.5% with int8 activations at 8 rows), and a chat server's steps hold a few
+# rows; a batch of 32 and a beam of 5 over 8 inputs (40 rows) still take the GEMM.
+MANY_ROWS = 16
 # From this many rows on (an encoder's frames, a prompt: once per input, not once per token), a bfloat16
 # GEMM on the weights dequantized for the call: float activations again, which keep Whisper's words
 # (int8 activations in its encoder's 1,500-row products lost some: tests/test_int8.py's slow test).
