@@ -1,12 +1,15 @@
 """The decoding protocol and the one adapter each model family implements it with.
 
-A search (``search.py``) asks a model for three things and nothing else, whatever its family
+A search (``search.py``) asks a model for four things and nothing else, whatever its family
 (openai/whisper's ``Inference``, ESPnet's decoder-as-scorer):
 
   * ``start(inputs)``: read the inputs (encode the sources, or read the prompts); return the
     logits of the first new token (B, V) and a state;
   * ``step(state, tokens)``: feed one chosen token per row (N,); return the next logits (N, V)
     and the new state;
+  * ``feed(state, tokens)``: read forced tokens (N, L) in one call, as L steps would (an
+    encoder-decoder's start tokens, Whisper's previous-text prompt: openai/whisper reads its
+    prompt in one forward pass too); return the logits after the last (N, V) and the state;
   * ``reorder(state, rows)``: keep, repeat or reorder the rows (hypotheses) of a state.
 
 Beside them, what memory planning and input checks need: ``caps`` (each input's new-token cap
