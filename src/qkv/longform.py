@@ -169,24 +169,40 @@ def cut_segments(tokens: Sequence[int], timestamp_begin: int) -> tuple[list[tupl
 
 
 class _Watching(SpeechEncoderDecoderDecoder):
-    """The speech decoder, starting from ``first`` (<|startofprev|> before a prompt), that keeps
-    the probability of ``no_speech`` where it has read <|startoftranscript|> (``sot``)."""
+    """The speech decoder over one window's encoder output ``memory`` (1, S, D), read once
+    whatever the temperatures and draws decoded from it (as faster-whisper reuses it), starting
+    from ``first`` (<|startofprev|> before a prompt), that keeps the probability of
+    ``no_speech`` where it has read <|startoftranscript|> (``sot``)."""
 
-    def __init__(self, model: SpeechEncoderDecoder, *, first: int, sot: int, no_speech: int | None) -> None:
+    def __init__(
+        self, model: SpeechEncoderDecoder, memory: Tensor, *, first: int, sot: int, no_speech: int | None
+    ) -> None:
         super().__init__(model)
+        self.memory = memory  # (1, S, D)
         self.bos_id, self.sot, self.no_speech = first, sot, no_speech
         self.no_speech_probs: Tensor | None = None  # (N,)
+
+    def read(self, inputs):
+        memory = self.memory.expand(len(inputs), -1, -1)  # (N, S, D): every row the same window
+        return memory, torch.ones(memory.shape[:2], dtype=torch.bool, device=memory.device)  # (N, S)
 
     def start(self, inputs):
         logits, state = super().start(inputs)
         self._watch(self.bos_id, logits)
         return logits, state
 
-    def step(self, state, tokens: Tensor):
-        logits, state = super().step(state, tokens)
-        if self.no_speech_probs is None:
-            self._watch(int(tokens[0]), logits)
-        return logits, state
+    def feed(self, state, tokens: Tensor):
+        """The forced tokens (N, L) in one call, or two where <|startoftranscript|> is among them
+        (after a prompt): the first ends with it, whose logits give the "no speech" probability."""
+        row = tokens[0].tolist()
+        if self.sot not in row[:-1]:
+            logits, state = super().feed(state, tokens)
+            self._watch(row[-1], logits)
+            return logits, state
+        at = row.index(self.sot) + 1
+        logits, state = super().feed(state, tokens[:, :at])  # (N, V)
+        self._watch(self.sot, logits)
+        return super().feed(state, tokens[:, at:])
 
     def _watch(self, token: int, logits: Tensor) -> None:
         if token == self.sot and self.no_speech is not None:
@@ -219,13 +235,17 @@ def decode_window(
     temperature: float,
     n: int,
     generator: torch.Generator,
+    memory: Tensor | None = None,
 ) -> list[Decoded]:
-    """``n`` decodings of one window of features (T, M) after ``prompt`` at ``temperature``."""
+    """``n`` decodings of one window of features (T, M) after ``prompt`` at ``temperature``;
+    ``memory``: the window's encoder output (1, S, D), when it has been read already."""
     half = model.config.max_len // 2
     prefix = list(ids.start)
     if prompt and ids.previous is not None:
         prefix = [ids.previous, *list(prompt)[-(half - 1) :], *prefix]
-    decoder = _Watching(model, first=prefix[0], sot=ids.start[0], no_speech=ids.no_speech)
+    if memory is None:
+        memory, _ = model.encode(window[None])  # (1, S, D)
+    decoder = _Watching(model, memory, first=prefix[0], sot=ids.start[0], no_speech=ids.no_speech)
     choose = _Chooser(temperature, generator)
     cap = min(half, model.config.max_len - len(prefix) + 1)
     steps = stream(decoder, [window] * n, max_new_tokens=cap, choose=choose, prefix=prefix, scorers=ids.rules)
@@ -248,10 +268,10 @@ def decode_window(
 
 def _with_fallback(model, tokenizer, window: Tensor, prompt, ids: WhisperTokens, o: LongForm, generator) -> Decoded:
     """A window decoded at each temperature in turn until its result needs no fallback."""
-    result = None
+    result, memory = None, model.encode(window[None])[0]  # (1, S, D): read once for every temperature
     for temperature in o.temperatures:
         n = o.best_of if temperature > 0 else 1
-        found = decode_window(model, tokenizer, window, prompt, ids, temperature, n, generator)
+        found = decode_window(model, tokenizer, window, prompt, ids, temperature, n, generator, memory)
         result = max(found, key=lambda d: d.avg_logprob * (len(d.tokens) + 1) / max(1, len(d.tokens)))
         if not needs_fallback(result, o):
             break

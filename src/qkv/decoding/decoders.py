@@ -1,12 +1,15 @@
 """The decoding protocol and the one adapter each model family implements it with.
 
-A search (``search.py``) asks a model for three things and nothing else, whatever its family
+A search (``search.py``) asks a model for four things and nothing else, whatever its family
 (openai/whisper's ``Inference``, ESPnet's decoder-as-scorer):
 
   * ``start(inputs)``: read the inputs (encode the sources, or read the prompts); return the
     logits of the first new token (B, V) and a state;
   * ``step(state, tokens)``: feed one chosen token per row (N,); return the next logits (N, V)
     and the new state;
+  * ``feed(state, tokens)``: read forced tokens (N, L) in one call, as L steps would (an
+    encoder-decoder's start tokens, Whisper's previous-text prompt: openai/whisper reads its
+    prompt in one forward pass too); return the logits after the last (N, V) and the state;
   * ``reorder(state, rows)``: keep, repeat or reorder the rows (hypotheses) of a state.
 
 Beside them, what memory planning and input checks need: ``caps`` (each input's new-token cap
@@ -74,6 +77,12 @@ class Decoder(Protocol):
         """Logits (N, V) after feeding ``tokens`` (N,), and the new state."""
         ...
 
+    def feed(self, state: object, tokens: Tensor) -> tuple[Tensor, object]:
+        """Logits (N, V) after feeding ``tokens`` (N, L), L forced tokens (a prompt) read in one
+        call, and the new state: the state of L steps, the logits of the last (up to float
+        rounding: one product of L rows instead of L of one)."""
+        ...
+
     def reorder(self, state: object, rows: Tensor, *, within_inputs: bool = False) -> object:
         """Row i of the new state is row ``rows[i]`` (N',). ``within_inputs``: every row comes
         from a row of its own input, so what is the same for an input's rows is kept as is."""
@@ -120,6 +129,13 @@ def pad_rows(
             tokens[i, span] = torch.tensor(r, dtype=torch.long, device=device)
             valid[i, span] = True
     return tokens, valid
+
+
+def _last_positions(tokens: Tensor) -> Tensor:
+    """True at each row's last position. Shapes: (N, L) -> (N, L) bool."""
+    last = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)  # (N, L)
+    last[:, -1] = True
+    return last
 
 
 def map_tensors(obj, fn: Callable[[Tensor], Tensor]):
@@ -198,6 +214,12 @@ class _EncoderDecoderBase:
     def step(self, state: _Sourced, tokens: Tensor) -> tuple[Tensor, _Sourced]:
         out = self.model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
         return out.logits[:, -1], replace(state, cache=out.cache)  # (N, V)
+
+    def feed(self, state: _Sourced, tokens: Tensor) -> tuple[Tensor, _Sourced]:
+        # The vocabulary projection (a decoding step's largest product) only where it is read.
+        last = _last_positions(tokens)  # (N, L)
+        out = self.model.decode(tokens, state.memory, src_mask=state.src_mask, cache=state.cache, only=last)
+        return out.logits, replace(state, cache=out.cache)  # (N, V)
 
     def reorder(self, state: _Sourced, rows: Tensor, *, within_inputs: bool = False) -> _Sourced:
         def pick(t: Tensor) -> Tensor:
@@ -370,6 +392,16 @@ class DecoderOnlyDecoder:
         out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
         return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + 1)  # (N, V)
 
+    def feed(self, state: _Prompted, tokens: Tensor) -> tuple[Tensor, _Prompted]:
+        length = tokens.shape[1]
+        key_mask = state.key_mask
+        if key_mask is not None:
+            key_mask = torch.cat([key_mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)  # (N, P+L)
+        ahead = torch.arange(length, device=tokens.device)  # (L,)
+        positions = (state.next_position[:, None] + ahead).clamp(max=self.model.config.max_len - 1)  # (N, L)
+        out = self.model.decode(tokens, key_mask=key_mask, positions=positions, cache=state.cache)
+        return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + length)  # (N, V)
+
     def reorder(self, state: _Prompted, rows: Tensor, *, within_inputs: bool = False) -> _Prompted:
         def pick(t: Tensor) -> Tensor:
             return t.index_select(0, rows)  # (N', ...)
@@ -453,6 +485,10 @@ class EnsembleDecoder:
     def step(self, state: tuple, tokens: Tensor) -> tuple[Tensor, tuple]:
         stepped = [m.step(st, tokens) for m, st in zip(self.members, state, strict=True)]
         return mean_of_distributions([x for x, _ in stepped]), tuple(st for _, st in stepped)
+
+    def feed(self, state: tuple, tokens: Tensor) -> tuple[Tensor, tuple]:
+        fed = [m.feed(st, tokens) for m, st in zip(self.members, state, strict=True)]
+        return mean_of_distributions([x for x, _ in fed]), tuple(st for _, st in fed)
 
     def reorder(self, state: tuple, rows: Tensor, *, within_inputs: bool = False) -> tuple:
         return tuple(

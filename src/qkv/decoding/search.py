@@ -90,11 +90,12 @@ def sampler(
 
 def _started(decoder: Decoder, inputs: Inputs, prefix: Sequence[int] | None) -> tuple[Tensor, object]:
     """The decoder's start, then the rest of an encoder-decoder's forced first tokens ``prefix``
-    (BEGIN first; None: BEGIN alone), one step each as if chosen. Shapes: returns (B, V)."""
+    (BEGIN first; None: BEGIN alone), fed in one call (``Decoder.feed``) as if chosen one at a
+    time. Shapes: returns (B, V)."""
     logits, state = decoder.start(inputs)  # (B, V)
-    for token in (prefix or [])[1:]:
-        tokens = torch.full((len(inputs),), token, dtype=torch.long, device=logits.device)  # (B,)
-        logits, state = decoder.step(state, tokens)  # (B, V)
+    if prefix is not None and len(prefix) > 1:  # one call, as openai/whisper reads its prompt, not a step a token
+        tokens = torch.tensor([list(prefix[1:])] * len(inputs), dtype=torch.long, device=logits.device)  # (B, L)
+        logits, state = decoder.feed(state, tokens)  # (B, V)
     return logits, state
 
 
