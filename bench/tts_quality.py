@@ -328,6 +328,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every engine (default 2)")
     p.add_argument("--figure", type=Path, help="draw the first sentence's spectrograms into this PNG")
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts_quality.json")
+    p.add_argument(
+        "--no-corpus-speed",
+        action="store_true",
+        help="skip timing the corpus builder's batches (the Piper voice spoken once more)",
+    )
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     return p
 
@@ -348,14 +353,14 @@ def corpus_speed(args: argparse.Namespace, job: dict, alone: dict, tmp: Path) ->
     }
 
 
-def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict]:
+def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict | None]:
     """Every row spoken and scored: DNSMOS, the judge's WER, RTF and MCD (None where it has
-    none); and the corpus builder's speed (:func:`corpus_speed`)."""
+    none); and the corpus builder's speed (:func:`corpus_speed`; None with ``--no-corpus-speed``)."""
     from qkv.audio import load_audio
     from qkv.evaluation import error_rates
 
     espeak, piper = corpora(args.n, args.voice)
-    texts = [u.text for u in espeak]
+    texts, speed = [u.text for u in espeak], None
     transcribe = judge(args.whisper, tmp)
     spoken = [
         (name, [load_audio(u.path, max_seconds=None).numpy() for u in corpus], None, None)
@@ -365,7 +370,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict]:
         print(f"speaking: {name}", flush=True)
         waves, result = run_engine(engine, job, tmp / engine.replace(":", "-"), args.threads)
         spoken.append((name, waves, result["seconds"] / result["speech"], refs))
-        if engine == "piper-qkv":
+        if engine == "piper-qkv" and not args.no_corpus_speed:
             speed = corpus_speed(args, job, result, tmp)
     results = []
     for name, waves, rtf, refs in spoken:
@@ -406,7 +411,7 @@ def main() -> int:
     return 0
 
 
-def show(results: list[dict], speed: dict, args) -> None:
+def show(results: list[dict], speed: dict | None, args) -> None:
     print(f"\n{args.n} held-out sentences (Multi30k test2016), {args.threads} threads; judge {args.whisper.name}")
     print(f"{'row':58s} {'SIG':>5s} {'BAK':>5s} {'OVRL':>5s} {'P.808':>5s} {'WER%':>6s} {'RTF':>6s} {'MCD':>6s}")
     for r in results:
@@ -416,14 +421,16 @@ def show(results: list[dict], speed: dict, args) -> None:
             f"{r['row']:58s} {r['SIG']:5.2f} {r['BAK']:5.2f} {r['OVRL']:5.2f} {r['P.808']:5.2f} "
             f"{r['WER']:6.2f} {rtf:>6s} {distance:>6s}"
         )
-    print(
-        f"corpus speed (Piper through qkv): {speed['batched']:.2f} sentences/s in batches of {speed['batch_size']} "
-        f"(RTF {speed['batched_rtf']:.3f}), {speed['alone']:.2f} one by one (RTF {speed['alone_rtf']:.3f})"
-    )
+    if speed is not None:
+        print(
+            f"corpus speed (Piper through qkv): {speed['batched']:.2f} sentences/s in batches of "
+            f"{speed['batch_size']} (RTF {speed['batched_rtf']:.3f}), {speed['alone']:.2f} one by one "
+            f"(RTF {speed['alone_rtf']:.3f})"
+        )
     print(f"(load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
 
 
-def record(results: list[dict], speed: dict, args) -> None:
+def record(results: list[dict], speed: dict | None, args) -> None:
     """Per row: its DNSMOS OVRL (beside Piper's through onnxruntime), its WER and, for what is
     spoken, its real-time factor; every figure of the row in the details."""
     import record as records
@@ -474,16 +481,17 @@ def record(results: list[dict], speed: dict, args) -> None:
                     "details": details,
                 }
             )
-    out.append(
-        {
-            "metric": f"Piper corpus speed through qkv, batches of {speed['batch_size']}",
-            "figure": round(speed["batched"], 2),
-            "unit": "sentences/s",
-            "peer": "the same voice through qkv, one sentence at a time",
-            "peer_figure": round(speed["alone"], 2),
-            "details": {**common, **{k: round(v, 3) for k, v in speed.items()}},
-        }
-    )
+    if speed is not None:
+        out.append(
+            {
+                "metric": f"Piper corpus speed through qkv, batches of {speed['batch_size']}",
+                "figure": round(speed["batched"], 2),
+                "unit": "sentences/s",
+                "peer": "the same voice through qkv, one sentence at a time",
+                "peer_figure": round(speed["alone"], 2),
+                "details": {**common, **{k: round(v, 3) for k, v in speed.items()}},
+            }
+        )
     records.append_run("tts_quality", out)
     print("appended the run to bench/results/tts_quality.json")
 

