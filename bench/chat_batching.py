@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from serving import serving  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -58,30 +57,6 @@ QUESTIONS = [
     "What is the tallest animal?",
     "Translate 'thank you' into German.",
 ]
-
-
-def start_server(model: str, *, batching: bool, threads: int) -> tuple[subprocess.Popen, str]:
-    import httpx
-    from serve_load import free_port
-
-    port = free_port()
-    argv = [sys.executable, "-m", "qkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--no-access-log", "--max-active", "256", "--timeout", "600"] + ([] if batching else ["--no-batching"])
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"chat_batching: qkv serve exited {server.returncode}: {server.stderr.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return server, url
-        except httpx.TransportError:
-            time.sleep(0.3)
-    server.kill()
-    raise SystemExit("chat_batching: qkv serve did not start within 180 s")
 
 
 async def chat(client, model: str, question: str, max_tokens: int, *, after: float = 0.0) -> dict:
@@ -185,16 +160,13 @@ async def pattern(url: str, model: str, name: str, args) -> dict:
 
 
 def run_setting(args, *, batching: bool) -> list[dict]:
-    server, url = start_server(args.model, batching=batching, threads=args.threads)
+    flags = ["--max-active", "256", "--timeout", "600"] + ([] if batching else ["--no-batching"])
     name = Path(args.model).name
-    try:
+    with serving("chat_batching", args.model, flags, threads=args.threads, wait=180) as (_, url):
         rows = []
         for p in ("sequential", "together", "staggered"):
             rows.append(asyncio.run(pattern(url, name, p, args)))
             print(f"batching {'on' if batching else 'off'}, {p}: {rows[-1]['wall_s']} s", flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     sequential = rows[0]["texts"]
     for row in rows:
         row["batching"] = batching

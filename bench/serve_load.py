@@ -25,10 +25,7 @@ import asyncio
 import json
 import os
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -36,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from serving import serving  # noqa: E402
 
 
 def data_root() -> Path:
@@ -49,38 +47,11 @@ def sentences(limit: int = 1000) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][:limit]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def resident_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def start_server(model: str, *, batching: bool, port: int) -> subprocess.Popen:
-    import httpx
-
-    argv = [sys.executable, "-m", "qkv", "serve", "--model", model, "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--max-active", "256"] + ([] if batching else ["--no-batching"])
-    argv += ["--no-access-log"]  # its stderr is a pipe read only on failure (and the records before had no log)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"serve_load: qkv serve exited {server.returncode}: {server.stderr.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.2)
-    server.kill()
-    raise SystemExit("serve_load: qkv serve did not start within 120 s")
 
 
 async def load(url: str, texts: list[str], *, clients: int, seconds: float, beam: int) -> dict:
@@ -128,10 +99,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_setting(model: str, texts: list[str], args, *, batching: bool) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = start_server(model, batching=batching, port=port)
-    try:
+    flags = ["--max-active", "256"] + ([] if batching else ["--no-batching"])
+    with serving("serve_load", model, flags, stop=120) as (server, url):
         asyncio.run(load(url, texts, clients=args.clients, seconds=args.warmup, beam=args.beam))
         samples: list[float] = []  # the server's resident memory, every half second of the load
         done = threading.Event()
@@ -151,12 +120,6 @@ def run_setting(model: str, texts: list[str], args, *, batching: bool) -> dict:
         after = resident_mb(server.pid)
         mid = samples[len(samples) // 2] if samples else before
         per_pass = batch_mean(url)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
     lat = found["latencies"]
     return {
         "batching": batching,

@@ -32,10 +32,7 @@ import json
 import os
 import random
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
+from serving import serving  # noqa: E402
 
 RATE = 16_000
 DIGITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -79,31 +77,6 @@ def joined_digits(clips: int, gap: float, seed: int):
 def digit_words(text: str) -> list[str]:
     """A transcript's words, each digit written as its word (Whisper writes "5" or "five")."""
     return [DIGITS[int(c)] if c.isdigit() else c for c in re.findall(r"\d|[a-z]+", text.lower())]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: Path, port: int) -> subprocess.Popen:
-    import httpx
-
-    argv = [sys.executable, "-m", "qkv", "serve", "--model", str(model), "--port", str(port), "--no-access-log"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    server = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"stream_asr: qkv serve exited {server.returncode}: {server.stderr.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.2)
-    server.kill()
-    raise SystemExit("stream_asr: qkv serve did not start within 120 s")
 
 
 def stream(url: str, wave, *, chunk: float, speed: float) -> tuple[list[tuple[float, str]], float]:
@@ -197,19 +170,12 @@ def main(argv: list[str] | None = None) -> int:
             import_hf(args.hf, model)
         wave, words, ends = joined_digits(args.clips, args.gap, args.seed)
         seconds = wave.numel() / RATE
-        port = free_port()
-        server = start_server(model, port)
-        try:
+        with serving("stream_asr", model) as (_, url):
             print(f"stream_asr: {seconds:.1f} s of audio, {len(words)} words, at {args.speed:g}x ...", flush=True)
+            ws = url.replace("http://", "ws://", 1)
             began = time.monotonic()
-            finals, _ = stream(f"ws://127.0.0.1:{port}/v1/audio/stream", wave, chunk=args.chunk, speed=args.speed)
+            finals, _ = stream(f"{ws}/v1/audio/stream", wave, chunk=args.chunk, speed=args.speed)
             stream_wall = time.monotonic() - began
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                server.kill()
         streamed = digit_words(" ".join(text for _, text in finals))
         print(f"stream_asr: streamed in {stream_wall:.1f} s: {' '.join(streamed)}", flush=True)
         bundle = qkv.load(model)

@@ -2,9 +2,9 @@
 ``qkv transcribe --format/--output-dir`` with the README's transcribe → evaluate --wer example.
 
 The pure parts are checked on tokens and texts made here; the whole on the small random Whisper
-of ``test_whisper_rules`` (a 1 s chunk, so 1.6 s of audio is two windows or more) and, marked slow, on
-the real tiny.en (``bench/fetch_whisper_tiny.sh``) reading FSDD digits joined with silences,
-whose words and times are known.
+of ``test_whisper_rules`` (``whisper_fixtures.stamped_whisper``: a 1 s chunk, so 1.6 s of audio
+is two windows or more) and, marked slow, on the real tiny.en (``bench/fetch_whisper_tiny.sh``)
+reading FSDD digits joined with silences, whose words and times are known.
 """
 
 from __future__ import annotations
@@ -89,13 +89,9 @@ def test_subtitle_formats() -> None:
 
 @pytest.fixture(scope="module")
 def whisper_dir(tmp_path_factory) -> Path:
-    from qkv.hf.convert import import_hf
-    from test_whisper_rules import build
+    from whisper_fixtures import imported, stamped_whisper
 
-    root = tmp_path_factory.mktemp("longform")
-    build(root / "hf")
-    import_hf(root / "hf", root / "qkv")
-    return root / "qkv"
+    return imported(tmp_path_factory.mktemp("longform"), stamped_whisper)[2]
 
 
 def noise(seconds: float, seed: int) -> np.ndarray:

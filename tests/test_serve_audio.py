@@ -49,7 +49,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
 
     from qkv.hf.convert import import_hf
     from test_piper import tiny_voice
-    from test_whisper import hf_whisper
+    from whisper_fixtures import hf_whisper
 
     root = tmp_path_factory.mktemp("audio")
     found = tiny_audio_models(root)

@@ -2,9 +2,9 @@
 
 Small random Whisper models (D=22 with H=2, F=37, two layers a stack, 80 mel bins, a 1 s chunk:
 max_source_positions=50, and a decoder window of 29; the weights moved off their initial
-values) are built here with ``transformers`` and saved with ``save_pretrained``, with a
-byte-level BPE trained here plus Whisper's special tokens, a generation config and a feature
-extractor; nothing is downloaded. They are imported, compared with the original (features,
+values) are built with ``transformers`` and saved with ``save_pretrained``, with a
+byte-level BPE plus Whisper's special tokens, a generation config and a feature extractor
+(``tests/whisper_fixtures.py``); nothing is downloaded. They are imported, compared with the original (features,
 logits within 1e-4; greedy transcripts equal to ``generate`` from the same start tokens, for
 an English-only and a multilingual model), exported back, loaded with ``from_pretrained`` and
 compared again.
@@ -20,13 +20,7 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from tokenizers import ByteLevelBPETokenizer  # noqa: E402
-from transformers import (  # noqa: E402
-    WhisperConfig,
-    WhisperFeatureExtractor,
-    WhisperForConditionalGeneration,
-    WhisperTokenizer,
-)
+from transformers import WhisperForConditionalGeneration, WhisperTokenizer  # noqa: E402
 
 from qkv.audio import FeatureConfig, features  # noqa: E402
 from qkv.checkpoint import load_model, save_model  # noqa: E402
@@ -40,82 +34,20 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig  # n
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder  # noqa: E402
 from qkv.tokenization import Tokenizer  # noqa: E402
 from test_hf import assert_close, perturb  # noqa: E402
+from whisper_fixtures import (  # noqa: E402
+    CORPUS,
+    SPECIALS,
+    TIMESTAMPS,
+    hf_features,
+    hf_whisper,
+    imported,
+    new_tokens,
+)
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
-CORPUS = [
-    "Hello world, this is a tiny corpus.",
-    "The quick brown fox jumps over the lazy dog!",
-    "Guten Tag, wie geht es?",
-]
-SPECIALS = [
-    "<|startoftranscript|>",
-    "<|en|>",
-    "<|de|>",
-    "<|translate|>",
-    "<|transcribe|>",
-    "<|startoflm|>",
-    "<|startofprev|>",
-    "<|nocaptions|>",
-    "<|notimestamps|>",
-]
-TIMESTAMPS = ["<|0.00|>", "<|0.02|>"]  # added, not special, as in Whisper's files
 NEW = 12  # new tokens per transcript
-
-
-def whisper_tokenizer() -> WhisperTokenizer:
-    """Whisper's layout in small: byte-level BPE, then <|endoftext|>, the special tokens, timestamps."""
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 20, vocab_size=290, min_frequency=1, special_tokens=[])
-    model = json.loads(bpe._tokenizer.to_str())["model"]
-    tokenizer = WhisperTokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]])  # + <|endoftext|>
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
-    tokenizer.add_tokens(TIMESTAMPS)
-    tokenizer.pad_token = "<|endoftext|>"
-    return tokenizer
-
-
-def hf_whisper(directory: Path, *, multilingual: bool, tied: bool = True) -> WhisperForConditionalGeneration:
-    """A random WhisperForConditionalGeneration saved in ``directory`` with its tokenizer, feature
-    extractor (1 s chunks) and generation config (English-only: no languages or tasks)."""
-    tokenizer = whisper_tokenizer()
-    ids = dict(zip(SPECIALS, tokenizer.convert_tokens_to_ids(SPECIALS), strict=True))
-    end = tokenizer.eos_token_id
-    config = WhisperConfig(
-        vocab_size=len(tokenizer),
-        d_model=22,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=37,
-        decoder_ffn_dim=37,
-        num_mel_bins=80,
-        max_source_positions=50,
-        max_target_positions=29,
-        pad_token_id=end,
-        bos_token_id=end,
-        eos_token_id=end,
-        decoder_start_token_id=ids["<|startoftranscript|>"],
-        suppress_tokens=[],
-        begin_suppress_tokens=None,
-        tie_word_embeddings=tied,
-    )
-    torch.manual_seed(0)
-    model = WhisperForConditionalGeneration(config).eval()
-    perturb(model, 1)  # the encoder's sinusoids (frozen) stay
-    generation = model.generation_config
-    generation._from_model_config = False  # else from_pretrained rebuilds it from config.json, without these
-    generation.is_multilingual = multilingual
-    generation.no_timestamps_token_id = ids["<|notimestamps|>"]
-    if multilingual:
-        generation.lang_to_id = {"<|en|>": ids["<|en|>"], "<|de|>": ids["<|de|>"]}
-        generation.task_to_id = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    WhisperFeatureExtractor(feature_size=80, chunk_length=1).save_pretrained(directory)
-    return model
 
 
 def waves() -> list[np.ndarray]:
@@ -133,12 +65,6 @@ def qkv_features(config: FeatureConfig) -> list[torch.Tensor]:
     return [features(torch.from_numpy(w), config) for w in waves()]  # each (T, M)
 
 
-def hf_features(directory: Path) -> torch.Tensor:
-    """WhisperFeatureExtractor's features of :func:`waves`: (B, M, T)."""
-    extractor = WhisperFeatureExtractor.from_pretrained(directory)
-    return extractor(waves(), sampling_rate=16000, return_tensors="pt").input_features
-
-
 def hf_generate(
     model, feats: torch.Tensor, prefix: list[int], *, language: str | None = None, task: str | None = None
 ) -> list[list[int]]:
@@ -153,31 +79,19 @@ def hf_generate(
             language=language,
             task=task,
         )
-    transcripts = []
-    for row in out.sequences.tolist():
-        assert row[: len(prefix)] == prefix, (row, prefix)
-        new = row[len(prefix) :]
-        end = model.config.eos_token_id
-        transcripts.append(new[: new.index(end)] if end in new else new)
-    return transcripts
+    return new_tokens(out.sequences.tolist(), prefix, model.config.eos_token_id)
 
 
 @pytest.fixture(scope="module")
 def multilingual(tmp_path_factory) -> tuple[WhisperForConditionalGeneration, Path, Path]:
     """A multilingual HF Whisper, its directory and its qkv import."""
-    root = tmp_path_factory.mktemp("whisper")
-    model = hf_whisper(root / "hf", multilingual=True)
-    import_hf(root / "hf", root / "qkv")
-    return model, root / "hf", root / "qkv"
+    return imported(tmp_path_factory.mktemp("whisper"), lambda d: hf_whisper(d, multilingual=True))
 
 
 @pytest.fixture(scope="module")
 def english(tmp_path_factory) -> tuple[WhisperForConditionalGeneration, Path, Path]:
     """An English-only HF Whisper (untied output), its directory and its qkv import."""
-    root = tmp_path_factory.mktemp("whisper_en")
-    model = hf_whisper(root / "hf", multilingual=False, tied=False)
-    import_hf(root / "hf", root / "qkv")
-    return model, root / "hf", root / "qkv"
+    return imported(tmp_path_factory.mktemp("whisper_en"), lambda d: hf_whisper(d, multilingual=False, tied=False))
 
 
 # ------------------------------------------------------------------------ import
@@ -191,7 +105,7 @@ def test_import_logits_equal(which: str, request) -> None:
     assert meta["kind"] == "speech_encoder_decoder" and meta["hf"]["architecture"] == "WhisperForConditionalGeneration"
     assert model.config.features.chunk_seconds == 1.0 and model.config.features.n_mels == 80
     ours = torch.stack(qkv_features(model.config.features))  # (B, T, M)
-    theirs = hf_features(hf_dir)  # (B, M, T)
+    theirs = hf_features(hf_dir, waves())  # (B, M, T)
     assert ours.shape == (2, 100, 80)
     assert (ours - theirs.transpose(1, 2)).abs().max() <= 1e-5
     g = torch.Generator().manual_seed(7)
@@ -253,7 +167,7 @@ def test_multilingual_greedy_equals_generate(multilingual, language: str, task: 
     ids = meta["whisper"]
     assert prefix == [model.config.bos_id, ids["languages"][code], ids["tasks"][task], ids["no_timestamps_id"]]
     ours = greedy(model, qkv_features(model.config.features), max_new_tokens=NEW, prefix=prefix)
-    assert ours == hf_generate(hf, hf_features(hf_dir), prefix, language=code, task=task)
+    assert ours == hf_generate(hf, hf_features(hf_dir, waves()), prefix, language=code, task=task)
     assert all(len(row) == NEW for row in ours)  # a random model rarely ends: the comparison is long
     assert start_tokens(qkv_dir, language=language, task=task, timestamps=True) == prefix[:-1]
 
@@ -264,7 +178,7 @@ def test_english_only_greedy_equals_generate(english) -> None:
     prefix = start_tokens(qkv_dir)
     assert prefix == [model.config.bos_id, meta["whisper"]["no_timestamps_id"]]
     ours = greedy(model, qkv_features(model.config.features), max_new_tokens=NEW, prefix=prefix)
-    assert ours == hf_generate(hf, hf_features(hf_dir), prefix)
+    assert ours == hf_generate(hf, hf_features(hf_dir, waves()), prefix)
     hypotheses = beam_search(model, qkv_features(model.config.features), beam_size=1, max_new_tokens=NEW, prefix=prefix)
     assert [h[0].tokens for h in hypotheses] == ours
 
@@ -292,7 +206,7 @@ def test_detect_language_equals_hf(multilingual) -> None:
     model, meta = load_model(qkv_dir)
     codes = detect_language(model, qkv_features(model.config.features), qkv_dir)
     languages = meta["whisper"]["languages"]
-    assert [languages[c] for c in codes] == hf.detect_language(hf_features(hf_dir)).tolist()
+    assert [languages[c] for c in codes] == hf.detect_language(hf_features(hf_dir, waves())).tolist()
 
 
 # ------------------------------------------------------------------------ export
@@ -317,8 +231,8 @@ def test_export_round_trip(which: str, request, tmp_path: Path) -> None:
     back, info = WhisperForConditionalGeneration.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     back.eval()
-    feats = hf_features(out)
-    assert torch.equal(feats, hf_features(hf_dir))
+    feats = hf_features(out, waves())
+    assert torch.equal(feats, hf_features(hf_dir, waves()))
     tgt = torch.tensor([[hf.config.decoder_start_token_id, 5, 77, 290, 3]])
     with torch.no_grad():
         assert_close(
@@ -368,7 +282,7 @@ def test_native_speech_model_exports_as_whisper(tmp_path: Path) -> None:
     back, info = WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     back.eval()
-    feats = hf_features(tmp_path / "hf")  # the exported preprocessor_config.json: 1 s chunks
+    feats = hf_features(tmp_path / "hf", waves())  # the exported preprocessor_config.json: 1 s chunks
     ours = torch.stack(qkv_features(config.features))
     tgt = torch.tensor([[1, 7, 3, 40, 9]] * 2)
     with torch.no_grad():

@@ -10,7 +10,8 @@ window's real frames, standardised, filtered, averaged over the alignment heads,
 openai/whisper's ``find_alignment`` does (transformers' ``generate(return_token_timestamps=True)``
 aligns other rows: it leaves out the row that writes the first word and reads timestamps, so its
 times are compared with ours on the real tiny.en only, in the slow test, as agreement figures).
-The model is ``test_whisper_rules``'s small random Whisper (a 1 s chunk) with alignment heads set.
+The model is ``whisper_fixtures.stamped_whisper``, test_whisper_rules' small random Whisper (a
+1 s chunk), with alignment heads set.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from qkv.word_timing import (  # noqa: E402
     merge_punctuations,
     split_words,
 )
-from test_whisper import CORPUS  # noqa: E402
+from whisper_fixtures import CORPUS  # noqa: E402
 
 HEADS = [[1, 0], [1, 1], [0, 1]]
 
@@ -165,11 +166,12 @@ def test_ctc_word_timestamps_of_a_model_of_qkvs_own(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory) -> dict:
-    """test_whisper_rules' random Whisper with alignment heads in its generation config, imported."""
-    from test_whisper_rules import build, tokenizer_with_stamps
+    """``whisper_fixtures.stamped_whisper`` (test_whisper_rules' random Whisper) with alignment
+    heads in its generation config, imported."""
+    from whisper_fixtures import stamped_whisper, tokenizer_with_stamps
 
     root = tmp_path_factory.mktemp("words")
-    model = build(root / "hf")
+    model = stamped_whisper(root / "hf")
     generation = json.loads((root / "hf" / "generation_config.json").read_text())
     (root / "hf" / "generation_config.json").write_text(json.dumps({**generation, "alignment_heads": HEADS}))
     import_hf(root / "hf", root / "qkv")

@@ -42,7 +42,22 @@ from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.encoder_only import EncoderOnly
 from qkv.models.speech import CONV2D_MIN_FRAMES, SpeechEncoderDecoder
 from qkv.models.tts import TransformerTTS
-from qkv.onnx_graphs import CACHE, CROSS, MEMORY, PRESENT, B, Graph, P, S, T, block_caches, cross_cache, stacked_self
+from qkv.onnx_graphs import (
+    CACHE,
+    ENCODER_OUTPUTS,
+    PRESENT,
+    SOURCED_INPUTS,
+    B,
+    Graph,
+    P,
+    S,
+    T,
+    block_caches,
+    cross_cache,
+    sourced_cache,
+    sourced_example,
+    stacked_self,
+)
 from qkv.onnx_runtime import EXPORT_PACKAGES, MANIFEST, require
 from qkv.onnx_tts import tts_graphs, tts_manifest
 
@@ -104,10 +119,8 @@ class SourcedStepGraph(nn.Module):
         cross_keys: Tensor,
         cross_values: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        # The blocks read the encoder output only to project it, which the given cross-attention
-        # cache spares: a stand-in of no positions takes its place.
-        standin = cross_keys.new_zeros(tokens.shape[0], 0, self.model.config.d_model)  # (B, 0, D)
-        cache = block_caches(past_keys, past_values, cross_keys, cross_values)
+        caches = past_keys, past_values, cross_keys, cross_values
+        standin, cache = sourced_cache(tokens.shape[0], self.model.config.d_model, *caches)  # (B, 0, D)
         out = self.model.decode(tokens, standin, src_mask=memory_mask, cache=cache)
         return out.logits, *stacked_self(out.cache)
 
@@ -163,7 +176,7 @@ def graphs_of(model: Model) -> list[Graph]:
 
 def _text_encoder(model: EncoderDecoder) -> Graph:
     source = torch.randint(0, model.config.src_vocab_size, (B, S))
-    outputs = {**MEMORY, "cross_keys": CROSS, "cross_values": CROSS}
+    outputs = dict(ENCODER_OUTPUTS)
     return Graph("encoder", TextEncoderGraph(model), (source,), {"source": {0: "batch", 1: "source"}}, outputs, {})
 
 
@@ -172,7 +185,7 @@ def _speech_encoder(model: SpeechEncoderDecoder) -> Graph:
     frames = 4 * S + 3 if c.frontend == "conv2d" else 2 * S  # S encoder frames after subsampling
     features = torch.randn(B, frames, c.features.n_mels)
     valid = torch.ones(B, frames, dtype=torch.bool)
-    outputs = {**MEMORY, "cross_keys": CROSS, "cross_values": CROSS}
+    outputs = dict(ENCODER_OUTPUTS)
     if model.ctc is not None:
         outputs["ctc_logits"] = {0: "batch", 1: "source"}
     inputs = {"features": {0: "batch", 1: "frames"}, "valid": {0: "batch", 1: "frames"}}
@@ -185,19 +198,9 @@ def _speech_encoder(model: SpeechEncoderDecoder) -> Graph:
 
 def _sourced_step(model: EncoderDecoder | SpeechEncoderDecoder, encoder: Graph) -> Graph:
     c = model.config
-    with torch.no_grad():
-        _, memory_mask, cross_keys, cross_values, *_ = encoder.module(*encoder.example)
-    layers, _, heads, _, width = cross_keys.shape
-    past = torch.randn(layers, B, heads, P, width)
+    memory_mask, past, cross_keys, cross_values = sourced_example(encoder)
     tokens = torch.randint(0, getattr(c, "tgt_vocab_size", None) or c.vocab_size, (B, T))
-    inputs = {
-        "tokens": {0: "batch", 1: "new"},
-        "memory_mask": {0: "batch", 1: "source"},
-        "past_keys": CACHE,
-        "past_values": CACHE,
-        "cross_keys": CROSS,
-        "cross_values": CROSS,
-    }
+    inputs = {"tokens": {0: "batch", 1: "new"}, **SOURCED_INPUTS}
     outputs = {"logits": {0: "batch", 1: "new"}, "present_keys": PRESENT, "present_values": PRESENT}
     example = (tokens, memory_mask, past, torch.randn_like(past), cross_keys, cross_values)
     return Graph("decoder_step", SourcedStepGraph(model), example, inputs, outputs, {})

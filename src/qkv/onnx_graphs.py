@@ -1,7 +1,8 @@
 """The pieces every family's ONNX export wrappers share: :class:`Graph` (a module to export, its
 example inputs and dynamic axes), the stacking of the decoder blocks' caches into the tensors a
 graph takes and returns (:func:`cross_cache`, :func:`block_caches`, :func:`stacked_self`), and
-the example sizes and axis names the graphs use.
+the example sizes and axis names the graphs use, and what the decoder steps that read an encoder's
+output share (:func:`sourced_cache`, :func:`sourced_example`, :data:`SOURCED_INPUTS`).
 
 Caches are stacked over the L decoder layers: keys and values (L, B, G, P, K) each.
 
@@ -25,6 +26,15 @@ CACHE = {1: "batch", 3: "past"}
 PRESENT = {1: "batch", 3: "total"}
 CROSS = {1: "batch", 3: "source"}
 MEMORY = {"memory": {0: "batch", 1: "source"}, "memory_mask": {0: "batch", 1: "source"}}
+ENCODER_OUTPUTS = {**MEMORY, "cross_keys": CROSS, "cross_values": CROSS}  # an encoder graph's, before any extra
+# A decoder step's inputs after its first (tokens or frames) when it reads an encoder's output.
+SOURCED_INPUTS = {
+    "memory_mask": {0: "batch", 1: "source"},
+    "past_keys": CACHE,
+    "past_values": CACHE,
+    "cross_keys": CROSS,
+    "cross_values": CROSS,
+}
 
 
 @dataclass(frozen=True)
@@ -63,3 +73,25 @@ def block_caches(
 def stacked_self(cache: list[BlockCache]) -> tuple[Tensor, Tensor]:
     """The self-attention keys and values of every block, stacked. Shapes: (L, B, G, P + T, K) twice."""
     return torch.stack([kv[0][0] for kv in cache]), torch.stack([kv[0][1] for kv in cache])
+
+
+def sourced_cache(
+    rows: int, d_model: int, past_keys: Tensor, past_values: Tensor, cross_keys: Tensor, cross_values: Tensor
+) -> tuple[Tensor, list[BlockCache]]:
+    """What a decoder step given the cross-attention cache passes its decoder: a stand-in for the
+    encoder output, and the per-block caches. The blocks read the encoder output only to project
+    it, which the given cache spares: the stand-in has no positions.
+
+    Shapes: (L, B, G, P, K) twice, (L, B, G, S, K) twice -> stand-in (B, 0, D).
+    """
+    standin = cross_keys.new_zeros(rows, 0, d_model)  # (B, 0, D)
+    return standin, block_caches(past_keys, past_values, cross_keys, cross_values)
+
+
+def sourced_example(encoder: Graph) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A decoder step's example memory_mask, past_keys (random, P positions), cross_keys and
+    cross_values: ``encoder`` run on its own example. Shapes: (B, S), (L, B, G, P, K), (L, B, G, S, K) twice."""
+    with torch.no_grad():
+        _, memory_mask, cross_keys, cross_values, *_ = encoder.module(*encoder.example)
+    layers, _, heads, _, width = cross_keys.shape
+    return memory_mask, torch.randn(layers, B, heads, P, width), cross_keys, cross_values

@@ -28,7 +28,19 @@ import torch
 from torch import Tensor, nn
 
 from qkv.models.tts import TransformerTTS
-from qkv.onnx_graphs import CACHE, CROSS, MEMORY, PRESENT, B, Graph, P, S, T, block_caches, cross_cache, stacked_self
+from qkv.onnx_graphs import (
+    ENCODER_OUTPUTS,
+    PRESENT,
+    SOURCED_INPUTS,
+    B,
+    Graph,
+    S,
+    T,
+    cross_cache,
+    sourced_cache,
+    sourced_example,
+    stacked_self,
+)
 
 
 class TTSEncoderGraph(nn.Module):
@@ -69,10 +81,8 @@ class TTSStepGraph(nn.Module):
         cross_values: Tensor,
         prenet_keep: Tensor,
     ) -> tuple[Tensor, ...]:
-        # The blocks read the text's encoding only to project it, which the given cross-attention
-        # cache spares: a stand-in of no positions takes its place.
-        standin = cross_keys.new_zeros(frames.shape[0], 0, self.model.config.d_model)  # (B, 0, D)
-        cache = block_caches(past_keys, past_values, cross_keys, cross_values)
+        caches = past_keys, past_values, cross_keys, cross_values
+        standin, cache = sourced_cache(frames.shape[0], self.model.config.d_model, *caches)  # (B, 0, D)
         out = self.model.decode(frames, standin, memory_valid=memory_mask, cache=cache, prenet_keep=prenet_keep)
         return out.mel, out.stop, *stacked_self(out.cache)
 
@@ -106,27 +116,15 @@ def _encoder(model: TransformerTTS) -> Graph:
     if c.n_speakers:
         inputs["speakers"] = {0: "batch"}
         example = (text, torch.arange(B) % c.n_speakers)
-    outputs = {**MEMORY, "cross_keys": CROSS, "cross_values": CROSS}
-    return Graph("encoder", TTSEncoderGraph(model), example, inputs, outputs, {})
+    return Graph("encoder", TTSEncoderGraph(model), example, inputs, dict(ENCODER_OUTPUTS), {})
 
 
 def _step(model: TransformerTTS, encoder: Graph) -> Graph:
     c = model.config
-    with torch.no_grad():
-        _, memory_mask, cross_keys, cross_values = encoder.module(*encoder.example)
-    layers, _, heads, _, width = cross_keys.shape
-    past = torch.randn(layers, B, heads, P, width)
+    memory_mask, past, cross_keys, cross_values = sourced_example(encoder)
     frames = torch.randn(B, T, c.features.n_mels)
     keep = torch.ones(2, B, T, c.prenet_dim)
-    inputs = {
-        "frames": {0: "batch", 1: "new"},
-        "memory_mask": {0: "batch", 1: "source"},
-        "past_keys": CACHE,
-        "past_values": CACHE,
-        "cross_keys": CROSS,
-        "cross_values": CROSS,
-        "prenet_keep": {1: "batch", 2: "new"},
-    }
+    inputs = {"frames": {0: "batch", 1: "new"}, **SOURCED_INPUTS, "prenet_keep": {1: "batch", 2: "new"}}
     written = {0: "batch", 1: "written"}
     outputs = {"mel": written, "stop": written, "present_keys": PRESENT, "present_values": PRESENT}
     example = (frames, memory_mask, past, torch.randn_like(past), cross_keys, cross_values, keep)

@@ -18,6 +18,7 @@ data files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import signal
 import sys
@@ -650,9 +651,50 @@ def fit(
         raise ValueError("fit needs config.steps or epochs")
     if validation is not None and validation.every == 0 and epochs is None:
         raise ValueError("validation at the end of every epoch needs epochs")
-    accumulate = config.accumulate
-    planned = config.steps if epochs is None else planned_steps(epochs, accumulate, config.steps)
-    trainer = Trainer(
+    planned = config.steps if epochs is None else planned_steps(epochs, config.accumulate, config.steps)
+    trainer = _trainer(model, config, planned)
+    loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
+    result = loaded if loaded is not None else FitResult()
+    start = time.perf_counter() - result.seconds
+    saves = _Saves(checkpoint, trainer, result)
+    stop_reason = functools.partial(_stop_reason, result, config, epochs, validation)
+    main = trainer.world.main
+    bar = progress_report(planned, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
+    say = (lambda line: bar.write(line, file=sys.stderr)) if progress and main else None
+    size = None  # the current epoch's batches, once begun
+    if loaded is None:
+        saves.first()
+    with StopRequest() as stop:
+        while (reason := stop_reason()) is None:
+            if epochs is not None and size is None:
+                size = epochs.begin(result.epoch)  # an epoch's order (its draw of pieces) is training time
+            first, count = _next_batches(result, size, config.accumulate)
+            stop.check(result.steps, saves.save)
+            loss, n_tokens = saves.step([lambda i=i: step_loss(model, i) for i in range(first, first + count)])
+            _count_step(result, loss, n_tokens)
+            result.seconds = stop.agree(time.perf_counter() - start)
+            result.lr = trainer.lr
+            bar.update(1)
+            _report_step(bar.set_postfix, scalars, result, loss, unit=unit, planned=planned)
+            _replan(trainer, result, config, planned)
+            ended = _advance(result, size, count)
+            size = None if ended else size
+            if validation is not None and (ended if validation.every == 0 else result.steps % validation.every == 0):
+                start += _validate(model, trainer, result, validation, checkpoint, scalars, epochs is not None, say)
+                saves.after_validation(stop_reason)
+            else:
+                saves.every_n_steps(stop_reason)
+    result.stopped_by = reason
+    saves.last()
+    bar.close()
+    trainer.keep_averaged()  # with ema_decay: the moving average is the model trained
+    model.eval()
+    return result
+
+
+def _trainer(model: nn.Module, config: FitConfig, planned: int) -> Trainer:
+    """The optimizer side of a :func:`fit` run as ``config`` says, its schedule ``planned`` steps long."""
+    return Trainer(
         model,
         lr=config.lr,
         warmup=config.warmup,
@@ -668,83 +710,114 @@ def fit(
         device=config.device,
         ema_decay=config.ema_decay,
     )
-    loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
-    result = loaded if loaded is not None else FitResult()
-    start = time.perf_counter() - result.seconds
-    saved: list[tuple[str, tuple]] = []  # where each save of this session went, and at which point
 
-    def save() -> str | None:
-        if checkpoint is None:
+
+class _Saves:
+    """What :func:`fit` saves for resuming (:class:`Checkpointing`; nothing without one): before a
+    fresh run's first step and at the end (``checkpoint.always``), after every validation, every
+    ``checkpoint.every`` steps and when a stop is asked for (:class:`StopRequest` calls
+    :meth:`save`); where each save of this session went, which a non-finite step's error names."""
+
+    def __init__(self, checkpoint: Checkpointing | None, trainer: Trainer, result: FitResult) -> None:
+        self.checkpoint, self.trainer, self.result = checkpoint, trainer, result
+        self.saved: list[tuple[str, tuple]] = []  # where each save went, and at which point of the run
+
+    def save(self) -> str | None:
+        if self.checkpoint is None:
             return None
-        saved.append((checkpoint.save(trainer, result), (result.steps, result.epoch, result.stopped_by)))
-        return saved[-1][0]
+        r = self.result
+        self.saved.append((self.checkpoint.save(self.trainer, r), (r.steps, r.epoch, r.stopped_by)))
+        return self.saved[-1][0]
 
-    def stop_reason() -> str | None:
-        return _stop_reason(result, config, epochs, validation)
+    def first(self) -> None:
+        """A fresh run's checkpoint, before its first step."""
+        if self.checkpoint is not None and self.checkpoint.always:
+            self.save()
 
-    main = trainer.world.main
-    bar = progress_report(planned, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
-    say = (lambda line: bar.write(line, file=sys.stderr)) if progress and main else None
-    size = None  # the current epoch's batches, once begun
-    if checkpoint is not None and checkpoint.always and loaded is None:
-        save()  # a fresh run's checkpoint, before its first step
-    with StopRequest() as stop:
-        while (reason := stop_reason()) is None:
-            if epochs is not None and size is None:
-                size = epochs.begin(result.epoch)  # an epoch's order (its draw of pieces) is training time
-            first, count = (
-                (result.batch, min(accumulate, size - result.batch))
-                if size is not None
-                else (result.steps * accumulate, accumulate)
-            )
-            stop.check(result.steps, save)
-            batches = [lambda i=i: step_loss(model, i) for i in range(first, first + count)]
-            try:
-                loss, n_tokens = trainer.step(batches)
-            except NonFinite as e:
-                last = f"; the last checkpoint: {saved[-1][0]}" if saved else "; no checkpoint was saved yet"
-                raise UserError(f"{e}{last}") from None
-            result.steps += 1
-            result.tokens += n_tokens
-            result.losses.append(loss)
-            result.seconds = stop.agree(time.perf_counter() - start)
-            result.lr = trainer.lr
-            bar.update(1)
-            if result.steps % 10 == 1 or result.steps == planned:
-                rate = result.tokens / max(result.seconds, 1e-9)
-                bar.set_postfix({"loss": f"{loss:.3f}", "lr": f"{trainer.lr:.2e}", f"{unit}_s": f"{rate:.0f}"})
-                if scalars is not None:
-                    scalars("train/loss", loss, result.steps)
-                    scalars("train/lr", trainer.lr, result.steps)
-                    scalars(f"train/{unit}_per_second", rate, result.steps)
-            if config.seconds is not None and result.steps > config.warmup and result.steps % RESCHEDULE_EVERY == 0:
-                fit_in_time = int(result.steps * config.seconds / result.seconds)
-                if min(fit_in_time, planned) != trainer.total_steps:
-                    trainer.replan(fit_in_time)
-            ended = size is not None and result.batch + count >= size
-            if size is not None:
-                result.batch = 0 if ended else result.batch + count
-                result.epoch += int(ended)
-                size = None if ended else size
-            if validation is not None and (ended if validation.every == 0 else result.steps % validation.every == 0):
-                start += _validate(model, trainer, result, validation, checkpoint, scalars, epochs is not None, say)
-                if checkpoint is not None:
-                    result.stopped_by = stop_reason()  # in the checkpoint: a resumed run knows it had ended
-                    save()
-            elif checkpoint is not None and checkpoint.every and result.steps % checkpoint.every == 0:
-                if stop_reason() is None:  # the run ends here: its end saves
-                    save()
-    result.stopped_by = reason
-    if (
-        checkpoint is not None
-        and checkpoint.always
-        and (not saved or saved[-1][1] != (result.steps, result.epoch, reason))
-    ):
-        save()
-    bar.close()
-    trainer.keep_averaged()  # with ema_decay: the moving average is the model trained
-    model.eval()
-    return result
+    def step(self, batches: Sequence[Callable[[], tuple[Tensor, int]]]) -> tuple[float, int]:
+        """The trainer's step over ``batches``; a non-finite loss or gradient stops the run with
+        the last checkpoint named."""
+        try:
+            return self.trainer.step(batches)
+        except NonFinite as e:
+            last = f"; the last checkpoint: {self.saved[-1][0]}" if self.saved else "; no checkpoint was saved yet"
+            raise UserError(f"{e}{last}") from None
+
+    def after_validation(self, stop_reason: Callable[[], str | None]) -> None:
+        if self.checkpoint is not None:
+            self.result.stopped_by = stop_reason()  # in the checkpoint: a resumed run knows it had ended
+            self.save()
+
+    def every_n_steps(self, stop_reason: Callable[[], str | None]) -> None:
+        c = self.checkpoint
+        if c is not None and c.every and self.result.steps % c.every == 0:
+            if stop_reason() is None:  # the run ends here: its end saves
+                self.save()
+
+    def last(self) -> None:
+        """The end's checkpoint, unless the last save was of this very point."""
+        r = self.result
+        if (
+            self.checkpoint is not None
+            and self.checkpoint.always
+            and (not self.saved or self.saved[-1][1] != (r.steps, r.epoch, r.stopped_by))
+        ):
+            self.save()
+
+
+def _count_step(result: FitResult, loss: float, tokens: int) -> None:
+    """A step taken: its loss and target tokens counted in ``result``."""
+    result.steps += 1
+    result.tokens += tokens
+    result.losses.append(loss)
+
+
+def _next_batches(result: FitResult, size: int | None, accumulate: int) -> tuple[int, int]:
+    """The first batch of the next step and how many it takes: the next ``accumulate`` of the
+    current epoch (``size`` batches; fewer at its end), or of the steps so far."""
+    if size is not None:
+        return result.batch, min(accumulate, size - result.batch)
+    return result.steps * accumulate, accumulate
+
+
+def _advance(result: FitResult, size: int | None, count: int) -> bool:
+    """Move a run in epochs past the ``count`` batches of the step taken; whether the epoch ended."""
+    if size is None:
+        return False
+    ended = result.batch + count >= size
+    result.batch = 0 if ended else result.batch + count
+    result.epoch += int(ended)
+    return ended
+
+
+def _report_step(
+    postfix: Callable[[dict], None],
+    scalars: Callable[[str, float, int], None] | None,
+    result: FitResult,
+    loss: float,
+    *,
+    unit: str,
+    planned: int,
+) -> None:
+    """Every 10th step and the last planned: the loss, learning rate and rate (``unit``/s) on the
+    progress bar (``postfix``) and to ``scalars``."""
+    if result.steps % 10 != 1 and result.steps != planned:
+        return
+    rate = result.tokens / max(result.seconds, 1e-9)
+    postfix({"loss": f"{loss:.3f}", "lr": f"{result.lr:.2e}", f"{unit}_s": f"{rate:.0f}"})
+    if scalars is not None:
+        scalars("train/loss", loss, result.steps)
+        scalars("train/lr", result.lr, result.steps)
+        scalars(f"train/{unit}_per_second", rate, result.steps)
+
+
+def _replan(trainer: Trainer, result: FitResult, config: FitConfig, planned: int) -> None:
+    """With a time cap, every ``RESCHEDULE_EVERY`` steps after warm-up: the schedule planned to
+    end with the steps that still fit, when that is not where it ends now (:func:`fit`)."""
+    if config.seconds is not None and result.steps > config.warmup and result.steps % RESCHEDULE_EVERY == 0:
+        fit_in_time = int(result.steps * config.seconds / result.seconds)
+        if min(fit_in_time, planned) != trainer.total_steps:
+            trainer.replan(fit_in_time)
 
 
 def planned_steps(epochs: Epochs, accumulate: int, cap: int | None) -> int:

@@ -187,9 +187,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``serve`` command's arguments."""
-    raw = argparse.RawDescriptionHelpFormatter
-    defaults = Settings()
+    """The ``serve`` command's arguments: where it listens, its limits, its batching, audio and
+    speech streams, and who may call it (the help lists them in that order)."""
     p = sub.add_parser(
         "serve",
         help="serve models over HTTP: a JSON API, metrics, and a page that shows the attention",
@@ -204,8 +203,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "401 (with --api-key), a body too large 413, a bad or too long input 422, a full server or one over "
         "--rate-limit 429 (Retry-After), a timeout 504.",
         epilog=EPILOG_SERVE,
-        formatter_class=raw,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    defaults = Settings()
+    _add_listening(p)
+    _add_limits(p, defaults)
+    _add_batching(p, defaults)
+    sound = p.add_argument_group("audio (speech and TTS models)")
+    _add_audio(sound, defaults)
+    _add_stream(sound, defaults)
+    _add_access(p.add_argument_group("who may call it"), defaults)
+    add_precision(p)
+    p.set_defaults(run=cmd_serve)
+
+
+def _add_listening(p: argparse.ArgumentParser) -> None:
+    """The models and where the server listens."""
     p.add_argument("--model", action="append", required=True, metavar="DIR", help="a model to serve (repeat for more)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument(
@@ -214,6 +227,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=8000,
         help="port to listen on (default: %(default)s; 0: any free port)",
     )
+
+
+def _add_limits(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    """What one request may ask and how long it may wait (each a 4xx or 504 beyond)."""
     p.add_argument(
         "--timeout",
         type=number(float, lambda v: v > 0, "a positive number of seconds"),
@@ -253,6 +270,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=defaults.max_body_bytes // 1024,
         help="request body size in KiB (default: %(default)s; 413 beyond)",
     )
+
+
+def _add_batching(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    """How requests share forward passes."""
     p.add_argument(
         "--batch-wait-ms",
         type=number(float, lambda v: v >= 0, "a number >= 0"),
@@ -266,7 +287,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a forward pass's budget: source tokens x beam width (default: %(default)s)",
     )
     p.add_argument("--no-batching", action="store_true", help="one request per forward pass (to compare)")
-    sound = p.add_argument_group("audio (speech and TTS models)")
+
+
+def _add_audio(sound: argparse._ArgumentGroup, defaults: Settings) -> None:
+    """The limits of audio in (transcription) and out (speech)."""
     sound.add_argument(
         "--max-upload-mb",
         type=positive_int,
@@ -285,6 +309,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=defaults.max_speech_chars,
         help="longest text /v1/audio/speech speaks (default: %(default)s; 422 beyond)",
     )
+
+
+def _add_stream(sound: argparse._ArgumentGroup, defaults: Settings) -> None:
+    """The limits of speech heard as it is spoken (/v1/audio/stream)."""
     seconds = number(float, lambda v: v > 0, "a positive number of seconds")
     sound.add_argument(
         "--stream-max-buffered-seconds",
@@ -298,7 +326,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=defaults.stream_idle_seconds,
         help="a /v1/audio/stream that receives nothing this long is closed (default: %(default)s)",
     )
-    access = p.add_argument_group("who may call it")
+
+
+def _add_access(access: argparse._ArgumentGroup, defaults: Settings) -> None:
+    """API keys, the rate limit, the origins whose pages may call, and the access log."""
     access.add_argument(
         "--api-key",
         action="append",
@@ -330,5 +361,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "default: none, CORS off)",
     )
     access.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
-    add_precision(p)
-    p.set_defaults(run=cmd_serve)

@@ -50,13 +50,15 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
-from qkv.checkpoint import build_model, check_output, load_model, model_dir, save_model
+from qkv.checkpoint import Config, build_model, check_output, load_model, model_dir, save_model
 from qkv.embedding import FIELD, EmbeddingSettings
 from qkv.errors import UserError
 from qkv.files import atomic_directory
@@ -136,6 +138,69 @@ from qkv.tokenization import FILE, TARGET_FILE, Tokenizer, Vocabularies
 
 # The architectures import_hf reads, family by family (a new family adds its tuple here).
 SUPPORTED = BERT + ROBERTA + DISTILBERT + GPT2 + LLAMA + MARIAN + WHISPER
+Tokenizers = list[tuple[Tokenizer, Path]]  # each tokenizer and the file its vocabulary came from
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What import_hf does alike for every architecture of one family: the qkv model kind, the
+    weight conversions (HF -> qkv, and qkv -> HF, whose output names what a checkpoint holds),
+    the prefix a checkpoint of the base class stores its body under, and the config.json fields
+    that give special-token ids (field -> role), which must agree with the tokenizer's."""
+
+    kind: str
+    to_qkv: Callable
+    from_qkv: Callable
+    prefix: str
+    token_ids: Mapping[str, str]
+
+
+_PAD_BOS_EOS = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}  # RoBERTa's: <s>, </s>
+# The families import_hf reads, by architecture (a new family adds its tuple here and to SUPPORTED).
+_FAMILIES = {
+    # BERT's config.json has no ids for [CLS] and [SEP]
+    **dict.fromkeys(BERT, _Family("encoder_only", bert_to_qkv, qkv_to_bert, "bert.", {"pad_token_id": "pad"})),
+    **dict.fromkeys(ROBERTA, _Family("encoder_only", roberta_to_qkv, qkv_to_roberta, "roberta.", _PAD_BOS_EOS)),
+    **dict.fromkeys(
+        DISTILBERT,
+        _Family("encoder_only", distilbert_to_qkv, qkv_to_distilbert, "distilbert.", {"pad_token_id": "pad"}),
+    ),
+    **dict.fromkeys(GPT2, _Family("decoder_only", gpt2_to_qkv, qkv_to_gpt2, "transformer.", _PAD_BOS_EOS)),
+    **dict.fromkeys(LLAMA, _Family("decoder_only", llama_to_qkv, qkv_to_llama, "", _PAD_BOS_EOS)),
+    # BEGIN: <|startoftranscript|>; bos_token_id is <|endoftext|>
+    **dict.fromkeys(
+        WHISPER,
+        _Family(
+            "speech_encoder_decoder",
+            whisper_to_qkv,
+            qkv_to_whisper,
+            "",
+            {"pad_token_id": "pad", "eos_token_id": "eos", "decoder_start_token_id": "bos"},
+        ),
+    ),
+    # BEGIN is decoder_start_token_id's token
+    **dict.fromkeys(
+        MARIAN,
+        _Family("encoder_decoder", marian_to_qkv, qkv_to_marian, "", {"pad_token_id": "pad", "eos_token_id": "eos"}),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class _Checkpoint:
+    """What import_hf reads first, whatever the family: ``src`` as given, the directory of the HF
+    model (a sentence-transformers directory's Transformer module's folder, or a GGUF file's
+    folder), its config and architecture, its tensors by stored name and the file they came from
+    (named in errors), the sentence-transformers pipeline and the GGUF file where there is one."""
+
+    src: Path
+    hf_dir: Path
+    config: HFConfig
+    architecture: str
+    stored: Mapping[str, torch.Tensor]
+    file: Path
+    st: SentenceTransformers | None = None
+    gguf: GGUFCheckpoint | None = None
 
 
 def import_hf(src: str | Path, dst: str | Path) -> dict:
@@ -150,149 +215,30 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
     src, dst = Path(src), Path(dst)
     check_output(dst)
     notes: list[str] = []
-    gguf = read_gguf(src) if src.suffix == ".gguf" and not src.is_dir() else None
-    if gguf is not None:  # one file holds what a checkpoint directory would (gguf.py)
-        st, hf_dir = None, src.parent
-        config, architecture = HFConfig(src, gguf.fields), gguf.fields["architectures"][0]
-        file, stored = src, gguf.tensors
-    else:
-        st = read_sentence_transformers(src) if src.is_dir() else None
-        hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
-        config, architecture = read_config(hf_dir, SUPPORTED)
-        file, stored = read_tensors(hf_dir)
-    labels = None
-    if architecture in BERT:
-        kind, fields = "encoder_only", bert_fields(config, architecture, set(stored))
-        to_qkv, from_qkv, prefix = bert_to_qkv, qkv_to_bert, "bert."
-    elif architecture in ROBERTA:
-        kind, fields = "encoder_only", roberta_fields(config, architecture, set(stored))
-        to_qkv, from_qkv, prefix = roberta_to_qkv, qkv_to_roberta, "roberta."
-    elif architecture in DISTILBERT:
-        kind, fields = "encoder_only", distilbert_fields(config, architecture)
-        to_qkv, from_qkv, prefix = distilbert_to_qkv, qkv_to_distilbert, "distilbert."
-    elif architecture in GPT2:
-        kind, fields = "decoder_only", gpt2_fields(config)
-        to_qkv, from_qkv, prefix = gpt2_to_qkv, qkv_to_gpt2, "transformer."
-    elif architecture in LLAMA:
-        kind, fields = "decoder_only", llama_fields(config, architecture)
-        to_qkv, from_qkv, prefix = llama_to_qkv, qkv_to_llama, ""
-    elif architecture in WHISPER:
-        features, feature_notes = whisper_features(hf_dir, config)
-        notes += feature_notes
-        kind, fields = "speech_encoder_decoder", whisper_fields(config, features)
-        to_qkv, from_qkv, prefix = whisper_to_qkv, qkv_to_whisper, ""
-    else:
-        kind, fields = "encoder_decoder", marian_fields(config)
-        to_qkv, from_qkv, prefix = marian_to_qkv, qkv_to_marian, ""
-    if architecture.endswith("ForSequenceClassification"):
-        # HF's names where config.json has none (older files leave out two classes' defaults).
-        labels = bert_labels(config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
+    checkpoint = _read_checkpoint(src)
+    architecture, family = checkpoint.architecture, _FAMILIES[checkpoint.architecture]
+    fields = _model_fields(checkpoint, notes)
+    labels = _labels(checkpoint, fields)
     try:
-        model = build_model(kind, fields)
+        model = build_model(family.kind, fields)
     except UserError as e:
-        raise UserError(f"{config.path}: {e}") from None
-    # What a checkpoint of this config holds, named and shaped: the export of a model built from it.
-    expected = from_qkv(model.state_dict(), model.config)
-    if architecture in BERT and model.config.type_vocab_size == 0:
-        expected = {k: v for k, v in expected.items() if not k.endswith("token_type_embeddings.weight")}
-    names = canonical_names(list(stored), expected, prefix)  # canonical name -> stored name
-    tensors = {name: stored[original] for name, original in names.items()}
-    read = read_from(tensors, model.config, file)  # expected name -> canonical name
-    inputs = {name: tensors[read.get(name, name)] for name in expected if read.get(name, name) in tensors}
-    used = {read.get(name, name) for name in expected}
-    if isinstance(model.config, EncoderDecoderConfig):
-        inputs.setdefault("final_logits_bias", torch.zeros(1, model.config.tgt_vocab_size))  # absent: zero
-        used |= marian_positions(tensors, model.config, file)
-    origin = {name: names.get(read.get(name, name), name) for name in expected}  # the name in the file
-    check_tensors(file, architecture, inputs, expected, origin)
-    if architecture in WHISPER:
-        whisper_positions(inputs, file)
-    load_state(model, to_qkv(inputs, model.config))
-    model.eval()
-    ignored = ignored_tensors(tensors, used, names)
-
+        raise UserError(f"{checkpoint.config.path}: {e}") from None
+    ignored = _load_weights(model, checkpoint, family)
     extra: dict = {"hf": {"architecture": architecture}}
-    if architecture in MARIAN and (banned := marian_bad_words(hf_dir, config, model.config.tgt_vocab_size)):
-        extra["hf"]["bad_words_ids"] = banned  # applied when translating, as HF's generate applies them
+    if architecture in MARIAN:
+        banned = marian_bad_words(checkpoint.hf_dir, checkpoint.config, model.config.tgt_vocab_size)
+        if banned:
+            extra["hf"]["bad_words_ids"] = banned  # applied when translating, as HF's generate applies them
     if labels is not None:
         extra["labels"] = labels  # as qkv's own classifiers store them (tasks/bert.py)
     with tempfile.TemporaryDirectory() as tmp:
-        files: dict[str, Path] = {}
-        c = model.config
-        # Each tokenizer and the file its vocabulary came from: one (joint), or a Marian's
-        # source and target (separate vocabularies).
-        tokenizers: list[tuple[Tokenizer, Path]] = []
-        said = "none"
-        if architecture in MARIAN:
-            # The SentencePiece files are kept whatever happens, for export_hf to write back.
-            files, tokenizers, said = marian_tokenizers(src, c)
-        elif architecture in WHISPER:
-            # HF's tokenizer, generation and feature settings are kept, for export_hf to write back.
-            files = {name: hf_dir / name for name in WHISPER_FILES if (hf_dir / name).is_file()}
-            found = whisper_tokenizer(hf_dir, c)
-            if found is not None:
-                tokenizers, said = [found], FILE
-            said += f" (kept {', '.join(files)} for export)" if files else ""
-            settings, settings_notes = whisper_settings(hf_dir, config, c, found[0] if found else None)
-            extra[WHISPER_FIELD] = settings.record()
-            notes += settings_notes
-        elif gguf is not None:
-            # The file's chat template and end-of-turn ids are kept for chat, as a checkpoint keeps them.
-            files = _gguf_files(gguf, Path(tmp))
-            if gguf.tokenizer is not None:
-                tokenizers, said = [(gguf.tokenizer, src)], f"{FILE} (from the GGUF metadata)"
-        elif architecture in LLAMA:
-            # The tokenizer's settings, generation defaults and chat template are kept for chat and export.
-            files = {name: hf_dir / name for name in LLAMA_FILES if (hf_dir / name).is_file()}
-            found = llama_tokenizer(hf_dir, config)
-            if found is not None:
-                tokenizers, said = [found], FILE
-            elif (hf_dir / "tokenizer.model").is_file():
-                notes.append(f"{hf_dir / 'tokenizer.model'}: a SentencePiece model without tokenizer.json is not read")
-            said += f" (kept {', '.join(files)})" if files else ""
-        else:
-            readers = {**dict.fromkeys(ROBERTA, roberta_tokenizer), **dict.fromkeys(GPT2, gpt2_tokenizer)}
-            found = readers.get(architecture, bert_tokenizer)(hf_dir)  # BERT's for BERT and DistilBERT
-            if found is not None:
-                tokenizers, said = [found], FILE
-        for _, source in tokenizers:
-            dropped = tokenizer_file_settings(source)
-            if dropped:
-                notes.append(
-                    f"{source}: its {' and '.join(dropped)} are not kept (qkv pads, masks and cuts texts itself)"
-                )
-        if kind == "encoder_only":
-            if st is not None and st.lowercase and tokenizers and lowercase_first(tokenizers[0][0].backend):
-                notes.append(f"{ST_CONFIG} do_lower_case: the stored tokenizer lowercases every text first")
-            extra[FIELD] = _embedding_record(model.config.max_len, hf_dir, st, notes)
-        elif st is not None:
-            notes.append(f"{src / 'modules.json'}: a sentence-transformers pipeline over a {architecture} is not read")
-        if tokenizers:
-            try:  # the model has one padding, BEGIN and END id for both sides
-                vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
-            except UserError as e:
-                raise UserError(f"{tokenizers[-1][1]}: {e}") from None
-            if architecture in BERT + DISTILBERT:
-                ids = {"pad_token_id": "pad"}  # BERT's config.json has no ids for [CLS] and [SEP]
-            elif architecture in GPT2 + ROBERTA + LLAMA:  # RoBERTa's BEGIN and END: <s> and </s>
-                ids = {"pad_token_id": "pad", "bos_token_id": "bos", "eos_token_id": "eos"}
-            elif architecture in WHISPER:  # BEGIN: <|startoftranscript|>; bos_token_id is <|endoftext|>
-                ids = {"pad_token_id": "pad", "eos_token_id": "eos", "decoder_start_token_id": "bos"}
-            else:
-                ids = {"pad_token_id": "pad", "eos_token_id": "eos"}  # BEGIN is decoder_start_token_id's token
-            sizes = (c.src_vocab_size, c.tgt_vocab_size) if architecture in MARIAN else (c.vocab_size, c.vocab_size)
-            tables = vocabularies.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1])
-            for (tokenizer, _, size), (_, source) in zip(tables, tokenizers, strict=True):
-                if tokenizer.vocab_size > size:
-                    raise UserError(
-                        f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}"
-                    )
-                _check_token_ids(config, tokenizer, ids, source)
-            files.update(vocabularies.save(tmp))
+        files, tokenizers, said = _tokenizers(checkpoint, model.config, Path(tmp), extra, notes)
+        _embedding(checkpoint, family.kind, model.config, tokenizers, extra, notes)
+        files.update(_vocabularies(checkpoint, family, model.config, tokenizers, tmp))
         save_model(model, dst, files=files, extra=extra)
     return {
         "architecture": architecture,
-        "kind": kind,
+        "kind": family.kind,
         "model": str(dst),
         "parameters": sum(p.numel() for p in model.parameters()),
         "tokenizer": said,
@@ -300,6 +246,172 @@ def import_hf(src: str | Path, dst: str | Path) -> dict:
         "embedding": extra.get(FIELD),
         "notes": notes,
     }
+
+
+def _read_checkpoint(src: Path) -> _Checkpoint:
+    """The config and tensors of a checkpoint directory, a sentence-transformers directory or a GGUF file."""
+    gguf = read_gguf(src) if src.suffix == ".gguf" and not src.is_dir() else None
+    if gguf is not None:  # one file holds what a checkpoint directory would (gguf.py)
+        config, architecture = HFConfig(src, gguf.fields), gguf.fields["architectures"][0]
+        return _Checkpoint(src, src.parent, config, architecture, gguf.tensors, src, gguf=gguf)
+    st = read_sentence_transformers(src) if src.is_dir() else None
+    hf_dir = st.model_dir if st is not None else src  # a Transformer module's folder holds the HF model
+    config, architecture = read_config(hf_dir, SUPPORTED)
+    file, stored = read_tensors(hf_dir)
+    return _Checkpoint(src, hf_dir, config, architecture, stored, file, st=st)
+
+
+def _model_fields(checkpoint: _Checkpoint, notes: list[str]) -> dict:
+    """The qkv model config fields of the checkpoint's config (a Whisper's notes on its
+    feature settings added to ``notes``)."""
+    config, architecture, names = checkpoint.config, checkpoint.architecture, set(checkpoint.stored)
+    if architecture in BERT:
+        return bert_fields(config, architecture, names)
+    if architecture in ROBERTA:
+        return roberta_fields(config, architecture, names)
+    if architecture in DISTILBERT:
+        return distilbert_fields(config, architecture)
+    if architecture in GPT2:
+        return gpt2_fields(config)
+    if architecture in LLAMA:
+        return llama_fields(config, architecture)
+    if architecture in WHISPER:
+        features, feature_notes = whisper_features(checkpoint.hf_dir, config)
+        notes += feature_notes
+        return whisper_fields(config, features)
+    return marian_fields(config)
+
+
+def _labels(checkpoint: _Checkpoint, fields: dict) -> list[str] | None:
+    """A sequence classifier's class names (None for any other model): config.json's, else HF's
+    names where it has none (older files leave out two classes' defaults)."""
+    if not checkpoint.architecture.endswith("ForSequenceClassification"):
+        return None
+    return bert_labels(checkpoint.config) or [f"LABEL_{i}" for i in range(fields["n_classes"])]
+
+
+def _load_weights(model: nn.Module, checkpoint: _Checkpoint, family: _Family) -> list[str]:
+    """Load the checkpoint's tensors into ``model`` (then in eval mode), each checked against
+    the shape the model's config gives it; returns the stored names of those the model does not use."""
+    architecture, file, config = checkpoint.architecture, checkpoint.file, model.config
+    # What a checkpoint of this config holds, named and shaped: the export of a model built from it.
+    expected = family.from_qkv(model.state_dict(), config)
+    if architecture in BERT and config.type_vocab_size == 0:
+        expected = {k: v for k, v in expected.items() if not k.endswith("token_type_embeddings.weight")}
+    names = canonical_names(list(checkpoint.stored), expected, family.prefix)  # canonical name -> stored name
+    tensors = {name: checkpoint.stored[original] for name, original in names.items()}
+    read = read_from(tensors, config, file)  # expected name -> canonical name
+    inputs = {name: tensors[read.get(name, name)] for name in expected if read.get(name, name) in tensors}
+    used = {read.get(name, name) for name in expected}
+    if isinstance(config, EncoderDecoderConfig):
+        inputs.setdefault("final_logits_bias", torch.zeros(1, config.tgt_vocab_size))  # absent: zero
+        used |= marian_positions(tensors, config, file)
+    origin = {name: names.get(read.get(name, name), name) for name in expected}  # the name in the file
+    check_tensors(file, architecture, inputs, expected, origin)
+    if architecture in WHISPER:
+        whisper_positions(inputs, file)
+    load_state(model, family.to_qkv(inputs, config))
+    model.eval()
+    return ignored_tensors(tensors, used, names)
+
+
+def _tokenizers(
+    checkpoint: _Checkpoint, config: Config, tmp: Path, extra: dict, notes: list[str]
+) -> tuple[dict[str, Path], Tokenizers, str]:
+    """The files the model directory keeps from the checkpoint (name -> path, some written in
+    ``tmp``), its tokenizers (one: joint, or a Marian's source and target: separate
+    vocabularies) and what the summary says of them. A Whisper's start-token settings go in
+    ``extra``; what the user should know, in ``notes``."""
+    architecture, hf_dir, gguf = checkpoint.architecture, checkpoint.hf_dir, checkpoint.gguf
+    if architecture in MARIAN:
+        # The SentencePiece files are kept whatever happens, for export_hf to write back.
+        files, tokenizers, said = marian_tokenizers(checkpoint.src, config)
+    elif architecture in WHISPER:
+        files, tokenizers, said = _whisper_tokenizer(checkpoint, config, extra, notes)
+    elif gguf is not None:
+        # The file's chat template and end-of-turn ids are kept for chat, as a checkpoint keeps them.
+        files = _gguf_files(gguf, tmp)
+        tokenizers = [(gguf.tokenizer, checkpoint.src)] if gguf.tokenizer is not None else []
+        said = f"{FILE} (from the GGUF metadata)" if tokenizers else "none"
+    elif architecture in LLAMA:
+        files, tokenizers, said = _llama_tokenizer(checkpoint, notes)
+    else:
+        readers = {**dict.fromkeys(ROBERTA, roberta_tokenizer), **dict.fromkeys(GPT2, gpt2_tokenizer)}
+        found = readers.get(architecture, bert_tokenizer)(hf_dir)  # BERT's for BERT and DistilBERT
+        files, tokenizers, said = {}, [found] if found is not None else [], FILE if found is not None else "none"
+    for _, source in tokenizers:
+        dropped = tokenizer_file_settings(source)
+        if dropped:
+            notes.append(f"{source}: its {' and '.join(dropped)} are not kept (qkv pads, masks and cuts texts itself)")
+    return files, tokenizers, said
+
+
+def _whisper_tokenizer(
+    checkpoint: _Checkpoint, config: SpeechConfig, extra: dict, notes: list[str]
+) -> tuple[dict[str, Path], Tokenizers, str]:
+    """A Whisper's kept files, tokenizer and summary; its start-token settings in ``extra``."""
+    # HF's tokenizer, generation and feature settings are kept, for export_hf to write back.
+    hf_dir = checkpoint.hf_dir
+    files = {name: hf_dir / name for name in WHISPER_FILES if (hf_dir / name).is_file()}
+    found = whisper_tokenizer(hf_dir, config)
+    said = (FILE if found is not None else "none") + (f" (kept {', '.join(files)} for export)" if files else "")
+    settings, settings_notes = whisper_settings(hf_dir, checkpoint.config, config, found[0] if found else None)
+    extra[WHISPER_FIELD] = settings.record()
+    notes += settings_notes
+    return files, [found] if found is not None else [], said
+
+
+def _llama_tokenizer(checkpoint: _Checkpoint, notes: list[str]) -> tuple[dict[str, Path], Tokenizers, str]:
+    """A Llama-family checkpoint's kept files, tokenizer and summary."""
+    # The tokenizer's settings, generation defaults and chat template are kept for chat and export.
+    hf_dir = checkpoint.hf_dir
+    files = {name: hf_dir / name for name in LLAMA_FILES if (hf_dir / name).is_file()}
+    found = llama_tokenizer(hf_dir, checkpoint.config)
+    if found is None and (hf_dir / "tokenizer.model").is_file():
+        notes.append(f"{hf_dir / 'tokenizer.model'}: a SentencePiece model without tokenizer.json is not read")
+    said = (FILE if found is not None else "none") + (f" (kept {', '.join(files)})" if files else "")
+    return files, [found] if found is not None else [], said
+
+
+def _embedding(
+    checkpoint: _Checkpoint, kind: str, config: Config, tokenizers: Tokenizers, extra: dict, notes: list[str]
+) -> None:
+    """An encoder-only import's record for ``qkv embed`` in ``extra``; a sentence-transformers
+    pipeline over any other model is named in ``notes`` as not read."""
+    st = checkpoint.st
+    if kind == "encoder_only":
+        if st is not None and st.lowercase and tokenizers and lowercase_first(tokenizers[0][0].backend):
+            notes.append(f"{ST_CONFIG} do_lower_case: the stored tokenizer lowercases every text first")
+        extra[FIELD] = _embedding_record(config.max_len, checkpoint.hf_dir, st, notes)
+    elif st is not None:
+        notes.append(
+            f"{checkpoint.src / 'modules.json'}: a sentence-transformers pipeline over a {checkpoint.architecture} "
+            "is not read"
+        )
+
+
+def _vocabularies(
+    checkpoint: _Checkpoint, family: _Family, config: Config, tokenizers: Tokenizers, tmp: str
+) -> dict[str, Path]:
+    """The tokenizer files of the model directory (written in ``tmp``; none without a
+    tokenizer), each checked to fit the model: no more tokens than its vocabulary, and the
+    special ids config.json gives."""
+    if not tokenizers:
+        return {}
+    try:  # the model has one padding, BEGIN and END id for both sides
+        vocabularies = Vocabularies(tokenizers[0][0], tokenizers[-1][0])  # one tokenizer: joint
+    except UserError as e:
+        raise UserError(f"{tokenizers[-1][1]}: {e}") from None
+    if checkpoint.architecture in MARIAN:
+        sizes = config.src_vocab_size, config.tgt_vocab_size
+    else:
+        sizes = config.vocab_size, config.vocab_size
+    tables = vocabularies.tables(src_vocab_size=sizes[0], tgt_vocab_size=sizes[1])
+    for (tokenizer, _, size), (_, source) in zip(tables, tokenizers, strict=True):
+        if tokenizer.vocab_size > size:
+            raise UserError(f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {size}")
+        _check_token_ids(checkpoint.config, tokenizer, family.token_ids, source)
+    return vocabularies.save(tmp)
 
 
 def _gguf_files(gguf: GGUFCheckpoint, directory: Path) -> dict[str, Path]:

@@ -351,6 +351,37 @@ def prepare_translation(recipe: Recipe, start: Start) -> Setup:
     torch.manual_seed(seed)
     if train.deterministic:
         torch.use_deterministic_algorithms(True)
+    pairs, valid = _read_pairs(data)
+    vocab, vocabulary, model = _vocabularies_and_model(recipe, start, pairs)
+    window = model.config.max_len
+    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data.long)
+    if not examples:
+        raise UserError("no training pair fits the model's window (model.max_len)")
+    valid_examples, valid_over_long, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
+    _say_over_long(data, window, train=(over_long, len(pairs)), valid=(valid_over_long, len(valid)))
+    nbest, alpha = int(data.subword_nbest), float(data.subword_alpha)
+    kept = [pairs[i] for i in rows]
+    drawn = _epoch_examples(vocab, kept, examples, nbest=nbest, alpha=alpha, window=window, seed=seed)
+    batches = _EpochBatches(drawn, vocab.target, train, seed)
+    validation = _Validation(recipe, vocab, valid, valid_examples)
+    over = {"train": len(over_long), "valid": len(valid_over_long)}
+    return Setup(
+        model,
+        batches.step_loss,
+        vocab,
+        validation.evaluate,
+        score=validation.score,
+        metric="bleu",
+        higher=True,
+        final_score=validation.final,
+        epochs=Epochs(count=int(train.epochs), begin=batches.begin),
+        meta={"data_sha256": data_sha256, "over_long_pairs": over},  # as run.json records them
+        facts={"vocabulary": vocabulary, "over_long_pairs": over},
+    )
+
+
+def _read_pairs(data: TranslationData) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The training and validation pairs (source, target) the recipe's data section names."""
     pairs = read_parallel(*data.train)[: data.train_pairs]
     valid = read_parallel(*data.valid)[: data.valid_pairs]
     if data.reverse:
@@ -358,104 +389,116 @@ def prepare_translation(recipe: Recipe, start: Start) -> Setup:
     if data.source_as_transcript:  # lowercase, no punctuation: what the cascade's first half writes
         where = data.train[-1 if data.reverse else 0], data.valid[-1 if data.reverse else 0]
         pairs, valid = (_as_transcripts(p, file) for p, file in zip((pairs, valid), where, strict=True))
-    init = Path(train.init).expanduser() if train.init is not None else None
+    return pairs, valid
+
+
+def _vocabularies_and_model(
+    recipe: Recipe, start: Start, pairs: list[tuple[str, str]]
+) -> tuple[Vocabularies, str, EncoderDecoder]:
+    """The run's vocabularies, what the summary says of them, and its model: a new one of the
+    recipe's model section, or, fine-tuning (``train.init``) and resuming (a fine-tuned run too),
+    one of the checkpoint's architecture and weights."""
+    resume = start.checkpoint is not None
+    init = Path(recipe.train.init).expanduser() if recipe.train.init is not None else None
     start_from = start.checkpoint if resume else (model_dir(init) if init is not None else None)
-    vocab, vocabulary = vocabularies_for(data, checkpoint=start_from, pairs=pairs)
-    target = vocab.target  # its special ids are the model's (and the source tokenizer's)
-    # Fine-tuning, and resuming (a fine-tuned run too), take the checkpoint's architecture, not
-    # the recipe's model section over the config defaults.
+    vocab, vocabulary = vocabularies_for(recipe.data, checkpoint=start_from, pairs=pairs)
     if start_from is None:
-        model = seq2seq_model(recipe, vocab)
-    else:
-        model = _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
-    window = model.config.max_len
-    examples, over_long, rows = _encode_pairs(vocab, pairs, window=window, long=data.long)
-    if not examples:
-        raise UserError("no training pair fits the model's window (model.max_len)")
-    valid_examples, valid_over_long, _ = _encode_pairs(vocab, valid, window=window, long="truncate")
-    # Said on stderr before training, as well as counted in the summary and run.json: a user
-    # who did not expect over-long lines learns which ones at once.
+        return vocab, vocabulary, seq2seq_model(recipe, vocab)
+    return vocab, vocabulary, _checkpoint_model(start_from, recipe, use="--resume" if resume else "train.init")
+
+
+def _say_over_long(
+    data: TranslationData, window: int, *, train: tuple[list[int], int], valid: tuple[list[int], int]
+) -> None:
+    """Name the over-long pairs on stderr before training (``train``, ``valid``: their indices
+    and how many pairs there are), as well as counting them in the summary and run.json: a user
+    who did not expect over-long lines learns which ones at once."""
     actions = {"drop": "dropped (data.long: drop)", "truncate": "truncated (data.long: truncate)"}
-    for ids, files, total, action in (
-        (over_long, data.train, len(pairs), actions[data.long]),
-        (valid_over_long, data.valid, len(valid), "truncated for validation loss"),
+    for (ids, total), files, action in (
+        (train, data.train, actions[data.long]),
+        (valid, data.valid, "truncated for validation loss"),
     ):
         if ids:
             note = over_long_note(ids, files=list(files), total=total, window=window, action=action)
             print(f"qkv train: note: {note}", file=sys.stderr)
-    epoch_examples = _epoch_examples(
-        vocab,
-        [pairs[i] for i in rows],
-        examples,
-        nbest=int(data.subword_nbest),
-        alpha=float(data.subword_alpha),
-        window=window,
-        seed=seed,
-    )
-    max_tokens = int(train.max_tokens)
-    current: dict = {}  # the epoch being trained: its examples and its order of batches
 
-    def begin(epoch: int) -> int:
-        # Batches of at most max_tokens padded tokens, length-bucketed and reshuffled every
-        # epoch (seed + epoch): the order is a function of the seed and the epoch alone.
-        current["examples"] = epoch_examples(epoch)
-        lengths = [max(len(s), len(t) + 1) for s, t in current["examples"]]
-        current["order"] = batches_by_tokens(lengths, max_tokens=max_tokens, seed=seed + epoch)
-        return len(current["order"])
 
-    def step_loss(m: EncoderDecoder, b: int) -> tuple[torch.Tensor, int]:  # batch b of the epoch
-        batch = current["order"][b]
+class _EpochBatches:
+    """The epochs of a run (:class:`~qkv.training.Epochs`): each epoch's examples
+    (``drawn(epoch)``, :func:`_epoch_examples`) in batches of at most ``train.max_tokens``
+    padded tokens, length-bucketed and reshuffled every epoch (seed + epoch): the order is a
+    function of the seed and the epoch alone."""
+
+    def __init__(self, drawn: Callable[[int], list], target: Tokenizer, train: TranslationTrain, seed: int) -> None:
+        self.drawn, self.target, self.train, self.seed = drawn, target, train, seed
+        self.examples: list[tuple[list[int], list[int]]] = []  # the epoch being trained: its examples
+        self.order: list[list[int]] = []  # and its batches, by index into them
+
+    def begin(self, epoch: int) -> int:
+        self.examples = self.drawn(epoch)
+        lengths = [max(len(s), len(t) + 1) for s, t in self.examples]
+        self.order = batches_by_tokens(lengths, max_tokens=int(self.train.max_tokens), seed=self.seed + epoch)
+        return len(self.order)
+
+    def step_loss(self, m: EncoderDecoder, b: int) -> tuple[torch.Tensor, int]:
+        """The loss of batch ``b`` of the epoch and its target tokens (this worker's share)."""
+        batch, target = self.order[b], self.target
         mine, counted = share(len(batch))  # this worker's rows of the batch (all of them alone)
-        rows = [current["examples"][batch[i]] for i in mine]
+        rows = [self.examples[batch[i]] for i in mine]
         s, t_in, t_out = seq2seq_batch(rows, pad_id=target.pad_id, bos_id=target.bos_id, eos_id=target.eos_id)
-        smoothing, rdrop = train.label_smoothing, train.rdrop
+        smoothing, rdrop = self.train.label_smoothing, self.train.rdrop
         loss, n = seq2seq_loss(m, s, t_in, t_out, pad_id=target.pad_id, label_smoothing=smoothing, rdrop=rdrop)
         return loss, n if counted else 0
 
-    def translated(whole: EncoderDecoder, beam: int) -> dict:
-        start = time.perf_counter()
+
+@dataclasses.dataclass(frozen=True)
+class _Validation:
+    """Validation of a translation run on the pairs ``valid`` (``examples``: their token ids):
+    teacher-forced loss, and BLEU and chrF of the beam search's translations."""
+
+    recipe: Recipe
+    vocab: Vocabularies
+    valid: list[tuple[str, str]]
+    examples: list[tuple[list[int], list[int]]]
+
+    def final(self, whole: EncoderDecoder) -> dict:
+        """The scores at the final beam (``decode.beam_size``), which choose the final checkpoint."""
+        return self.translated(whole, self.recipe.decode.beam_size)
+
+    def translated(self, whole: EncoderDecoder, beam: int) -> dict:
+        """BLEU and chrF of the validation sources translated with beam width ``beam``, the
+        translations, and the seconds it took."""
+        start, decode, data = time.perf_counter(), self.recipe.decode, self.recipe.data
         # On N workers each decodes every N-th sentence; all score the same gathered list.
         hypotheses = sharded_map(
             lambda sources: beam_translate(
                 whole,
-                vocab,
+                self.vocab,
                 list(sources),
                 beam_size=beam,
-                length_penalty=float(recipe.decode.length_penalty),
-                max_len_a=float(recipe.decode.max_len_a),
-                max_len_b=recipe.decode.max_len_b,
+                length_penalty=float(decode.length_penalty),
+                max_len_a=float(decode.max_len_a),
+                max_len_b=decode.max_len_b,
             ),
-            [a for a, _ in valid],
+            [a for a, _ in self.valid],
         )
-        scores = corpus_scores(hypotheses, [b for _, b in valid], tokenize=data.bleu_tokenize, lowercase=data.lowercase)
+        references = [b for _, b in self.valid]
+        scores = corpus_scores(hypotheses, references, tokenize=data.bleu_tokenize, lowercase=data.lowercase)
         return {**scores, "seconds": round(time.perf_counter() - start, 1), "hypotheses": hypotheses}
 
-    def score(whole: EncoderDecoder) -> dict[str, float]:  # each validation: loss, BLEU at decode.valid_beam
-        valid_loss = teacher_forced_loss(whole, target, valid_examples, max_tokens=max_tokens)
-        scores = translated(whole, recipe.decode.valid_beam)
+    def score(self, whole: EncoderDecoder) -> dict[str, float]:
+        """Each validation: loss, BLEU and chrF at ``decode.valid_beam``."""
+        max_tokens = int(self.recipe.train.max_tokens)
+        valid_loss = teacher_forced_loss(whole, self.vocab.target, self.examples, max_tokens=max_tokens)
+        scores = self.translated(whole, self.recipe.decode.valid_beam)
         return {"loss": round(valid_loss, 4), "bleu": scores["bleu"], "chrf": scores["chrf"]}
 
-    def evaluate(whole: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
-        # The final checkpoint's validation at the final beam: measured when the candidates were
-        # compared, or (a run without validation) now.
-        scores = validated if validated is not None else translated(whole, recipe.decode.beam_size)
+    def evaluate(self, whole: EncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:
+        """The final checkpoint's validation at the final beam: measured when the candidates were
+        compared, or (a run without validation) now."""
+        scores = validated if validated is not None else self.final(whole)
         keys = ("bleu", "chrf", "bleu_signature", "hypotheses")
         return {}, {**{k: scores[k] for k in keys}, "eval_seconds": scores["seconds"]}
-
-    over = {"train": len(over_long), "valid": len(valid_over_long)}
-    return Setup(
-        model,
-        step_loss,
-        vocab,
-        evaluate,
-        score=score,
-        metric="bleu",
-        higher=True,
-        final_score=lambda whole: translated(whole, recipe.decode.beam_size),
-        epochs=Epochs(count=int(train.epochs), begin=begin),
-        meta={"data_sha256": data_sha256, "over_long_pairs": over},  # as run.json records them
-        facts={"vocabulary": vocabulary, "over_long_pairs": over},
-    )
 
 
 def train_translation(recipe: Recipe, out: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
