@@ -339,6 +339,27 @@ def ctc_timed_words(bundle: Bundle, item: Audio, i: int, found: Transcript) -> T
     return replace(found, segments=segments)
 
 
+def longest_prompt(bundle: Bundle) -> int:
+    """The most tokens an imported Whisper's initial prompt may have: a window's prompt is at
+    most half the decoder's window, <|startofprev|> included (``longform.decode_window``, as
+    openai/whisper's ``DecodingTask``, which cuts a longer one from its start)."""
+    return bundle.model.config.max_len // 2 - 1
+
+
+def initial_prompt(bundle: Bundle, text: str) -> tuple[int, ...]:
+    """``text`` as an imported Whisper's initial prompt (``LongForm.initial_prompt``): its tokens
+    after a space, as openai/whisper's ``transcribe`` encodes ``--initial_prompt``; refused in one
+    line for another model or over :func:`longest_prompt` tokens."""
+    if bundle.whisper is None:
+        raise OptionError("initial_prompt is for an imported Whisper", "initial_prompt")
+    ids = tuple(bundle.vocab.target.encode(" " + text.strip()))
+    if len(ids) > longest_prompt(bundle):
+        raise OptionError(
+            f"initial_prompt is {len(ids)} tokens; the model reads at most {longest_prompt(bundle)}", "initial_prompt"
+        )
+    return ids
+
+
 def checked_heads(bundle: Bundle) -> tuple[tuple[int, int], ...]:
     """An imported Whisper's alignment heads, each one the decoder has (else a UserError)."""
     c = bundle.model.config

@@ -112,6 +112,7 @@ def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.bundle import load, read_audio, transcriptions
+    from qkv.bundle.transcription import initial_prompt
     from qkv.longform import LongForm
     from qkv.progress import progress
     from qkv.subtitles import Heard
@@ -127,7 +128,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.word_timestamps and bundle.whisper is None:
         raise UserError("--word-timestamps is for an imported Whisper")
     timed = bundle.whisper is not None and (args.format not in (None, "txt") or args.output_dir is not None)
-    prompt = () if args.initial_prompt is None else tuple(bundle.vocab.target.encode(" " + args.initial_prompt.strip()))
+    prompt = () if args.initial_prompt is None else initial_prompt(bundle, args.initial_prompt)
     out = Output(args.output)
     good, bad = read_audio(bundle, paths, max_seconds=args.max_seconds)
     if bad and not args.skip_bad:
