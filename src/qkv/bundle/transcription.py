@@ -146,6 +146,7 @@ def transcriptions(
         ban,
         require,
     )
+    _check_multilingual(bundle, long_form, language)
     steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
     fused = None
     if lm is not None:
@@ -229,6 +230,17 @@ def _check_transcription_options(
         raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
     if require and ctc_weight > 0:
         raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+
+
+def _check_multilingual(bundle: Bundle, long_form: LongForm | None, language: str | None) -> None:
+    """``LongForm.multilingual`` (each window's language detected) only for a multilingual Whisper,
+    and without ``language``: refused in one line."""
+    if long_form is None or not long_form.multilingual:
+        return
+    if bundle.whisper is None or not bundle.whisper.multilingual:
+        raise OptionError("multilingual detects each window's language: for a multilingual Whisper", "multilingual")
+    if language is not None:
+        raise OptionError("multilingual detects each window's language: give no language", "multilingual", "language")
 
 
 def _check_pieced(
@@ -323,6 +335,7 @@ def long_transcript(
         rules=(*whisper_rules(bundle, timestamps=True), *bans),
         alignment_heads=checked_heads(bundle),
         spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
+        languages=tuple(settings.languages.items()) if settings.multilingual else (),
     )
     return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
 
