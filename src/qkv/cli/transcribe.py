@@ -177,7 +177,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     )
     bar.close()
     elapsed = time.perf_counter() - start
-    detected = sorted({t.language for t in found} | {s.language for t in found for s in t.segments} - {None})
+    detected = sorted(({t.language for t in found} | {s.language for t in found for s in t.segments}) - {None})
     if args.language is None and detected:  # a multilingual Whisper's languages, as found
         print(
             f"qkv transcribe: detected language{'s' if len(detected) > 1 else ''} {', '.join(detected)}",
