@@ -157,6 +157,47 @@ def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Pat
     assert len(before) >= 3 and found[0].segments == tuple(before)  # the file read a block at a time
 
 
+def test_multilingual_detects_each_windows_language(tmp_path: Path) -> None:
+    """faster-whisper's ``multilingual``: each window decoded in the language detected on it, where
+    openai/whisper keeps the first window's. A random multilingual Whisper (1 s chunk) ranks
+    German first for one tone and English for another; four seconds alternating the two are four
+    windows in alternating languages, each the language ``detect_language`` finds for its second
+    alone, and decoding them so changes the transcript."""
+    from qkv.audio import features
+    from qkv.bundle import transcriptions
+    from qkv.errors import OptionError
+    from qkv.hf.convert import import_hf
+    from qkv.hf.whisper import detect_language
+    from test_whisper import hf_whisper
+
+    hf_whisper(tmp_path / "hf", multilingual=True)
+    import_hf(tmp_path / "hf", tmp_path / "qkv")
+    bundle = qkv.load(tmp_path / "qkv")
+    seconds = [torch.from_numpy((0.3 * np.sin(np.arange(16000) * pitch)).astype("f4")) for pitch in (0.05, 0.11) * 2]
+    alone = detect_language(bundle.model, [features(w, bundle.features) for w in seconds], tmp_path / "qkv")
+    assert len(set(alone)) == 2  # the two tones are heard as two languages
+
+    def heard(multilingual: bool):
+        options = LongForm(multilingual=multilingual, temperatures=(0.0,))
+        (found,) = transcriptions(bundle, [torch.cat(seconds)], timestamps=True, long_form=options)
+        return found
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: OpenMP's waiting threads only slow it on a shared machine
+    try:
+        each, once = heard(True), heard(False)
+    finally:
+        torch.set_num_threads(before)
+    assert [s.language for s in each.segments] == alone and each.language == alone[0]
+    assert [s.language for s in once.segments] == [None] * 4 and once.language == alone[0]
+    assert [s.tokens for s in each.segments] != [s.tokens for s in once.segments]
+    written = json.loads(render("json", Heard(each.text, each.segments, each.language)))["segments"]
+    assert [g["language"] for g in written] == alone  # the json format says each segment's language
+    assert "language" not in json.loads(render("json", Heard(once.text, once.segments)))["segments"][0]
+    with pytest.raises(OptionError, match="give no language"):
+        transcriptions(bundle, [seconds[0]], language="en", long_form=LongForm(multilingual=True))
+
+
 def test_progress_counts_whole_seconds_of_audio() -> None:
     from qkv.cli.transcribe import whole_seconds
 

@@ -19,8 +19,10 @@ import soundfile
 import torch
 
 import qkv
-from qkv.bundle import piper_speeches, speeches
+from qkv.bundle import piper_speeches, speeches, transcriptions
+from qkv.bundle.transcription import initial_prompt, longest_prompt
 from qkv.checkpoint import save_model
+from qkv.longform import LongForm
 from serving import Server, tiny_audio_models, tone
 
 openai = pytest.importorskip("openai", reason="the audio API is tested with the openai client (pip install -e .[dev])")
@@ -163,6 +165,39 @@ def test_word_timestamps_are_the_librarys_words(client, paths, wav):
     assert not verbose("whisper", ["word"]).segments
     with pytest.raises(openai.UnprocessableEntityError, match="imported Whisper"):
         verbose("asr", ["word"])
+
+
+def test_a_prompt_and_a_temperature_reach_whispers_decoder(client, paths, wav):
+    """OpenAI's ``prompt`` is Whisper's initial prompt and ``temperature`` the temperature each
+    window is decoded at (0: Whisper's fallback schedule): the server answers what the library's
+    long-form decoding gives with the same settings, and the prompt changes the transcript."""
+    whisper = qkv.load(paths["whisper"])
+    prompt = "Yes."
+
+    def library(**options) -> tuple[str, list[float]]:
+        (found,) = transcriptions(whisper, [wav], language="en", timestamps=True, long_form=LongForm(**options))
+        return found.text, [g.temperature for g in found.segments]
+
+    def served(**options) -> tuple[str, list[float]]:
+        with wav.open("rb") as f:
+            heard = client.audio.transcriptions.create(
+                model="whisper", file=f, language="en", response_format="verbose_json", **options
+            )
+        return heard.text, [g.temperature for g in heard.segments]
+
+    unprompted = library()
+    assert served(prompt=prompt) == library(initial_prompt=initial_prompt(whisper, prompt)) != unprompted
+    drawn = served(temperature=0.7)
+    assert drawn == library(temperatures=(0.7,)) and set(drawn[1]) <= {0.7}
+    longest = longest_prompt(whisper)
+    with pytest.raises(
+        openai.UnprocessableEntityError, match=rf"prompt is \d+ tokens; the model reads at most {longest}"
+    ):
+        served(prompt="kinkajou " * longest)
+    with pytest.raises(openai.UnprocessableEntityError, match=r"temperature.*less than or equal to 1"):
+        served(temperature=1.5)
+    with pytest.raises(openai.UnprocessableEntityError, match="not an imported Whisper"), wav.open("rb") as f:
+        client.audio.transcriptions.create(model="asr", file=f, prompt=prompt)
 
 
 def speech_of(client, model: str, text: str, **options) -> bytes:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -78,6 +78,10 @@ class LongForm:
         seed: the samples' seed.
         word_timestamps: time each segment's words (``Segment.words``; Whisper's
             ``--word_timestamps``).
+        multilingual: detect each window's language and decode the window in it (faster-whisper's
+            ``multilingual``; openai/whisper detects the language once, on the first window):
+            for speech that changes language. Each segment says its window's
+            (``Segment.language``); needs ``WhisperTokens.languages``.
     """
 
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -89,6 +93,7 @@ class LongForm:
     initial_prompt: tuple[int, ...] = ()
     seed: int = 0
     word_timestamps: bool = False
+    multilingual: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ class WhisperTokens:
     ``timestamp_begin`` (<|0.00|>, right after <|notimestamps|>), ``eos`` (END), ``rules``:
     Whisper's rules as scorers, the timestamp rules included; for word timestamps,
     ``alignment_heads`` ((layer, head) pairs; empty: the upper half's) and ``spaced`` (the
-    language writes spaces between words)."""
+    language writes spaces between words); ``languages``: a multilingual model's (code, token id)
+    pairs, for ``LongForm.multilingual`` (``start`` then holds one of the ids, replaced window by
+    window)."""
 
     start: tuple[int, ...]
     previous: int | None
@@ -109,6 +116,7 @@ class WhisperTokens:
     rules: tuple[Scorer, ...]
     alignment_heads: tuple[tuple[int, int], ...] = ()
     spaced: bool = True
+    languages: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,27 @@ class _Chooser:
         return tokens
 
 
+@torch.no_grad()
+def likeliest_language(model: SpeechEncoderDecoder, window: Tensor, sot: int, languages: Sequence[tuple[str, int]]):
+    """The (code, token id) of the language the decoder ranks highest right after
+    <|startoftranscript|> (``sot``) for one window of features, as Whisper's ``detect_language``.
+
+    Shapes: window (T, M) -> one (code, id).
+    """
+    device = next(model.parameters()).device
+    memory, valid = model.encode(window[None].to(device))  # (1, S, D), (1, S)
+    start = torch.full((1, 1), sot, dtype=torch.long, device=memory.device)  # (1, 1)
+    logits = model.decode(start, memory, src_mask=valid).logits[0, -1]  # (V,)
+    ids = torch.tensor([i for _, i in languages], device=logits.device)  # (languages,)
+    return languages[int(logits[ids].argmax())]
+
+
+def in_language(ids: WhisperTokens, language: tuple[str, int]) -> WhisperTokens:
+    """``ids`` with its start tokens' language token replaced by ``language``'s (code, id)."""
+    known = {i for _, i in ids.languages}
+    return replace(ids, start=tuple(language[1] if t in known else t for t in ids.start))
+
+
 def decode_window(
     model: SpeechEncoderDecoder,
     tokenizer: Tokenizer,
@@ -308,15 +337,18 @@ def transcribe_long(
     while seek < content:
         size = min(chunk, content - seek)
         window = torch.nn.functional.pad(mel.window(seek, size), (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
-        d = _with_fallback(model, tokenizer, window, context[reset:], ids, options, generator)
+        language = likeliest_language(model, window, ids.start[0], ids.languages) if options.multilingual else None
+        here = ids if language is None else in_language(ids, language)
+        d = _with_fallback(model, tokenizer, window, context[reset:], here, options, generator)
         offset = seek * frame_seconds
         moved = size
         if not silent(d, options):
-            found, next_step = _segments(d, offset, size * frame_seconds, ids, tokenizer)
+            found, next_step = _segments(d, offset, size * frame_seconds, here, tokenizer)
+            found = found if language is None else [replace(g, language=language[0]) for g in found]
             if next_step is not None:
                 moved = max(1, min(size, next_step * FRAMES_PER_STAMP))
             if options.word_timestamps and found:
-                found, last_speech = _timed(model, tokenizer, window, size, found, offset, last_speech, ids)
+                found, last_speech = _timed(model, tokenizer, window, size, found, offset, last_speech, here)
                 moved = _after_words(found, d.tokens, ids, seek, frame_seconds, size) or moved
             segments += found
             context += [t for s in found for t in s.tokens]

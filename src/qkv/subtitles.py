@@ -45,6 +45,8 @@ class Segment:
         compression_ratio: its text's length over its zlib-compressed length (repetition).
         no_speech_prob: the probability the model gave to "no speech" in its window.
         words: its words with their times (empty unless word timestamps were asked for).
+        language: the language its window was decoded in, where each window's was detected
+            (``LongForm.multilingual``); else None (the transcript's is its ``language``).
     """
 
     start: float
@@ -56,6 +58,7 @@ class Segment:
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
     words: tuple[Word, ...] = ()
+    language: str | None = None
 
 
 class Heard(str):
@@ -144,5 +147,7 @@ def record(heard: Heard) -> _Record:
         fields["words"] = [{**w, "probability": round(w["probability"], 4)} for w in fields["words"]]
         if not timed:
             del fields["words"]
+        if fields["language"] is None:  # a language per segment only where each window's was detected
+            del fields["language"]
         segments.append(fields)
     return _Record(heard.text, heard.language, segments)

@@ -146,6 +146,7 @@ def transcriptions(
         ban,
         require,
     )
+    _check_multilingual(bundle, long_form, language)
     steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
     fused = None
     if lm is not None:
@@ -229,6 +230,17 @@ def _check_transcription_options(
         raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
     if require and ctc_weight > 0:
         raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
+
+
+def _check_multilingual(bundle: Bundle, long_form: LongForm | None, language: str | None) -> None:
+    """``LongForm.multilingual`` (each window's language detected) only for a multilingual Whisper,
+    and without ``language``: refused in one line."""
+    if long_form is None or not long_form.multilingual:
+        return
+    if bundle.whisper is None or not bundle.whisper.multilingual:
+        raise OptionError("multilingual detects each window's language: for a multilingual Whisper", "multilingual")
+    if language is not None:
+        raise OptionError("multilingual detects each window's language: give no language", "multilingual", "language")
 
 
 def _check_pieced(
@@ -323,6 +335,7 @@ def long_transcript(
         rules=(*whisper_rules(bundle, timestamps=True), *bans),
         alignment_heads=checked_heads(bundle),
         spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
+        languages=tuple(settings.languages.items()) if settings.multilingual else (),
     )
     return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
 
@@ -337,6 +350,27 @@ def ctc_timed_words(bundle: Bundle, item: Audio, i: int, found: Transcript) -> T
     words = ctc_timed(bundle.model, feats, found.ids, texts)
     segments = tuple(replace(s, words=words) for s in found.segments[:1])
     return replace(found, segments=segments)
+
+
+def longest_prompt(bundle: Bundle) -> int:
+    """The most tokens an imported Whisper's initial prompt may have: a window's prompt is at
+    most half the decoder's window, <|startofprev|> included (``longform.decode_window``, as
+    openai/whisper's ``DecodingTask``, which cuts a longer one from its start)."""
+    return bundle.model.config.max_len // 2 - 1
+
+
+def initial_prompt(bundle: Bundle, text: str) -> tuple[int, ...]:
+    """``text`` as an imported Whisper's initial prompt (``LongForm.initial_prompt``): its tokens
+    after a space, as openai/whisper's ``transcribe`` encodes ``--initial_prompt``; refused in one
+    line for another model or over :func:`longest_prompt` tokens."""
+    if bundle.whisper is None:
+        raise OptionError("initial_prompt is for an imported Whisper", "initial_prompt")
+    ids = tuple(bundle.vocab.target.encode(" " + text.strip()))
+    if len(ids) > longest_prompt(bundle):
+        raise OptionError(
+            f"initial_prompt is {len(ids)} tokens; the model reads at most {longest_prompt(bundle)}", "initial_prompt"
+        )
+    return ids
 
 
 def checked_heads(bundle: Bundle) -> tuple[tuple[int, int], ...]:

@@ -37,6 +37,7 @@ EPILOG_TRANSCRIBE = """examples:
   qkv transcribe --model runs/speech_en --input files.txt --beam 8 --ctc-weight 0.5 --json
   qkv transcribe --model runs/speech_en --lm runs/speech_en_lm --lm-weight 0.3 talk.wav   # with a language model
   qkv transcribe --model whisper-tiny --language de --task translate talk.flac   # an imported Whisper
+  qkv transcribe --model whisper-base --multilingual --format srt interview.wav   # each window's language
   find calls -name '*.wav' | qkv transcribe --model runs/speech_en --input - --skip-bad
   qkv transcribe --model runs/speech_en --ctc-weight 0 --require Zurich --ban um talk.wav   # constraints
   qkv transcribe --model whisper-tiny.en lecture.mp3 --format srt --output-dir subtitles/   # any length
@@ -112,6 +113,7 @@ def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
 
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.bundle import load, read_audio, transcriptions
+    from qkv.bundle.transcription import initial_prompt
     from qkv.longform import LongForm
     from qkv.progress import progress
     from qkv.subtitles import Heard
@@ -127,7 +129,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     if args.word_timestamps and bundle.whisper is None:
         raise UserError("--word-timestamps is for an imported Whisper")
     timed = bundle.whisper is not None and (args.format not in (None, "txt") or args.output_dir is not None)
-    prompt = () if args.initial_prompt is None else tuple(bundle.vocab.target.encode(" " + args.initial_prompt.strip()))
+    prompt = () if args.initial_prompt is None else initial_prompt(bundle, args.initial_prompt)
     out = Output(args.output)
     good, bad = read_audio(bundle, paths, max_seconds=args.max_seconds)
     if bad and not args.skip_bad:
@@ -140,7 +142,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     for path, why in bad:
         print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
     start = time.perf_counter()
-    timed = timed or bool(prompt) or args.word_timestamps
+    timed = timed or bool(prompt) or args.word_timestamps or args.multilingual
     chunk = bundle.features.chunk_seconds if bundle.whisper is not None else None
     seconds = [source.seconds for _, source in good]
     windowed = sum(s for s in seconds if chunk is not None and (timed or s > chunk))
@@ -167,6 +169,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         long_form=LongForm(
             initial_prompt=prompt,
             word_timestamps=args.word_timestamps,
+            multilingual=args.multilingual,
             temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
         ),
         on_seconds=whole_seconds(bar.update) if windowed else None,
@@ -174,7 +177,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     )
     bar.close()
     elapsed = time.perf_counter() - start
-    detected = sorted({t.language for t in found if t.language is not None})
+    detected = sorted(({t.language for t in found} | {s.language for t in found for s in t.segments}) - {None})
     if args.language is None and detected:  # a multilingual Whisper's languages, as found
         print(
             f"qkv transcribe: detected language{'s' if len(detected) > 1 else ''} {', '.join(detected)}",
@@ -302,6 +305,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--initial-prompt",
         help="Whisper: text read before the first window (spellings, names, style); decodes with timestamps",
+    )
+    p.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="a multilingual Whisper without --language: detect each 30 s window's language and decode it in that "
+        "one (faster-whisper's multilingual; default: the first window's for the whole file, as openai/whisper)",
     )
     p.add_argument(
         "--vad",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -97,12 +97,14 @@ class Heard:
 
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of a transcript: its text, from ``start`` to ``end`` seconds, its token ids."""
+    """A stretch of a transcript: its text, from ``start`` to ``end`` seconds, its token ids,
+    the temperature it was decoded at."""
 
     text: str
     start: float
     end: float
     ids: list[int]
+    temperature: float = 0.0  # the temperature its window was decoded at
 
 
 def transcribe(
@@ -116,6 +118,8 @@ def transcribe(
     ban: tuple[str, ...] = (),
     require: tuple[str, ...] = (),
     words: bool = False,
+    prompt: tuple[int, ...] = (),
+    temperatures: tuple[float, ...] | None = None,
 ) -> list[Heard]:
     """Each waveform's transcript by ``bundle.transcriptions`` (as ``qkv transcribe``, with the
     model's own decoding settings); ``task`` and ``language``: an imported Whisper's (None for
@@ -123,16 +127,23 @@ def transcribe(
     imported Whisper finds its segments' times (its timestamp tokens, window by window), as
     subtitles need; audio longer than its 30-second chunk is read that way whatever it is.
     ``prefix``, ``ban``, ``require``: constraints (``bundle.constraints``).
-    ``words``: an imported Whisper times each word too (``LongForm.word_timestamps``)."""
+    ``words``: an imported Whisper times each word too (``LongForm.word_timestamps``).
+    ``prompt`` (token ids) and ``temperatures`` (None: Whisper's fallback schedule): an imported
+    Whisper's ``LongForm.initial_prompt`` and ``temperatures``; either read the audio window by
+    window, as ``qkv transcribe --initial-prompt`` does (the batched search neither prompts nor draws)."""
     bundle = served.bundle
     whisper = bundle.whisper is not None
+    windowed = whisper and (timestamps or words or bool(prompt) or temperatures is not None)
+    options = LongForm(word_timestamps=words and whisper, initial_prompt=prompt)
+    if temperatures is not None:
+        options = replace(options, temperatures=temperatures)
     found = transcriptions(
         bundle,
         waves,
         language=language if whisper else None,
         task=task if whisper and task != "transcribe" else None,
-        timestamps=(timestamps or words) and whisper,
-        long_form=LongForm(word_timestamps=words and whisper),
+        timestamps=windowed,
+        long_form=options,
         prefix=prefix,
         ban=ban,
         require=require,
@@ -147,7 +158,8 @@ def segments_of(heard: Heard) -> list[Segment]:
     """The transcript's segments: the library's, with their times (an imported Whisper's by its
     timestamp tokens), else one spanning the whole audio (an empty transcript: none)."""
     if heard.segments:
-        return [Segment(g.text.strip(), g.start, g.end, list(g.tokens)) for g in heard.segments if g.text.strip()]
+        found = heard.segments
+        return [Segment(g.text.strip(), g.start, g.end, list(g.tokens), g.temperature) for g in found if g.text.strip()]
     return [Segment(heard.text, 0.0, heard.seconds, heard.ids)] if heard.text else []
 
 
@@ -168,7 +180,7 @@ def verbose(heard: Heard, *, task: str, segments: bool = True) -> dict:
                 "end": round(s.end, 3),
                 "text": s.text,
                 "tokens": s.ids,
-                "temperature": 0.0,
+                "temperature": s.temperature,
             }
             for i, s in enumerate(segments_of(heard))
         ],

@@ -313,11 +313,22 @@ class TranscriptionForm(Constrained):
     language: str | None = Field(
         None, max_length=32, description="the audio's language (an imported multilingual Whisper; default: detected)"
     )
-    prompt: str | None = Field(None, max_length=2000, description="Whisper's initial prompt (not supported yet)")
+    prompt: str | None = Field(
+        None,
+        max_length=2000,
+        description="an imported Whisper's initial prompt (as qkv transcribe --initial-prompt): spellings, names, "
+        "style; at most half the decoder's window in tokens",
+    )
     response_format: Literal["json", "text", "srt", "vtt", "verbose_json"] = Field(
         "json", description="json: {text}; text; srt or vtt subtitles; verbose_json: with duration and segments"
     )
-    temperature: float = Field(0.0, ge=0, le=1, description="0: the model's own decoding (sampling: not supported)")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="0: Whisper's temperature fallback (greedy, then 0.2 ... 1.0 where a window looks wrong); "
+        "above 0 (an imported Whisper): each window sampled at it, the likeliest of 5 draws kept",
+    )
     timestamp_granularities: list[Literal["segment", "word"]] | None = Field(
         None, alias="timestamp_granularities[]", description="with verbose_json: segment, word (an imported Whisper's)"
     )

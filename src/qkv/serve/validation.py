@@ -16,6 +16,8 @@ What is not here: the models a request may name (``Service.pick`` in ``service.p
 
 from __future__ import annotations
 
+from qkv.bundle.transcription import initial_prompt
+from qkv.errors import OptionError
 from qkv.serve import schemas as s
 from qkv.serve.errors import ApiError, described
 from qkv.serve.models import Served
@@ -142,10 +144,6 @@ def validate_attention(req: s.AttentionRequest, served: Served, settings: Settin
 def validate_transcription(form: s.TranscriptionForm, served: Served, task: str) -> str | None:
     """What of OpenAI's transcription form the model can honour; the language to decode as
     (None: an imported multilingual Whisper detects it; the other models hear one language)."""
-    if form.temperature > 0:
-        raise ApiError(422, "invalid_request", "temperature: qkv decodes with the model's own search; give 0")
-    if form.prompt:
-        raise ApiError(422, "invalid_request", "prompt: a Whisper initial prompt is not supported yet; leave it out")
     granularities = form.timestamp_granularities or []
     if granularities and form.response_format != "verbose_json":
         raise ApiError(422, "invalid_request", "timestamp_granularities[] needs response_format verbose_json")
@@ -153,6 +151,25 @@ def validate_transcription(form: s.TranscriptionForm, served: Served, task: str)
         raise ApiError(422, "invalid_request", "timestamp_granularities[]: word timestamps need an imported Whisper")
     check_heard_required(form.require, served)
     return checked_language(form.language, served, task)
+
+
+def whisper_decoding(form: s.TranscriptionForm, served: Served) -> tuple[tuple[int, ...], tuple[float, ...] | None]:
+    """The form's ``prompt`` as token ids (empty: none) and ``temperature`` as the temperatures a
+    window is decoded at (None: Whisper's fallback schedule, as ``qkv transcribe``; above 0: that
+    temperature alone). Both only for an imported Whisper; a prompt of at most
+    ``bundle.transcription.longest_prompt`` tokens (422 naming both numbers)."""
+    bundle = served.bundle
+    if bundle.whisper is None and (form.prompt or form.temperature > 0):
+        raise ApiError(
+            422, "invalid_request", f"prompt and temperature: model {served.name} is not an imported Whisper"
+        )
+    if not form.prompt:
+        return (), None if form.temperature == 0 else (form.temperature,)
+    try:
+        ids = initial_prompt(bundle, form.prompt)
+    except OptionError as e:
+        raise ApiError(422, "invalid_request", e.said({"initial_prompt": "prompt"})) from None
+    return ids, None if form.temperature == 0 else (form.temperature,)
 
 
 def check_heard_required(require: list[str], served: Served) -> None:

@@ -27,7 +27,7 @@ from qkv.serve.batching import Job
 from qkv.serve.errors import ApiError, described
 from qkv.serve.models import SPEECH_ENDPOINTS, Served
 from qkv.serve.service import Service, Shared
-from qkv.serve.validation import validate_speech, validate_transcription
+from qkv.serve.validation import validate_speech, validate_transcription, whisper_decoding
 
 router = APIRouter(tags=["audio"])
 UploadForm = Annotated[s.TranscriptionForm, Form(media_type="multipart/form-data")]  # Form's default: urlencoded
@@ -73,15 +73,17 @@ async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     """What ``task`` ("transcribe" or "translate") makes of the upload, in its response format."""
     served = svc.pick(form.model, SPEECH_ENDPOINTS[task])
     language = validate_transcription(form, served, task)
+    prompt, temperatures = whisper_decoding(form, served)
     wave = await uploaded(form.file, served, svc)
     seconds = wave.numel() / served.bundle.sample_rate
     timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
     constraints = form.constraints()
     words = "word" in (form.timestamp_granularities or [])
+    decoding = {"words": words, "prompt": prompt, "temperatures": temperatures}
     job = Job(
-        partial(audio.transcribe, served, task=task, language=language, timestamps=timed, words=words, **constraints),
+        partial(audio.transcribe, served, task=task, language=language, timestamps=timed, **decoding, **constraints),
         [wave],
-        key=("audio", served.name, task, language, timed, words, *constraints.values()),
+        key=("audio", served.name, task, language, timed, *decoding.values(), *constraints.values()),
         cost=math.ceil(seconds * FRAMES_PER_SECOND) * served.bundle.decode.beam_size,
     )
     start = time.perf_counter()
