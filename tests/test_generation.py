@@ -513,6 +513,10 @@ class ScriptedDecoder:
         rows = [[*r, int(t)] for r, t in zip(state, tokens.tolist(), strict=True)]
         return self._logits(rows), rows
 
+    def feed(self, state, tokens):
+        rows = [[*r, *t] for r, t in zip(state, tokens.tolist(), strict=True)]
+        return self._logits(rows), rows
+
     def reorder(self, state, rows, *, within_inputs=False):
         return [list(state[i]) for i in rows.tolist()]
 
