@@ -82,6 +82,23 @@ def read_audio(
     return [g for g, cut in zip(good, short, strict=True) if not cut], bad
 
 
+def _heads(
+    bundle: Bundle, audio: Sequence[Audio], vad: Vad
+) -> tuple[list[AudioSource], list[Tensor | None], list[Tensor | None], list[float]]:
+    """Each input's source, its head (a Whisper's first chunk and a sample more, or the whole
+    short input; None for an input of qkv's own model read piece by piece, longer than
+    ``vad.max_seconds``), the head's features (T, M) and the seconds spent reading them."""
+    sources, waves, feats, seconds = [], [], [], []
+    for i, item in enumerate(audio):
+        sources.append(_source(bundle, item, i))
+        began = time.perf_counter()
+        cut = bundle.whisper is None and sources[-1].seconds > vad.max_seconds  # read piece by piece
+        waves.append(None if cut else _head(bundle, sources[-1]))  # a Whisper's first chunk and a sample more
+        feats.append(None if cut else features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
+        seconds.append(time.perf_counter() - began)
+    return sources, waves, feats, seconds
+
+
 def transcriptions(
     bundle: Bundle,
     audio: Sequence[Audio],
@@ -153,14 +170,7 @@ def transcriptions(
         bf16 = bundle.precision == "bf16"
         fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
     vad = vad or Vad()
-    feats, seconds, sources, waves = [], [], [], []
-    for i, item in enumerate(audio):
-        sources.append(_source(bundle, item, i))
-        began = time.perf_counter()
-        cut = bundle.whisper is None and sources[-1].seconds > vad.max_seconds  # read piece by piece
-        waves.append(None if cut else _head(bundle, sources[-1]))  # a Whisper's first chunk and a sample more
-        feats.append(None if cut else features(waves[-1], bundle.features))  # (T, M): a Whisper's first chunk
-        seconds.append(time.perf_counter() - began)
+    sources, waves, feats, seconds = _heads(bundle, audio, vad)
     starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
     found: list[Transcript | None] = [None] * len(feats)
     windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, timestamps)]
