@@ -27,9 +27,9 @@ from qkv.decoding import (
     most_likely,
     sample,
 )
-from qkv.decoding_copies import for_decoding, int8_linears
+from qkv.decoding_copies import for_decoding, int8_linears, packed_linears
 from qkv.ensemble import Ensemble
-from qkv.layers import WideLinear
+from qkv.layers import PackedLinear, WideLinear, packable
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -657,14 +657,20 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
             decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
 
 
+def _same_steps(model, fast, prompts: list[list[int]], *, steps: int, atol: float = ATOL) -> None:
+    """``fast`` (a decoding copy of ``model``) gives the same logits (within ``atol``) at every
+    cached step, both fed ``model``'s choices."""
+    (a, state_a), (b, state_b) = decoder_for(model).start(prompts), decoder_for(fast).start(prompts)  # (N, V) each
+    for _ in range(steps):
+        torch.testing.assert_close(b.float(), a.float(), atol=atol, rtol=0)
+        tokens = a.argmax(-1)  # (N,)
+        (a, state_a), (b, state_b) = decoder_for(model).step(state_a, tokens), decoder_for(fast).step(state_b, tokens)
+
+
 def _decode_the_same(model, fast, prompts: list[list[int]], *, steps: int) -> None:
     """``fast`` (a decoding copy of ``model``) gives the same logits at every cached step, and
     the same greedy and beam outputs."""
-    (a, state_a), (b, state_b) = decoder_for(model).start(prompts), decoder_for(fast).start(prompts)  # (N, V) each
-    for _ in range(steps):
-        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-        tokens = a.argmax(-1)  # (N,)
-        (a, state_a), (b, state_b) = decoder_for(model).step(state_a, tokens), decoder_for(fast).step(state_b, tokens)
+    _same_steps(model, fast, prompts, steps=steps)
     assert greedy(fast, prompts, max_new_tokens=7) == greedy(model, prompts, max_new_tokens=7)
     beams, fast_beams = (beam_search(m, prompts, beam_size=3, max_new_tokens=7) for m in (model, fast))
     assert [h[0].tokens for h in fast_beams] == [h[0].tokens for h in beams]
@@ -705,6 +711,38 @@ def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
         assert any(isinstance(m, torch.nn.Linear) for m in wide.modules())  # narrowing ones stay nn.Linear
         assert not any(isinstance(m, WideLinear) for m in model.modules())
         _decode_the_same(fused, wide, prompts, steps=5)
+
+
+@pytest.mark.skipif(not packable(), reason="this CPU or build has no oneDNN bfloat16 kernels")
+def test_packed_linear_equals_the_bf16_product() -> None:
+    """PackedLinear gives F.linear's bfloat16 product (any rows, float32 in and out, bias or
+    none), and a copy of it (deepcopy packs again) gives the same."""
+    torch.manual_seed(0)
+    for bias in (True, False):
+        linear = torch.nn.Linear(13, 7, bias=bias)
+        packed = PackedLinear(linear)
+        w, b = linear.weight.bfloat16(), None if linear.bias is None else linear.bias.bfloat16()
+        for x in (torch.randn(1, 13), torch.randn(3, 5, 13)):
+            assert packed(x).dtype == torch.float32
+            torch.testing.assert_close(packed(x), F.linear(x.bfloat16(), w, b).float(), atol=0, rtol=0)
+            torch.testing.assert_close(copy.deepcopy(packed)(x), packed(x), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not packable(), reason="this CPU or build has no oneDNN bfloat16 kernels")
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_packed_bf16_copy_decodes_as_the_bf16_model(tie_output: bool) -> None:
+    """packed_linears (what --bf16 loads on the CPU) holds every linear layer packed: the
+    bfloat16 model's logits at every cached step, for both families, up to a few bfloat16 steps
+    (oneDNN may block a packed product's sums otherwise: 1/128 seen at logits near 0.3); the
+    model given keeps its nn.Linear layers."""
+    prompts = _random_rows([3, 5, 1], V, seed=13)
+    for model in (make_ed(seed=7, tie_output=tie_output), make_do("rope", seed=8, tie_output=tie_output)):
+        bf16 = for_decoding(model).to(torch.bfloat16)
+        packed = packed_linears(bf16)
+        assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+        assert any(isinstance(m, PackedLinear) for m in packed.modules())
+        assert not any(isinstance(m, PackedLinear) for m in bf16.modules())
+        _same_steps(bf16, packed, prompts, steps=5, atol=3e-2)
 
 
 # ----------------------------------------------------------------- ensembles

@@ -28,6 +28,7 @@ from qkv.int8 import (
     int8_linear,
     quantize_channels,
 )
+from qkv.layers import PackedLinear
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -152,7 +153,7 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     )
     model = SpeechEncoderDecoder(config).eval()
     quantized = int8_linears(for_decoding(model))
-    assert isinstance(quantized.output, Bf16Linear)
+    assert isinstance(quantized.output, Bf16Linear | PackedLinear)  # PackedLinear: bf16, packed for oneDNN
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched

@@ -1,6 +1,7 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
 self-attention; with ``wide``, the widening layers' weights stored transposed for float32
-decoding on CPUs) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
+decoding on CPUs), :func:`packed_linears` (bfloat16 linear layers in oneDNN's packed layout, for
+``--bf16`` on CPUs) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
 What is not here: the searches that run them (``decoding/``), loading a model directory for
@@ -50,11 +51,37 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     return fast
 
 
+def packed_linears(model: DecodingModel) -> DecodingModel:
+    """A copy of ``model`` (in bfloat16, on the CPU) whose ``nn.Linear`` layers hold their weights
+    in oneDNN's packed layout (:class:`qkv.layers.PackedLinear`): the same outputs (tested), but
+    a step reads each weight once instead of reordering it on every call. A tied output weight is
+    packed as a copy (the embedding keeps its rows). Apply after ``.to(bfloat16)``; where
+    :func:`qkv.layers.packable` says no, the copy is the model's as it was. An ensemble gives
+    an ensemble of its members' copies.
+    """
+    import copy
+
+    if isinstance(model, Ensemble):
+        return Ensemble(tuple(packed_linears(m) for m in model.models))
+
+    from torch import nn
+
+    from qkv.layers import PackedLinear, packable
+
+    packed = copy.deepcopy(model).eval()
+    for parent in list(packed.modules()) if packable() else []:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, PackedLinear(child))
+    return packed.requires_grad_(False)
+
+
 def int8_linears(model: DecodingModel) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel and take float activations (weight-only int8,
     :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
-    ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`).
+    ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`; where
+    oneDNN runs bfloat16, :class:`qkv.layers.PackedLinear`: the same outputs, its weight packed once).
     Embeddings, norms, convolutions and attention arithmetic stay float32.
 
     Why this split (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
@@ -72,11 +99,13 @@ def int8_linears(model: DecodingModel) -> DecodingModel:
     from torch import nn
 
     from qkv.int8 import Bf16Linear, Int8Linear
+    from qkv.layers import PackedLinear, packable
 
+    bf16 = PackedLinear if packable() else Bf16Linear
     quantized = copy.deepcopy(model).eval()
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 vocabulary = parent is quantized and name == "output"
-                setattr(parent, name, Bf16Linear(child) if vocabulary else Int8Linear(child))
+                setattr(parent, name, bf16(child) if vocabulary else Int8Linear(child))
     return quantized.requires_grad_(False)
