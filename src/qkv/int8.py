@@ -148,7 +148,7 @@ class Int8Linear(nn.Module):
                 y = torch._weight_int8pack_mm(rows.to(torch.bfloat16), self.q, self.scale_bf16)  # (M, N)
             else:
                 y = F.linear(rows.to(torch.bfloat16), self.q.to(torch.bfloat16) * self.scale_bf16[:, None])  # (M, N)
-            y = y.float() if self.bias is None else y.float() + self.bias
+            y = y.float() if self.bias is None else self.bias + y  # (M, N) float32: one op, y promoted exactly
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
 
     def _int8_gemm(self, rows: Tensor) -> Tensor:
