@@ -15,16 +15,21 @@ in milliseconds per step (one step = one new token for every hypothesis), for tw
 the float32 decoding copy: ``for_decoding(model)`` (weights as ``nn.Linear`` stores them) and
 ``for_decoding(model, wide=True)`` (widening layers stored transposed, what ``qkv translate``
 loads on the CPU), and with ``--also`` the ``--bf16`` and ``--int8`` copies (their int8 kernels
-count as projections). All in this process, one after another, after a warm-up.
+count as projections), each beside the same copy with its bfloat16 products through ``F.linear``
+(weights reordered on every call: what they were before ``layers.PackedLinear``). All in this
+process after a warm-up; with ``--rounds`` the layouts alternate that many times and each bucket
+is the median (for a machine shared with other jobs).
 
     python bench/step_profile.py                 # a minute or two
     python bench/step_profile.py --no-record
     python bench/step_profile.py --also bf16 int8 --no-record     # the --bf16 and --int8 copies too
+    python bench/step_profile.py --also bf16 int8 --rounds 5 --threads 1 --no-record   # on a busy machine
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +43,7 @@ import record
 
 from qkv.decoding import beam_search, greedy
 from qkv.decoding_copies import for_decoding
+from qkv.int8 import Bf16Linear
 from qkv.loading import prepared
 from qkv.memory import choose_allocator
 
@@ -53,8 +59,9 @@ def bucket(name: str, shapes: list) -> str:
     op = name.removeprefix("aten::")
     if op in ("_weight_int8pack_mm", "quantized::linear_dynamic"):  # int8 layers (qkv.int8), never the output layer
         return "projections"
-    if op in ("mm", "addmm", "linear", "matmul"):
-        width = shapes[1][-1] if len(shapes) > 1 and shapes[1] else 0
+    if op in ("mm", "addmm", "linear", "matmul", "mkldnn::_linear_pointwise"):
+        weight = shapes[1] if len(shapes) > 1 and shapes[1] else [0]
+        width = weight[0] if op.startswith("mkldnn") else weight[-1]  # a packed weight (layers.PackedLinear) is (N, K)
         return "output layer" if width == mt_speed.VOCAB else "projections"
     if any(op.startswith(a) for a in ATTENTION):
         return "attention"
@@ -94,10 +101,21 @@ def profiled(model, batch: int, beam: int) -> dict[str, float]:
     return {k: v / NEW for k, v in times.items()} | {"step": wall / NEW}
 
 
+def unpacked(model, precision: str):
+    """The ``precision`` copy as ``prepared`` made it before ``layers.PackedLinear``: bfloat16
+    products through ``F.linear`` (the bf16 copy's every linear layer, the int8 copy's output)."""
+    if precision == "bf16":
+        return for_decoding(model).to(torch.bfloat16).eval()
+    copy = prepared(model, "encoder_decoder", int8=True)
+    copy.output = Bf16Linear(model.output)
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--also", nargs="*", default=[], choices=["bf16", "int8"], help="also profile these copies")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate the layouts this many times; medians")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--notes", default="")
     args = parser.parse_args()
@@ -107,11 +125,15 @@ def main() -> None:
     model = mt_speed.qkv_model(mt_speed.SIZES["base"], dropout=0.0).eval()
     object.__setattr__(model.config, "eos_id", None)  # exactly NEW tokens
     layouts = {"nn.Linear layout": for_decoding(model), "widening layers transposed": for_decoding(model, wide=True)}
-    for precision in args.also:  # as qkv translate --bf16 / --int8 loads them
+    for precision in args.also:  # as qkv translate --bf16 / --int8 loads them, and with F.linear's bf16 products
         layouts[f"{precision} copy"] = prepared(model, "encoder_decoder", **{precision: True})
+        layouts[f"{precision} copy, F.linear"] = unpacked(model, precision)
     records = []
     for batch, beam, what in ((1, 1, "greedy batch 1"), (8, 5, "beam 5 batch 8")):
-        rows = {name: profiled(m, batch, beam) for name, m in layouts.items()}
+        rounds = [{name: profiled(m, batch, beam) for name, m in layouts.items()} for _ in range(args.rounds)]
+        rows = {
+            name: {b: statistics.median(r[name][b] for r in rounds) for b in (*BUCKETS, "step")} for name in layouts
+        }
         print(f"{what}: ms per step")
         print(f"  {'':28s}" + "".join(f"{b:>13s}" for b in (*BUCKETS, "step")))
         for name, row in rows.items():

@@ -571,17 +571,19 @@ def test_sliding_continuation_goes_past_the_window() -> None:
 
 
 def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
-    """A model cast to bfloat16 (``--bf16``) decodes the trained models' clear-margin outputs as
-    float32 does: greedy and beam search, both families, with padding in the batch."""
+    """A model cast to bfloat16 (``--bf16``), and its copy with packed linear layers (what
+    ``--bf16`` loads on the CPU), decode the trained models' clear-margin outputs as float32
+    does: greedy and beam search, both families, with padding in the batch."""
     import copy
 
     for model, inputs in (copy_model, lm_model[:2]):
         half = copy.deepcopy(model).to(torch.bfloat16)
-        assert greedy(half, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
-        beams = beam_search(half, inputs, beam_size=3, max_new_tokens=8)
-        assert [h[0].tokens for h in beams] == [
-            h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
-        ]
+        for copied in (half, packed_linears(half)):
+            assert greedy(copied, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
+            beams = beam_search(copied, inputs, beam_size=3, max_new_tokens=8)
+            assert [h[0].tokens for h in beams] == [
+                h[0].tokens for h in beam_search(model, inputs, beam_size=3, max_new_tokens=8)
+            ]
 
 
 def test_int8_linears_decode_like_float32(copy_model, lm_model) -> None:
