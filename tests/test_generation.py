@@ -717,16 +717,16 @@ def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
 
 @pytest.mark.skipif(not packable(), reason="this CPU or build has no oneDNN bfloat16 kernels")
 def test_packed_linear_equals_the_bf16_product() -> None:
-    """PackedLinear gives F.linear's bfloat16 product (any rows, float32 in and out, bias or
-    none), and a copy of it (deepcopy packs again) gives the same."""
+    """PackedLinear gives F.linear's bfloat16 product (any rows, float32 or strided bfloat16 in,
+    the input's dtype out, bias or none), and a copy of it (deepcopy packs again) the same."""
     torch.manual_seed(0)
     for bias in (True, False):
         linear = torch.nn.Linear(13, 7, bias=bias)
         packed = PackedLinear(linear)
         w, b = linear.weight.bfloat16(), None if linear.bias is None else linear.bias.bfloat16()
-        for x in (torch.randn(1, 13), torch.randn(3, 5, 13)):
-            assert packed(x).dtype == torch.float32
-            torch.testing.assert_close(packed(x), F.linear(x.bfloat16(), w, b).float(), atol=0, rtol=0)
+        for x in (torch.randn(1, 13), torch.randn(3, 5, 13), torch.randn(4, 26, dtype=torch.bfloat16)[:, ::2]):
+            assert packed(x).dtype == x.dtype
+            torch.testing.assert_close(packed(x), F.linear(x.bfloat16(), w, b).to(x.dtype), atol=0, rtol=0)
             torch.testing.assert_close(copy.deepcopy(packed)(x), packed(x), atol=0, rtol=0)
 
 
