@@ -269,12 +269,13 @@ def _pack(weight: Tensor) -> Tensor:
 
 class PackedLinear(nn.Module):
     """``nn.Linear`` for decoding on the CPU with its weight in bfloat16, reordered once into
-    oneDNN's packed layout. ``F.linear`` on a bfloat16 weight calls the same oneDNN product but
-    reorders the weight on every call: a decoding step of one row then reads each weight twice
-    and writes it once. Packed once, a step reads it once (AMD EPYC, 2 cores: the base translation
-    model's bf16 step about a third faster; docs/speed.md). Activations are cast to bfloat16 and
-    the output back to the input's dtype, as :class:`qkv.int8.Bf16Linear`; outputs equal
-    ``F.linear`` in bfloat16 (tested). CPU only (see :func:`packable`), inference only; a copy
+    oneDNN's packed layout. ``F.linear`` on a bfloat16 weight gives the same bits through oneDNN
+    but, as far as measured, reorders the weight on every call: a one-row decoding step then reads
+    each weight twice and writes it once. Packed once, the base translation model's bf16 greedy
+    step took a quarter less CPU time (AMD EPYC, same-process A/B under contention; docs/speed.md).
+    Activations are cast to bfloat16 and the output back to the input's dtype, as
+    :class:`qkv.int8.Bf16Linear`; outputs equal ``F.linear`` in bfloat16 up to the kernel's order
+    of summation (tested). CPU only (see :func:`packable`), inference only; a copy
     (``copy.deepcopy``, pickling) packs again.
 
     Shapes: x (..., K) -> (..., N).

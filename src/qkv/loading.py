@@ -59,7 +59,7 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     bf16 matmul units, AVX512-BF16 and AMX, do the rest; bench/mt_speed.py) or with int8 linear
     layers (int8 weights: a quarter of the bytes; qkv.int8); in bfloat16 on the CPU, with the
     linear layers' weights packed once for oneDNN (``decoding_copies.packed_linears``: the same
-    outputs, about a third faster a step); in float32 on the CPU, with the
+    outputs, a quarter less CPU time a greedy step); in float32 on the CPU, with the
     widening layers' weights stored transposed (``decoding_copies.for_decoding``: faster one-row
     products, tested equal); on ``device``."""
     import torch
