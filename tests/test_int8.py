@@ -28,7 +28,6 @@ from qkv.int8 import (
     int8_linear,
     quantize_channels,
 )
-from qkv.layers import PackedLinear
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -152,8 +151,10 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
         dropout=0.0,
     )
     model = SpeechEncoderDecoder(config).eval()
+    from qkv.layers import PackedLinear  # the same bf16 product, packed once where oneDNN runs bf16
+
     quantized = int8_linears(for_decoding(model))
-    assert isinstance(quantized.output, Bf16Linear | PackedLinear)  # PackedLinear: bf16, packed for oneDNN
+    assert isinstance(quantized.output, Bf16Linear | PackedLinear)
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
