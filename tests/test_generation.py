@@ -807,12 +807,12 @@ def test_ensemble_decodes_the_mean_distribution(family: str, copy_model, lm_mode
 
 
 def test_ensemble_decoding_copies_and_sliding_window(copy_model) -> None:
-    """for_decoding and int8_linears of an ensemble are ensembles of copies of its members,
+    """for_decoding, int8_linears and packed_linears of an ensemble are ensembles of copies of its members,
     decoding as the members' copies ensembled do; continuation slides past the window for an
     ensemble of decoder-only models exactly as for the model it holds."""
     a, inputs = copy_model[0], copy_model[1]
     pair = Ensemble((a, _perturbed(a, 1, 0.6)))
-    for convert in (for_decoding, int8_linears):
+    for convert in (for_decoding, int8_linears, packed_linears):
         converted = convert(pair)
         assert isinstance(converted, Ensemble)
         assert all(x is not y for x, y in zip(converted.models, pair.models, strict=True))
