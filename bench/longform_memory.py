@@ -6,13 +6,16 @@
     python bench/longform_memory.py --minutes 1 10 --tree /work/main/src --no-record   # beside another tree
     python bench/longform_memory.py --stage features --minutes 1 10 60 --tree /work/main/src   # the audio side alone
     python bench/longform_memory.py --workload digits --minutes 1 10 --no-record   # the FSDD digits of the first runs
+    python bench/longform_memory.py --distinct 360   # the hour from the first 360 captions, repeated
 
 Each file is written by a generator that writes the WAV a block at a time (itself measured: its
 memory must not grow either). ``--workload speech`` (default): Multi30k's English test captions
 spoken by a Piper voice through qkv's VITS, each after 0.3-1.2 s of silence
 (``bench/joined_speech.py``, seed 0: its captions are spoken once and cached, all 1,000 in about
 twenty minutes, and the generator reads them a caption at a time), so the transcription is of
-speech that Whisper reads without looping. ``--workload digits``: FSDD recordings (8 kHz,
+speech that Whisper reads without looping; ``--distinct N``: the order's first N captions only,
+again and again after new silences (fewer captions to speak for the hour: the shorter files, within
+the first N, are the same files). ``--workload digits``: FSDD recordings (8 kHz,
 resampled to 16 kHz), speakers and digits in a fixed shuffled order, each followed by 0.4-1.2 s
 of silence, until the length is reached (tiny.en loops on such digit lists: each window decoded
 to its token limit, the slowest case).
@@ -58,9 +61,11 @@ RATE = 16_000
 FLAT = 1.25  # the target: the longest file's peak within this factor of the shortest's
 
 
-def generate(path: Path, minutes: float, seed: int = 0, workload: str = "speech") -> list[str]:
+def generate(
+    path: Path, minutes: float, seed: int = 0, workload: str = "speech", distinct: int | None = None
+) -> list[str]:
     """Write ``minutes`` of the workload with silences to ``path`` (16 kHz, 16-bit), a clip at a
-    time; the words said, in order."""
+    time; the words said, in order (``distinct``: ``joined_speech.pieces``')."""
     if workload == "speech":
         import numpy as np
         import soundfile
@@ -68,7 +73,7 @@ def generate(path: Path, minutes: float, seed: int = 0, workload: str = "speech"
 
         said = []
         with soundfile.SoundFile(path, "w", samplerate=RATE, channels=1, subtype="PCM_16") as out:
-            for piece in pieces(minutes, seed, log=sys.stderr):
+            for piece in pieces(minutes, seed, log=sys.stderr, distinct=distinct):
                 out.write(np.zeros(piece.gap, dtype=np.int16))
                 out.write(piece.samples)
                 said += [w.text for w in piece.words]
@@ -178,13 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="keep the files here (default: a temporary folder)")
     parser.add_argument("--stage", choices=("transcribe", "features"), default="transcribe")
     parser.add_argument("--workload", choices=("speech", "digits"), default="speech", help="what is spoken")
+    parser.add_argument(
+        "--distinct", type=int, help="speech: the order's first N captions, repeated after new silences (default: all)"
+    )
     parser.add_argument("--generate", nargs=4, metavar=("WAV", "MINUTES", "WORDS", "KIND"), help=argparse.SUPPRESS)
     parser.add_argument("--read", nargs=2, metavar=("HOW", "WAV"), help=argparse.SUPPRESS)
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
     if args.generate:  # the generator's own process
         wav, minutes, words, kind = args.generate
-        Path(words).write_text("\n".join(generate(Path(wav), float(minutes), workload=kind)))
+        Path(words).write_text("\n".join(generate(Path(wav), float(minutes), workload=kind, distinct=args.distinct)))
         return 0
     if args.read:  # the feature pipeline's own process
         read_windows(*args.read)
@@ -210,6 +218,7 @@ def measure(args: argparse.Namespace, minutes: float, work: Path, model: Path) -
     """Generate one length (measured) and transcribe it with this tree (and ``--tree``)."""
     wav, words = work / f"{args.workload}_{minutes:g}min.wav", work / f"{args.workload}_{minutes:g}min.txt"
     argv = [sys.executable, __file__, "--generate", str(wav), str(minutes), str(words), args.workload]
+    argv += [] if args.distinct is None else ["--distinct", str(args.distinct)]
     code, generator_mb, _ = run_measured(argv, dict(os.environ), work / f"{wav.stem}.generate.log")
     if code != 0:
         raise SystemExit(f"the generator failed; see {work / (wav.stem + '.generate.log')}")
@@ -218,6 +227,7 @@ def measure(args: argparse.Namespace, minutes: float, work: Path, model: Path) -
         "minutes": minutes,
         "workload": args.workload,
         "words": len(said),
+        "distinct": args.distinct,
         "generator_peak_mb": round(generator_mb, 1),
     }
     for name, tree, threads in [("qkv", ROOT / "src", args.threads), ("tree", args.tree, None)]:
@@ -245,6 +255,7 @@ def record(rows: list[dict], args: argparse.Namespace) -> None:
     shortest = min(rows, key=lambda r: r["minutes"])
     what = (
         "Multi30k test captions spoken by a Piper voice joined with 0.3-1.2 s silences (bench/joined_speech.py)"
+        + ("" if args.distinct is None else f"; the seed's first {args.distinct} captions, repeated after new silences")
         if args.workload == "speech"
         else "FSDD digits joined with 0.4-1.2 s silences"
     )

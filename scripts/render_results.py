@@ -66,6 +66,11 @@ BENCHMARKS = {
         "Streaming speech recognition over a WebSocket",
         "`python bench/stream_asr.py`: Whisper tiny.en hearing joined FSDD digits in real time: delay and WER",
     ),
+    "stream_timing": (
+        "What word times cost a stream",
+        "`python bench/stream_timing.py`: Whisper tiny.en's stream steps, CPU seconds per second of audio, "
+        "estimated times beside aligned ones (a separate timer, or the decoding's encoder output shared)",
+    ),
     "tts": ("Text-to-speech", "`python bench/tts.py`: qkv ASR of qkv TTS, mel-cepstral distortion, real-time factor"),
     "piper_speed": (
         "Piper voices: qkv's VITS beside onnxruntime",

@@ -42,6 +42,37 @@ def test_a_caption_is_timed_only_when_its_phoneme_words_are_its_words(bench) -> 
     assert bench.text_words("A man - in 3 hats .") == ["A", "man", "in", "3", "hats"]
 
 
+def test_distinct_repeats_the_orders_first_captions_after_new_silences(bench, tmp_path, monkeypatch) -> None:
+    """``distinct=N``: the file is the seed's order cut to its first N captions, again and again,
+    each pass after new silences; the stretch before the first repeat is the file without it.
+    Captions ready in the cache (one word each, its own length), so nothing is spoken."""
+    pytest.importorskip("piper", reason="pip install piper-tts (its version keys the cache)")
+    import json
+
+    voice = tmp_path / "voice.onnx"
+    voice.write_bytes(b"not a model: never loaded, every caption is cached")
+    voice.with_name("voice.onnx.json").write_text(json.dumps({"phoneme_id_map": ID_MAP}))
+    (tmp_path / "multi30k").mkdir()
+    texts = [f"word{k}" for k in range(7)]
+    (tmp_path / "multi30k" / bench.CAPTIONS).write_text("\n".join(texts) + "\n")
+    monkeypatch.setenv("QKV_CACHE", str(tmp_path / "cache"))
+    folder = bench.cache_folder(voice)
+    for k, text in enumerate(texts):
+        sentence = (("a",), (1, 1, 2 + k, 1, 1))  # ^ _ a _ $: one word
+        bench.save_clip(folder, k, bench.Clip(text, np.full(1600 * (k + 1), k, np.int16), (sentence,), 0.01))
+
+    def said(distinct: int | None) -> list[tuple[str, int]]:
+        found = bench.pieces(0.4, 3, voice, tmp_path / "multi30k", distinct=distinct)
+        return [(p.words[0].text, p.gap) for p in found]
+
+    whole, three = said(None), said(3)
+    first = [text for text, _ in three[:3]]
+    assert len(set(first)) == 3 and [text for text, _ in three] == first * (len(three) // 3) + first[: len(three) % 3]
+    assert three[:3] == whole[:3] and sorted(text for text, _ in whole[:7]) == texts  # without: all 7 first
+    passes = [[gap for _, gap in three[i : i + 3]] for i in range(0, len(three) - 2, 3)]
+    assert len(passes) > 2 and len({tuple(p) for p in passes}) == len(passes)  # new silences each pass
+
+
 @pytest.mark.slow
 def test_the_real_voice_times_words_where_its_speech_is(bench) -> None:
     pytest.importorskip("piper", reason="pip install piper-tts (Piper's phonemes)")

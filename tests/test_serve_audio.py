@@ -23,7 +23,8 @@ from qkv.bundle import piper_speeches, speeches, transcriptions
 from qkv.bundle.transcription import initial_prompt, longest_prompt
 from qkv.checkpoint import save_model
 from qkv.longform import LongForm
-from serving import Server, tiny_audio_models, tone
+from qkv.serve.settings import Settings
+from serving import LocalServer, Server, tiny_audio_models, tone
 
 openai = pytest.importorskip("openai", reason="the audio API is tested with the openai client (pip install -e .[dev])")
 
@@ -198,6 +199,88 @@ def test_a_prompt_and_a_temperature_reach_whispers_decoder(client, paths, wav):
         served(temperature=1.5)
     with pytest.raises(openai.UnprocessableEntityError, match="not an imported Whisper"), wav.open("rb") as f:
         client.audio.transcriptions.create(model="asr", file=f, prompt=prompt)
+
+
+@pytest.fixture(scope="module")
+def two_languages(paths) -> tuple[Path, list[str]]:
+    """Two seconds, two tones that the tiny multilingual Whisper (1 s chunks) hears as two
+    languages, as a file; and the language ``detect_language`` finds for each second alone."""
+    from qkv.audio import features
+    from qkv.hf.whisper import detect_language
+
+    path = paths["whisper"].parent / "two_languages.wav"
+    seconds = [(0.3 * np.sin(np.arange(16000) * pitch)).astype("f4") for pitch in (0.05, 0.11)]
+    soundfile.write(path, np.concatenate(seconds), 16000, subtype="FLOAT")
+    whisper = qkv.load(paths["whisper"])
+    heads = [features(torch.from_numpy(w), whisper.features) for w in seconds]  # (T, M) each
+    alone = detect_language(whisper.model, heads, whisper.path)
+    assert len(set(alone)) == 2  # else the tests below could not tell per window from once
+    return path, alone
+
+
+def test_multilingual_detects_each_windows_language(client, paths, two_languages):
+    """The form's ``multilingual`` (faster-whisper's; the openai client sends it as extra_body): a
+    multilingual Whisper given no language decodes each window in the language detected on it,
+    as the library's ``LongForm.multilingual``, and each verbose_json segment says its own; it is
+    refused (422) beside a language, or for a model that is not a multilingual Whisper."""
+    path, alone = two_languages
+    options = LongForm(multilingual=True)
+    (library,) = transcriptions(qkv.load(paths["whisper"]), [path], timestamps=True, long_form=options)
+
+    def served(model: str = "whisper", **options):
+        with path.open("rb") as f:
+            return client.audio.transcriptions.create(model=model, file=f, response_format="verbose_json", **options)
+
+    each, once = served(extra_body={"multilingual": True}), served()
+    assert [g.language for g in each.segments] == [g.language for g in library.segments] == alone
+    assert each.text == library.text and each.language == alone[0]
+    assert once.text != each.text and once.language == alone[0]  # the first window's language, for both
+    assert all(not hasattr(g, "language") for g in once.segments)  # OpenAI's segment fields alone
+    with pytest.raises(openai.UnprocessableEntityError, match="give no language"):
+        served(language="de", extra_body={"multilingual": True})
+    with pytest.raises(openai.UnprocessableEntityError, match="model asr is not a multilingual Whisper"):
+        served("asr", extra_body={"multilingual": True})
+
+
+def test_serve_multilingual_is_the_default_a_request_overrides(paths, wav, two_languages, tmp_path, capsys):
+    """``qkv serve --multilingual`` (``Settings.multilingual``): requests without a language detect
+    each window's; ``multilingual: false`` or a language asks otherwise. An English-only Whisper
+    is refused the flag (one line, exit 2) and the request field (422)."""
+    from qkv.cli.main import main
+    from qkv.hf.convert import import_hf
+    from whisper_fixtures import hf_whisper
+
+    path, alone = two_languages
+    local = LocalServer(paths["whisper"], Settings(multilingual=True))
+    try:
+        client = openai.OpenAI(base_url=f"{local.url}/v1", api_key="none", max_retries=0, timeout=60)
+
+        def languages(heard: Path = path, **options) -> list[str | None]:
+            with heard.open("rb") as f:
+                heard = client.audio.transcriptions.create(
+                    model="whisper", file=f, response_format="verbose_json", **options
+                )
+            return [getattr(g, "language", None) for g in heard.segments]
+
+        assert languages() == alone
+        assert languages(extra_body={"multilingual": False}) == [None, None]
+        assert languages(wav, language="de") == [None]  # a language given: no detection
+    finally:
+        local.stop()
+    hf_whisper(tmp_path / "hf", multilingual=False)
+    import_hf(tmp_path / "hf", tmp_path / "english")
+    assert main(["serve", "--model", str(tmp_path / "english"), "--multilingual", "--port", "0"]) == 2
+    assert "no model served is a multilingual Whisper" in capsys.readouterr().err
+    english = LocalServer(tmp_path / "english", Settings())
+    try:
+        client = openai.OpenAI(base_url=f"{english.url}/v1", api_key="none", max_retries=0, timeout=60)
+        with (
+            pytest.raises(openai.UnprocessableEntityError, match="is not a multilingual Whisper"),
+            path.open("rb") as f,
+        ):
+            client.audio.transcriptions.create(model="english", file=f, extra_body={"multilingual": True})
+    finally:
+        english.stop()
 
 
 def speech_of(client, model: str, text: str, **options) -> bytes:

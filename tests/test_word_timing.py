@@ -259,6 +259,50 @@ def test_transcribe_with_word_timestamps(whisper: dict) -> None:
     assert [w for s in heard.segments for w in s.words]
 
 
+def test_alignment_reads_the_encoder_output_it_is_given(whisper: dict) -> None:
+    """align_window given the window's encoder output (``memory``, as long-form decoding passes the
+    one it decoded with) times the words as reading the window itself does; given another
+    window's, it times them by that one."""
+    bundle = qkv.load(whisper["qkv"])
+    tokenizer, model = bundle.vocab.target, bundle.model
+    text = tokenizer.encode(" The quick brown fox, Guten Tag!")
+
+    def timed(window: torch.Tensor, memory: torch.Tensor | None = None) -> list:
+        found = align_window(
+            model,
+            window,
+            70,
+            [model.config.bos_id],
+            text,
+            no_timestamps=bundle.whisper.no_timestamps_id,
+            heads=[tuple(h) for h in HEADS],
+            decode=tokenizer.decode,
+            memory=memory,
+        )
+        return [(w.word, w.start, w.end, w.probability) for w in found]
+
+    window, other = (features(noise(0.7, seed), bundle.features) for seed in (3, 4))  # (100, 80) each
+    with torch.no_grad():
+        read, read_other = (model.encode(w[None])[0] for w in (window, other))  # (1, S, D)
+    assert timed(window, read) == timed(window) != timed(window, read_other) == timed(other)
+
+
+def test_a_streams_decoding_can_time_its_words(whisper: dict) -> None:
+    """``speech_streaming.decoder_of(words=True)``: the buffer's segments come with their words
+    timed by the alignment heads (``LongForm.word_timestamps``, the encoder output read once;
+    ``SpeechStream`` takes a segment's words as its words' times where they spell it), the words
+    the segments' text, inside the audio; without, none."""
+    from qkv.speech_streaming import decoder_of
+
+    bundle = qkv.load(whisper["qkv"])
+    wave = noise(0.9, 7)  # one window (the chunk: 1 s)
+    segments = decoder_of(bundle, words=True)(wave, "")
+    words = [w for s in segments for w in s.words]
+    assert words and "".join(w.word for w in words) == "".join(s.text for s in segments)
+    assert all(0 <= w.start <= w.end <= 0.9 + 0.02 for w in words)
+    assert not any(s.words for s in decoder_of(bundle)(wave, ""))
+
+
 def test_cli_word_timestamps(whisper: dict, tmp_path: Path, capsys) -> None:
     import soundfile
 

@@ -295,8 +295,11 @@ def decode_window(
     return out
 
 
-def _with_fallback(model, tokenizer, window: Tensor, prompt, ids: WhisperTokens, o: LongForm, generator) -> Decoded:
-    """A window decoded at each temperature in turn until its result needs no fallback."""
+def _with_fallback(
+    model, tokenizer, window: Tensor, prompt, ids: WhisperTokens, o: LongForm, generator
+) -> tuple[Decoded, Tensor]:
+    """A window decoded at each temperature in turn until its result needs no fallback; and the
+    window's encoder output (1, S, D), which its word timing reads too."""
     result, memory = None, model.encode(window[None])[0]  # (1, S, D): read once for every temperature
     for temperature in o.temperatures:
         n = o.best_of if temperature > 0 else 1
@@ -304,7 +307,7 @@ def _with_fallback(model, tokenizer, window: Tensor, prompt, ids: WhisperTokens,
         result = max(found, key=lambda d: d.avg_logprob * (len(d.tokens) + 1) / max(1, len(d.tokens)))
         if not needs_fallback(result, o):
             break
-    return result
+    return result, memory
 
 
 @torch.no_grad()
@@ -339,7 +342,7 @@ def transcribe_long(
         window = torch.nn.functional.pad(mel.window(seek, size), (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
         language = likeliest_language(model, window, ids.start[0], ids.languages) if options.multilingual else None
         here = ids if language is None else in_language(ids, language)
-        d = _with_fallback(model, tokenizer, window, context[reset:], here, options, generator)
+        d, memory = _with_fallback(model, tokenizer, window, context[reset:], here, options, generator)
         offset = seek * frame_seconds
         moved = size
         if not silent(d, options):
@@ -348,7 +351,7 @@ def transcribe_long(
             if next_step is not None:
                 moved = max(1, min(size, next_step * FRAMES_PER_STAMP))
             if options.word_timestamps and found:
-                found, last_speech = _timed(model, tokenizer, window, size, found, offset, last_speech, here)
+                found, last_speech = _timed(model, tokenizer, (window, memory), size, found, offset, last_speech, here)
                 moved = _after_words(found, d.tokens, ids, seek, frame_seconds, size) or moved
             segments += found
             context += [t for s in found for t in s.tokens]
@@ -360,9 +363,11 @@ def transcribe_long(
     return segments
 
 
-def _timed(model, tokenizer: Tokenizer, window: Tensor, size: int, found, offset: float, last_speech, ids):
-    """A window's segments with their words timed (``word_timing``), and where its speech ends."""
+def _timed(model, tokenizer: Tokenizer, read: tuple[Tensor, Tensor], size: int, found, offset: float, last_speech, ids):
+    """A window's segments with their words timed (``word_timing``; ``read``: the window's
+    features (T, M) and its encoder output (1, S, D), not computed again), and where its speech ends."""
     text = [t for s in found for t in s.tokens if t < ids.eos]
+    window, memory = read
     words = align_window(
         model,
         window,
@@ -373,6 +378,7 @@ def _timed(model, tokenizer: Tokenizer, window: Tensor, size: int, found, offset
         heads=ids.alignment_heads,
         decode=tokenizer.decode,
         spaces=ids.spaced,
+        memory=memory,
     )
     return fit_words(found, words, offset, last_speech, ids.eos)
 

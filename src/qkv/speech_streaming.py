@@ -318,13 +318,15 @@ def trusted(segments: Sequence[Segment], threshold: float | None) -> list[Segmen
     return out
 
 
-def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None = None) -> Decode:
+def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None = None, words: bool = False) -> Decode:
     """A loaded speech model's decoding as :class:`SpeechStream` calls it: an imported Whisper's
     timed segments (greedy, no temperature fallback: a step must be quick; those of a window that
     repeats itself left out, :func:`trusted`; ``language`` and ``task`` as
     :func:`~qkv.bundle.transcriptions`), after the prompt as its ``initial_prompt``; a model of
     qkv's own, one segment over the buffer (no prompt). Audio too short for the model's
-    front-end: no segment."""
+    front-end: no segment. ``words``: an imported Whisper's segments come with their words
+    timed by its alignment heads (``LongForm.word_timestamps``: the window's encoder output read
+    once, for the decoding and the alignment, where :func:`timer_of` reads it again)."""
     whisper = bundle.whisper is not None
     tokenizer = bundle.vocab.target
 
@@ -332,7 +334,7 @@ def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None 
         if too_short(bundle.model, bundle.features.frames(wave.numel())):
             return []
         prompt_ids = tuple(tokenizer.encode(" " + prompt.strip())) if whisper and prompt.strip() else ()
-        options = LongForm(temperatures=(0.0,), initial_prompt=prompt_ids) if whisper else None
+        options = LongForm(temperatures=(0.0,), initial_prompt=prompt_ids, word_timestamps=words) if whisper else None
         (found,) = transcriptions(bundle, [wave], language=language, task=task, timestamps=whisper, long_form=options)
         return trusted(found.segments, options.compression_ratio_threshold if options else None)
 

@@ -206,11 +206,14 @@ def align_window(
     heads: Sequence[tuple[int, int]],
     decode: Callable[[list[int]], str],
     spaces: bool = True,
+    memory: Tensor | None = None,
 ) -> list[Timed]:
     """The words of ``text`` (token ids, no timestamps) in one window of features, timed from
     the window's start (openai/whisper's ``find_alignment``): the decoder reads ``start`` (the
     start tokens), <|notimestamps|>, ``text`` and END; ``frames``: the window's real feature
-    frames; ``heads``: (layer, head) pairs (empty: every head of the upper half of the layers).
+    frames; ``heads``: (layer, head) pairs (empty: every head of the upper half of the layers);
+    ``memory``: the window's encoder output (1, S, D) where the decoding has it already (the
+    encoder is most of the cost: openai/whisper's ``find_alignment`` runs it again).
 
     Shapes: window (T, M) -> words.
     """
@@ -218,7 +221,10 @@ def align_window(
         return []
     eot, device = model.config.eos_id, next(model.parameters()).device
     tokens = [*start, no_timestamps, *text, eot]
-    memory, valid = model.encode(window[None].to(device, next(model.parameters()).dtype))  # (1, S, D), (1, S)
+    if memory is None:
+        memory, valid = model.encode(window[None].to(device, next(model.parameters()).dtype))  # (1, S, D), (1, S)
+    else:  # a whole window: every position valid, as encode says of it
+        valid = torch.ones(memory.shape[:2], dtype=torch.bool, device=memory.device)  # (1, S)
     out = model.decode(torch.tensor([tokens], device=device), memory, src_mask=valid, need_weights=True)
     layers = len(out.attention)
     heads = heads or [(n, h) for n in range(layers // 2, layers) for h in range(out.attention[n].shape[1])]

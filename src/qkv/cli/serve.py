@@ -20,10 +20,14 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qkv.cli.common import add_precision, number, positive_int
 from qkv.errors import UserError
 from qkv.serve.settings import Settings
+
+if TYPE_CHECKING:
+    from qkv.serve.models import Served
 
 EPILOG_SERVE = """examples:
   qkv serve --model runs/de_en                       # then open http://127.0.0.1:8000/
@@ -32,6 +36,7 @@ EPILOG_SERVE = """examples:
   qkv serve --model models/smollm2                   # then OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
   qkv serve --model models/whisper-tiny --model voices/joe     # speech in and out, OpenAI's audio API
   curl -s localhost:8000/v1/audio/transcriptions -F file=@talk.wav -F response_format=srt
+  qkv serve --model models/whisper-base --multilingual   # each 30 s window's language detected
 
 The server binds 127.0.0.1 (this machine only) unless --host says otherwise; beyond this
 machine it needs an API key (--api-key-file FILE, or QKV_API_KEY) unless --insecure-no-auth.
@@ -152,6 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_upload_bytes=args.max_upload_mb * 1024 * 1024,
         max_audio_seconds=args.max_audio_seconds,
         max_speech_chars=args.max_speech_chars,
+        multilingual=multilingual(args, served),
         stream_max_buffered_seconds=args.stream_max_buffered_seconds,
         stream_idle_seconds=args.stream_idle_seconds,
     )
@@ -309,6 +315,21 @@ def _add_audio(sound: argparse._ArgumentGroup, defaults: Settings) -> None:
         default=defaults.max_speech_chars,
         help="longest text /v1/audio/speech speaks (default: %(default)s; 422 beyond)",
     )
+    sound.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="a multilingual Whisper given no language detects each 30 s window's language (as qkv transcribe "
+        "--multilingual), not the first window's alone; a request's multilingual field overrides it",
+    )
+
+
+def multilingual(args: argparse.Namespace, served: dict[str, Served]) -> bool:
+    """``--multilingual``, refused in one line where no model served is a multilingual Whisper
+    (there would be nothing to detect)."""
+    whispers = [m.bundle.whisper for m in served.values() if m.bundle.whisper is not None]
+    if args.multilingual and not any(w.multilingual for w in whispers):
+        raise UserError("--multilingual detects each window's language: no model served is a multilingual Whisper")
+    return args.multilingual
 
 
 def _add_stream(sound: argparse._ArgumentGroup, defaults: Settings) -> None:

@@ -98,13 +98,14 @@ class Heard:
 @dataclass(frozen=True)
 class Segment:
     """A stretch of a transcript: its text, from ``start`` to ``end`` seconds, its token ids,
-    the temperature it was decoded at."""
+    the temperature it was decoded at and, where each window's was detected, its language."""
 
     text: str
     start: float
     end: float
     ids: list[int]
     temperature: float = 0.0  # the temperature its window was decoded at
+    language: str | None = None  # its window's (LongForm.multilingual); else None
 
 
 def transcribe(
@@ -120,6 +121,7 @@ def transcribe(
     words: bool = False,
     prompt: tuple[int, ...] = (),
     temperatures: tuple[float, ...] | None = None,
+    multilingual: bool = False,
 ) -> list[Heard]:
     """Each waveform's transcript by ``bundle.transcriptions`` (as ``qkv transcribe``, with the
     model's own decoding settings); ``task`` and ``language``: an imported Whisper's (None for
@@ -130,11 +132,13 @@ def transcribe(
     ``words``: an imported Whisper times each word too (``LongForm.word_timestamps``).
     ``prompt`` (token ids) and ``temperatures`` (None: Whisper's fallback schedule): an imported
     Whisper's ``LongForm.initial_prompt`` and ``temperatures``; either read the audio window by
-    window, as ``qkv transcribe --initial-prompt`` does (the batched search neither prompts nor draws)."""
+    window, as ``qkv transcribe --initial-prompt`` does (the batched search neither prompts nor draws).
+    ``multilingual``: a multilingual Whisper without ``language`` detects each window's language
+    (``LongForm.multilingual``; audio of one window, read whole, is detected once: the same)."""
     bundle = served.bundle
     whisper = bundle.whisper is not None
     windowed = whisper and (timestamps or words or bool(prompt) or temperatures is not None)
-    options = LongForm(word_timestamps=words and whisper, initial_prompt=prompt)
+    options = LongForm(word_timestamps=words and whisper, initial_prompt=prompt, multilingual=multilingual)
     if temperatures is not None:
         options = replace(options, temperatures=temperatures)
     found = transcriptions(
@@ -159,14 +163,19 @@ def segments_of(heard: Heard) -> list[Segment]:
     timestamp tokens), else one spanning the whole audio (an empty transcript: none)."""
     if heard.segments:
         found = heard.segments
-        return [Segment(g.text.strip(), g.start, g.end, list(g.tokens), g.temperature) for g in found if g.text.strip()]
+        return [
+            Segment(g.text.strip(), g.start, g.end, list(g.tokens), g.temperature, g.language)
+            for g in found
+            if g.text.strip()
+        ]
     return [Segment(heard.text, 0.0, heard.seconds, heard.ids)] if heard.text else []
 
 
 def verbose(heard: Heard, *, task: str, segments: bool = True) -> dict:
-    """OpenAI's ``verbose_json`` transcript: the text, language, duration, ``segments`` (unless
-    only words were asked for) and, where they were timed, ``words`` ({word, start, end}, as
-    OpenAI's, the word without its leading space)."""
+    """OpenAI's ``verbose_json`` transcript: the text, language (the first window's), duration,
+    ``segments`` (unless only words were asked for; each with its window's ``language`` too, beyond
+    OpenAI's fields, where each window's was detected) and, where they were timed, ``words``
+    ({word, start, end}, as OpenAI's, the word without its leading space)."""
     found = {
         "task": task,
         "language": heard.language,
@@ -181,6 +190,7 @@ def verbose(heard: Heard, *, task: str, segments: bool = True) -> dict:
                 "text": s.text,
                 "tokens": s.ids,
                 "temperature": s.temperature,
+                **({} if s.language is None else {"language": s.language}),
             }
             for i, s in enumerate(segments_of(heard))
         ],

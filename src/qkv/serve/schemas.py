@@ -332,6 +332,12 @@ class TranscriptionForm(Constrained):
     timestamp_granularities: list[Literal["segment", "word"]] | None = Field(
         None, alias="timestamp_granularities[]", description="with verbose_json: segment, word (an imported Whisper's)"
     )
+    multilingual: bool | None = Field(
+        None,
+        description="qkv's, beyond OpenAI's: a multilingual Whisper given no language detects each 30 s window's "
+        "language, each verbose_json segment saying its own (faster-whisper's multilingual); false: the first "
+        "window's alone (OpenAI's); default: the server's --multilingual",
+    )
 
     _unicode = field_validator("model", "language", "prompt", "prefix", "ban", "require")(unicode_text)
 

@@ -32,6 +32,9 @@ class Settings:
         max_audio_seconds: longest audio transcribed (422 beyond); an imported Whisper also
             reads at most its chunk (30 s).
         max_speech_chars: longest text spoken by ``/v1/audio/speech`` (422 beyond).
+        multilingual: a multilingual Whisper given no language detects each 30-second window's
+            language (faster-whisper's ``multilingual``), not the first window's alone: the
+            default of a transcription's ``multilingual`` field.
         stream_max_buffered_seconds: most audio a ``/v1/audio/stream`` client may have sent that
             waits to be decoded (sent faster than the model keeps up: an error, close 1008).
         stream_max_message_bytes: largest message a stream takes (an error, close 1008 beyond).
@@ -54,6 +57,7 @@ class Settings:
     max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's limit for a transcription's file
     max_audio_seconds: float = 60.0
     max_speech_chars: int = 4096  # OpenAI's limit for speech's input
+    multilingual: bool = False
     stream_max_buffered_seconds: float = 30.0
     stream_max_message_bytes: int = 256 * 1024  # 8 s of 16 kHz s16le audio
     stream_idle_seconds: float = 30.0

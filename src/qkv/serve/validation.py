@@ -172,6 +172,26 @@ def whisper_decoding(form: s.TranscriptionForm, served: Served) -> tuple[tuple[i
     return ids, None if form.temperature == 0 else (form.temperature,)
 
 
+def detects_each_window(form: s.TranscriptionForm, served: Served, settings: Settings) -> bool:
+    """Whether a multilingual Whisper detects each window's language (``LongForm.multilingual``):
+    the form's ``multilingual``, else the server's ``--multilingual`` where it can apply (a
+    multilingual Whisper, no language given). Asked for outright, it needs both: a 422 for
+    another model, or beside a ``language``."""
+    whisper = served.bundle.whisper
+    can = whisper is not None and whisper.multilingual
+    if form.multilingual is None:
+        return settings.multilingual and can and form.language is None
+    if form.multilingual and not can:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"multilingual detects each window's language: model {served.name} is not a multilingual Whisper",
+        )
+    if form.multilingual and form.language is not None:
+        raise ApiError(422, "invalid_request", "multilingual detects each window's language: give no language")
+    return form.multilingual
+
+
 def check_heard_required(require: list[str], served: Served) -> None:
     """Required words only of a speech model that decodes with a beam, by its decoder alone (as
     ``bundle.transcriptions`` takes them: an imported Whisper decodes greedily)."""

@@ -27,7 +27,7 @@ from qkv.serve.batching import Job
 from qkv.serve.errors import ApiError, described
 from qkv.serve.models import SPEECH_ENDPOINTS, Served
 from qkv.serve.service import Service, Shared
-from qkv.serve.validation import validate_speech, validate_transcription, whisper_decoding
+from qkv.serve.validation import detects_each_window, validate_speech, validate_transcription, whisper_decoding
 
 router = APIRouter(tags=["audio"])
 UploadForm = Annotated[s.TranscriptionForm, Form(media_type="multipart/form-data")]  # Form's default: urlencoded
@@ -79,7 +79,8 @@ async def heard(form: s.TranscriptionForm, svc: Service, task: str) -> Response:
     timed = form.response_format in ("srt", "vtt", "verbose_json")  # segments with their times
     constraints = form.constraints()
     words = "word" in (form.timestamp_granularities or [])
-    decoding = {"words": words, "prompt": prompt, "temperatures": temperatures}
+    multilingual = detects_each_window(form, served, svc.settings)
+    decoding = {"words": words, "prompt": prompt, "temperatures": temperatures, "multilingual": multilingual}
     job = Job(
         partial(audio.transcribe, served, task=task, language=language, timestamps=timed, **decoding, **constraints),
         [wave],
