@@ -16,13 +16,16 @@ For every scheme, on the prompts of ``bench/chat_speed.py`` (256-token windows o
   scheme's margin error flips about half the time, whatever the arithmetic).
 
 Schemes: the real copies qkv runs (``fp32``, ``bf16``: the whole model in bfloat16, ``int8``:
-``--int8``'s int8 weights with bfloat16 activations and a bfloat16 vocabulary projection) and
+``--int8``'s int8 weights with bfloat16 activations and a bfloat16 vocabulary projection), the
+lever ``bf16-linears`` (every linear layer in bfloat16, weights and product; the residual stream,
+norms, attention and softmax in float32) and
 emulated ones, computed in float32 with one group of weights rounded (``w-bf16:GROUP``: rounded
-to bfloat16; ``w-int8:GROUP``: per-output-channel int8; ``w-int8g64:GROUP``: int8 with one scale
-per 64 inputs; ``awq-int8``: activation-aware per-input-channel scales folded into the RMSNorm
-before each product, then int8), GROUP one of all, vocab (the tied embedding as the output
-projection), embed (as the input lookup), qkv, o, gateup, down. Each scheme runs in this
-process, one after another; nothing is timed here (bench/chat_speed.py and --ab time them).
+to bfloat16, ``w-fp16:GROUP`` to float16; ``w-int8:GROUP``: per-output-channel int8;
+``w-int8g64:GROUP``: int8 with one scale per 64 inputs; ``awq-int8``: activation-aware
+per-input-channel scales folded into the RMSNorm before each product, then int8), GROUP one of
+all, vocab (the tied embedding as the output projection), embed (as the input lookup), qkv, o,
+gateup, down. Each scheme runs in this process, one after another; nothing is timed here
+(bench/chat_speed.py times the engines).
 """
 
 from __future__ import annotations
@@ -61,13 +64,13 @@ def int8_rounded(weight: torch.Tensor, group: int | None) -> torch.Tensor:
 
 
 def rounded_copy(base: nn.Module, how: str, group: str) -> nn.Module:
-    """A float32 copy of ``base`` with ``group``'s weights rounded by ``how`` (bf16, int8, int8g64)."""
+    """A float32 copy of ``base`` with ``group``'s weights rounded by ``how`` (bf16, fp16, int8, int8g64)."""
     model = copy.deepcopy(base)
     model.output.weight = nn.Parameter(model.output.weight.detach().clone())  # untie: round each side alone
 
     def rounded(w: torch.Tensor) -> torch.Tensor:
-        if how == "bf16":
-            return w.bfloat16().float()
+        if how in ("bf16", "fp16"):
+            return w.to(torch.bfloat16 if how == "bf16" else torch.float16).float()
         return int8_rounded(w, 64 if how == "int8g64" else None)
 
     targets = {"vocab": [model.output], "embed": [model.embed.token]}.get(group) or []
@@ -187,11 +190,25 @@ def schemes(name: str, base: nn.Module, calibration: list[list[int]]) -> nn.Modu
 
     if name in ("fp32", "bf16", "int8"):
         return prepared(base, "decoder_only", bf16=name == "bf16", int8=name == "int8")
+    if name == "bf16-linears":  # bf16 weights and products; residual stream, norms, attention, logits in fp32
+        return linears_in_bf16(fused(base))
     if name.startswith("awq-int8"):
         alpha = float(name.split("@")[1]) if "@" in name else 0.5
         return awq_copy(fused(base), calibration, alpha, 64 if "g64" in name else None)
     how, group = name.removeprefix("w-").split(":")
     return rounded_copy(fused(base), how, group)
+
+
+def linears_in_bf16(model: nn.Module) -> nn.Module:
+    """``model`` (a copy) with every ``nn.Linear`` a :class:`qkv.int8.Bf16Linear` (bfloat16 weight
+    and product, float32 in and out) and everything else in float32."""
+    from qkv.int8 import Bf16Linear
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Bf16Linear(child))
+    return model
 
 
 def fused(base: nn.Module) -> nn.Module:
