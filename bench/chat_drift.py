@@ -217,6 +217,35 @@ def fused(base: nn.Module) -> nn.Module:
     return for_decoding(base)
 
 
+def records(figures: dict, *, prompts: int, new: int) -> list[dict]:
+    """The records of one study (bench/results/chat_speed.json): the fp32 margins, then each
+    scheme's free-running agreement with fp32 (its other figures as details)."""
+    where = f"{prompts} prompts x {new} greedy tokens"
+    margins_ = figures["fp32 margins"]
+    out = [
+        {
+            "metric": f"SmolLM2-135M drift study: qkv fp32 steps with a top-1/top-2 margin below 0.1 ({where})",
+            "figure": round(100 * margins_["share below 0.1"], 2),
+            "unit": "%",
+            "target": None,
+            "details": margins_,
+        }
+    ]
+    for name, f in figures.items():
+        if name == "fp32 margins":
+            continue
+        out.append(
+            {
+                "metric": f"SmolLM2-135M drift study: {name} vs qkv fp32, greedy tokens the same ({where})",
+                "figure": f["free same %"],
+                "unit": "%",
+                "target": {"min": 90} if name in ("bf16", "int8") else None,  # issue 46: >= 90% of the first 64
+                "details": {k: v for k, v in f.items() if k != "free same %"},
+            }
+        )
+    return out
+
+
 def main() -> int:
     from chat_speed import agreement, prompt_ids
 
@@ -231,7 +260,21 @@ def main() -> int:
     parser.add_argument("--batch-emulated", type=int, default=25, help="prompts per step of the float32 emulations")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--record", action="store_true", help="append the figures to bench/results/chat_speed.json")
+    parser.add_argument("--saved", type=Path, nargs="+", help="record the figures these --out files hold; run nothing")
+    parser.add_argument("--notes", default="", help="notes for the records (say when the machine was busy)")
     args = parser.parse_args()
+    if args.saved:
+        import record
+
+        figures = {}
+        for path in args.saved:
+            figures |= json.loads(path.read_text())
+        notes = f"{args.notes} schemes: see bench/chat_drift.py's docstring".strip()
+        record.append_run(
+            "chat_speed", [{**r, "notes": notes} for r in records(figures, prompts=args.prompts, new=args.new)]
+        )
+        return 0
     torch.set_num_threads(args.threads)
     base, _ = load_model(str(args.model_dir))
     base = base.eval().requires_grad_(False)
@@ -263,6 +306,13 @@ def main() -> int:
         del model, logits
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1))
+    if args.record:
+        import record
+
+        notes = f"{args.notes} schemes: see bench/chat_drift.py's docstring".strip()
+        record.append_run(
+            "chat_speed", [{**r, "notes": notes} for r in records(figures, prompts=args.prompts, new=args.new)]
+        )
     return 0
 
 
