@@ -15,7 +15,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.attention import MultiHeadAttention, RopeScaling, attention_explicit, attention_fused, rope_cos_sin
+from qkv.attention import (
+    MultiHeadAttention,
+    Rope,
+    RopeScaling,
+    attention_explicit,
+    attention_fused,
+    rope_cos_sin,
+    rope_frequencies,
+)
 from qkv.blocks import DecoderBlock
 from qkv.layers import FeedForward
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
@@ -172,6 +180,25 @@ def test_linear_rope_scaling_is_positions_divided_by_the_factor() -> None:
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(scaled, plain, strict=True))
     slow, fast = (rope_cos_sin(positions, width=6, dtype=torch.float32, device="cpu", base=b)[1] for b in (1e6, 10.0))
     assert slow[..., 1].abs().sum() < fast[..., 1].abs().sum()
+
+
+@pytest.mark.parametrize("scaling", [None, RopeScaling("linear", 3.0), RopeScaling("yarn", 4.0, 7)])
+def test_rope_tables_are_the_angles_of_rope_frequencies_call_after_call(scaling) -> None:
+    """cos and sin equal the textbook's pos·θᵢ from :func:`rope_frequencies` (each angle twice),
+    on a first call and on later ones with other positions (the frequencies are computed once per
+    settings), under inference mode, and a model trained after that still gets gradients."""
+    for positions, mode in ((torch.arange(7), torch.inference_mode), (torch.tensor([[5, 2, 3]]), torch.no_grad)):
+        with mode():
+            cos, sin = rope_cos_sin(positions, width=10, dtype=torch.float64, device="cpu", base=13.0, scaling=scaling)
+        inv_freq, factor = rope_frequencies(10, base=13.0, scaling=scaling)  # (5,)
+        angles = positions.double()[..., None] * inv_freq.double()  # (B, T, 5) or (T, 5)
+        expected = torch.cat([angles, angles], -1).reshape(-1, 1, positions.shape[-1], 10)  # (B, 1, T, K)
+        assert torch.allclose(cos, expected.cos() * factor, atol=1e-6)
+        assert torch.allclose(sin, expected.sin() * factor, atol=1e-6)
+    attention = MultiHeadAttention(10, 1, rope=Rope(13.0, scaling))
+    out, _, _ = attention(torch.randn(1, 7, 10), positions=torch.arange(7))
+    out.sum().backward()
+    assert all(p.grad is not None for p in attention.parameters())
 
 
 def test_yarn_scales_cos_and_sin_by_its_attention_factor() -> None:

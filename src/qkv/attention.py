@@ -52,6 +52,7 @@ The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorc
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -323,17 +324,32 @@ def rope_cos_sin(
     Shapes:
         positions: (B, T) or (T,); returns: cos, sin, each (B, 1, T, K) (B = 1 for (T,) positions).
     """
-    # Dynamic scaling reads how far the positions reach (a host sync; only that kind pays it).
-    length = int(positions.max()) + 1 if scaling is not None and scaling.kind == "dynamic" else 0
-    inv_freq, factor = rope_frequencies(width, base=base, scaling=scaling, length=length, device=device)
+    if scaling is not None and scaling.kind == "dynamic":  # reads how far the positions reach (a host sync)
+        length = int(positions.max()) + 1
+        inv_freq, factor = rope_frequencies(width, base=base, scaling=scaling, length=length, device=device)
+    elif layers.exporting():  # a traced graph computes them (a cached tensor is no graph constant)
+        inv_freq, factor = rope_frequencies(width, base=base, scaling=scaling, device=device)
+    else:
+        inv_freq, factor = _frequencies_once(width, float(base), scaling, torch.device(device))
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (B, T, K/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (B, T, K): each angle twice (rotate-half layout)
     if angles.dim() == 2:
-        angles = angles[None]  # (1, T, K/2)
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None]  # (B, 1, T, K)
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None]  # (B, 1, T, K)
+        angles = angles[None]  # (1, T, K)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]  # (B, 1, T, K) each
     if factor != 1.0:
         cos, sin = cos * factor, sin * factor
     return cos.to(dtype), sin.to(dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _frequencies_once(
+    width: int, base: float, scaling: RopeScaling | None, device: torch.device
+) -> tuple[Tensor, float]:
+    """:func:`rope_frequencies` of a kind that does not read the length (all but "dynamic"), computed
+    once per settings: a decoding step would otherwise recompute them in every layer (4 small
+    operators each, 120 a token in a 30-layer model). Shared: nobody writes to them."""
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in training too
+        return rope_frequencies(width, base=base, scaling=scaling, device=device)
 
 
 def rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
