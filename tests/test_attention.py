@@ -436,6 +436,25 @@ def test_mha_self_attention_cache_equals_full() -> None:
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_cross_attention_cache_is_each_heads_projection_in_one_block(n_kv_heads: int | None) -> None:
+    """context_cache holds context·Wk and context·Wv split into heads, each head's S rows one
+    contiguous block (what every decoding step reads); attending through that cache equals
+    attending to the context itself."""
+    torch.manual_seed(13)
+    mha = MultiHeadAttention(15, 3, n_kv_heads=n_kv_heads).eval()
+    g = n_kv_heads or 3
+    x, context = torch.randn(B, T, 15), torch.randn(B, S, 15)
+    with torch.no_grad():
+        k, v = mha.context_cache(context)
+        assert k.shape == v.shape == (B, g, S, 5) and k.is_contiguous() and v.is_contiguous()
+        assert (k - mha.w_k(context).view(B, S, g, 5).transpose(1, 2)).abs().max() <= TOL
+        assert (v - mha.w_v(context).view(B, S, g, 5).transpose(1, 2)).abs().max() <= TOL
+        direct, cache, _ = mha(x, context=context)
+        cached, _, _ = mha(x, context=context, cache=(k, v))
+    assert cache[0].is_contiguous() and (cached - direct).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
 def test_kv_buffer_equals_concatenated_cache(n_kv_heads: int | None) -> None:
     """A preallocated KVBuffer, written in place, gives the outputs and keys/values of the
     concatenating cache at every step (RoPE, grouped-query); appending twice to one buffer

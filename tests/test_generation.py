@@ -747,6 +747,19 @@ def test_packed_bf16_copy_decodes_as_the_bf16_model(tie_output: bool) -> None:
         _same_steps(bf16, packed, prompts, steps=5, atol=3e-2)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_wide_linear_equals_linear_on_one_row_and_many(bias: bool) -> None:
+    """WideLinear (the weight stored transposed) gives nn.Linear's output for one decoding row, a
+    few, and an encoder's many rows (3-D inputs too), with and without a bias."""
+    torch.manual_seed(17)
+    linear = torch.nn.Linear(7, 23, bias=bias)
+    wide = WideLinear(linear)
+    for shape in [(1, 7), (3, 1, 7), (2, 263, 7)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            torch.testing.assert_close(wide(x), linear(x), atol=1e-5, rtol=0)
+
+
 # ----------------------------------------------------------------- ensembles
 
 

@@ -159,6 +159,17 @@ def test_subsampling_lengths() -> None:
         conv.encode(torch.randn(1, 20, M + 1))
 
 
+def test_whisper_front_end_gives_frames_in_one_block() -> None:
+    """The whisper front-end's output is (B, S, D) contiguous, not the transposed view of its
+    convolutions' (B, D, S): every later elementwise result keeps its input's layout, and each
+    norm and product of the encoder would copy it again."""
+    model = make_model("whisper")
+    feats, valid = pad_features(_features([29, 8]))
+    with torch.no_grad():
+        frames, _ = model.frontend(feats, valid)
+    assert frames.shape == (2, 15, 16) and frames.is_contiguous()
+
+
 @pytest.mark.parametrize("frontend", ["conv2d", "conv2d_narrow", "whisper"])
 def test_padded_batch_gives_each_utterance_its_own_output(frontend: str) -> None:
     """Encoder output over the valid frames, CTC logits and decoder logits of a padded batch

@@ -228,7 +228,9 @@ class WhisperConv(nn.Module):
         keep = valid[:, None, :].to(self.conv_1.weight.dtype)  # (B, 1, T)
         x = features.to(self.conv_1.weight.dtype).transpose(1, 2) * keep  # (B, M, T)
         x = F.gelu(self.conv_1(x)) * keep  # (B, D, T)
-        x = F.gelu(self.conv_2(x)).transpose(1, 2)  # (B, S, D)
+        # Contiguous (B, S, D): the transposed view would make every later elementwise result
+        # (positions, residual adds) keep its strides, and each norm and product copy it again.
+        x = F.gelu(self.conv_2(x)).transpose(1, 2).contiguous()  # (B, S, D)
         return x, _frames_mask(self.lengths(valid.sum(1)), x.shape[1])  # (B, S, D), (B, S)
 
 
