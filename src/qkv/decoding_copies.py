@@ -50,7 +50,7 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     return fast
 
 
-def int8_linears(model: DecodingModel) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, int8_activations: bool = True) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel and take float activations (weight-only int8,
     :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
@@ -67,7 +67,7 @@ def int8_linears(model: DecodingModel) -> DecodingModel:
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(tuple(int8_linears(m) for m in model.models))
+        return Ensemble(tuple(int8_linears(m, int8_activations=int8_activations) for m in model.models))
 
     from torch import nn
 
@@ -78,5 +78,6 @@ def int8_linears(model: DecodingModel) -> DecodingModel:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 vocabulary = parent is quantized and name == "output"
-                setattr(parent, name, Bf16Linear(child) if vocabulary else Int8Linear(child))
+                replaced = Bf16Linear(child) if vocabulary else Int8Linear(child, int8_activations=int8_activations)
+                setattr(parent, name, replaced)
     return quantized.requires_grad_(False)

@@ -113,16 +113,17 @@ class Int8Linear(nn.Module):
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, *, int8_activations: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.int8_activations = int8_activations
         q, scale = quantize_channels(linear.weight)
         self.register_buffer("q", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # (N,) what the kernel takes
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)  # (N,) or None
-        self.packed = packed_weights(q, scale)  # fbgemm's copy of (q, scale), for many rows
+        self.packed = packed_weights(q, scale) if int8_activations else None  # fbgemm's copy, for many rows
 
     def path(self, x: Tensor) -> str:
         """Which product ``x`` takes on the CPU: from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows
@@ -133,7 +134,7 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             return "explicit"
         if rows >= MANY_ROWS:
-            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
+            return "int8 GEMM" if rows < HUGE_ROWS and self.int8_activations else "bf16 GEMM"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
