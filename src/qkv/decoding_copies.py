@@ -55,7 +55,10 @@ def int8_linears(model: DecodingModel, *, int8_activations: bool = True) -> Deco
     with one scale per output channel and take float activations (weight-only int8,
     :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
     ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`).
-    Embeddings, norms, convolutions and attention arithmetic stay float32.
+    Embeddings, norms, convolutions and attention arithmetic stay float32. ``int8_activations``:
+    whether a call of many rows (a step of a batch or of a beam search) multiplies int8
+    activations (:class:`~qkv.int8.Int8Linear`); ``loading.prepared`` turns it off for speech
+    models, whose batched decoding lost Whisper's words to them (docs/speed.md).
 
     Why this split (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;

@@ -9,7 +9,9 @@ Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, 
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
   features of its token (Dettmers et al., 2022, LLM.int8()).
-* many rows (a decoding step of a batch or a beam search): an int8 × int8 GEMM
+* many rows (a decoding step of a batch or a beam search), unless the layer is made with
+  ``int8_activations=False`` (``--int8`` on a speech model: there this band takes the bfloat16
+  GEMM below, as Whisper's decoder lost words to int8 activations): an int8 × int8 GEMM
   (fbgemm's dynamic-quantization kernel, ``torch.ops.quantized.linear_dynamic``: int32
   accumulation) with the activations quantized on the fly, each row on its own scale (per-token
   scales, as Dettmers et al., 2022, section 3.1, and Xiao et al., 2023, SmoothQuant, do): every
@@ -102,7 +104,8 @@ def packed_weights(q: Tensor, scale: Tensor):
 class Int8Linear(nn.Module):
     """An ``nn.Linear`` with int8 weights (per-output-channel scales).
 
-    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8 GEMM with
+    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run (with ``int8_activations``;
+    without it, the bfloat16 GEMM of more rows, and no fbgemm copy is kept) fbgemm's int8 GEMM with
     each row's activations quantized on its own scale: equal to :func:`int8_linear` within half
     a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
     (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
@@ -172,7 +175,8 @@ class Int8Linear(nn.Module):
         return y if exact is None else y + exact
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+        activations = "int8 activations from 16 rows" if self.int8_activations else "float activations"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {activations}"
 
 
 class Bf16Linear(nn.Module):
