@@ -6,17 +6,14 @@ transcripts equal their own engine's float32 ones; then one long recording read 
 
     bash bench/fetch_whisper_tiny.sh && qkv import-hf /tmp/whisper-tiny.en /tmp/whisper-tiny.en-qkv
     python bench/whisper_int8.py                           # 300 files + 3 minutes of speech, recorded
-    python bench/whisper_int8.py --files 32 --long-minutes 0 --no-record --before
+    python bench/whisper_int8.py --files 32 --long-minutes 0 --no-record
 
 FSDD: the first ``--files`` test files in order, greedy, ``--batch`` files a call (as ``qkv
 transcribe`` batches them: a step of a batch is many rows, the int8 layers' middle band), no
 timestamps; faster-whisper one file per call (its API), as bench/whisper_speed.py calls it (the
-CTranslate2 copy of tiny.en that it fetches). ``--before`` adds the int8 copy with int8
-activations in the decoder's many-row steps (``int8_linears(..., int8_activations=True)``: what
-``--int8`` ran before, and what text models still run). Whisper pads every file to a 30-second
-window, so the encoder is most of the work: models whose encoders compute the same (the int8 copies:
-an encoder call is thousands of rows, which take the bfloat16 product whatever the flag) share
-its outputs, one per file, computed once. Long-form: ``bench/joined_speech.py``'s natural speech
+CTranslate2 copy of tiny.en that it fetches). Whisper pads every file to a 30-second window, so
+the encoder is most of the work: each model's encoder outputs are kept one per file.
+Long-form: ``bench/joined_speech.py``'s natural speech
 (Multi30k test captions spoken by a Piper voice, joined with silences; cached once spoken),
 greedy with Whisper's temperature fallback, WER as bench/whisper_speed.py scores it.
 
@@ -63,46 +60,12 @@ def shared_encoder(model, outputs: dict):
     return model
 
 
-def qkv_models(path: Path, before: bool) -> dict:
-    """The qkv bundles to compare: float32, ``--int8``, and with ``before`` the int8 copy with int8
-    activations (``int8_linears(..., int8_activations=True)``), the int8 ones sharing encoder outputs."""
+def qkv_models(path: Path) -> dict:
+    """The qkv bundles to compare, float32 and ``--int8``, each encoder's outputs kept per file."""
     import qkv
-    from qkv.decoding_copies import for_decoding, int8_linears
 
-    fp32 = qkv.load(path)
-    int8 = qkv.load(path, int8=True)
-    shared: dict = {}
-    bundles = {"qkv fp32": fp32, "qkv int8": int8}
-    if before:
-        model = int8_linears(for_decoding(_plain(fp32.model)), int8_activations=True)
-        bundles["qkv int8, int8 activations (before)"] = dataclasses.replace(int8, model=model)
-    for name, bundle in bundles.items():
-        outputs = {} if name == "qkv fp32" else shared
-        bundles[name] = dataclasses.replace(bundle, model=shared_encoder(bundle.model, outputs))
-    return bundles
-
-
-def _plain(model):
-    """A float32 decoding copy as ``--int8`` quantizes it: widened layers (stored transposed for
-    float32 decoding) back to ``nn.Linear``."""
-    import copy
-
-    import torch
-    from torch import nn
-
-    from qkv.layers import WideLinear
-
-    model = copy.deepcopy(model)
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, WideLinear):
-                linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                with torch.no_grad():
-                    linear.weight.copy_(child.weight_t.t())
-                    if child.bias is not None:
-                        linear.bias.copy_(child.bias)
-                setattr(parent, name, linear)
-    return model
+    bundles = {"qkv fp32": qkv.load(path), "qkv int8": qkv.load(path, int8=True)}
+    return {name: dataclasses.replace(b, model=shared_encoder(b.model, {})) for name, b in bundles.items()}
 
 
 def fsdd(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -113,7 +76,7 @@ def fsdd(args: argparse.Namespace) -> dict[str, list[str]]:
 
     files = [u.path for u in fsdd_digits(args.data)["test"][: args.files]]
     texts = {}
-    for name, bundle in qkv_models(args.model, args.before).items():
+    for name, bundle in qkv_models(args.model).items():
         start = time.perf_counter()
         texts[name] = [t.text for t in transcriptions(bundle, files, beam_size=1, batch_size=args.batch)]
         print(f"{name}: {time.perf_counter() - start:.0f} s for {len(files)} files", flush=True)
@@ -196,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="files per call, as qkv transcribe")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--long-minutes", type=float, default=3.0, help="0: no long-form")
-    parser.add_argument("--before", action="store_true", help="also int8 activations in the decoder")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--notes", default="")
     args = parser.parse_args(argv)

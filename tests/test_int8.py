@@ -28,13 +28,9 @@ from qkv.int8 import (
     int8_linear,
     quantize_channels,
 )
-from qkv.loading import prepared
-from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
-TEXT = {"src_vocab_size": 13, "tgt_vocab_size": 11, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_model": 16}
-TEXT |= {"n_heads": 2, "d_ff": 32, "dropout": 0.0}
 
 
 def _linear(k: int, n: int, seed: int) -> nn.Linear:
@@ -99,42 +95,21 @@ def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
     assert torch.allclose(layer(x[None]), got[None])  # (1, rows, K): the rows of any shape count
 
 
-def _rounded_away(layer: Int8Linear) -> torch.Tensor:
-    """Rows that int8 activations get wrong: one outlier feature and many features just under half
-    a step of the row's int8 grid, signed as output 1's weights, so rounding them all to zero costs
-    output 1 their whole sum; bfloat16 activations keep them. Shapes: -> (HUGE_ROWS, K)."""
-    x = torch.empty(HUGE_ROWS, layer.in_features)
+def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
+    """Every row is one outlier feature and many features just under half a step of the row's int8
+    grid, signed as output 1's weights: int8 activations round them all to zero, which costs
+    output 1 their whole sum; bfloat16 ones keep them. Below MANY_ROWS rows and from HUGE_ROWS on
+    the output is within bfloat16 rounding of the explicit product, in between it is not (within
+    the int8 bound)."""
+    layer = Int8Linear(_linear(32, 13, seed=1))
+    x = torch.empty(HUGE_ROWS, 32)
     x[:, 0] = 1.0
     x[:, 1:] = 0.9 / (2 * ACTIVATION_LEVELS) * layer.q[1, 1:].float().sign()  # (M, K - 1)
-    return x
-
-
-def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
-    """Below MANY_ROWS rows and from HUGE_ROWS on the output is within bfloat16 rounding of the
-    explicit product, in between it is not (int8 activations: within the int8 bound)."""
-    layer = Int8Linear(_linear(32, 13, seed=1))
-    x = _rounded_away(layer)
     for rows in (MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
         part = x[:rows]
         error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
         assert bool((error <= _bf16_bound(part, layer)).all()) == (not MANY_ROWS <= rows < HUGE_ROWS)
         assert (error <= _int8_bound(part, layer)).all()
-
-
-@pytest.mark.parametrize("k", [32, 29])
-def test_without_int8_activations_every_row_count_keeps_float_activations(k: int) -> None:
-    """``int8_activations=False`` (a speech model's layers): from MANY_ROWS rows on the bfloat16
-    product on the dequantized weights, within bfloat16 rounding of the explicit product on the
-    rows that int8 activations get wrong; fewer rows as before; no fbgemm copy of the weights."""
-    layer = Int8Linear(_linear(k, 13, seed=1), int8_activations=False)
-    x = _rounded_away(layer)
-    assert layer.packed is None
-    for rows in (1, MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
-        part = x[:rows]
-        few = "weight-only" if k % 16 == 0 else "explicit"
-        assert layer.path(part) == (few if rows < MANY_ROWS else "bf16 GEMM")
-        error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
-        assert (error <= _bf16_bound(part, layer)).all()
 
 
 def test_outlier_features_are_multiplied_in_float() -> None:
@@ -163,7 +138,7 @@ def test_bf16_output_projection_is_close_to_float32() -> None:
     assert torch.allclose(bf16(x), linear(x), rtol=2**-6, atol=2e-2 * linear(x).abs().max().item())
 
 
-def _tiny_whisper() -> SpeechEncoderDecoder:
+def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     torch.manual_seed(3)
     config = SpeechConfig(
         vocab_size=11,
@@ -175,50 +150,12 @@ def _tiny_whisper() -> SpeechEncoderDecoder:
         n_decoder_layers=1,
         dropout=0.0,
     )
-    return SpeechEncoderDecoder(config).eval()
-
-
-def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
-    model = _tiny_whisper()
+    model = SpeechEncoderDecoder(config).eval()
     quantized = int8_linears(for_decoding(model))
     assert isinstance(quantized.output, Bf16Linear)
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
-
-
-def test_a_speech_models_int8_copy_keeps_float_activations_where_text_models_take_int8_ones() -> None:
-    """``--int8`` (``loading.prepared``): a speech model's int8 layers never quantize activations
-    (Whisper's decoder lost words to them: docs/speed.md), a text encoder-decoder's do from
-    MANY_ROWS rows on; both keep int8 weights and the bfloat16 vocabulary projection."""
-    speech = prepared(_tiny_whisper(), "speech_encoder_decoder", int8=True)
-    torch.manual_seed(7)
-    text = prepared(EncoderDecoder(EncoderDecoderConfig(**TEXT)).eval(), "encoder_decoder", int8=True)
-    for model, path in ((speech, "bf16 GEMM"), (text, "int8 GEMM")):
-        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
-        assert len(layers) >= 6 and isinstance(model.output, Bf16Linear)
-        assert {layer.path(torch.randn(MANY_ROWS, layer.in_features)) for layer in layers} == {path}
-
-
-def test_a_speech_models_int8_decoding_step_equals_float32_on_its_dequantized_weights() -> None:
-    """A decoding step of MANY_ROWS + 1 hypotheses through the int8 copy of a tiny Whisper equals
-    float32 on the same int8 weights dequantized (and the vocabulary projection rounded to
-    bfloat16), up to bfloat16 activations."""
-    model = _tiny_whisper()
-    int8 = prepared(model, "speech_encoder_decoder", int8=True)
-    explicit = for_decoding(model)
-    with torch.no_grad():
-        for name, module in explicit.named_modules():
-            if isinstance(module, nn.Linear):
-                q, scale = quantize_channels(module.weight)
-                exact = name == "output"
-                module.weight.copy_(module.weight.bfloat16().float() if exact else q.float() * scale[:, None])
-    rows = MANY_ROWS + 1
-    features = torch.randn(rows, 13, 7)  # (B, T, M)
-    tokens = torch.randint(0, 11, (rows, 3))  # (B, L)
-    got, want = (m.decode(tokens, m.encode(features)[0], src_mask=None).logits for m in (int8, explicit))  # (B, L, V)
-    assert torch.allclose(got, want, rtol=0.05, atol=0.05 * want.abs().max().item())
-    assert not torch.equal(got, want)  # bfloat16 activations: close, not the same products
 
 
 @pytest.mark.slow

@@ -50,15 +50,12 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     return fast
 
 
-def int8_linears(model: DecodingModel, *, int8_activations: bool = True) -> DecodingModel:
+def int8_linears(model: DecodingModel) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel and take float activations (weight-only int8,
     :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
     ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`).
-    Embeddings, norms, convolutions and attention arithmetic stay float32. ``int8_activations``:
-    whether a call of many rows (a step of a batch or of a beam search) multiplies int8
-    activations (:class:`~qkv.int8.Int8Linear`); ``loading.prepared`` turns it off for speech
-    models, whose batched decoding lost Whisper's words to them (docs/speed.md).
+    Embeddings, norms, convolutions and attention arithmetic stay float32.
 
     Why this split (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
@@ -70,7 +67,7 @@ def int8_linears(model: DecodingModel, *, int8_activations: bool = True) -> Deco
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(tuple(int8_linears(m, int8_activations=int8_activations) for m in model.models))
+        return Ensemble(tuple(int8_linears(m) for m in model.models))
 
     from torch import nn
 
@@ -81,6 +78,5 @@ def int8_linears(model: DecodingModel, *, int8_activations: bool = True) -> Deco
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 vocabulary = parent is quantized and name == "output"
-                replaced = Bf16Linear(child) if vocabulary else Int8Linear(child, int8_activations=int8_activations)
-                setattr(parent, name, replaced)
+                setattr(parent, name, Bf16Linear(child) if vocabulary else Int8Linear(child))
     return quantized.requires_grad_(False)

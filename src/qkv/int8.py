@@ -9,9 +9,7 @@ Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, 
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
   features of its token (Dettmers et al., 2022, LLM.int8()).
-* many rows (a decoding step of a batch or a beam search), unless the layer is made with
-  ``int8_activations=False`` (``--int8`` on a speech model: there this band takes the bfloat16
-  GEMM below, as Whisper's decoder lost words to int8 activations): an int8 × int8 GEMM
+* many rows (a decoding step of a batch or a beam search): an int8 × int8 GEMM
   (fbgemm's dynamic-quantization kernel, ``torch.ops.quantized.linear_dynamic``: int32
   accumulation) with the activations quantized on the fly, each row on its own scale (per-token
   scales, as Dettmers et al., 2022, section 3.1, and Xiao et al., 2023, SmoothQuant, do): every
@@ -104,8 +102,7 @@ def packed_weights(q: Tensor, scale: Tensor):
 class Int8Linear(nn.Module):
     """An ``nn.Linear`` with int8 weights (per-output-channel scales).
 
-    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run (with ``int8_activations``;
-    without it, the bfloat16 GEMM of more rows, and no fbgemm copy is kept) fbgemm's int8 GEMM with
+    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8 GEMM with
     each row's activations quantized on its own scale: equal to :func:`int8_linear` within half
     a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
     (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
@@ -116,17 +113,16 @@ class Int8Linear(nn.Module):
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, *, int8_activations: bool = True) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.int8_activations = int8_activations
         q, scale = quantize_channels(linear.weight)
         self.register_buffer("q", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # (N,) what the kernel takes
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)  # (N,) or None
-        self.packed = packed_weights(q, scale) if int8_activations else None  # fbgemm's copy, for many rows
+        self.packed = packed_weights(q, scale)  # fbgemm's copy of (q, scale), for many rows
 
     def path(self, x: Tensor) -> str:
         """Which product ``x`` takes on the CPU: from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows
@@ -137,7 +133,7 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             return "explicit"
         if rows >= MANY_ROWS:
-            return "int8 GEMM" if rows < HUGE_ROWS and self.int8_activations else "bf16 GEMM"
+            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
@@ -175,8 +171,7 @@ class Int8Linear(nn.Module):
         return y if exact is None else y + exact
 
     def extra_repr(self) -> str:
-        activations = "int8 activations from 16 rows" if self.int8_activations else "float activations"
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights, {activations}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
 class Bf16Linear(nn.Module):

@@ -69,8 +69,7 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     if bf16:
         model = model.to(torch.bfloat16)
     if int8:
-        # Whisper's decoder loses words to int8 activations (docs/speed.md, "int8 that keeps the words").
-        model = int8_linears(model, int8_activations=kind != "speech_encoder_decoder")
+        model = int8_linears(model)
     return model.to(device).eval()
 
 
