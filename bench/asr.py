@@ -193,7 +193,8 @@ def cascade(asr_dir: Path, mt_dir: Path, limit: int) -> dict:
     from qkv.loading import load_for_generation
     from qkv.seq2seq import beam_translate
     from qkv.tasks import TASKS
-    from qkv.tasks.asr import load_corpus, output_text, score_model
+    from qkv.tasks.asr import score_model
+    from qkv.tasks.asr_data import load_corpus, output_text
     from qkv.tokenization import FILE, Tokenizer
 
     asr_path = model_dir(asr_dir)

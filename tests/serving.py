@@ -1,6 +1,7 @@
-"""What the server's tests share (tests/test_serve_api.py, tests/test_serve_browser.py): tiny
-models saved as model directories, and a real ``qkv serve`` in a subprocess on a free loopback
-port."""
+"""What the server's tests share (tests/test_serve_api.py, tests/test_serve_browser.py,
+tests/test_serve_constraints.py, tests/test_serve_generation_batching.py): tiny models saved as
+model directories, a real ``qkv serve`` in a subprocess on a free loopback port, and the app
+in-process (:func:`app_client`) with torch on one thread (:func:`one_torch_thread`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import torch
@@ -25,6 +29,11 @@ from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 from qkv.models.encoder_only import EncoderOnly, EncoderOnlyConfig
 from qkv.serve.settings import Settings
 from qkv.tokenization import FILE, Tokenizer
+
+if TYPE_CHECKING:  # the app is imported where it is used, as LocalServer does: serving.py imports light
+    from fastapi.testclient import TestClient
+
+    from qkv.serve.models import Served
 
 ROOT = Path(__file__).resolve().parents[1]
 # The Chromium the page's tests drive through Playwright (Debian's, which scripts/setup.sh installs; None: skip).
@@ -121,6 +130,32 @@ class Server:
             self.process.kill()
             self.process.wait()
         return self.process.returncode, self.stderr()
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread inside the block (a test module's autouse fixture): on a shared machine
+    OpenMP's waiting threads make a tiny model's steps many times slower (a hundred times, those
+    of tests/test_serve_constraints.py), in the server's model thread and in the library's
+    decoding it is compared with alike."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def app_client(served: dict[str, Served], settings: Settings) -> Iterator[TestClient]:
+    """The real app (``create_app``, as ``qkv serve`` builds it) over models already loaded
+    (``load_served``), in-process through a TestClient whose block the app's lifespan spans."""
+    from fastapi.testclient import TestClient
+
+    from qkv.serve.app import create_app
+
+    with TestClient(create_app(served, settings)) as client:
+        yield client
 
 
 class LocalServer:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from qkv.attention import (
-    KVBuffer,
     MultiHeadAttention,
     _explicit_is_faster,
     alibi_bias,
@@ -23,6 +22,7 @@ from qkv.attention import (
     padding_mask,
     rope_rotate,
 )
+from qkv.kv_cache import KVBuffer
 
 B, H, T, S, K = 2, 3, 5, 7, 5
 TOL = 1e-5

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.attention import KVBuffer
 from qkv.blocks import cache_length
 from qkv.checks import PASS, Probe, beam_one_equals_greedy, cached_equals_full
 from qkv.decoding import (
@@ -29,6 +28,7 @@ from qkv.decoding import (
 )
 from qkv.decoding_copies import for_decoding, int8_linears, packed_linears
 from qkv.ensemble import Ensemble
+from qkv.kv_cache import KVBuffer
 from qkv.layers import PackedLinear, WideLinear, packable
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig

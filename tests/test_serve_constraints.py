@@ -9,15 +9,12 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
 
 from qkv.bundle import generations, transcriptions, translations
-from qkv.serve.app import create_app
 from qkv.serve.audio import heard
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
-from serving import tiny_audio_models, tiny_models, tone
+from serving import app_client, one_torch_thread, tiny_audio_models, tiny_models, tone
 
 LIMITS = Settings(max_chars=200, max_texts=4, max_new_tokens=40, max_beam=5, timeout_s=60)
 TEXTS = ["Ein Hund läuft über die Wiese.", "Grüße aus 北京"]
@@ -27,12 +24,8 @@ LENGTHS = {"max_len_a": 0.0, "max_len_b": 12}  # outputs of at most 12 tokens: r
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """The model thread's and the library's decoding on one thread: on a shared machine, OpenMP's
-    waiting threads made these tiny models' steps a hundred times slower (as tests/test_serve_audio.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +37,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(served):
-    with TestClient(create_app(served, LIMITS)) as c:
+    with app_client(served, LIMITS) as c:
         yield c
 
 

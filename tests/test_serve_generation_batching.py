@@ -11,15 +11,12 @@ import re
 import threading
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
 
 import qkv
 from qkv.bundle import continued, reply
-from qkv.serve.app import create_app
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
-from serving import sse_events, tiny_models
+from serving import app_client, one_torch_thread, sse_events, tiny_models
 
 # A wait long enough for every request sent at once to arrive before the batch starts.
 TOGETHER = Settings(batch_wait_ms=500, max_new_tokens=40, timeout_s=60)
@@ -34,12 +31,8 @@ CHAT = {"messages": ["hello", "你好"], "max_new_tokens": 5}
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """The model thread's and the library's decoding on one thread: on a shared machine OpenMP's
-    waiting threads make a tiny model's steps many times slower (as tests/test_serve_constraints.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +47,14 @@ def served(lm):
 
 @pytest.fixture(scope="module")
 def client(served):
-    with TestClient(create_app(served, TOGETHER)) as c:
+    with app_client(served, TOGETHER) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def alone_client(served):
     """The default wait (5 ms): a request sent alone starts at once."""
-    with TestClient(create_app(served, Settings(max_new_tokens=40, timeout_s=60))) as c:
+    with app_client(served, Settings(max_new_tokens=40, timeout_s=60)) as c:
         yield c
 
 

@@ -25,8 +25,6 @@ from torch import Tensor, nn
 
 from qkv.attention import (
     NORMALIZATIONS,
-    KVBuffer,
-    KVCache,
     MultiHeadAttention,
     Rope,
     RopeScaling,
@@ -34,6 +32,7 @@ from qkv.attention import (
     causal_mask,
     padding_mask,
 )
+from qkv.kv_cache import KVBuffer, KVCache
 from qkv.layers import ACTIVATIONS, NORMS, POSITIONS, Dropout, FeedForward, make_norm
 
 # The cache of one decoder block: self-attention keys/values (grow each step) and

@@ -11,8 +11,8 @@ far; :class:`StopRequest` (SIGTERM and Ctrl-C stop at a step boundary after a sa
 :class:`NonFinite`.
 
 What is not here: the losses of the model families and the batches they read (``losses.py``),
-the tasks' parts and the runner that calls fit (``tasks/``, ``runner.py``), models, decoding,
-data files.
+the tasks' parts and the runner that calls fit (``tasks/``, ``runner.py``), when fit saves
+(:class:`~qkv.saving.Saves`, ``saving.py``), models, decoding, data files.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from qkv import distributed
 from qkv.errors import Stopped, UserError
 from qkv.progress import progress as progress_report
+from qkv.saving import Saves
 
 
 def inverse_sqrt(step: int, *, warmup: int) -> float:
@@ -656,7 +657,7 @@ def fit(
     loaded = checkpoint.load(trainer) if checkpoint is not None and checkpoint.load is not None else None
     result = loaded if loaded is not None else FitResult()
     start = time.perf_counter() - result.seconds
-    saves = _Saves(checkpoint, trainer, result)
+    saves = Saves(checkpoint, trainer, result)
     stop_reason = functools.partial(_stop_reason, result, config, epochs, validation)
     main = trainer.world.main
     bar = progress_report(planned, initial=result.steps, desc=desc, unit="step", disable=not (progress and main))
@@ -670,7 +671,8 @@ def fit(
                 size = epochs.begin(result.epoch)  # an epoch's order (its draw of pieces) is training time
             first, count = _next_batches(result, size, config.accumulate)
             stop.check(result.steps, saves.save)
-            loss, n_tokens = saves.step([lambda i=i: step_loss(model, i) for i in range(first, first + count)])
+            batches = [lambda i=i: step_loss(model, i) for i in range(first, first + count)]
+            loss, n_tokens = _step(trainer, saves, batches)
             _count_step(result, loss, n_tokens)
             result.seconds = stop.agree(time.perf_counter() - start)
             result.lr = trainer.lr
@@ -712,57 +714,14 @@ def _trainer(model: nn.Module, config: FitConfig, planned: int) -> Trainer:
     )
 
 
-class _Saves:
-    """What :func:`fit` saves for resuming (:class:`Checkpointing`; nothing without one): before a
-    fresh run's first step and at the end (``checkpoint.always``), after every validation, every
-    ``checkpoint.every`` steps and when a stop is asked for (:class:`StopRequest` calls
-    :meth:`save`); where each save of this session went, which a non-finite step's error names."""
-
-    def __init__(self, checkpoint: Checkpointing | None, trainer: Trainer, result: FitResult) -> None:
-        self.checkpoint, self.trainer, self.result = checkpoint, trainer, result
-        self.saved: list[tuple[str, tuple]] = []  # where each save went, and at which point of the run
-
-    def save(self) -> str | None:
-        if self.checkpoint is None:
-            return None
-        r = self.result
-        self.saved.append((self.checkpoint.save(self.trainer, r), (r.steps, r.epoch, r.stopped_by)))
-        return self.saved[-1][0]
-
-    def first(self) -> None:
-        """A fresh run's checkpoint, before its first step."""
-        if self.checkpoint is not None and self.checkpoint.always:
-            self.save()
-
-    def step(self, batches: Sequence[Callable[[], tuple[Tensor, int]]]) -> tuple[float, int]:
-        """The trainer's step over ``batches``; a non-finite loss or gradient stops the run with
-        the last checkpoint named."""
-        try:
-            return self.trainer.step(batches)
-        except NonFinite as e:
-            last = f"; the last checkpoint: {self.saved[-1][0]}" if self.saved else "; no checkpoint was saved yet"
-            raise UserError(f"{e}{last}") from None
-
-    def after_validation(self, stop_reason: Callable[[], str | None]) -> None:
-        if self.checkpoint is not None:
-            self.result.stopped_by = stop_reason()  # in the checkpoint: a resumed run knows it had ended
-            self.save()
-
-    def every_n_steps(self, stop_reason: Callable[[], str | None]) -> None:
-        c = self.checkpoint
-        if c is not None and c.every and self.result.steps % c.every == 0:
-            if stop_reason() is None:  # the run ends here: its end saves
-                self.save()
-
-    def last(self) -> None:
-        """The end's checkpoint, unless the last save was of this very point."""
-        r = self.result
-        if (
-            self.checkpoint is not None
-            and self.checkpoint.always
-            and (not self.saved or self.saved[-1][1] != (r.steps, r.epoch, r.stopped_by))
-        ):
-            self.save()
+def _step(trainer: Trainer, saves: Saves, batches: Sequence[Callable[[], tuple[Tensor, int]]]) -> tuple[float, int]:
+    """The trainer's step over ``batches``; a non-finite loss or gradient stops the run with the
+    last checkpoint of this session named."""
+    try:
+        return trainer.step(batches)
+    except NonFinite as e:
+        last = f"; the last checkpoint: {saves.last_saved}" if saves.saved else "; no checkpoint was saved yet"
+        raise UserError(f"{e}{last}") from None
 
 
 def _count_step(result: FitResult, loss: float, tokens: int) -> None:

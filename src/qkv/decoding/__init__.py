@@ -38,7 +38,16 @@ from qkv.decoding.decoders import (
     pad_rows,
 )
 from qkv.decoding.planning import DECODING_SHARE, MaxNew, check_inputs, decoding_bytes, inputs_per_batch
-from qkv.decoding.scorers import BannedTokens, CTCPrefixScore, LanguageModelScore, Scorer, joint_scorers, revised
+from qkv.decoding.scorers import (
+    BannedTokens,
+    CTCPrefixScore,
+    LanguageModelScore,
+    Revising,
+    Scorer,
+    joint_scorers,
+    revised,
+    revisers,
+)
 from qkv.decoding.search import (
     DONE,
     BeamStep,
@@ -78,6 +87,7 @@ __all__ = [
     "MaxNew",
     "Regrouping",
     "Required",
+    "Revising",
     "Scorer",
     "SuppressTokens",
     "TimestampRules",
@@ -100,6 +110,7 @@ __all__ = [
     "most_likely",
     "pad_rows",
     "revised",
+    "revisers",
     "sample",
     "sampler",
     "stream",

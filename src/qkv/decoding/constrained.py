@@ -44,7 +44,7 @@ from torch import Tensor
 
 from qkv.decoding.decoders import Decoder, DecodingModel, Inputs, decoder_for
 from qkv.decoding.planning import MaxNew, check_inputs, in_parts, inputs_per_batch
-from qkv.decoding.scorers import Scorer, revised
+from qkv.decoding.scorers import Revising, Scorer, revised, revisers
 from qkv.decoding.search import Hypothesis, _started
 
 MET = -1  # a term's automaton state once one of its ways is written (it stays there)
@@ -141,6 +141,7 @@ class _Options:
     prefix: Sequence[int] | None
     scorers: tuple[Scorer, ...]
     decoder_weight: float
+    revisers: tuple[Revising, ...]  # the scorers that revise (scorers.revisers), asked once
 
 
 @torch.no_grad()
@@ -177,7 +178,7 @@ def constrained_beam_search(
     decoder = decoder_for(model)
     caps = check_inputs(decoder, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
     size = inputs_per_batch(decoder, inputs, caps, beam=beam_size, prefix=prefix, scorers=scorers)
-    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight)
+    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, revisers(scorers))
 
     def search(part: Inputs, part_caps: list[int], first: int) -> list[list[tuple[Hypothesis, bool]]]:
         terms = [[_Term(term.ways) for term in required[first + i]] for i in range(len(part))]
@@ -188,10 +189,11 @@ def constrained_beam_search(
 
 
 def _full_scores(
-    logits: Tensor, scorers: Sequence[Scorer], scoring: list, decoder_weight: float
+    logits: Tensor, scorers: Sequence[Scorer], scoring: list, decoder_weight: float, revising: Sequence[Revising]
 ) -> tuple[Tensor, list]:
     """w_dec · log p_decoder + Σ wₖ · scoreₖ, summed as beam search sums them (so that without
-    terms the scores are its, bit for bit), and what each scorer needs to advance.
+    terms the scores are its, bit for bit), revised by ``revising``, and what each scorer needs to
+    advance.
     Shapes: logits (N, V) -> (N, V)."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     scored, fused = [], None
@@ -201,7 +203,7 @@ def _full_scores(
         if s.weight != 0.0:
             fused = s.weight * score if fused is None else fused + s.weight * score
     total = logp if decoder_weight == 1.0 else decoder_weight * logp  # (N, V)
-    return revised(total if fused is None else total + fused, scorers), scored
+    return revised(total if fused is None else total + fused, revising), scored
 
 
 def _search(
@@ -216,7 +218,7 @@ def _search(
     state, logits = decoder.reorder(state, rows), logits.index_select(0, rows)  # (B*W, V)
     banks = _Banks(terms, w, caps, decoder.eos_id, o, logits.device)
     for step in range(max(caps)):
-        logp, scored = _full_scores(logits, o.scorers, scoring, o.decoder_weight)  # (B*W, V)
+        logp, scored = _full_scores(logits, o.scorers, scoring, o.decoder_weight, o.revisers)  # (B*W, V)
         kept = banks.keep(logp, step)
         if kept is None:
             break

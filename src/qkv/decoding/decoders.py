@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkv.attention import KVBuffer, KVCache
 from qkv.audio import pad_features
 from qkv.blocks import cache_length
 from qkv.ensemble import Ensemble
+from qkv.kv_cache import KVBuffer, KVCache
 from qkv.models.decoder_only import DecoderOnly
 from qkv.models.encoder_decoder import EncoderDecoder
 from qkv.models.speech import SpeechEncoderDecoder

@@ -14,13 +14,15 @@ with this interface and no edit to any search:
     ``candidates`` is None, else of those candidates (N, C); and what ``advance`` needs;
   * ``advance(scored, rows, tokens)``: the state once hypothesis ``rows[i]`` took ``tokens[i]``;
   * ``bytes_needed(decoder, inputs=, beam=, source=, steps=)``: what it holds, for planning;
-  * optionally ``revise(total)``: a full scorer whose rule reads the step's summed scores (the
-    decoder's and the full scorers') revises them once they are summed (:func:`revised`):
-    Whisper's timestamp-probability rule (``whisper_rules.py``).
+  * optionally ``revise(total)`` (:class:`Revising`): a full scorer whose rule reads the step's
+    summed scores (the decoder's and the full scorers') revises them once they are summed
+    (:func:`revised`): Whisper's timestamp-probability rule (``whisper_rules.py``). A search
+    picks the scorers that revise once, when it starts (:func:`revisers`).
 
-What is here: :class:`Scorer` (the protocol), :class:`CTCPrefixScore` (joint CTC/attention
-decoding), :class:`LanguageModelScore` (shallow fusion) and :class:`BannedTokens`. What is not
-here: the searches that weigh and rank them (``search.py``), the CTC maths (``ctc.py``).
+What is here: :class:`Scorer` (the protocol) and :class:`Revising` (its optional part),
+:class:`CTCPrefixScore` (joint CTC/attention decoding), :class:`LanguageModelScore` (shallow
+fusion) and :class:`BannedTokens`. What is not here: the searches that weigh and rank them
+(``search.py``), the CTC maths (``ctc.py``).
 
 Shapes use the legend of ``attention.py``: N hypotheses, V vocabulary, C candidates, S frames.
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -60,6 +62,18 @@ class Scorer(Protocol):
 
     def bytes_needed(self, decoder: Decoder, *, inputs: int, beam: int, source: int, steps: int) -> int:
         """What it holds at most while decoding, in bytes (memory planning)."""
+        ...
+
+
+@runtime_checkable
+class Revising(Protocol):
+    """The optional part of a :class:`Scorer`: a rule that reads a step's summed scores (the
+    decoder's and the full scorers') and revises them. A scorer has it when it has ``revise``."""
+
+    weight: float
+
+    def revise(self, total: Tensor) -> Tensor:
+        """The step's summed scores, revised. Shapes: (N, V) -> (N, V)."""
         ...
 
 
@@ -180,13 +194,17 @@ class BannedTokens:
         return 4 * decoder.vocab_size
 
 
-def revised(total: Tensor, scorers: Sequence[Scorer]) -> Tensor:
-    """A step's summed scores after every scorer that revises them (one with a ``revise``
-    method and a weight), in order. Shapes: (N, V) -> (N, V)."""
-    for s in scorers:
-        revise = getattr(s, "revise", None)
-        if revise is not None and s.weight != 0.0:
-            total = revise(total)
+def revisers(scorers: Sequence[Scorer]) -> tuple[Revising, ...]:
+    """The scorers that revise a step's summed scores (:class:`Revising`, with a weight), in
+    order: what a search asks once, when it starts, and passes to :func:`revised` every step."""
+    return tuple(s for s in scorers if isinstance(s, Revising) and s.weight != 0.0)
+
+
+def revised(total: Tensor, revising: Sequence[Revising]) -> Tensor:
+    """A step's summed scores after every scorer of ``revising`` (:func:`revisers`) revised them,
+    in order. Shapes: (N, V) -> (N, V)."""
+    for s in revising:
+        total = s.revise(total)
     return total
 
 

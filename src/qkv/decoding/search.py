@@ -32,7 +32,7 @@ from torch import Tensor
 from qkv.ctc import ctc_best_path
 from qkv.decoding.decoders import Decoder, DecodingModel, Inputs, decoder_for
 from qkv.decoding.planning import MaxNew, check_inputs, in_parts, inputs_per_batch
-from qkv.decoding.scorers import CTC_PRE_BEAM, Scorer, revised
+from qkv.decoding.scorers import CTC_PRE_BEAM, Revising, Scorer, revised, revisers
 
 DONE = -1  # what :func:`stream` yields for a row that has already finished
 
@@ -99,15 +99,17 @@ def _started(decoder: Decoder, inputs: Inputs, prefix: Sequence[int] | None) -> 
     return logits, state
 
 
-def _weighted(logits: Tensor, scorers: Sequence[Scorer], scored: list, decoder_weight: float) -> Tensor:
+def _weighted(
+    logits: Tensor, scorers: Sequence[Scorer], scored: list, decoder_weight: float, revising: Sequence[Revising]
+) -> Tensor:
     """w_dec · log p_decoder + Σ wₖ · scoreₖ over every token (full scorers; a weight of 0 adds
-    nothing), then revised by the scorers that revise (:func:`~qkv.decoding.scorers.revised`).
+    nothing), then revised by the scorers that revise (``revising``: :func:`~qkv.decoding.scorers.revisers`).
     Shapes: (N, V) -> (N, V)."""
     total = decoder_weight * torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     for s, (score, _) in zip(scorers, scored, strict=True):
         if s.weight != 0.0:
             total = total + s.weight * score  # (N, V)
-    return revised(total, scorers)
+    return revised(total, revising)
 
 
 @torch.no_grad()
@@ -141,11 +143,12 @@ def stream(
     state = decoder.reserve(state, max(caps))  # a stream never reorders: its cache grows in place
     rows = torch.arange(len(inputs), device=logits.device)  # (B,)
     scoring = [s.start(decoder, state, rows, max(caps)) for s in scorers]
+    revising = revisers(scorers)
     cap = torch.tensor(caps, device=logits.device)  # (B,)
     finished = torch.zeros(len(inputs), dtype=torch.bool, device=logits.device)
     for step in range(max(caps)):
         scored = [s.score(st, None) for s, st in zip(scorers, scoring, strict=True)]
-        chosen = choose(_weighted(logits, scorers, scored, decoder_weight) if scorers else logits)  # (B,)
+        chosen = choose(_weighted(logits, scorers, scored, decoder_weight, revising) if scorers else logits)  # (B,)
         yield chosen.masked_fill(finished, DONE)
         finished = finished | (step + 1 >= cap)
         if decoder.eos_id is not None:
@@ -332,6 +335,7 @@ class _Options:
     scorers: tuple[Scorer, ...]
     decoder_weight: float
     on_step: Callable[[BeamStep], None] | None
+    revisers: tuple[Revising, ...]  # the scorers that revise (scorers.revisers), asked once
 
 
 @torch.no_grad()
@@ -378,7 +382,7 @@ def beam_search(
     decoder = decoder_for(model)
     caps = check_inputs(decoder, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
     size = inputs_per_batch(decoder, inputs, caps, beam=beam_size, prefix=prefix, scorers=scorers)
-    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, on_step)
+    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, on_step, revisers(scorers))
 
     def search(part: Inputs, part_caps: list[int], first: int) -> list[list[Hypothesis]]:
         return _beam(decoder, part, part_caps, options, first)
@@ -420,7 +424,7 @@ def _step_scores(logits: Tensor, o: _Options, scoring: list, w: int, eos: int | 
     partial = [k for k, s in enumerate(o.scorers) if s.partial]
     if not partial:
         total = logp if o.decoder_weight == 1.0 else o.decoder_weight * logp  # (N, V)
-        return revised(total if fused is None else total + fused, o.scorers), scored
+        return revised(total if fused is None else total + fused, o.revisers), scored
     # The pre-beam ranks by the full scores (ESPnet's "full"), so a partial scorer of weight 0
     # equals none. END is always a candidate: its CTC score (the whole hypothesis') is finite for
     # every live beam, so a beam whose other candidates have no CTC alignment left can end.
@@ -435,7 +439,7 @@ def _step_scores(logits: Tensor, o: _Options, scoring: list, w: int, eos: int | 
         if o.scorers[k].weight > 0.0:
             joint = joint + o.scorers[k].weight * score
     total = torch.full_like(logp, float("-inf")).scatter_(1, candidates, joint)  # (N, V)
-    return revised(total if fused is None else total + fused, o.scorers), scored
+    return revised(total if fused is None else total + fused, o.revisers), scored
 
 
 class _Beams:

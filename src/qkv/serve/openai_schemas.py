@@ -139,13 +139,22 @@ class ChatChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(BaseModel):
+class Answer(BaseModel):
+    """What both routes answer, in OpenAI's order: an id, what the object is, when, the model, the
+    choices and the usage. Each route's answer names its object and its kind of choice (its fields
+    keep their places here, so the JSON and its schema read as OpenAI's)."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
-    choices: list[ChatChoice]
+    choices: list
     usage: Usage
+
+
+class ChatCompletion(Answer):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class CompletionChoice(BaseModel):
@@ -155,13 +164,9 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(Answer):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
 
 
 class OpenAIErrorBody(BaseModel):

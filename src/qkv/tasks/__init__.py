@@ -8,6 +8,7 @@ every task). :data:`TASKS` lists them by the name a recipe's
     lm.py             text -> a decoder-only language model (chat data too)
     bert.py           masked-LM pretraining and classification -> an encoder-only model
     asr.py            speech -> text: speech recognition and speech translation (WER, BLEU)
+    asr_data.py       the speech corpora, texts and features asr.py trains on (tts.py's validation split)
     tts.py            text -> speech: Transformer-TTS and Griffin-Lim
 
 A new task is one module that defines a ``Task`` and one line in :data:`TASKS`.

@@ -13,9 +13,10 @@ uninterrupted one. The loss is the joint CTC/attention loss (``training.speech_l
 test split is decoded by beam search, joint with the CTC prefix score when ``decode.ctc_weight``
 > 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
 
-What is not here: features (``audio.py``), the corpora (``speech_corpora/``), the model
-(``models/speech.py``), decoding and CTC scoring (``decoding/``), the command line
-(``cli/transcribe.py``).
+What is not here: the recipe's ``data`` section, the corpus it names, the texts to learn and
+every utterance's features (``tasks/asr_data.py``), features (``audio.py``), the corpora
+(``speech_corpora/``), the model (``models/speech.py``), decoding and CTC scoring
+(``decoding/``), the command line (``cli/transcribe.py``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ import torch
 from torch import Tensor
 
 from qkv import runner
-from qkv.audio import FeatureConfig, features, load_audio, pad_features, spec_augment
+from qkv.audio import FeatureConfig, pad_features, spec_augment
 from qkv.blocks import BlockConfig
 from qkv.checkpoint import build_model, load_model, model_dir, read_meta
 from qkv.decoding import Required, Scorer, beam_search, constrained_beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
 from qkv.errors import OptionError, UserError
-from qkv.evaluation import corpus_scores, error_rates, normalize_transcript
+from qkv.evaluation import corpus_scores, error_rates
 from qkv.loading import load_fusion_lm
 from qkv.losses import seq2seq_batch, share_loss, speech_loss, speech_tokens
 from qkv.models.decoder_only import DecoderOnly
@@ -55,19 +56,10 @@ from qkv.recipes import (
     require_steps,
     step_seed,
 )
-from qkv.speech_corpora import (
-    Corpus,
-    Utterance,
-    espeak_corpus,
-    fsdd_digit_strings,
-    fsdd_digits,
-    read_manifest,
-    valid_speeds,
-)
+from qkv.speech_corpora import Corpus, valid_speeds
+from qkv.tasks.asr_data import CORPORA, AsrData, compute_features, load_corpus, output_text, validation_split
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-
-CORPORA = ("fsdd_digits", "fsdd_digit_strings", "espeak_en", "espeak_de", "manifests")
 
 # A small speech Transformer that trains on two CPU cores: ESPnet's conv2d front-end (×4 fewer
 # frames), 6 encoder and 3 decoder blocks of width 144 (the encoder does the listening; a
@@ -111,31 +103,6 @@ class AsrTrain(TrainConfig):
     label_smoothing: float = 0.1
 
 
-@dataclasses.dataclass(frozen=True)
-class AsrData:
-    """Speech recognition's corpus and vocabulary (``data``)."""
-
-    corpus: str = "fsdd_digits"
-    translate: bool = False  # espeak_de: English text out (speech translation); else the transcript
-    normalize: bool = True  # train on normalize_transcript(text): lowercase, no punctuation
-    held_out: str = "theo"  # fsdd_digit_strings: the speaker only the test set holds
-    train_utterances: int = 6000  # fsdd_digit_strings
-    test_utterances: int = 500  # fsdd_digit_strings
-    speed_perturb: Sequence[float] = (1.0,)  # fsdd_digit_strings: each training string at one of these speeds
-    sentences: int | None = None  # espeak corpora: the first N sentences of every split (null: all)
-    corpus_seed: int = 0
-    train: str | None = None  # manifests: train.tsv (path, seconds, speaker, text[, target])
-    test: str | None = None  # manifests: test.tsv
-    valid: str | None = None  # manifests: valid.tsv, the validation split train.valid_every decodes (null: none)
-    tokenizer: str = "char"  # "char", "subword" (a unigram vocabulary of vocab_size) or a tokenizer.json
-    vocab_size: int = 1000
-    eval_batch_size: int = 32
-    test_limit: int | None = None  # decode only the first N test utterances (null: all)
-    valid_limit: int | None = (
-        200  # validation (train.valid_every) decodes the first N validation utterances (null: all)
-    )
-
-
 def _check(recipe: Recipe, where: str) -> None:
     require_steps(recipe, where)
     data = recipe.data
@@ -152,69 +119,6 @@ def _check(recipe: Recipe, where: str) -> None:
                 raise UserError(f"{where}: {key} must be 0 for a model without a CTC head (model.ctc: false)")
     if not isinstance(recipe.model.get("features", {}), dict):
         raise UserError(f"{where}: model.features must be a mapping of feature settings")
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: the corpus, its features, length-bucketed batches
-# ---------------------------------------------------------------------------------------------
-
-
-def load_corpus(data: AsrData) -> tuple[Corpus, str]:
-    """The recipe's corpus (built and cached where it must be) and the name of its test split."""
-    kind = data.corpus
-    if kind == "fsdd_digits":
-        return fsdd_digits(), "test"
-    if kind == "fsdd_digit_strings":
-        corpus = fsdd_digit_strings(
-            held_out=str(data.held_out),
-            train_utterances=int(data.train_utterances),
-            test_utterances=int(data.test_utterances),
-            seed=int(data.corpus_seed),
-            speeds=tuple(float(f) for f in data.speed_perturb),
-        )
-        return corpus, "test"
-    if kind in ("espeak_en", "espeak_de"):
-        corpus = espeak_corpus(language=kind[-2:], sentences=data.sentences, seed=int(data.corpus_seed))
-        return corpus, "test"
-    splits = {"train": read_manifest(data.train), "test": read_manifest(data.test)}
-    if data.valid is not None:
-        splits["val"] = read_manifest(data.valid)
-    return Corpus("manifests", Path(data.train).parent, splits), "test"
-
-
-def validation_split(corpus: Corpus, data: AsrData) -> list[Utterance]:
-    """The utterances validation (``train.valid_every``) scores: the first ``data.valid_limit`` of
-    the corpus's validation split ("val"); a corpus without one is refused."""
-    if "val" not in corpus.splits:
-        how = "set data.valid (a manifest)" if corpus.name == "manifests" else "use a corpus that has one"
-        raise UserError(f"train.valid_every: the {corpus.name} corpus has no validation split; {how}")
-    return corpus["val"][: data.valid_limit]
-
-
-def output_text(u: Utterance, *, translate: bool, normalize: bool) -> str:
-    """What the model learns to write for ``u``: the transcript, or with ``translate`` the
-    target text (as written: translations are scored by BLEU, cased); ``normalize`` applies
-    :func:`~qkv.evaluation.normalize_transcript` to a transcript."""
-    if translate:
-        if u.target is None:
-            raise UserError(f"{u.path}: data.translate needs a target text for every utterance")
-        return u.target
-    return normalize_transcript(u.text) if normalize else u.text
-
-
-def compute_features(
-    utterances: Sequence[Utterance], config: FeatureConfig, *, progress: bool, desc: str
-) -> list[Tensor]:
-    """Every utterance's features, (T_u, M) float16 each (half the memory of float32; the
-    features are normalised log-mels, well within float16's range and precision)."""
-    out = []
-    bar = progress_bar(total=len(utterances), desc=desc, unit="utt", disable=not progress)
-    for u in utterances:
-        wave = load_audio(u.path, sample_rate=config.sample_rate, max_seconds=None)
-        out.append(features(wave, config).to(torch.float16))
-        bar.update(1)
-    bar.close()
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

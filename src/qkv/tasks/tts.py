@@ -65,7 +65,7 @@ from qkv.speech_corpora import (
     read_manifest,
 )
 from qkv.synthesis import Synthesis, synthesize
-from qkv.tasks.asr import validation_split
+from qkv.tasks.asr_data import validation_split
 from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tasks.piper_teacher import piper_teacher
 from qkv.tokenization import FILE as TOKENIZER_FILE
@@ -471,7 +471,7 @@ def validation_loss(
     progress: bool,
 ) -> Callable[[TransformerTTS], dict[str, float]]:
     """Validation for ``train.valid_every``: the teacher-forced loss (``losses.tts_loss``, the
-    training loss) on the validation split (``tasks.asr.validation_split``), per frame; the
+    training loss) on the validation split (``tasks.asr_data.validation_split``), per frame; the
     pre-net's dropout, which stays on, draws the same masks every time (seeded, the training's
     random state kept aside). Its frames are computed once, now."""
     utterances = validation_split(corpus, data)
