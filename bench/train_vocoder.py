@@ -6,10 +6,10 @@
         --tts /tmp/natural-voice/tts_en_natural_small --minutes 10        # fine-tune on teacher-forced mels
 
 The generator is the Piper voice's (``--voice``), frozen and never saved; only the adapter is
-trained, on L1 in the latent. ``--tts``: the pairs' mels are replaced, for half the pairs, by
-that TTS model's teacher-forced frames of the same sentence (``teacher_forced_mels``), so the
-adapter learns the model's smoother frames too. The last ``--held-out`` pairs are not trained
-on; their latent L1 is printed before and after.
+trained, on L1 in the latent. ``--tts``: every ``--tf-every``-th pair's mels are replaced by that
+TTS model's teacher-forced frames of the same sentence (``teacher_forced_mels``), so the adapter
+learns the model's smoother frames too. The last ``--held-out`` pairs are not trained on; their
+latent L1 is printed before and after.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ def held_out_loss(adapter, pairs) -> float:
         return sum(float(pair_loss(adapter, p)) for p in pairs) / max(1, len(pairs))
 
 
-def with_teacher_forcing(pairs: list, indices: list[int], tts: Path) -> list:
-    """Half the pairs (every other) with the TTS model's teacher-forced mels in place of the recording's."""
+def with_teacher_forcing(pairs: list, indices: list[int], tts: Path, every: int) -> list:
+    """Every ``every``-th pair with the TTS model's teacher-forced mels in place of the recording's."""
     import qkv
     from qkv.tasks.vocoder import Pair, teacher_forced_mels
 
     texts = {i: line.split("\t")[3] for i, line in enumerate((CORPUS / "train.tsv").read_text().splitlines()[1:])}
     bundle = qkv.load(tts)
     start = time.perf_counter()
-    picked = list(range(0, len(pairs), 2))
+    picked = list(range(0, len(pairs), every))
     mels = teacher_forced_mels(bundle, [texts[indices[k]] for k in picked], [pairs[k].mel for k in picked])
     print(f"teacher-forced mels of {len(picked)} sentences in {time.perf_counter() - start:.0f} s", flush=True)
     out = list(pairs)
@@ -58,7 +58,8 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--voice", default=VOICE)
     p.add_argument("--init", type=Path, help="start from this vocoder directory's adapter")
-    p.add_argument("--tts", type=Path, help="fine-tune on this TTS model's teacher-forced mels (half the pairs)")
+    p.add_argument("--tts", type=Path, help="fine-tune on this TTS model's teacher-forced mels (see --tf-every)")
+    p.add_argument("--tf-every", type=int, default=2, help="with --tts: every N-th pair teacher-forced (default 2)")
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--minutes", type=float, default=20.0)
     p.add_argument("--batch", type=int, default=8)
@@ -81,7 +82,7 @@ def main() -> int:
     pairs, indices = [Pair(r["mel"], r["z"]) for r in raw], [r["index"] for r in raw]
     train, held = pairs[: -args.held_out], pairs[-args.held_out :]
     if args.tts is not None:
-        train = with_teacher_forcing(train, indices, args.tts)
+        train = with_teacher_forcing(train, indices, args.tts, args.tf_every)
     if args.init is not None:
         vocoder = load_vocoder(args.init, voice=args.voice)
     else:

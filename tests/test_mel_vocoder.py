@@ -114,6 +114,7 @@ def test_save_and_load_round_trip_with_the_voices_generator(tmp_path):
     record = json.loads((tmp_path / "vocoder" / "vocoder.json").read_text())
     assert record["voice"]["file"] == "voice" and len(record["voice"]["sha256"]) == 64
     assert not any("generator" in name for name in _weight_names(tmp_path / "vocoder"))  # the voice's, not copied
+    assert not (tmp_path / "vocoder" / "README.md").exists()  # a qkv voice directory has no Piper notice
     loaded = load_vocoder(tmp_path / "vocoder")
     assert loaded.config == vocoder.config
     mel = torch.randn(17, 7) - 3
@@ -188,4 +189,5 @@ def test_the_real_voices_generator_speaks_a_second_from_101_mel_frames(tmp_path)
     save_vocoder(vocoder, tmp_path / "v", VOICE, {"steps": 0})
     loaded = load_vocoder(tmp_path / "v")
     wave = loaded(torch.randn(101, 80) - 8)
-    assert loaded.sample_rate == 22_050 and wave.shape == (87 * 256,)  # 1 s = 86.13 frames of 256 samples
+    assert loaded.sample_rate == 22_050 and wave.shape == (87 * 256,)
+    assert "licence" in (tmp_path / "v" / "README.md").read_text()  # the voice's, kept beside the adapter  # 1 s = 86.13 frames of 256 samples

