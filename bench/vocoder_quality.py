@@ -7,8 +7,10 @@ For each of the first ``--n`` Multi30k test2016 sentences (never trained on), pa
 
 * copy synthesis of the Piper corpus's recording: its log-mel through Griffin-Lim and through the
   vocoder;
-* the qkv TTS model ``--model``: one synthesis (seeded, as ``qkv speak``), its frames voiced by
-  the vocoder and by Griffin-Lim, so the two rows differ in the vocoder alone.
+* the qkv TTS model ``--model`` (after the copy rows, for as many sentences as ``--tts-minutes``
+  allow; ``--copy-minutes`` likewise bounds the copy rows): one synthesis (seeded, as ``qkv
+  speak``), its frames voiced by the vocoder and by Griffin-Lim, so the two rows differ in the
+  vocoder alone.
 
 Scored as ``tts_quality.py`` scores (DNSMOS SIG/BAK/OVRL/P.808 at 16 kHz, the mean over
 sentences), but the WER judge is Whisper tiny.en run by faster-whisper (CTranslate2, ``--judge``,
@@ -51,8 +53,9 @@ class Timed:
         return out
 
 
-def speak_all(args) -> tuple[list[str], dict[str, list], dict[str, float]]:
-    """Every row's waveforms at 16 kHz and its real-time factor."""
+def speak_all(args) -> tuple[dict[str, list[str]], dict[str, list], dict[str, float]]:
+    """Every row's texts, waveforms at 16 kHz and real-time factor: the copy rows first, for as
+    many sentences as ``--copy-minutes`` allow, then the TTS rows within ``--tts-minutes``."""
     import torch
 
     import qkv
@@ -69,29 +72,41 @@ def speak_all(args) -> tuple[list[str], dict[str, list], dict[str, float]]:
     c = bundle.features
     neural, gl = Timed(neural_vocoder(args.vocoder)), Timed(GriffinLim(c))
     rows = {k: [] for k in ("copy-gl", "copy-nv", "tts-gl", "tts-nv")}
-    seconds = dict.fromkeys(rows, 0.0)
-    speech = dict.fromkeys(rows, 0.0)
-    for i, u in enumerate([corpus[0], *corpus]):  # the first sentence twice: a warm-up
-        mel = features(load_audio(u.path, sample_rate=c.sample_rate, max_seconds=None), c)
-        gl.seconds = neural.seconds = 0.0
-        waves = {"copy-gl": gl(mel), "copy-nv": neural(mel)}
-        took = {"copy-gl": gl.seconds, "copy-nv": neural.seconds}
-        neural.seconds = 0.0
-        start = time.perf_counter()
-        synthesis, waves["tts-nv"] = speeches(bundle, [u.text], vocoder=neural, seed=i)[0]
-        total = time.perf_counter() - start
-        gl.seconds = 0.0
-        waves["tts-gl"] = gl(synthesis.mel.float())
-        took["tts-nv"], took["tts-gl"] = total, total - neural.seconds + gl.seconds
+    texts = {k: [] for k in rows}
+    seconds, speech = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0.0)
+
+    def keep(i: int, u, waves: dict, took: dict) -> None:
         if i == 0:
-            continue
+            return  # the warm-up
         for k, w in waves.items():
             rate = neural.sample_rate if k.endswith("nv") else c.sample_rate
             rows[k].append(at_corpus_rate(w.numpy(), rate))
+            texts[k].append(u.text)
             seconds[k] += took[k]
             speech[k] += w.numel() / rate
-        print(f"{i}/{len(corpus)} spoken", flush=True)
-    return [u.text for u in corpus], rows, {k: seconds[k] / speech[k] for k in rows}
+
+    start = time.perf_counter()
+    for i, u in enumerate([corpus[0], *corpus]):  # the first sentence twice: a warm-up
+        if time.perf_counter() - start > 60 * args.copy_minutes:
+            break
+        mel = features(load_audio(u.path, sample_rate=c.sample_rate, max_seconds=None), c)
+        gl.seconds = neural.seconds = 0.0
+        waves = {"copy-gl": gl(mel), "copy-nv": neural(mel)}
+        keep(i, u, waves, {"copy-gl": gl.seconds, "copy-nv": neural.seconds})
+        print(f"copy {i}/{len(corpus)}", flush=True)
+    start = time.perf_counter()
+    for i, u in enumerate([corpus[0], *corpus]):
+        if time.perf_counter() - start > 60 * args.tts_minutes:
+            break
+        neural.seconds = 0.0
+        begin = time.perf_counter()
+        synthesis, wave = speeches(bundle, [u.text], vocoder=neural, seed=i)[0]
+        total = time.perf_counter() - begin
+        gl.seconds = 0.0
+        waves = {"tts-gl": gl(synthesis.mel.float()), "tts-nv": wave}
+        keep(i, u, waves, {"tts-nv": total, "tts-gl": total - neural.seconds + gl.seconds})
+        print(f"tts {i}/{len(corpus)}", flush=True)
+    return texts, rows, {k: seconds[k] / max(speech[k], 1e-9) for k in rows}
 
 
 def judge(path: Path, threads: int):
@@ -121,6 +136,8 @@ def main() -> int:
     p.add_argument("--voice", type=Path, default=VOICE)
     p.add_argument("--judge", type=Path, default=JUDGE)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--copy-minutes", type=float, default=60.0, help="stop the copy rows after this (default 60)")
+    p.add_argument("--tts-minutes", type=float, default=60.0, help="stop the TTS rows after this (default 60)")
     p.add_argument("--samples", type=Path, help="write the first sentence of each row here as 16 kHz WAVs")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args()
@@ -134,18 +151,21 @@ def main() -> int:
     for key, waves in rows.items():
         print(f"scoring {key}", flush=True)
         name = NAMES[key].format(v=args.vocoder.name, m=args.model.name)
-        wer = 100 * error_rates(transcribe(waves), texts)["wer"]
-        results.append({"row": name, **dnsmos(waves), "WER": wer, "RTF": rtf[key]})
+        wer = 100 * error_rates(transcribe(waves), texts[key])["wer"]
+        results.append({"row": name, **dnsmos(waves), "WER": wer, "RTF": rtf[key], "n": len(waves)})
     if args.samples:
         from qkv.vocoder import write_wav
 
         for key, waves in rows.items():
             write_wav(args.samples / f"{key}.wav", waves[0], 16_000)
-    print(f"\n{args.n} held-out sentences, {args.threads} threads; judge {args.judge.name} (faster-whisper)")
+    print(
+        f"\nthe first of {args.n} held-out sentences (n per row), {args.threads} threads; "
+        f"judge {args.judge.name} (faster-whisper)"
+    )
     for r in results:
         print(
             f"{r['row']:64s} SIG {r['SIG']:.2f} BAK {r['BAK']:.2f} OVRL {r['OVRL']:.2f} P.808 {r['P.808']:.2f} "
-            f"WER {r['WER']:.2f} RTF {r['RTF']:.3f}"
+            f"WER {r['WER']:.2f} RTF {r['RTF']:.3f} n {r['n']}"
         )
     print(f"(load average over the last minute: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     if not args.no_record:
@@ -157,14 +177,13 @@ def record(results: list[dict], args) -> None:
     import record as records
 
     common = {
-        "sentences": args.n,
         "judge": f"{args.judge} (faster-whisper, greedy)",
         "threads": args.threads,
         "load_average_1min": round(os.getloadavg()[0], 2),
     }
     out = []
     for r in results:
-        details = {**common, **{k: round(v, 3) for k, v in r.items() if isinstance(v, float)}}
+        details = {**common, "sentences": r["n"], **{k: round(v, 3) for k, v in r.items() if isinstance(v, float)}}
         peer = "Griffin-Lim" in r["row"]
         partner = (
             None if peer else next(x for x in results if x is not r and ("TTS" in x["row"]) == ("TTS" in r["row"]))

@@ -190,4 +190,6 @@ def test_the_real_voices_generator_speaks_a_second_from_101_mel_frames(tmp_path)
     loaded = load_vocoder(tmp_path / "v")
     wave = loaded(torch.randn(101, 80) - 8)
     assert loaded.sample_rate == 22_050 and wave.shape == (87 * 256,)
-    assert "licence" in (tmp_path / "v" / "README.md").read_text()  # the voice's, kept beside the adapter  # 1 s = 86.13 frames of 256 samples
+    assert (
+        "licence" in (tmp_path / "v" / "README.md").read_text()
+    )  # the voice's, kept beside the adapter  # 1 s = 86.13 frames of 256 samples
