@@ -61,18 +61,20 @@ ENGINES = ("piper-qkv", "piper-onnxruntime")
 
 
 def _speak_copy(job: dict) -> tuple[list, int]:
-    """Griffin-Lim of each reference recording's log-mel (the TTS recipes' features)."""
+    """Griffin-Lim (or the job's neural vocoder) of each reference recording's log-mel (the TTS
+    recipes' features)."""
     from qkv.audio import FeatureConfig, features, load_audio
     from qkv.tasks import load_recipe
+    from qkv.tasks.vocoder import load_vocoder
     from qkv.vocoder import GriffinLim
 
     c = FeatureConfig.from_dict(load_recipe(ROOT / "recipes" / "tts_en.yaml").model["features"])
-    vocoder = GriffinLim(c)
+    vocoder = GriffinLim(c) if job.get("vocoder") is None else load_vocoder(job["vocoder"])
 
     def one(path: str):
         return vocoder(features(load_audio(path, sample_rate=c.sample_rate, max_seconds=None), c))
 
-    return [lambda p=p: one(p) for p in job["references"]], c.sample_rate
+    return [lambda p=p: one(p) for p in job["references"]], vocoder.sample_rate
 
 
 def _speak_piper_qkv(job: dict) -> tuple[list, int]:
@@ -125,11 +127,16 @@ def _speak_piper_corpus(job: dict) -> tuple[list, int]:
 
 
 def _speak_tts(job: dict) -> tuple[list, int]:
-    """A qkv TTS model, each text spoken as ``qkv speak`` speaks it (Griffin-Lim)."""
+    """A qkv TTS model, each text spoken as ``qkv speak`` speaks it (Griffin-Lim, or with
+    ``--vocoder`` the neural vocoder, as ``qkv speak --vocoder``)."""
     import qkv
+    from qkv.bundle import neural_vocoder, speeches
 
     bundle = qkv.load(job["model"])
-    return [lambda t=t: bundle.speak(t) for t in job["texts"]], bundle.sample_rate
+    if job.get("vocoder") is None:
+        return [lambda t=t: bundle.speak(t) for t in job["texts"]], bundle.sample_rate
+    vocoder = neural_vocoder(job["vocoder"])
+    return [lambda t=t: speeches(bundle, [t], vocoder=vocoder)[0][1] for t in job["texts"]], vocoder.sample_rate
 
 
 def child(job_file: Path) -> None:
@@ -146,7 +153,7 @@ def child(job_file: Path) -> None:
         "piper-onnxruntime": _speak_piper_onnxruntime,
         "piper-corpus": _speak_piper_corpus,
     }
-    calls, rate = _speak_copy(job) if engine in COPY else makers.get(engine, _speak_tts)(job)
+    calls, rate = _speak_copy(job) if engine.startswith(COPY) else makers.get(engine, _speak_tts)(job)
     calls[0]()  # warm-up: oneDNN and onnxruntime pick their kernels
     out, compute, samples = Path(job["out"]), 0.0, 0
     for i, call in enumerate(calls):
@@ -260,15 +267,23 @@ def rows_to_run(args, espeak, piper) -> list[tuple[str, str, dict, list[Path] | 
         ),
         ("Griffin-Lim copy of Piper", "copy-piper", {"references": [str(p) for p in heard["piper"]]}, heard["piper"]),
     ]
+    neural = f"neural vocoder {Path(args.vocoder).name}" if args.vocoder else None
+    if neural:
+        job = {"references": [str(p) for p in heard["piper"]], "vocoder": str(args.vocoder)}
+        rows.append((f"{neural} copy of Piper", "copy-piper-vocoder", job, heard["piper"]))
     for given in args.model:
         directory = model_dir(given)
         meta = read_meta(directory)
         corpus = ((meta.get("recipe") or {}).get("data") or {}).get("corpus")
         name = f"qkv TTS {directory.name} ({corpus}-taught, {meta.get('steps', '?')} steps)"
         rows.append((name, f"tts:{directory.name}", {"model": str(directory)}, heard.get(corpus)))
+        if neural:
+            job = {"model": str(directory), "vocoder": str(args.vocoder)}
+            rows.append((f"{name} + {neural}", f"tts-vocoder:{directory.name}", job, heard.get(corpus)))
     rows.append(("Piper through qkv", "piper-qkv", {"voice": str(args.voice)}, heard["piper"]))
     rows.append(("Piper through onnxruntime", "piper-onnxruntime", {"voice": str(args.voice)}, heard["piper"]))
-    return [(name, engine, {**job, "texts": texts}, refs) for name, engine, job, refs in rows]
+    chosen = [r for r in rows if not args.only or r[1].split(":")[0] in args.only]
+    return [(name, engine, {**job, "texts": texts}, refs) for name, engine, job, refs in chosen]
 
 
 def figure(panels: list[tuple[str, object]], path: Path, title: str) -> None:
@@ -319,7 +334,9 @@ def torch_of(wave):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="How TTS sounds: DNSMOS, Whisper's WER, real-time factor and MCD of every engine, one run.",
-        epilog="example: python bench/tts_quality.py --n 20 --model runs/tts_en --no-record",
+        epilog="example: python bench/tts_quality.py --n 20 --model runs/tts_en --no-record\n"
+        "         python bench/tts_quality.py --n 50 --model runs/tts_en_natural --vocoder /tmp/vocoder/joe "
+        "--only copy-piper --only copy-piper-vocoder --only tts --only tts-vocoder",
     )
     p.add_argument("--n", type=int, default=200, help="held-out sentences (Multi30k test2016's first N; default 200)")
     p.add_argument("--model", action="append", default=[], help="a qkv TTS model directory (any number)")
@@ -327,6 +344,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--whisper", type=Path, default=WHISPER, help="the judge: an HF Whisper checkpoint directory")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every engine (default 2)")
     p.add_argument("--figure", type=Path, help="draw the first sentence's spectrograms into this PNG")
+    p.add_argument(
+        "--vocoder",
+        type=Path,
+        help="a neural vocoder directory (bench/train_vocoder.py): rows of Piper's copy synthesis and of each "
+        "qkv TTS model through it, beside Griffin-Lim's",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=("recordings", *COPY, "copy-piper-vocoder", "tts", "tts-vocoder", *ENGINES),
+        help="run only these rows (any number; default all)",
+    )
     p.add_argument("--no-record", action="store_true", help="print, do not write bench/results/tts_quality.json")
     p.add_argument(
         "--no-corpus-speed",
@@ -362,14 +391,17 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict | Non
     espeak, piper = corpora(args.n, args.voice)
     texts, speed = [u.text for u in espeak], None
     transcribe = judge(args.whisper, tmp)
+    recorded = (("espeak-ng recordings", espeak), ("Piper recordings (the natural corpus)", piper))
     spoken = [
         (name, [load_audio(u.path, max_seconds=None).numpy() for u in corpus], None, None)
-        for name, corpus in (("espeak-ng recordings", espeak), ("Piper recordings (the natural corpus)", piper))
+        for name, corpus in recorded
+        if not args.only or "recordings" in args.only
     ]
     for name, engine, job, refs in rows_to_run(args, espeak, piper):
         print(f"speaking: {name}", flush=True)
         waves, result = run_engine(engine, job, tmp / engine.replace(":", "-"), args.threads)
         spoken.append((name, waves, result["seconds"] / result["speech"], refs))
+        print(f"  RTF {result['seconds'] / result['speech']:.3f}", flush=True)
         if engine == "piper-qkv" and not args.no_corpus_speed:
             speed = corpus_speed(args, job, result, tmp)
     results = []

@@ -27,7 +27,7 @@ This file only gathers the names; each is defined in one module of the package, 
     translation.py     translations
     transcription.py   transcriptions, Transcript, read_audio, long_transcript, whisper_rules,
                        checked_heads, ctc_timed_words, LM_WEIGHT
-    speaking.py        speeches, piper_speeches, PIECE_PAUSE
+    speaking.py        speeches, piper_speeches, neural_vocoder, PIECE_PAUSE
     embedding.py       embeddings, Embedded
     generation.py      generations, Generated, window_cut, window_fit, WindowFit, continued,
                        reply, chat_reply, as_messages
@@ -60,7 +60,7 @@ from qkv.bundle.generation import (
     window_cut,
     window_fit,
 )
-from qkv.bundle.speaking import PIECE_PAUSE, piper_speeches, speeches
+from qkv.bundle.speaking import PIECE_PAUSE, neural_vocoder, piper_speeches, speeches
 from qkv.bundle.transcription import (
     LM_WEIGHT,
     Transcript,
@@ -99,6 +99,7 @@ __all__ = [
     "generations",
     "load",
     "long_transcript",
+    "neural_vocoder",
     "piper_speeches",
     "read_audio",
     "read_terms",

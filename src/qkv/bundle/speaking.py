@@ -1,7 +1,8 @@
 """The speaking job: :func:`speeches` (each text spoken by a text-to-speech model of qkv's own:
 its synthesis and waveform; a text too long for the cap split at sentence ends and joined with
-:data:`PIECE_PAUSE` s of silence) and :func:`piper_speeches` (each text spoken by an imported
-Piper voice), each in the voice asked for.
+:data:`PIECE_PAUSE` s of silence), :func:`neural_vocoder` (a trained vocoder directory, checked
+against the model's frames, to voice them in place of Griffin-Lim) and :func:`piper_speeches`
+(each text spoken by an imported Piper voice), each in the voice asked for.
 
 What is not here: the synthesis (``qkv.tasks.tts``'s ``speak``, ``qkv.synthesis``), the Piper
 model (``qkv.piper``), splitting text (``qkv.speakable``), writing WAV files (``qkv.vocoder``,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,11 +21,14 @@ import torch
 from torch import Tensor
 
 from qkv.errors import OptionError, UserError
+from qkv.models.mel_vocoder import MelVocoder
 from qkv.piper import Voice
 from qkv.piper import speak as speak_piper
 from qkv.speakable import FASTEST, TooLong, most_characters, split_text
 from qkv.synthesis import Synthesis
 from qkv.tasks.tts import speak, speaking_of
+from qkv.tasks.vocoder import load_vocoder
+from qkv.vocoder import Vocoder
 
 if TYPE_CHECKING:
     from qkv.bundle.core import Bundle
@@ -40,9 +45,11 @@ def speeches(
     batch_size: int = 16,
     seed: int | None = 0,
     on_batch: Callable[[int], None] | None = None,
+    vocoder: Vocoder | None = None,
 ) -> list[tuple[Synthesis, Tensor]]:
     """Each text spoken (``tasks.tts.speak``): its synthesis (frames, whether it hit the cap)
-    and waveform (N,) at :attr:`Bundle.sample_rate`, in order. ``speaker``: the voice, for a
+    and waveform (N,) at :attr:`Bundle.sample_rate` (with ``vocoder``, e.g. :func:`neural_vocoder`'s:
+    at its ``sample_rate``; None: Griffin-Lim), in order. ``speaker``: the voice, for a
     model of several (required there); ``stop_threshold`` and ``attention_window``: the
     recipe's unless given; ``seed``: the pre-net dropout's draws (None: fresh ones), without
     touching torch's global generator.
@@ -55,6 +62,8 @@ def speeches(
     bundle.require("speak")
     if bundle.kind == "vits":
         raise UserError(f"{bundle.path} is a Piper voice: it speaks through piper_speeches (Bundle.speak calls it)")
+    if isinstance(vocoder, MelVocoder):
+        _check_fits(bundle, vocoder)
     pieces = _pieces(bundle, texts, max_seconds)
     flat = [piece for split in pieces for piece in split]
     voices = _voices(bundle, speaker, len(flat))
@@ -75,11 +84,34 @@ def speeches(
             voice=how["voice"],
             stop_threshold=how["stop_threshold"],
             attention_window=how["attention_window"],
+            vocoder=vocoder,
         )
     if len(flat) == len(texts):
         return said
     ends = np.cumsum([0, *map(len, pieces)])
-    return [_joined(said[a:b], bundle.sample_rate) for a, b in itertools.pairwise(ends)]
+    rate = bundle.sample_rate if vocoder is None else vocoder.sample_rate
+    return [_joined(said[a:b], rate) for a, b in itertools.pairwise(ends)]
+
+
+def neural_vocoder(directory: str | Path) -> MelVocoder:
+    """The vocoder saved in ``directory`` (``tasks.vocoder.load_vocoder``: its adapter and its
+    voice's generator); :func:`speeches` checks it reads the frames its model writes."""
+    return load_vocoder(directory)
+
+
+def _check_fits(bundle: Bundle, vocoder: MelVocoder) -> None:
+    """A UserError line when ``vocoder`` reads other frames than ``bundle``'s model writes."""
+    if bundle.kind == "vits":
+        raise UserError(f"{bundle.path} is a Piper voice: it speaks through its own generator, not a vocoder")
+    c, f = vocoder.config, bundle.features
+    mine = (c.n_mels, c.mel_sample_rate, c.mel_hop)
+    theirs = (f.n_mels, f.sample_rate, f.hop_length)
+    if mine != theirs or f.kind != "logmel" or f.normalize:
+        raise UserError(
+            f"the vocoder reads {mine[0]} log-mels at {mine[1]} Hz, hop {mine[2]}; "
+            f"{bundle.path} writes {f.kind} frames ({theirs[0]} bins at {theirs[1]} Hz, hop {theirs[2]}"
+            f"{', normalised' if f.normalize else ''})"
+        )
 
 
 PIECE_PAUSE = 0.25  # seconds of silence between the pieces of a split text (a sentence's pause)

@@ -28,6 +28,7 @@ EPILOG_SPEAK = """examples:
   qkv import-hf en_US-joe-medium.onnx voices/joe      # a Piper voice (VOICE.onnx.json beside it)
   qkv speak --model voices/joe --text "Hello there." --output hello.wav --length-scale 1.2 --noise-scale 0.5
   qkv speak --model runs/tts_en --input sentences.txt --output-dir spoken/ --threads 2   # two CPU threads
+  qkv speak --model runs/tts_en_natural --vocoder vocoders/joe --text "A dog runs." --output dog.wav  # neural vocoder
 
 Each file written is printed as PATH<TAB>SECONDS<TAB>TEXT (with --json, one object per line);
 a sentence that ran into --max-seconds before the model ended it is named on stderr.
@@ -55,16 +56,21 @@ def wav_paths(args: argparse.Namespace, n: int) -> list[Path]:
 
 
 def cmd_speak(args: argparse.Namespace) -> int:
-    from qkv.bundle import load, speeches
+    from qkv.bundle import load, neural_vocoder, speeches
     from qkv.progress import progress
+    from qkv.vocoder import write_wav
 
     texts, paths = _texts_and_paths(args)  # a bad output is said before the model is read
     use_threads(args.threads)
+    vocoder = neural_vocoder(args.vocoder) if args.vocoder is not None else None
     bundle = load(args.model, job="speak")
     if args.output_dir is not None:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     if bundle.kind == "vits":
+        if args.vocoder is not None:
+            raise UserError("--vocoder is for qkv's own TTS models; a Piper voice speaks through its own generator")
         return _speak_piper(args, bundle, texts, paths)
+    rate = bundle.sample_rate if vocoder is None else vocoder.sample_rate  # the waveforms' rate
     given = [f"--{n.replace('_', '-')}" for n in PIPER_OPTIONS if getattr(args, n) is not None]
     if given:
         raise UserError(f"{', '.join(given)}: options of an imported Piper voice; {args.model} is qkv's own TTS model")
@@ -80,14 +86,15 @@ def cmd_speak(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         seed=args.seed,
         on_batch=bar.update,
+        vocoder=vocoder,
     )
     bar.close()
     elapsed = time.perf_counter() - start
     cap = min(args.max_seconds, bundle.longest_speech)  # what synthesis stops at
     total = 0.0
     for path, text, (synthesis, wave) in zip(paths, texts, results, strict=True):
-        bundle.write_wav(path, wave, rate=args.rate)
-        total += _said(args, bundle, path, text, wave, hit_cap=synthesis.hit_cap)
+        write_wav(path, wave, rate, rate=args.rate)
+        total += _said(args, rate, path, text, wave, hit_cap=synthesis.hit_cap)
         if synthesis.hit_cap:
             why = "--max-seconds" if cap == args.max_seconds else "the model's window (model.max_len steps)"
             print(f"qkv speak: {path}: {text!r} did not end within {cap:.1f} s ({why})", file=sys.stderr)
@@ -127,14 +134,14 @@ def _speak_piper(args: argparse.Namespace, bundle, texts: list[str], paths: list
     total = 0.0
     for path, text, wave in zip(paths, texts, waves, strict=True):
         bundle.write_wav(path, wave, rate=args.rate)
-        total += _said(args, bundle, path, text, wave, hit_cap=False)
+        total += _said(args, bundle.sample_rate, path, text, wave, hit_cap=False)
     _summary(len(paths), total, elapsed)
     return 0
 
 
-def _said(args: argparse.Namespace, bundle, path: Path, text: str, wave, *, hit_cap: bool) -> float:
-    """Print the line for one file written; its seconds."""
-    seconds = wave.numel() / bundle.sample_rate
+def _said(args: argparse.Namespace, rate: int, path: Path, text: str, wave, *, hit_cap: bool) -> float:
+    """Print the line for one file written (``wave`` at ``rate`` Hz); its seconds."""
+    seconds = wave.numel() / rate
     if args.json:
         record = {"path": str(path), "seconds": round(seconds, 3), "text": text, "hit_cap": hit_cap}
         print(json.dumps(record, ensure_ascii=False), flush=True)
@@ -208,6 +215,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--noise-w",
         type=number(float, lambda v: v >= 0, "a number >= 0"),
         help="a Piper voice: the duration predictor's noise, how varied the rhythm is (default: the voice's, e.g. 0.8)",
+    )
+    p.add_argument(
+        "--vocoder",
+        help="a neural vocoder directory (bench/train_vocoder.py: a mel adapter + the Piper voice's generator) "
+        "in place of Griffin-Lim; its speech is at the voice's rate (22,050 Hz)",
     )
     p.add_argument("--json", action="store_true", help="one JSON object per file written")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -614,12 +614,49 @@ class Vits(nn.Module):
         latent_noise: Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> Speech:
-        """Speak a batch of phoneme id sequences (VITS's ``infer``). The scales default to the
-        voice's; the noise, standard normal, is drawn from ``generator`` unless given.
+        """Speak a batch of phoneme id sequences (VITS's ``infer``): :meth:`latent`, then the
+        generator. The scales default to the voice's; the noise, standard normal, is drawn from
+        ``generator`` unless given.
 
         Shapes: ids (B, S); lengths (B,); speakers (B,) for a voice of several;
         duration_noise (B, 2, S); latent_noise (B, inter_channels, T), T the frames the
         durations give (run once without it to learn T) -> :class:`Speech`.
+        """
+        z, frames, durations = self.latent(
+            ids,
+            lengths,
+            speakers=speakers,
+            noise_scale=noise_scale,
+            length_scale=length_scale,
+            noise_w=noise_w,
+            duration_noise=duration_noise,
+            latent_noise=latent_noise,
+            generator=generator,
+        )
+        wave = self.dec(z, self._speaker(speakers))[:, 0]  # (B, T·hop)
+        samples = frames * self.config.hop
+        keep = torch.arange(wave.shape[-1], device=wave.device)[None, :] < samples[:, None]
+        return Speech(waveform=wave * keep, lengths=samples, durations=durations)
+
+    @torch.no_grad()
+    def latent(
+        self,
+        ids: Tensor,
+        lengths: Tensor,
+        *,
+        speakers: Tensor | None = None,
+        noise_scale: float | None = None,
+        length_scale: float | None = None,
+        noise_w: float | None = None,
+        duration_noise: Tensor | None = None,
+        latent_noise: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """What the generator reads: the latent z (zero past each length), the frames and the
+        durations, the noise drawn as :meth:`forward` draws it (so the same ``generator`` seed
+        gives the z of the same speech). A neural vocoder's training pairs are made of it.
+
+        Shapes: as :meth:`forward` -> z (B, inter_channels, T), frames (B,), durations (B, S).
         """
         c = self.config
         noise_scale = c.noise_scale if noise_scale is None else noise_scale
@@ -635,12 +672,10 @@ class Vits(nn.Module):
         frame_mask = sequence_mask(frames, int(frames.max()))  # (B, 1, T)
         path = alignment_path(durations, frame_mask.shape[-1]) * (mask.transpose(1, 2) & frame_mask)  # (B, S, T)
         prior = (mean @ path, log_std @ path)  # (B, inter_channels, T) each
-        wave = self._waveform(prior, frame_mask, speaker, noise_scale, latent_noise, generator)  # (B, T·hop)
-        samples = frames * c.hop
-        keep = torch.arange(wave.shape[-1], device=wave.device)[None, :] < samples[:, None]
-        return Speech(waveform=wave * keep, lengths=samples, durations=durations)
+        z = self._sample(prior, frame_mask, speaker, noise_scale, latent_noise, generator)
+        return z, frames, durations
 
-    def _waveform(
+    def _sample(
         self,
         prior: tuple[Tensor, Tensor],
         frame_mask: Tensor,
@@ -649,8 +684,9 @@ class Vits(nn.Module):
         latent_noise: Tensor | None,
         generator: torch.Generator | None,
     ) -> Tensor:
-        """A sample of the prior (mean, log-std per frame) through the flow backwards and the
-        generator. Shapes: prior (B, inter_channels, T) each; frame_mask (B, 1, T) -> (B, T·hop)."""
+        """A sample of the prior (mean, log-std per frame) through the flow backwards: the
+        generator's input. Shapes: prior (B, inter_channels, T) each; frame_mask (B, 1, T) ->
+        (B, inter_channels, T), zero past each length."""
         mean, log_std = prior
         if latent_noise is None:
             latent_noise = torch.randn(mean.shape, generator=generator, device=mean.device)
@@ -659,8 +695,7 @@ class Vits(nn.Module):
                 f"latent_noise has shape {tuple(latent_noise.shape)}; these durations need {tuple(mean.shape)}"
             )
         z = mean + latent_noise * torch.exp(log_std) * noise_scale
-        z = self.flow.inverse(z, frame_mask, speaker)
-        return self.dec(z * frame_mask, speaker)[:, 0]
+        return self.flow.inverse(z, frame_mask, speaker) * frame_mask
 
     def _speaker(self, speakers: Tensor | None) -> Tensor | None:
         """The speakers' embeddings (B, speaker_channels, 1), for a voice of several (else None)."""

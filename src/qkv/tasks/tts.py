@@ -70,7 +70,7 @@ from qkv.tasks.numbers import LIMIT, number_to_words
 from qkv.tasks.piper_teacher import piper_teacher
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer
-from qkv.vocoder import GriffinLim, write_wav
+from qkv.vocoder import GriffinLim, Vocoder, write_wav
 
 CORPORA = ("espeak", "piper", "fsdd_digit_strings", "manifests")
 
@@ -312,16 +312,17 @@ def speak(
     symbols: str = "chars",
     voice: str = "en-us",
     attention_window: tuple[int, int] | None = None,
+    vocoder: Vocoder | None = None,
 ) -> list[tuple[Synthesis, Tensor]]:
     """Synthesize ``texts`` (sentences of similar length batched together) and voice them with
-    Griffin-Lim: each text's :class:`~qkv.synthesis.Synthesis` and waveform (Y,) at the model's
-    rate, in input order. Seed torch (``torch.manual_seed``) for repeatable audio: the pre-net's
-    dropout stays on. ``symbols``, ``voice``, ``stop_threshold``, ``attention_window``: the
-    model's (:func:`speaking_of`)."""
+    ``vocoder`` (None: Griffin-Lim): each text's :class:`~qkv.synthesis.Synthesis` and waveform
+    (Y,) at the vocoder's rate (Griffin-Lim's: the model's), in input order. Seed torch
+    (``torch.manual_seed``) for repeatable audio: the pre-net's dropout stays on. ``symbols``,
+    ``voice``, ``stop_threshold``, ``attention_window``: the model's (:func:`speaking_of`)."""
     ids = symbol_ids(tokenizer, texts, symbols=symbols, voice=voice)
     c = model.config.features
     max_frames = int(max_seconds * c.sample_rate / c.hop_length)
-    vocoder = GriffinLim(c)
+    vocoder = GriffinLim(c) if vocoder is None else vocoder
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results: list = [None] * len(ids)
     for start in range(0, len(order), batch_size):
@@ -337,8 +338,8 @@ def speak(
             attention_window=attention_window,
         )
         for i, s in zip(rows, done, strict=True):
-            mel = s.mel.float().cpu()  # Griffin-Lim runs on the CPU, whatever the model's device
-            if mel.shape[0] < 2:  # a model that stopped at once: Griffin-Lim needs two frames
+            mel = s.mel.float().cpu()  # the vocoder runs on the CPU, whatever the model's device
+            if mel.shape[0] < 2:  # a model that stopped at once: a vocoder needs two frames
                 mel = torch.cat([mel, mel[-1:]])
             results[i] = (s, vocoder(mel))
         if on_batch is not None:
