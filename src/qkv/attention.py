@@ -45,6 +45,7 @@ in an equation name tensors, not dimensions (Q, K, V, A, A', O below).
     S  frames after a speech front-end's subsampling (the positions the decoder attends to)
     M  mel bins, n_mels           E  STFT frequency bins, n_fft // 2 + 1
     U  text-to-speech decoder steps, one per group of r frames (U = T / r)
+    Z  frames of a VITS latent, what a voice's HiFi-GAN generator reads (Y = Z · its hop)
 
 The textbook writes A = KᵀQ and O = V·A' with one column per position; PyTorch keeps one
 *row* per position, so the same products read A = Q·Kᵀ and O = A'·V here.

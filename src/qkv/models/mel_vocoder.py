@@ -22,7 +22,7 @@ What is not here: training, the pairs it learns from, saving and loading with th
 weights (``tasks/vocoder.py``), Griffin-Lim (``vocoder.py``), the VITS voice (``vits.py``).
 
 Shapes use the legend of ``attention.py``: B batch, T mel frames, M mel bins, Z latent frames,
-C latent channels, Y samples.
+Y samples; channels named by words, as ``vits.py`` does, e.g. (B, latent, Z).
 """
 
 from __future__ import annotations
@@ -120,14 +120,14 @@ class MelAdapter(nn.Module):
 
     def forward(self, log_mel: Tensor, n_latent: int | None = None) -> Tensor:
         """The latent of ``log_mel`` (every row of the batch the same length): ``n_latent``
-        frames (None: :func:`latent_frames`). Shapes: log_mel (B, T, M) -> (B, C, Z)."""
+        frames (None: :func:`latent_frames`). Shapes: log_mel (B, T, M) -> (B, latent, Z)."""
         c = self.config
         t = log_mel.shape[1]
         n_latent = latent_frames(t, c) if n_latent is None else n_latent
         x = self.pre(((log_mel - c.mel_mean) / c.mel_std).transpose(1, 2))  # (B, channels, T)
         x = resample_frames(x, frame_positions(n_latent, t, c).to(x.device))  # (B, channels, Z)
         mask = torch.ones(x.shape[0], 1, x.shape[-1], dtype=x.dtype, device=x.device)  # (B, 1, Z)
-        return self.proj(self.enc(x, mask))  # (B, C, Z)
+        return self.proj(self.enc(x, mask))  # (B, latent, Z)
 
 
 class MelVocoder(nn.Module):
@@ -161,6 +161,6 @@ class MelVocoder(nn.Module):
             raise UserError("the vocoder's log-mel frames hold non-finite values (NaN or infinity)")
         single = log_mel.dim() == 2
         weight = next(self.parameters())
-        z = self.adapter(log_mel[None] if single else log_mel)  # (B, C, Z)
+        z = self.adapter(log_mel[None] if single else log_mel)  # (B, latent, Z)
         wave = self.generator(z.to(weight.dtype))[:, 0]  # (B, Z·hop)
         return (wave[0] if single else wave).float()

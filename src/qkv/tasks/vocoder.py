@@ -64,8 +64,8 @@ def mel_statistics(pairs: Sequence[Pair]) -> tuple[float, float]:
 
 def pair_loss(adapter: MelAdapter, pair: Pair) -> Tensor:
     """Mean |z − adapter(mel)| over the pair's latent (its own length: the recording's frames)."""
-    z = pair.z.float()[None]  # (1, C, Z)
-    predicted = adapter(pair.mel.float()[None], z.shape[-1])  # (1, C, Z)
+    z = pair.z.float()[None]  # (1, latent, Z)
+    predicted = adapter(pair.mel.float()[None], z.shape[-1])  # (1, latent, Z)
     return (predicted - z).abs().mean()
 
 
