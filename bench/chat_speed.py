@@ -131,7 +131,10 @@ def llama_engine(gguf: Path, kind: str, threads: int, context: int):
             llm.eval(prompt)
             tokens = []
             for _ in range(new):
-                tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))  # greedy, END never chosen as a stop
+                # the last position's logits as llama.cpp holds them: llama-cpp-python 0.3.36 leaves
+                # Llama.scores zero unless logits_all=True (which would compute every prompt row's)
+                last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+                tokens.append(int(np.argmax(last)))  # greedy, END never chosen as a stop
                 if len(tokens) < new:
                     llm.eval(tokens[-1:])
             outputs.append(tokens)
