@@ -30,7 +30,8 @@ from qkv.evaluation import error_rates, normalize_transcript
 from qkv.recipes import batch_of_step, length_batches
 from qkv.speech_corpora import read_manifest
 from qkv.tasks import TASKS, load_recipe
-from qkv.tasks.asr import DECODER_FIELDS, DECODER_PARTS, cross_attention, decoder_tokenizer, init_decoder, init_encoder
+from qkv.tasks.asr import cross_attention
+from qkv.tasks.asr_init import DECODER_FIELDS, DECODER_PARTS, decoder_tokenizer, init_decoder, init_encoder
 from qkv.tokenization import Tokenizer, Vocabularies
 from speech_data import TONES, tiny_asr_overrides, tone_corpus
 

@@ -14,7 +14,8 @@ test split is decoded by beam search, joint with the CTC prefix score when ``dec
 > 0, and scored by WER / CER (jiwer) or, for translation, BLEU (sacreBLEU).
 
 What is not here: the recipe's ``data`` section, the corpus it names, the texts to learn and
-every utterance's features (``tasks/asr_data.py``), features (``audio.py``), the corpora
+every utterance's features (``tasks/asr_data.py``), starting the encoder or decoder from trained
+models (``tasks/asr_init.py``), features (``audio.py``), the corpora
 (``speech_corpora/``), the model (``models/speech.py``), decoding and CTC scoring
 (``decoding/``), the command line (``cli/transcribe.py``).
 """
@@ -33,8 +34,7 @@ from torch import Tensor
 
 from qkv import runner
 from qkv.audio import FeatureConfig, pad_features, spec_augment
-from qkv.blocks import BlockConfig
-from qkv.checkpoint import build_model, load_model, model_dir, read_meta
+from qkv.checkpoint import build_model
 from qkv.decoding import Required, Scorer, beam_search, constrained_beam_search, ctc_greedy, joint_scorers
 from qkv.distributed import share
 from qkv.errors import OptionError, UserError
@@ -58,8 +58,9 @@ from qkv.recipes import (
 )
 from qkv.speech_corpora import Corpus, valid_speeds
 from qkv.tasks.asr_data import CORPORA, AsrData, compute_features, load_corpus, output_text, validation_split
+from qkv.tasks.asr_init import IDS, decoder_tokenizer, init_decoder, init_encoder, pretrained_source
 from qkv.tokenization import FILE as TOKENIZER_FILE
-from qkv.tokenization import Tokenizer, Vocabularies
+from qkv.tokenization import Tokenizer
 
 # A small speech Transformer that trains on two CPU cores: ESPnet's conv2d front-end (×4 fewer
 # frames), 6 encoder and 3 decoder blocks of width 144 (the encoder does the listening; a
@@ -257,137 +258,6 @@ def draw_cross_attention(
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-
-# The config fields that decide what the front-end and encoder compute: every per-block field
-# but the decoder's window, its positions and the dropouts, and the speech encoder's own fields.
-_NOT_ENCODER = ("max_len", "positions", "dropout", "attention_dropout")
-ENCODER_FIELDS = (
-    *(f.name for f in dataclasses.fields(BlockConfig) if f.name not in _NOT_ENCODER),
-    *("n_encoder_layers", "features", "frontend", "conv_channels", "encoder_positions", "key_bias"),
-)
-ENCODER_PARTS = ("frontend.", "encoder.")  # the state-dict prefixes of the front-end and the encoder
-
-
-# What train.init_encoder and train.init_decoder read: a model of this kind, said so.
-SOURCES = {
-    "init_encoder": ("speech_encoder_decoder", "a speech model"),
-    "init_decoder": ("encoder_decoder", "a translation model"),
-}
-
-
-def pretrained_source(train: AsrTrain, key: str, last: Path | None) -> Path | None:
-    """The model directory ``train[key]`` (``init_encoder`` or ``init_decoder``) names (a
-    training run: its final checkpoint), checked before any data is read: a UserError beginning
-    with the key if it is missing, unreadable or not of the kind :data:`SOURCES` says. None when
-    the key is unset or the run resumes (its checkpoint holds those parts already)."""
-    if getattr(train, key) is None or last is not None:
-        return None
-    try:
-        directory = model_dir(Path(getattr(train, key)).expanduser())
-        kind = read_meta(directory)["kind"]
-    except UserError as e:
-        raise UserError(f"train.{key}: {e}") from None
-    wanted, what = SOURCES[key]
-    if kind != wanted:
-        raise UserError(f"train.{key}: {directory} holds a {kind} model; this needs {what}")
-    return directory
-
-
-def init_encoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
-    """Start ``model``'s front-end and encoder from the speech model in ``source``; the decoder,
-    embeddings, output layer and CTC head stay as built. Speech translation learns faster from an
-    encoder that has already learnt to listen, trained on speech recognition (Bansal et al.,
-    2019, "Pre-training on High-Resource Speech Recognition Improves Low-Resource
-    Speech-to-Text Translation"): the decoder then reads encoder frames that mean sounds instead
-    of learning to listen and to translate at once. The encoder fields (:data:`ENCODER_FIELDS`)
-    must agree, else a UserError names the first that differs. Returns the model directory read."""
-    directory = model_dir(Path(source).expanduser())
-    try:  # load_model checks the kind and the file against its config
-        pretrained, _ = load_model(directory, kind="speech_encoder_decoder")
-    except UserError as e:
-        raise UserError(f"train.init_encoder: {e}") from None
-    for name in ENCODER_FIELDS:
-        theirs, ours = getattr(pretrained.config, name), getattr(model.config, name)
-        if theirs != ours:
-            raise UserError(f"train.init_encoder: {directory} has model {name}={theirs}; the recipe says {ours}")
-    # Equal encoder fields build equal encoder parameters: every one of ours is in the file.
-    model.load_state_dict(
-        {k: v for k, v in pretrained.state_dict().items() if k.startswith(ENCODER_PARTS)}, strict=False
-    )
-    return directory
-
-
-# The config fields that decide what the decoder computes from its tokens and the encoder output:
-# every per-block field but the dropouts and the window (a learned window is checked apart),
-# and the decoder's own fields. A translation model's names for its parts -> ours.
-_NOT_DECODER = ("max_len", "dropout", "attention_dropout")
-DECODER_FIELDS = (
-    *(f.name for f in dataclasses.fields(BlockConfig) if f.name not in _NOT_DECODER),
-    *("n_decoder_layers", "scale_embeddings", "tie_output"),
-)
-DECODER_PARTS = {"tgt_embed.": "embed.", "decoder.": "decoder.", "output.": "output."}
-IDS = ("pad_id", "bos_id", "eos_id")
-
-
-def decoder_tokenizer(directory: Path) -> Tokenizer:
-    """The target tokenizer of the translation model in ``directory`` (its own with separate
-    vocabularies, else the joint one; as the translation task reads them). A decoder started
-    from that model must write the same pieces, so the speech model takes this tokenizer in
-    place of ``data.tokenizer``."""
-    try:
-        return Vocabularies.load(directory, files=read_meta(directory)["files"]).target
-    except UserError as e:
-        raise UserError(f"train.init_decoder: {e}") from None
-
-
-def init_decoder(model: SpeechEncoderDecoder, source: str | Path) -> Path:
-    """Start ``model``'s token embedding, decoder stack and output layer from the translation
-    model in ``source``; the front-end, encoder and CTC head stay as they are. End-to-end speech
-    translation learns little from its few thousand steps if its decoder must also learn to
-    write the target language: starting the encoder from speech recognition and the decoder
-    from text translation is the standard remedy (Bérard et al., 2018, "End-to-End Automatic
-    Speech Translation of Audiobooks"; ESPnet's ST recipes do the same), and the cross-attention
-    then only has to learn to read sounds where it read words. The decoder fields
-    (:data:`DECODER_FIELDS`) and the vocabulary must agree, else a UserError names the first
-    that differs. Returns the model directory read."""
-    directory = model_dir(Path(source).expanduser())
-    try:  # load_model checks the kind and the file against its config
-        pretrained, _ = load_model(directory, kind="encoder_decoder")
-    except UserError as e:
-        raise UserError(f"train.init_decoder: {e}") from None
-    theirs, ours = pretrained.config, model.config
-    differ = [(n, getattr(theirs, n), getattr(ours, n)) for n in DECODER_FIELDS]
-    differ = [(name, t, o) for name, t, o in differ if t != o]
-    if differ:
-        name, t, o = differ[0]
-        raise UserError(f"train.init_decoder: {directory} has model {name}={t}; the recipe says {o}")
-    vocabulary = [(theirs.tgt_vocab_size, ours.vocab_size), *((getattr(theirs, n), getattr(ours, n)) for n in IDS)]
-    if any(t != o for t, o in vocabulary):
-        raise UserError(f"train.init_decoder: {directory} writes another vocabulary (size, padding, BEGIN, END ids)")
-    if ours.positions == "learned" and theirs.max_len < ours.max_len:
-        raise UserError(
-            f"train.init_decoder: {directory} learnt {theirs.max_len} positions; model.max_len is {ours.max_len}"
-        )
-    if theirs.output_bias:
-        raise UserError(f"train.init_decoder: {directory} has output_bias=true; a speech model's output layer has none")
-    if ours.bias and not ours.key_bias:
-        raise UserError(f"train.init_decoder: model.key_bias is false; {directory}'s decoder has key biases")
-    state = {}
-    for name, value in pretrained.state_dict().items():
-        for prefix, mine in DECODER_PARTS.items():
-            if name.startswith(prefix):
-                state[mine + name[len(prefix) :]] = value
-    if "embed.position.weight" in state:  # learned positions: our window is a prefix of theirs
-        state["embed.position.weight"] = state["embed.position.weight"][: ours.max_len]
-    # Equal decoder fields build equal decoder parameters; the loaded model names a shared or
-    # tied tensor under each of its names, so every one of ours is there (checked all the same).
-    loaded = model.load_state_dict(state, strict=False)
-    missing = [k for k in loaded.missing_keys if k.startswith(tuple(DECODER_PARTS.values()))]
-    if missing or loaded.unexpected_keys:
-        raise UserError(
-            f"train.init_decoder: {directory} lacks {missing[:1]} or has extra {loaded.unexpected_keys[:1]}"
-        )
-    return directory
 
 
 def _started(recipe: Recipe, tokenizer: Tokenizer, source: Path | None, writer: Path | None) -> SpeechEncoderDecoder:
