@@ -24,12 +24,50 @@ function fmt(x, digits = 4) {
   return Number(shown) === 0 ? (0).toFixed(digits) : shown;
 }
 
-async function api(path, body) {
-  const init = body === undefined ? {} : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+// fetch, but a response that is not ok throws the server's own message (its JSON error body).
+async function fetched(path, init) {
   const response = await fetch(path, init);
-  const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
-  return data;
+  if (!response.ok) {
+    const data = await response.json().catch(() => ({}));
+    throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
+  }
+  return response;
+}
+
+const jsonPost = (body) => ({ method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+
+async function api(path, body) {
+  const response = await fetched(path, body === undefined ? {} : jsonPost(body));
+  return response.json().catch(() => ({}));
+}
+
+// The server-sent events of a streamed response, one { name, data } per event as the HTML
+// standard frames them ("event:" and "data:" lines, an empty line ends an event); data is the
+// event's text, its "data:" lines joined by new lines.
+async function* serverEvents(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      yield parseEvent(buffer.slice(0, end));
+      buffer = buffer.slice(end + 2);
+    }
+  }
+}
+
+function parseEvent(block) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event:")) name = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).trim());
+  }
+  return { name, data: data.join("\n") };
 }
 
 function element(tag, props = {}, ...children) {
@@ -152,51 +190,25 @@ async function translate(m, text) {
 async function generate(m, text) {
   const shown = element("span", { class: "continuation" });
   $("output").replaceChildren(element("div", { class: "text", id: "generated" }, element("span", { class: "prompt", text }), shown));
-  const response = await fetch("/v1/generate", {
-    method: "POST",
-    headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ model: m.name, prompt: text, max_new_tokens: number("max-new"), stream: true, ...sampling() }),
-  });
-  if (!response.ok) {
-    const data = await response.json().catch(() => ({}));
-    throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
-  }
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
+  const response = await fetched("/v1/generate", jsonPost({
+    model: m.name, prompt: text, max_new_tokens: number("max-new"), stream: true, ...sampling(),
+  }));
   let made = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const { name, data } = parseEvent(buffer.slice(0, end));
-      buffer = buffer.slice(end + 2);
-      if (name === "token") {
-        made += data.text;
-        shown.textContent = made;
-      } else if (name === "error") {
-        throw new Error(data.error.message);
-      } else if (name === "done") {
-        made = data.text;
-        shown.textContent = made;
-        $("generated").dataset.done = "true";
-        $("generated").dataset.tokens = data.tokens;
-      }
+  for await (const { name, data } of serverEvents(response)) {
+    const event = JSON.parse(data || "{}");
+    if (name === "token") {
+      made += event.text;
+      shown.textContent = made;
+    } else if (name === "error") {
+      throw new Error(event.error.message);
+    } else if (name === "done") {
+      made = event.text;
+      shown.textContent = made;
+      $("generated").dataset.done = "true";
+      $("generated").dataset.tokens = event.tokens;
     }
   }
   return { text, output: made };
-}
-
-function parseEvent(block) {
-  let name = "message";
-  const data = [];
-  for (const line of block.split("\n")) {
-    if (line.startsWith("event:")) name = line.slice(6).trim();
-    else if (line.startsWith("data:")) data.push(line.slice(5).trim());
-  }
-  return { name, data: JSON.parse(data.join("\n") || "{}") };
 }
 
 async function chat(m, text) {

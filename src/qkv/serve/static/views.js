@@ -1,5 +1,5 @@
 // qkv's page, its views of speech and chat: plain JavaScript, no framework, no build step; loaded
-// before app.js, whose helpers ($, element, api, fmt, range, SHADES, state) it uses once the page
+// before app.js, whose helpers ($, element, api, fetched, jsonPost, serverEvents, fmt, range, SHADES, state) it uses once the page
 // runs. Which views a model has follows from its kind: a speech model "Speech in" (upload, or
 // speak into the microphone, streamed over /v1/audio/stream; the transcript's segments, a
 // segment's cross-attention over its spectrogram), a TTS
@@ -74,10 +74,8 @@ const say = (id, text, error = false) => {
 const pretty = (token) => token.replace(/[Ġ▁]/g, " ").replace(/Ċ/g, "⏎");
 
 async function posted(path, form) {
-  const response = await fetch(path, { method: "POST", body: form });
-  const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
-  return data;
+  const response = await fetched(path, { method: "POST", body: form });
+  return response.json().catch(() => ({}));
 }
 
 // ------------------------------------------------------------------------------ speech in
@@ -311,13 +309,7 @@ async function speakText(event) {
   $("speak").disabled = true;
   say("tts-status", "speaking…");
   try {
-    const response = await fetch("/v1/audio/speech", {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: m.name, input }),
-    });
-    if (!response.ok) {
-      const data = await response.json().catch(() => ({}));
-      throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
-    }
+    const response = await fetched("/v1/audio/speech", jsonPost({ model: m.name, input }));
     const blob = await response.blob();
     const audio = $("tts-audio");
     audio.src = URL.createObjectURL(blob);
@@ -403,32 +395,16 @@ async function streamed(m, shown) {
     model: m.name, messages: views.chat.messages, stream: true,
     max_tokens: Number($("chat-max").value), temperature: Number($("chat-temperature").value),
   };
-  const response = await fetch("/v1/chat/completions", {
-    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-  });
-  if (!response.ok) {
-    const data = await response.json().catch(() => ({}));
-    throw new Error(data.error ? data.error.message : `HTTP ${response.status}`);
-  }
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
+  const response = await fetched("/v1/chat/completions", jsonPost(body));
   let made = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return made;
-    buffer += decoder.decode(value, { stream: true });
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const data = buffer.slice(0, end).split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
-      buffer = buffer.slice(end + 2);
-      if (!data || data === "[DONE]") continue;
-      const chunk = JSON.parse(data);
-      if (chunk.error) throw new Error(chunk.error.message);
-      for (const choice of chunk.choices || []) made += (choice.delta && choice.delta.content) || "";
-      shown.textContent = made;
-    }
+  for await (const { data } of serverEvents(response)) {
+    if (!data || data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new Error(chunk.error.message);
+    for (const choice of chunk.choices || []) made += (choice.delta && choice.delta.content) || "";
+    shown.textContent = made;
   }
+  return made;
 }
 
 async function chatAttention(token) {
