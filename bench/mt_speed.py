@@ -23,12 +23,13 @@ Marian weights through its Transformers converter), and qkv's own model exported
 numpy loop; greedy rows only, as many threads as torch). Every engine and precision is timed in a
 process of its own (issue 49: CTranslate2's thread pool keeps the cores busy after its calls
 return, which halved qkv's speed measured after it in one process), and in ``--repeats`` processes
-(3 by default), interleaved across engines (A B C A B C ...): one process was not enough: HF fp32 at
-batch 32, the same transformers on the same machine, read 664.7 and 863.2 tokens/s in two quiet runs. Each cell is the median of
-its processes, printed and recorded with their min-max; ratios are of medians. Beside every batch-1 figure,
-the roofline the machine allows: the memory bandwidth of a matrix-vector product over an fp32
-matrix the size of the weights a step reads (decoder layers and output layer), measured in this
-run before every round of processes (the median), over those weights' bytes in the row's precision.
+(3 by default), interleaved across engines (A B C A B C ...): one process was not enough: HF fp32
+at batch 32, the same transformers on the same machine, read 664.7 and 863.2 tokens/s in two quiet
+runs. Each cell is the median of its processes, printed and recorded with their min-max; ratios
+are of medians. Beside every batch-1 figure, the roofline the machine allows: the memory bandwidth
+of a matrix-vector product over an fp32 matrix the size of the weights a step reads (decoder
+layers and output layer), measured in this run before every round of processes (the median), over
+those weights' bytes in the row's precision.
 
 Extra packages (not in qkv's extras): ``transformers`` (dev extra) and ``ctranslate2`` (``pip
 install ctranslate2``; without it its rows fail, said in one line, and the others run);
