@@ -15,6 +15,11 @@ wall time:
 
     python bench/vocab_ab.py                       # 1 and 2 threads, 9 rounds: a few minutes
     python bench/vocab_ab.py --threads 1 --rounds 3   # a quick look
+    OMP_WAIT_POLICY=PASSIVE python bench/vocab_ab.py --threads 2 --rounds 21   # 2 threads on a busy machine
+
+With 2 threads on a busy machine, OpenMP's waiting threads spin on the CPU while their partner
+waits for a core: CPU time per step rose from about 8 to over 100 ms, more noise than signal;
+``OMP_WAIT_POLICY=PASSIVE`` makes them sleep instead.
 
 Prints only; nothing is recorded (a same-process A/B on a shared machine decides a layout, it is
 not a speed figure: ``bench/mt_speed.py`` measures those).
