@@ -1,8 +1,9 @@
 """Translation speed, side by side (issue 3, section 7; issue 49): qkv vs Hugging Face Marian,
 torch.nn.Transformer (training) and CTranslate2 (decoding) on the same synthetic batches, in one run.
 
-    python bench/mt_speed.py                 # both sizes, training and decoding (~20 min)
-    python bench/mt_speed.py --sizes base --only decode --notes "quiet machine"
+    python bench/mt_speed.py                 # both sizes, training and decoding (3 processes per decoding engine)
+    python bench/mt_speed.py --sizes base --only decode --repeats 5 --notes "quiet machine"
+    python bench/mt_speed.py --sizes tiny --only decode --repeats 2 --engines 'qkv fp32' 'HF fp32' --no-record
 
 Training: target tokens/s of forward + backward + AdamW step (fused AdamW for all three, the
 same label-smoothed loss, dropout 0.1), fp32 and bf16 autocast, for the base size (d=512, 8
@@ -21,15 +22,19 @@ Marian weights through its Transformers converter), and qkv's own model exported
 (``qkv.onnx_runtime.OnnxModel``: the encoder once, a decoder step per token with its KV cache, a
 numpy loop; greedy rows only, as many threads as torch). Every engine and precision is timed in a
 process of its own (issue 49: CTranslate2's thread pool keeps the cores busy after its calls
-return, which halved qkv's speed measured after it in one process). Beside every batch-1 figure,
-the roofline the machine allows: the memory bandwidth of a matrix-vector product over an fp32
-matrix the size of the weights a step reads (decoder layers and output layer), measured in this
-run, over those weights' bytes in the row's precision.
+return, which halved qkv's speed measured after it in one process), and in ``--repeats`` processes
+(3 by default), interleaved across engines (A B C A B C ...): one process was not enough: HF fp32
+at batch 32, the same transformers on the same machine, read 664.7 and 863.2 tokens/s in two quiet
+runs. Each cell is the median of its processes, printed and recorded with their min-max; ratios
+are of medians. Beside every batch-1 figure, the roofline the machine allows: the memory bandwidth
+of a matrix-vector product over an fp32 matrix the size of the weights a step reads (decoder
+layers and output layer), measured in this run before every round of processes (the median), over
+those weights' bytes in the row's precision.
 
 Extra packages (not in qkv's extras): ``transformers`` (dev extra) and ``ctranslate2`` (``pip
 install ctranslate2``; without it its rows fail, said in one line, and the others run);
 ``onnx``, ``onnxruntime``, ``onnxscript`` (qkv's onnx extra) for the onnxruntime rows.
-``--sizes tiny --only decode --no-record`` is a smoke run (a minute).
+The third line above is a smoke run (tiny random model, two engines twice: about a minute).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -354,15 +360,15 @@ def engine_rates(engine: str, size: dict) -> dict[str, float]:
     model = decoding_model(engine, size)
     rates = {}
     for batch, beam in ROWS:
-        repeats = 3 if batch == 1 else 2
+        tries = 3 if batch == 1 else 2  # within the process: the best of these after a warm-up
         if engine.startswith("onnxruntime"):
             if beam == 1:  # the runtime's loop is greedy: no beam rows
-                rates[f"{batch}x{beam}"] = onnx_rate(model, batch=batch, repeats=repeats)
+                rates[f"{batch}x{beam}"] = onnx_rate(model, batch=batch, repeats=tries)
         elif engine.startswith("CTranslate2"):
-            rates[f"{batch}x{beam}"] = ctranslate2_rate(model, batch=batch, beam=beam, repeats=repeats)
+            rates[f"{batch}x{beam}"] = ctranslate2_rate(model, batch=batch, beam=beam, repeats=tries)
         else:
             name = "qkv" if engine.startswith("qkv") else "marian"
-            rates[f"{batch}x{beam}"] = decode_rate(name, model, batch=batch, beam=beam, repeats=repeats)
+            rates[f"{batch}x{beam}"] = decode_rate(name, model, batch=batch, beam=beam, repeats=tries)
     return rates
 
 
@@ -404,26 +410,56 @@ def engine_process(engine: str, size_name: str, args: argparse.Namespace) -> dic
         return json.loads(out.read_text())
 
 
+def timed_processes(engines: list[str], size_name: str, args: argparse.Namespace) -> tuple[dict, list[float]]:
+    """Every engine's rates in ``args.repeats`` processes of its own, interleaved (A B C A B C ...) so
+    that a slow spell of the machine falls on every engine alike, and the memory bandwidth measured
+    (in this process, while no child runs) before every round. An engine whose process fails is not
+    started again (a missing package fails every time); the rounds it finished are kept.
+
+    Returns ({engine: [rates of each process]}, [bytes/s of each round])."""
+    runs: dict[str, list[dict[str, float]]] = {e: [] for e in engines}
+    speeds, failed = [], set()
+    for _ in range(args.repeats):
+        speeds.append(bandwidth(step_weights(SIZES[size_name]) * 4))
+        for engine in engines:
+            rates = None if engine in failed else engine_process(engine, size_name, args)
+            if rates is None:
+                failed.add(engine)
+                continue
+            runs[engine].append(rates)
+    return {e: r for e, r in runs.items() if r}, speeds
+
+
+def spread(figures: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of one cell's figures, one per process, each rounded to 0.1."""
+    return tuple(round(x, 1) for x in (statistics.median(figures), min(figures), max(figures)))
+
+
 def decode_rows(size_name: str, args: argparse.Namespace) -> list[dict]:
-    """The decoding rows of one size: every engine in its own process, our figures beside the peers',
-    the bandwidth roofline beside every batch-1 figure."""
+    """The decoding rows of one size: every engine in its own processes, our figures beside the
+    peers', the bandwidth roofline beside every batch-1 figure. A row holds each engine's median
+    (and, under "spread", [min, max] and "processes", how many processes gave it)."""
     size = SIZES[size_name]
     n_weights = step_weights(size)
-    speed = bandwidth(n_weights * 4)
+    engines = [e for e in ENGINES if e in args.engines]
+    runs, speeds = timed_processes(engines, size_name, args)
+    speed = statistics.median(speeds)
     roof = {p: speed / (n_weights * b) for p, b in BYTES.items()}
     print(
         f"decode {size_name}: {n_weights / 1e6:.1f} M weights per step; matrix-vector bandwidth "
-        f"{speed / 1e9:.1f} GB/s; batch-1 roofline fp32 {roof['fp32']:.0f} / bf16 {roof['bf16']:.0f} / "
-        f"int8 {roof['int8']:.0f} tokens/s",
+        f"{speed / 1e9:.1f} GB/s (median of {len(speeds)}: {min(speeds) / 1e9:.1f}-{max(speeds) / 1e9:.1f}); "
+        f"batch-1 roofline fp32 {roof['fp32']:.0f} / bf16 {roof['bf16']:.0f} / int8 {roof['int8']:.0f} tokens/s",
         flush=True,
     )
-    engines = [e for e in ENGINES if e in args.engines]
-    rates = {e: r for e in engines if (r := engine_process(e, size_name, args)) is not None}
     rows = []
     for batch, beam in ROWS:
         key = f"{batch}x{beam}"
-        what = f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"
-        row = {"what": what, **{e: round(r[key], 1) for e, r in rates.items() if key in r}}
+        row: dict = {"what": f"decode {size_name} {'greedy' if beam == 1 else f'beam {beam}'} batch {batch}"}
+        row["spread"], row["processes"] = {}, {}
+        for engine, rates in runs.items():
+            if key in rates[0]:
+                median, low, high = spread([r[key] for r in rates])
+                row[engine], row["spread"][engine], row["processes"][engine] = median, [low, high], len(rates)
         if batch == 1:
             row["roofline"] = {p: round(r) for p, r in roof.items()}
             row["bandwidth GB/s"] = round(speed / 1e9, 1)
@@ -431,19 +467,25 @@ def decode_rows(size_name: str, args: argparse.Namespace) -> list[dict]:
         row["qkv"], row["qkv_bf16"], row["qkv_int8"] = (row.get(f"qkv {p}") for p in BYTES)
         row["hf"], row["hf_bf16"], row["hf_int8"] = (row.get(f"HF {p}") for p in BYTES)
         rows.append(row)
-        hf = row.get("HF fp32")
-        print(f"{what}  new tok/s:", flush=True)
-        for engine in engines:
-            if engine not in rates or key not in rates[engine]:
-                continue
-            figure, precision = row[engine], engine.split()[1]
-            line = f"  {engine:<18} {figure:8.1f}"
-            if hf:
-                line += f"   {figure / hf:5.2f}x HF fp32"
-            if batch == 1:
-                line += f"   roofline {roof[precision]:6.0f} ({figure / roof[precision]:4.0%})"
-            print(line, flush=True)
+        print_row(row, engines, roof if batch == 1 else None)
     return rows
+
+
+def print_row(row: dict, engines: list[str], roof: dict[str, float] | None) -> None:
+    """One decoding row as a table: each engine's median, [min-max] over its processes, the ratio
+    of the medians to HF fp32's and, at batch 1, the share of the roofline."""
+    hf = row.get("HF fp32")
+    print(f"{row['what']}  new tok/s, median [min-max] over each engine's processes:", flush=True)
+    for engine in engines:
+        if engine not in row["spread"]:
+            continue
+        figure, (low, high), precision = row[engine], row["spread"][engine], engine.split()[1]
+        line = f"  {engine:<18} {figure:8.1f} [{low:7.1f}-{high:7.1f}] x{row['processes'][engine]}"
+        if hf:
+            line += f"   {figure / hf:5.2f}x HF fp32"
+        if roof:
+            line += f"   roofline {roof[precision]:6.0f} ({figure / roof[precision]:4.0%})"
+        print(line, flush=True)
 
 
 def main() -> int:
@@ -454,12 +496,21 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64, help="sentences per training batch")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (bench/gpu.sh)")
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), help="decoding engines (default: all)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="decoding: time every engine in this many processes of its own, interleaved across engines "
+        "(A B C A B C ...); each figure is their median, printed and recorded with its min-max (default 3)",
+    )
     parser.add_argument("--omp-passive", action="store_true", help="decoding children get OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
     parser.add_argument("--notes", default="", help="notes for the records (say when the machine was busy)")
     parser.add_argument("--decode-engine", help=argparse.SUPPRESS)  # internal: a child's one engine
     parser.add_argument("--figures", type=Path, help=argparse.SUPPRESS)  # internal: where the child writes
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give 1 or more processes per engine")
     torch.manual_seed(0)
     results = []
     # As the qkv commands do (memory.py); in this one process it applies to every model alike.
@@ -529,6 +580,7 @@ def _record(results: list[dict], *, notes: str = "") -> None:
             for peer in ("CTranslate2", "onnxruntime"):
                 if row.get(f"{peer} {precision}") is not None:
                     details[f"{peer} {precision}"] = row[f"{peer} {precision}"]
+            details |= _spreads(row, [f"qkv {precision}", "HF fp32", *details])
             if "roofline" in row:
                 roof = row["roofline"][precision]
                 details |= {"roofline tokens/s": roof, "share of the roofline, %": round(100 * row[ours] / roof)}
@@ -546,6 +598,16 @@ def _record(results: list[dict], *, notes: str = "") -> None:
                 }
             )
     append_run("mt_speed", records)
+
+
+def _spreads(row: dict, engines: list[str]) -> dict:
+    """A record's detail of how its figures (medians) varied: how many processes gave ours, and
+    [min, max] of ours ("min-max") and of each peer's in ``engines`` that the row measured so."""
+    spreads, ours = row.get("spread", {}), engines[0]
+    if ours not in spreads:  # a row from before --repeats (one process each)
+        return {}
+    out = {"processes": row["processes"][ours], "min-max": spreads[ours]}
+    return out | {f"{e} min-max": spreads[e] for e in engines[1:] if e in spreads}
 
 
 if __name__ == "__main__":

@@ -532,6 +532,31 @@ def test_mt_speed_batch_1_records_hold_ctranslate2_and_the_roofline(monkeypatch,
     assert int8["notes"] == "contended"
 
 
+def test_mt_speed_times_each_engine_in_interleaved_processes_and_records_medians(monkeypatch, tmp_path):
+    bench = _bench("mt_speed", monkeypatch, tmp_path)
+    started = []
+    figures = {"qkv int8": [190.0, 210.0, 170.0], "HF fp32": [70.0, 50.0, 60.0]}
+
+    def process(engine, size_name, args):  # a child's rates: batch 1 only, the next figure of the engine's list
+        started.append(engine)
+        if engine == "CTranslate2 int8":
+            return None  # failed (not installed, say): not started again
+        return {"1x1": figures[engine][sum(e == engine for e in started) - 1]}
+
+    monkeypatch.setattr(bench, "engine_process", process)
+    monkeypatch.setattr(bench, "bandwidth", lambda n_bytes: 13.0e9)
+    args = argparse.Namespace(repeats=3, engines=["qkv int8", "HF fp32", "CTranslate2 int8"])
+    row = bench.decode_rows("tiny", args)[0]
+    assert started == ["qkv int8", "HF fp32", "CTranslate2 int8", "qkv int8", "HF fp32", "qkv int8", "HF fp32"]
+    assert (row["qkv int8"], row["spread"]["qkv int8"], row["processes"]["qkv int8"]) == (190.0, [170.0, 210.0], 3)
+    assert row["hf"] == 60.0 and "CTranslate2 int8" not in row
+    bench._record([row])
+    int8 = next(r for r in _rendered(tmp_path, "mt_speed") if r["metric"] == "decode tiny int8 greedy batch 1")
+    assert (int8["figure"], int8["peer_figure"]) == (190.0, 60.0)
+    assert int8["details"]["min-max"] == [170.0, 210.0] and int8["details"]["HF fp32 min-max"] == [50.0, 70.0]
+    assert int8["details"]["processes"] == 3
+
+
 def test_chat_speed_records_put_each_figure_beside_transformers_fp32(monkeypatch, tmp_path):
     bench = _bench("chat_speed", monkeypatch, tmp_path)
 
