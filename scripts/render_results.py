@@ -52,6 +52,10 @@ BENCHMARKS = {
     "audio_speed": ("Speech front-end speed", "`python bench/audio_speed.py`"),
     "asr": ("Speech recognition and translation", "`python bench/asr.py CORPUS`: train a recipe, score its test set"),
     "whisper_fsdd": ("Whisper tiny.en on FSDD", "`python bench/whisper_fsdd.py`: the peer of the FSDD figure"),
+    "whisper_int8": (
+        "Whisper int8 keeping float32's words",
+        "`python bench/whisper_int8.py`: qkv int8 against qkv fp32 beside faster-whisper int8 against its fp32",
+    ),
     "longform_memory": (
         "Long-form transcription: peak memory by length",
         "`python bench/longform_memory.py`: Whisper tiny.en on 1, 10 and 60 minutes of joined speech "

@@ -3,7 +3,9 @@ matmul → dequantize computed by hand; with a few rows the int8-weight kernel e
 bfloat16 rounding, with many rows the int8 GEMM (activations quantized per row) within half a
 quantization step per activation, and the row count picks the path on both sides of the
 threshold; the copy replaces every linear layer, the encoder's included, and keeps the vocabulary
-projection in bfloat16. Slow: on the real Whisper tiny.en, int8 transcripts equal float32's on
+projection in bfloat16; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's
+near-ties in float32 (found block by block as a whole comparison finds them; the argmax is
+float32's where bfloat16 alone flips it). Slow: on the real Whisper tiny.en, int8 transcripts equal float32's on
 at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from qkv.audio import FeatureConfig
 from qkv.decoding_copies import for_decoding, int8_linears
 from qkv.int8 import (
     ACTIVATION_LEVELS,
+    BF16_PRODUCT_ERROR,
     HUGE_ROWS,
     MANY_ROWS,
     OUTLIER,
     Bf16Linear,
     Int8Linear,
+    NearTiesInFloat,
     int8_linear,
+    near_ties,
     quantize_channels,
 )
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
@@ -158,6 +163,73 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
+
+
+@pytest.mark.parametrize("block", [5, 64])
+def test_near_ties_are_those_a_whole_comparison_finds(block: int) -> None:
+    """Block by block (a last block shorter than the others included) gives the same indices as
+    comparing every logit with its row's largest minus twice the bound."""
+    torch.manual_seed(5)
+    logits = torch.randn(7, 131)  # 131 = 26 blocks of 5 and 1, or 2 of 64 and 3
+    logits[3, 130] = 9.0  # the largest in the last, short block
+    bound = torch.rand(7) * 0.8
+    floor = logits.amax(dim=1) - 2 * bound  # (7,)
+    expected = (logits >= floor[:, None]).nonzero(as_tuple=True)
+    rows, columns = near_ties(logits, bound, block=block)
+    assert torch.equal(rows, expected[0]) and torch.equal(columns, expected[1])
+    assert rows.numel() > 7  # some rows hold more than their largest
+
+
+def _tied_rows(k: int, n: int) -> tuple[nn.Linear, torch.Tensor]:
+    """A layer whose rows 2 and 11 are equal in bfloat16 but not in float32 (row 11 larger by a
+    factor 1 + 2⁻¹², under bfloat16's half step), and an input aligned with them: float32's
+    argmax is 11, bfloat16's a tie that goes to 2. Shapes: x (3, 2, K)."""
+    torch.manual_seed(6)
+    linear = nn.Linear(k, n)
+    with torch.no_grad():
+        row = torch.randn(k).to(torch.bfloat16).float() * 4  # exact in bfloat16
+        linear.weight[2], linear.weight[11] = row, row * (1 + 2**-12)
+        linear.bias.zero_()
+    return linear, row.expand(3, 2, k) / row.norm()
+
+
+def test_near_ties_in_float_keep_float32_argmax_where_bfloat16_flips_it() -> None:
+    linear, x = _tied_rows(37, 29)
+    exact = linear(x)  # (3, 2, N)
+    assert torch.equal(Bf16Linear(linear)(x).argmax(dim=-1), torch.full((3, 2), 2))  # the flip this fixes
+    near = NearTiesInFloat(linear, Bf16Linear(linear))
+    got = near(x)
+    assert got.shape == exact.shape and torch.equal(got.argmax(dim=-1), exact.argmax(dim=-1))
+    assert torch.equal(exact.argmax(dim=-1), torch.full((3, 2), 11))
+    assert torch.allclose(got[..., [2, 11]], exact[..., [2, 11]], rtol=1e-6, atol=1e-6)  # near-ties: float32
+    bound = BF16_PRODUCT_ERROR * x.norm(dim=-1, keepdim=True) * linear.weight.norm(dim=1).max()
+    assert bool(((got - exact).abs() <= bound).all())  # the rest: bfloat16's error at most
+
+
+def test_near_ties_in_float_with_a_bias_and_random_rows_match_float32_argmax() -> None:
+    """Random inputs and a bias: the argmax is float32's on every row (the tested bound holds)."""
+    torch.manual_seed(7)
+    linear = nn.Linear(23, 53)
+    x = torch.randn(41, 23)
+    near = NearTiesInFloat(linear, Bf16Linear(linear))
+    assert torch.equal(near(x).argmax(dim=-1), linear(x).argmax(dim=-1))
+
+
+def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> None:
+    """``float_decoder``: the encoder int8, the decoder bfloat16, the vocabulary projection's
+    argmax float32's; the decoding step's logits match the float32 model's argmax."""
+    torch.manual_seed(3)
+    config = SpeechConfig(
+        vocab_size=11, features=FeatureConfig(n_mels=7), d_model=16, n_heads=2, d_ff=32,
+        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+    )  # fmt: skip
+    model = SpeechEncoderDecoder(config).eval()
+    copy_ = int8_linears(for_decoding(model), float_decoder=True)
+    assert isinstance(copy_.output, NearTiesInFloat)
+    assert any(isinstance(m, Int8Linear) for m in copy_.encoder.modules())
+    assert not any(isinstance(m, Int8Linear | nn.Linear) for m in copy_.decoder.modules())
+    h = torch.randn(5, 16)
+    assert torch.equal(copy_.output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
 
 
 @pytest.mark.slow

@@ -76,15 +76,23 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
     return packed.requires_grad_(False)
 
 
-def int8_linears(model: DecodingModel) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
-    with one scale per output channel and take float activations (weight-only int8,
-    :class:`qkv.int8.Int8Linear`), for decoding on CPUs; the vocabulary projection (the model's
-    ``output``, often tied to the embedding) is kept in bfloat16 (:class:`qkv.int8.Bf16Linear`; where
-    oneDNN runs bfloat16, :class:`qkv.layers.PackedLinear`: the same outputs, its weight packed once).
-    Embeddings, norms, convolutions and attention arithmetic stay float32.
+    with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
+    vocabulary projection (the model's ``output``, often tied to the embedding) is kept in bfloat16
+    (:class:`qkv.int8.Bf16Linear`; where oneDNN runs bfloat16, :class:`qkv.layers.PackedLinear`:
+    the same outputs, its weight packed once). Embeddings, norms, convolutions and attention
+    arithmetic stay float32.
 
-    Why this split (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
+    ``float_decoder`` (what speech models get): the decoder's linear layers in bfloat16 instead
+    (packed as above) and the vocabulary projection's near-ties in float32
+    (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is float32's); the encoder keeps int8.
+    Why (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike; docs/speech.md):
+    int8 decoder layers with a bfloat16 vocabulary kept float32's words on 272, float32 ones on 283,
+    bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
+    costs the rest. A decoding step of a speech model reads the vocabulary projection most.
+
+    Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
     int8 weights with float activations on 45; with the output projection in bfloat16, 49.
     Decoding reads every weight once per step, so fewer bytes is most of the gain at small
@@ -94,18 +102,23 @@ def int8_linears(model: DecodingModel) -> DecodingModel:
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(tuple(int8_linears(m) for m in model.models))
+        return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder) for m in model.models))
 
     from torch import nn
 
-    from qkv.int8 import Bf16Linear, Int8Linear
+    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat
     from qkv.layers import PackedLinear, packable
 
     bf16 = PackedLinear if packable() else Bf16Linear
     quantized = copy.deepcopy(model).eval()
+    decoder = getattr(quantized, "decoder", None) if float_decoder else None
+    in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                vocabulary = parent is quantized and name == "output"
-                setattr(parent, name, bf16(child) if vocabulary else Int8Linear(child))
+            if not isinstance(child, nn.Linear):
+                continue
+            if parent is quantized and name == "output":
+                setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else bf16(child))
+            else:
+                setattr(parent, name, bf16(child) if id(parent) in in_decoder else Int8Linear(child))
     return quantized.requires_grad_(False)

@@ -1,7 +1,8 @@
 """int8 linear layers for decoding on CPUs (``--int8``): :func:`quantize_channels` (symmetric
 int8 weights, one scale per output channel), :func:`int8_linear` (the explicit product: dequantize,
-then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths) and
-:class:`Bf16Linear` (the vocabulary projection, kept in bfloat16).
+then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths),
+:class:`Bf16Linear` (a linear layer kept in bfloat16) and :class:`NearTiesInFloat` (the vocabulary
+projection: every logit in bfloat16, those that could be the largest recomputed in float32).
 
 Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
 
@@ -19,8 +20,11 @@ Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, 
 * huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
   dequantized for the call, float activations again (int8 ones lost Whisper's words there).
 
-Why bfloat16 for the output projection: its logits decide every token, and int8 rows flip near
-ties (measured on Whisper tiny.en in docs/speed.md). The copying of a model is in
+Why bfloat16 for the output projection, with its near-ties in float32: its logits decide every
+token, and int8 rows flip near ties (measured on Whisper tiny.en in docs/speed.md); bfloat16 ones
+still flip Whisper's final "4." against "4" on a few files in a hundred (docs/speech.md), so the few
+logits within bfloat16's error bound of the row's largest are recomputed in float32, and the argmax
+is float32's. The copying of a model is in
 ``decoding_copies.int8_linears``.
 
 What is not here: which layers a model gets (``decoding_copies``); PyTorch's per-tensor dynamic
@@ -190,3 +194,69 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)  # (..., N)
+
+
+# A bfloat16 product's error, relative to ‖x‖·‖w‖ (Cauchy–Schwarz: at least Σ|x||w|): the activations
+# and the weights each rounded to bfloat16 (2⁻⁹ relative each), the output rounded once more (2⁻⁹ of
+# |y| ≤ Σ|x||w|), sums in float32 (K·2⁻²⁴ relative, K in the thousands at most): 2⁻⁷ covers them all.
+BF16_PRODUCT_ERROR = 2**-7
+NEAR_TIE_BLOCK = 64  # columns per block when looking for near-ties (a vector register's worth a few times)
+
+
+def near_ties(logits: Tensor, bound: Tensor, *, block: int = NEAR_TIE_BLOCK) -> tuple[Tensor, Tensor]:
+    """The (row, column) indices, row-major, of the logits that could be their row's largest once
+    each is exact: those at least the row's largest minus ``2 * bound``, when each is off by at
+    most ``bound``. Found a ``block`` of columns at a time (each block's largest first: a pass the
+    CPU vectorizes), so the full (M, N) comparison is never made, as ``nonzero`` over it costs
+    more than the bfloat16 product it corrects.
+
+    Shapes: logits (M, N), bound (M,) -> rows (C,), columns (C,).
+    """
+    m, n = logits.shape
+    whole = n - n % block
+    tops = logits[:, :whole].reshape(m, whole // block, block).amax(dim=2)  # (M, N // block)
+    if whole < n:
+        tops = torch.cat([tops, logits[:, whole:].amax(dim=1, keepdim=True)], dim=1)  # (M, ceil(N / block))
+    floor = tops.amax(dim=1) - 2 * bound  # (M,) the row's largest, from its blocks' largest
+    r, b = (tops >= floor[:, None]).nonzero(as_tuple=True)  # (P,), (P,) the blocks holding near-ties
+    columns = b[:, None] * block + torch.arange(block)  # (P, block)
+    inside = columns < n
+    columns = columns.clamp(max=n - 1)
+    keep = inside & (logits[r[:, None], columns] >= floor[r, None])  # (P, block)
+    return r[:, None].expand_as(columns)[keep], columns[keep]  # (C,), (C,)
+
+
+class NearTiesInFloat(nn.Module):
+    """The vocabulary projection of ``--int8``: every logit from ``fast`` (a bfloat16 product:
+    :class:`Bf16Linear` or a packed one), then those that could be their row's largest
+    (:func:`near_ties`, within the bound :data:`BF16_PRODUCT_ERROR` · (‖x‖ · max‖w‖ + max|b|) of it)
+    recomputed in float32 from ``linear``'s own weight (a tied embedding's rows: no copy). So each
+    row's argmax is float32's (proof: the float32 argmax is within the bound of the bfloat16 largest,
+    and every logit left in bfloat16 is below it), the near-ties are exact and the other logits are
+    within bfloat16 rounding of float32 (tested). Inference only.
+
+    Shapes: x (..., K) -> (..., N).
+    """
+
+    def __init__(self, linear: nn.Linear, fast: nn.Module) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.fast = fast
+        self.weight = linear.weight  # (N, K) float32, shared (a tied embedding keeps its rows)
+        self.bias = linear.bias  # (N,) or None
+        reach = linear.weight.detach().float().norm(dim=1).max()  # max‖w‖
+        bias = 0.0 if linear.bias is None else float(linear.bias.detach().abs().max())
+        self.register_buffer("reach", torch.stack([reach, torch.tensor(bias)]))  # (2,) max‖w‖, max|b|
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.fast(x).float().reshape(-1, self.out_features)  # (M, N)
+        rows = x.reshape(-1, self.in_features).float()  # (M, K)
+        bound = BF16_PRODUCT_ERROR * (rows.norm(dim=1) * self.reach[0] + self.reach[1])  # (M,)
+        r, t = near_ties(logits, bound)  # (C,), (C,)
+        exact = (rows[r] * self.weight[t].float()).sum(dim=1)  # (C,)
+        exact = exact if self.bias is None else exact + self.bias[t].float()
+        logits.index_put_((r, t), exact)  # (M, N): the fast product's own output, written in place
+        return logits.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, near-ties in float32"

@@ -72,8 +72,8 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     if bf16:
         model = model.to(torch.bfloat16)
         model = packed_linears(model) if kind in DECODING_KINDS and cpu else model
-    if int8:
-        model = int8_linears(model)
+    if int8:  # a speech model's decoder in bfloat16 and its argmax float32's: Whisper's words (int8_linears)
+        model = int8_linears(model, float_decoder=kind == "speech_encoder_decoder")
     return model.to(device).eval()
 
 
