@@ -36,14 +36,7 @@ from qkv.subtitles import Segment, Word
 RATE = 100  # samples a second of the scripted decoder's "audio": each sample holds its own index
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models on one thread: on a shared machine, OpenMP's waiting threads made their
-    decoding many times slower (as tests/test_serve_audio.py found)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_agreement_is_the_longest_common_prefix_of_spelled_words() -> None:

@@ -52,14 +52,7 @@ from whisper_fixtures import CORPUS  # noqa: E402
 HEADS = [[1, 0], [1, 1], [0, 1]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread (as test_serve_audio): on a shared machine, OpenMP's waiting threads made the
-    tiny Whisper's decoding many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ------------------------------------------------------------------------ pure parts
