@@ -247,7 +247,8 @@ def records(figures: dict, *, prompts: int, new: int) -> list[dict]:
 
 
 def main() -> int:
-    from chat_speed import agreement, prompt_ids
+    from chat_speed import prompt_ids
+    from scoring import agreement
 
     from qkv.checkpoint import load_model
 

@@ -203,20 +203,10 @@ def child(engine: str, args: argparse.Namespace) -> dict | None:
         return json.loads(out.read_text())
 
 
-def agreement(ours: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
-    """(share of positions with the same token, mean share of each output before its first difference)."""
-    same = total = 0
-    prefix = 0.0
-    for a, b in zip(ours, reference, strict=True):
-        same += sum(x == y for x, y in zip(a, b, strict=True))
-        total += len(b)
-        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(b))
-        prefix += first / len(b)
-    return same / total, prefix / len(reference)
-
-
 def report(figures: dict[str, dict], args: argparse.Namespace) -> list[dict]:
     """Print the table (each engine's figure beside transformers fp32's) and return the records."""
+    from scoring import agreement
+
     records = []
     peer = figures.get("transformers fp32")
     print(

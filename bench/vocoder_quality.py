@@ -12,7 +12,7 @@ For each of the first ``--n`` Multi30k test2016 sentences (never trained on), pa
   speak``), its frames voiced by the vocoder and by Griffin-Lim, so the two rows differ in the
   vocoder alone.
 
-Scored as ``tts_quality.py`` scores (DNSMOS SIG/BAK/OVRL/P.808 at 16 kHz, the mean over
+Scored as ``tts_quality.py`` scores (``scoring.speech_scores``: DNSMOS SIG/BAK/OVRL/P.808 at 16 kHz, the mean over
 sentences), but the WER judge is Whisper tiny.en run by faster-whisper (CTranslate2, ``--judge``,
 greedy) rather than through qkv: the same weights, several times cheaper, so a run fits a loaded
 machine (``tts_quality.py``'s judge took over 20 minutes a row at load 35). Real-time factors are
@@ -141,9 +141,7 @@ def main() -> int:
     p.add_argument("--samples", type=Path, help="write the first sentence of each row here as 16 kHz WAVs")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args()
-    from tts_quality import dnsmos
-
-    from qkv.evaluation import error_rates
+    from scoring import speech_scores
 
     texts, rows, rtf = speak_all(args)
     transcribe = judge(args.judge, args.threads)
@@ -151,8 +149,7 @@ def main() -> int:
     for key, waves in rows.items():
         print(f"scoring {key}", flush=True)
         name = NAMES[key].format(v=args.vocoder.name, m=args.model.name)
-        wer = 100 * error_rates(transcribe(waves), texts[key])["wer"]
-        results.append({"row": name, **dnsmos(waves), "WER": wer, "RTF": rtf[key], "n": len(waves)})
+        results.append({"row": name, **speech_scores(waves, texts[key], transcribe), "RTF": rtf[key], "n": len(waves)})
     if args.samples:
         from qkv.vocoder import write_wav
 

@@ -1,7 +1,7 @@
 """What the server's tests share (tests/test_serve_api.py, tests/test_serve_browser.py,
 tests/test_serve_constraints.py, tests/test_serve_generation_batching.py): tiny models saved as
 model directories, a real ``qkv serve`` in a subprocess on a free loopback port, and the app
-in-process (:func:`app_client`) with torch on one thread (:func:`one_torch_thread`)."""
+in-process (:func:`app_client`); torch on one thread: conftest.py's ``one_thread``."""
 
 from __future__ import annotations
 
@@ -130,20 +130,6 @@ class Server:
             self.process.kill()
             self.process.wait()
         return self.process.returncode, self.stderr()
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """torch on one thread inside the block (a test module's autouse fixture): on a shared machine
-    OpenMP's waiting threads make a tiny model's steps many times slower (a hundred times, those
-    of tests/test_serve_constraints.py), in the server's model thread and in the library's
-    decoding it is compared with alike."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @contextmanager

@@ -109,14 +109,7 @@ APPLIES = {  # the rows that are judged (not SKIP) for each family; bf16 and int
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: these tiny ops gain nothing from two, and on a shared machine OpenMP's
-    waiting threads make them many times slower (see test_speech_model.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

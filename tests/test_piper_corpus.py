@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-import torch
 
 from qkv.errors import UserError
 from qkv.piper import BOS, EOS, PAD, Voice, phonemize
@@ -145,15 +144,6 @@ def test_bad_settings_are_named_in_one_line(multi30k, tmp_path, changes, message
         piper_corpus(Tones(), cache=tmp_path, data_dir=multi30k, **changes)
     with pytest.raises(UserError, match="a voice's name"):
         piper_corpus(Tones(name="a voice"), cache=tmp_path, data_dir=multi30k)
-
-
-@pytest.fixture
-def one_thread():
-    """A tiny model's ops are too small to share: one thread, not two spinning for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_the_teacher_speaks_as_qkv_speak_and_a_batch_differs_only_at_the_ends(one_thread) -> None:

@@ -32,14 +32,7 @@ KEY = "audio-test-key-0123456789"
 MAX_SECONDS, MAX_MB, MAX_CHARS = 2, 1, 60
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The library's side of each comparison on one thread: on a shared machine, OpenMP's waiting
-    threads made the tiny Whisper's decoding 30 times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

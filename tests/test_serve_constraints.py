@@ -14,7 +14,7 @@ from qkv.bundle import generations, transcriptions, translations
 from qkv.serve.audio import heard
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
-from serving import app_client, one_torch_thread, tiny_audio_models, tiny_models, tone
+from serving import app_client, tiny_audio_models, tiny_models, tone
 
 LIMITS = Settings(max_chars=200, max_texts=4, max_new_tokens=40, max_beam=5, timeout_s=60)
 TEXTS = ["Ein Hund läuft über die Wiese.", "Grüße aus 北京"]
@@ -22,10 +22,7 @@ SHORT = {"max_new_tokens": 8}
 LENGTHS = {"max_len_a": 0.0, "max_len_b": 12}  # outputs of at most 12 tokens: room for the prefix and a word
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import qkv
 from qkv.bundle import continued, reply
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
-from serving import app_client, one_torch_thread, sse_events, tiny_models
+from serving import app_client, sse_events, tiny_models
 
 # A wait long enough for every request sent at once to arrive before the batch starts.
 TOGETHER = Settings(batch_wait_ms=500, max_new_tokens=40, timeout_s=60)
@@ -29,10 +29,7 @@ GENERATIONS = [
 CHAT = {"messages": ["hello", "你好"], "max_new_tokens": 5}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -39,14 +39,11 @@ def model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model):
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model's steps on one thread (a shared machine's cores are busy)
+def server(model, one_thread):  # the tiny model's steps on one thread (a shared machine's cores are busy)
     limits = {"stream_idle_seconds": IDLE, "stream_max_buffered_seconds": MAX_BUFFERED}
     s = LocalServer(model, Settings(api_keys=(KEY,), **limits))
     yield s
     s.stop()
-    torch.set_num_threads(before)
 
 
 def ws_url(server: LocalServer, query: str = "") -> str:

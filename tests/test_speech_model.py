@@ -56,14 +56,7 @@ def joint_beam_search(
     )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One torch thread: these tiny ops gain nothing from two, and on a shared 2-core machine
-    OpenMP's waiting threads made the training fixture 50 times slower (118 s against 2 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_config(frontend: str = "conv2d", **overrides) -> SpeechConfig:

@@ -36,14 +36,7 @@ from qkv.subtitles import Segment, Word
 RATE = 100  # samples a second of the scripted decoder's "audio": each sample holds its own index
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny models on one thread: on a shared machine, OpenMP's waiting threads made their
-    decoding many times slower (as tests/test_serve_audio.py found)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_agreement_is_the_longest_common_prefix_of_spelled_words() -> None:
@@ -281,10 +274,12 @@ def test_real_tiny_en_streams_about_as_well_as_it_transcribes(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_real_tiny_en_times_its_committed_words_by_its_alignment_heads(tmp_path: Path) -> None:
-    """8 FSDD digits joined with 0.6 s of silence: ``timer_of`` over the whole buffer gives the
-    word times of ``--word-timestamps`` (long-form with word timestamps) exactly; streamed in
-    1 s chunks with it, every final word is aligned, its end within 0.1 s (median) of its clip's
-    end (FSDD's clips are cut close to the voice). Starts and the estimates are printed beside:
+    """8 FSDD digits joined with 0.6 s of silence: ``decoder_of(words=True)`` (the server's way:
+    the alignment reads the encoder output the decoding read) and ``timer_of`` over the whole
+    buffer both give the word times of ``--word-timestamps`` (long-form with word timestamps)
+    exactly; streamed in 1 s chunks either way, every final word is aligned, its end within 0.1 s
+    (median) of its clip's end (FSDD's clips are cut close to the voice), and the two ways commit
+    the same words at the same times. Starts and the estimates are printed beside:
     Whisper's alignment gives a pause to the word after it, so a word starts where the one before
     ended (as openai/whisper's own word timestamps do on the same audio)."""
     if not (REAL / "model.safetensors").is_file():
@@ -302,20 +297,24 @@ def test_real_tiny_en_times_its_committed_words_by_its_alignment_heads(tmp_path:
     (offline,) = transcriptions(
         bundle, [wave], timestamps=True, long_form=LongForm(word_timestamps=True, temperatures=(0.0,))
     )
+    expected = [(w.word, w.start, w.end) for g in offline.segments for w in g.words]
     timed = [(w.word, w.start, w.end) for g in timer_of(bundle)(wave, segments) for w in g.words]
-    assert timed == [(w.word, w.start, w.end) for g in offline.segments for w in g.words]
-    errors = {}
-    for name, timer in (("aligned", timer_of(bundle)), ("estimated", None)):
-        stream, words = SpeechStream(decoder_of(bundle), sample_rate=16000, timer=timer), []
+    shared = [(w.word, w.start, w.end) for g in decoder_of(bundle, words=True)(wave, "") for w in g.words]
+    assert timed == expected and shared == expected
+    errors, committed = {}, {}
+    ways = {"shared": (decoder_of(bundle, words=True), None), "timer": (decoder_of(bundle), timer_of(bundle))}
+    for name, (decode, timer) in {**ways, "estimated": (decoder_of(bundle), None)}.items():
+        stream, words = SpeechStream(decode, sample_rate=16000, timer=timer), []
         for piece in wave.split(16000):
             stream.insert(piece)
             if stream.ready():
                 words += stream.step().committed
         words += stream.finish().committed
-        assert all(w.aligned == (timer is not None) for w in words)
-        errors[name] = median_errors(words, truth, spans)
+        assert all(w.aligned == (name != "estimated") for w in words)
+        errors[name], committed[name] = median_errors(words, truth, spans), words
     print("median error of word (start, end), seconds:", errors)
-    assert errors["aligned"][1] <= 0.1
+    assert errors["shared"][1] <= 0.1 and errors["timer"][1] <= 0.1
+    assert committed["shared"] == committed["timer"]
 
 
 def joined_clips(n: int, seed: int) -> tuple[torch.Tensor, list[str], list[tuple[float, float]]]:

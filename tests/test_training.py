@@ -1,4 +1,4 @@
-"""Tests of qkv.training: the schedule, the optimizer step and the training loop."""
+"""Tests of qkv.training and qkv.schedules: the schedule, the optimizer step and the training loop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch import nn
 from qkv.errors import UserError
 from qkv.losses import seq2seq_batch, seq2seq_loss, sequence_loss
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
+from qkv.schedules import inverse_sqrt, warmup_cosine
 from qkv.training import (
     Checkpointing,
     Epochs,
@@ -24,8 +25,6 @@ from qkv.training import (
     Trainer,
     Validation,
     fit,
-    inverse_sqrt,
-    warmup_cosine,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -95,8 +94,6 @@ def test_fit_is_deterministic_for_a_seed():
 
 def test_warmup_cosine_rises_then_decays_to_zero() -> None:
     """Linear warmup to 1, monotone cosine decay, 0 at the last step."""
-    from qkv.training import warmup_cosine
-
     factors = [warmup_cosine(s, warmup=5, total=23) for s in range(24)]
     assert factors[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert all(a >= b for a, b in itertools.pairwise(factors[4:]))

@@ -26,14 +26,7 @@ STFT = dict(n_fft=CONFIG.n_fft, hop_length=CONFIG.hop_length, win_length=CONFIG.
 DB = 10 / np.log(10)  # dB per nat of power
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: these transforms are small, and on a busy 2-core machine two threads
-    cost far more in waiting than they gain."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def glide(seconds: float = 1.0, rate: int = RATE) -> np.ndarray:

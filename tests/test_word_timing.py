@@ -16,10 +16,12 @@ The model is ``whisper_fixtures.stamped_whisper``, test_whisper_rules' small ran
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -50,14 +52,7 @@ from whisper_fixtures import CORPUS  # noqa: E402
 HEADS = [[1, 0], [1, 1], [0, 1]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread (as test_serve_audio): on a shared machine, OpenMP's waiting threads made the
-    tiny Whisper's decoding many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ------------------------------------------------------------------------ pure parts
@@ -176,7 +171,7 @@ def whisper(tmp_path_factory) -> dict:
     (root / "hf" / "generation_config.json").write_text(json.dumps({**generation, "alignment_heads": HEADS}))
     import_hf(root / "hf", root / "qkv")
     model.set_attn_implementation("eager")  # attention weights, for the reference
-    return {"hf": model, "qkv": root / "qkv", "hf_tokenizer": tokenizer_with_stamps()}
+    return {"hf": model, "hf_dir": root / "hf", "qkv": root / "qkv", "hf_tokenizer": tokenizer_with_stamps()}
 
 
 def noise(seconds: float, seed: int) -> torch.Tensor:
@@ -324,6 +319,80 @@ def test_cli_word_timestamps(whisper: dict, tmp_path: Path, capsys) -> None:
     assert [text for _, _, text in cues] == expected
     assert main([*argv[:-1], "--format", "srt", "--max-words-per-line", "2"]) == 2  # no --word-timestamps
     assert "--word-timestamps" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def worded(whisper: dict, tmp_path_factory) -> Path:
+    """The random Whisper made to write words: the two text tokens it writes most on
+    ``noise(0.9, 7)`` lend their output rows to " t" and " w", every other text token suppressed
+    (its generation config), so that each token is a word of its own (the random model's bytes
+    spell no words, and a stream keeps a segment's aligned times only where its words spell it)."""
+    from transformers import WhisperForConditionalGeneration
+
+    from qkv.bundle import transcriptions
+
+    tokenizer = whisper["hf_tokenizer"]
+    eot = tokenizer.eos_token_id
+    (heard,) = transcriptions(qkv.load(whisper["qkv"]), [noise(0.9, 7)], timestamps=True, long_form=LongForm())
+    written = collections.Counter(t for g in heard.segments for t in g.tokens if t < eot)
+    words = tokenizer.convert_tokens_to_ids(["Ġt", "Ġw"])
+    root = tmp_path_factory.mktemp("worded")
+    model = WhisperForConditionalGeneration.from_pretrained(whisper["hf_dir"])
+    with torch.no_grad():
+        for word, (token, _) in zip(words, written.most_common(2), strict=True):
+            model.proj_out.weight[word] = model.proj_out.weight[token]
+    shutil.copytree(whisper["hf_dir"], root / "hf")  # its tokenizer and feature extractor
+    model.save_pretrained(root / "hf")
+    generation = json.loads((whisper["hf_dir"] / "generation_config.json").read_text())
+    generation["suppress_tokens"] = [t for t in range(eot) if t not in words]
+    (root / "hf" / "generation_config.json").write_text(json.dumps(generation))
+    import_hf(root / "hf", root / "qkv")
+    return root / "qkv"
+
+
+def test_the_servers_stream_times_words_as_the_command_does(worded: Path, tmp_path: Path, capsys) -> None:
+    """``/v1/audio/stream`` (the app in-process) over a random Whisper that writes words: audio
+    within one window, then ``end``: the final's words and their times are those ``qkv transcribe
+    --word-timestamps --no-fallback`` gives for the same samples (a WAV of them; each start no
+    earlier than the end before, as a stream's words never go back), ``timing`` "aligned"; with
+    ``?timing=estimated``, "estimated" (its words may differ: ``--word-timestamps`` starts a window
+    after the last word, as openai/whisper does, so the 0.9 s are read in two windows)."""
+    import soundfile
+
+    from qkv.serve.models import load_served
+    from qkv.serve.settings import Settings
+    from serving import app_client
+
+    samples = (noise(0.9, 7).numpy() * 32767).round().astype("<i2")  # s16le, as a client sends it
+    soundfile.write(tmp_path / "a.wav", samples, 16000, subtype="PCM_16")
+    argv = ["transcribe", "--model", str(worded), str(tmp_path / "a.wav"), "--quiet", "--no-fallback"]
+    assert main([*argv, "--word-timestamps", "--format", "json"]) == 0
+    (record,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected, last = [], 0.0
+    for w in (w for g in record["segments"] for w in g["words"]):
+        expected.append((w["word"].strip(), max(w["start"], last), max(w["end"], last)))
+        last = expected[-1][2]
+    finals = {}
+    with app_client(load_served([str(worded)]), Settings()) as client:
+        for timing in ("aligned", "estimated"):
+            with client.websocket_connect(f"/v1/audio/stream?timing={timing}") as ws:
+                ws.send_bytes(samples.tobytes())
+                ws.send_text(json.dumps({"type": "end"}))
+                (finals[timing],) = [m for m in received(ws) if m["type"] == "final"]
+    assert len(expected) >= 3 and [(w["word"], w["start"], w["end"]) for w in finals["aligned"]["words"]] == expected
+    assert finals["aligned"]["timing"] == "aligned" and finals["estimated"]["timing"] == "estimated"
+
+
+def received(ws) -> list[dict]:
+    """A TestClient WebSocket's JSON messages until the server closes it."""
+    from starlette.websockets import WebSocketDisconnect
+
+    out = []
+    while True:
+        try:
+            out.append(ws.receive_json())
+        except WebSocketDisconnect:
+            return out
 
 
 # ------------------------------------------------------------------------ the real tiny.en

@@ -45,9 +45,11 @@ from qkv.data import (
 from qkv.distributed import DEVICES, PARALLEL
 from qkv.errors import UserError
 from qkv.models.encoder_decoder import EncoderDecoder
+from qkv.schedules import SCHEDULES
+from qkv.stopping import ON_NONFINITE
 from qkv.tokenization import FILE as TOKENIZER_FILE
 from qkv.tokenization import Tokenizer, Vocabularies
-from qkv.training import ON_NONFINITE, SCHEDULES, Epochs
+from qkv.training import Epochs
 
 # A value rule: (accepted types, test, what the value must be, for the error).
 Rule = tuple[type | tuple[type, ...], Callable[[object], bool], str]
@@ -122,7 +124,7 @@ class TrainConfig:
         steps: optimizer steps (None: the task counts epochs instead, as translation may).
         seconds: stop after this much training time (None: no limit).
         lr, warmup, schedule, min_lr: the peak learning rate, its warm-up steps, its decay
-            (``training.SCHEDULES``) and its floor.
+            (``schedules.SCHEDULES``) and its floor.
         weight_decay, beta2: AdamW's decoupled weight decay and second-moment decay (β1 is 0.9).
         clip: gradient-norm clipping (0: none). bf16: autocast to bfloat16.
         label_smoothing: ε of the smoothed cross-entropy (Szegedy et al., 2016).

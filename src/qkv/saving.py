@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # training.py imports this module: these names are for type c
 class Saves:
     """What :func:`~qkv.training.fit` saves for resuming (``checkpoint``; nothing without one):
     before a fresh run's first step and at the end (``checkpoint.always``), after every validation,
-    every ``checkpoint.every`` steps and when a stop is asked for (:class:`~qkv.training.StopRequest`
+    every ``checkpoint.every`` steps and when a stop is asked for (:class:`~qkv.stopping.StopRequest`
     calls :meth:`save`); where each save of this session went (:attr:`last_saved`)."""
 
     def __init__(self, checkpoint: Checkpointing | None, trainer: Trainer, result: FitResult) -> None:

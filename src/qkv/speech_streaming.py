@@ -19,13 +19,15 @@ decoding:
   * at the end, the last hypothesis is committed whole.
 
 Words are compared by their letters and digits, casefolded (:func:`spelled`): a word that gains
-a comma or a capital between two decodings still agrees. The decoder gives segments with times
-but no word times. A step that commits words first has them timed where a ``timer`` can (an
-imported Whisper: the cross-attention of its alignment heads, as its word timestamps are found,
-``word_timing.py``; :func:`timer_of`), each word's times those of the timed words that hold its
-characters (:func:`aligned`); elsewhere (a model of qkv's own, a timer's words that do not spell
-the segment) a word's times are its segment's, shared out by characters (:func:`words_of`): an
-estimate, and :attr:`Word.aligned` says which.
+a comma or a capital between two decodings still agrees. The decoder gives segments with times,
+and their words timed where it can (``decoder_of(words=True)``, the server's way: an imported
+Whisper's decoding aligns the words by the cross-attention of its alignment heads with the
+encoder output it has just read, as ``--word-timestamps`` does, ``word_timing.py``); without,
+a step that commits words first has them timed where a ``timer`` can (:func:`timer_of`: the
+buffer read again, encoder and decoder). Each word's times are those of the timed words that
+hold its characters (:func:`aligned`); elsewhere (a model of qkv's own, timed words that do not
+spell the segment) a word's times are its segment's, shared out by characters
+(:func:`words_of`): an estimate, and :attr:`Word.aligned` says which.
 
 What is here: :class:`StreamOptions`, :class:`Word`, :class:`Update` (what one step commits and
 what it guesses beyond), the pure parts (:func:`words_of`, :func:`aligned`, :func:`spelled`,
@@ -326,7 +328,9 @@ def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None 
     qkv's own, one segment over the buffer (no prompt). Audio too short for the model's
     front-end: no segment. ``words``: an imported Whisper's segments come with their words
     timed by its alignment heads (``LongForm.word_timestamps``: the window's encoder output read
-    once, for the decoding and the alignment, where :func:`timer_of` reads it again)."""
+    once, for the decoding and the alignment, where :func:`timer_of` reads it again; the times
+    ``qkv transcribe --word-timestamps --no-fallback`` gives for the buffer), at a decoder pass
+    more each step."""
     whisper = bundle.whisper is not None
     tokenizer = bundle.vocab.target
 

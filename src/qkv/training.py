@@ -1,16 +1,15 @@
-"""Training: the learning-rate schedule, the optimizer step and the training loop.
+"""Training: the optimizer step and the training loop.
 
-What is here: :func:`inverse_sqrt` (the warmup schedule of Vaswani et al., 2017, eq. 3) and
-:func:`warmup_cosine`, :class:`Trainer` (AdamW, the schedule, gradient clipping and
-accumulation, a moving average of the weights, bf16 autocast, and its state for checkpoints and
-exact resumption) and :func:`fit`, the one training loop of every task (:class:`FitConfig`):
-steps or :class:`Epochs`, a time budget, :class:`Validation` with the best and averaged
-checkpoints and early stopping, :class:`Checkpointing` for saves and resumption, TensorBoard
-scalars and a progress bar with loss, learning rate and tokens/s; :class:`FitResult`, the run so
-far; :class:`StopRequest` (SIGTERM and Ctrl-C stop at a step boundary after a save) and
-:class:`NonFinite`.
+What is here: :class:`Trainer` (AdamW, the schedule, gradient clipping and accumulation, a
+moving average of the weights, bf16 autocast, and its state for checkpoints and exact
+resumption) and :func:`fit`, the one training loop of every task (:class:`FitConfig`): steps or
+:class:`Epochs`, a time budget, :class:`Validation` with the best and averaged checkpoints and
+early stopping, :class:`Checkpointing` for saves and resumption, TensorBoard scalars and a
+progress bar with loss, learning rate and tokens/s; :class:`FitResult`, the run so far.
 
-What is not here: the losses of the model families and the batches they read (``losses.py``),
+What is not here: the learning-rate schedules (``schedules.py``), the stops by a signal or a
+non-finite step (:class:`~qkv.stopping.StopRequest`, :class:`~qkv.stopping.NonFinite`,
+``stopping.py``), the losses of the model families and the batches they read (``losses.py``),
 the tasks' parts and the runner that calls fit (``tasks/``, ``runner.py``), when fit saves
 (:class:`~qkv.saving.Saves`, ``saving.py``), models, decoding, data files.
 """
@@ -20,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -32,27 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from qkv import distributed
-from qkv.errors import Stopped, UserError
+from qkv.errors import UserError
 from qkv.progress import progress as progress_report
 from qkv.saving import Saves
-
-
-def inverse_sqrt(step: int, *, warmup: int) -> float:
-    """Learning-rate factor: linear warmup to 1 at ``warmup``, then ∝ 1/√step (eq. 3)."""
-    step = max(step, 1)
-    return min(step / warmup, math.sqrt(warmup / step)) if warmup > 0 else 1.0 / math.sqrt(step)
-
-
-def warmup_cosine(step: int, *, warmup: int, total: int, floor: float = 0.0) -> float:
-    """Learning-rate factor: linear warmup to 1, then a cosine decay to ``floor`` at ``total``
-    (Loshchilov & Hutter, 2017). Ending low lets short runs settle into a minimum."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-SCHEDULES = ("inverse_sqrt", "cosine")
+from qkv.schedules import lr_factor
+from qkv.stopping import ON_NONFINITE, NonFinite, StopRequest, first_nonfinite_module
 
 
 def ema_update(average: Tensor, value: Tensor, decay: float) -> None:
@@ -95,15 +76,6 @@ class FitResult:
         ``steps``: the trainer's, for progress saved without them)."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{"steps": steps, **{k: v for k, v in saved.items() if k in known}})
-
-
-def lr_factor(schedule: str, *, warmup: int, total: int, floor: float) -> Callable[[int], float]:
-    """The learning-rate multiplier of optimizer step ``s`` (0-based) for a named schedule."""
-    if schedule == "inverse_sqrt":
-        return lambda s: inverse_sqrt(s + 1, warmup=warmup)
-    if schedule == "cosine":
-        return lambda s: warmup_cosine(s, warmup=warmup, total=total, floor=floor)
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
 class Trainer:
@@ -374,109 +346,6 @@ class Trainer:
             torch.cuda.set_rng_state(tensors.get(f"rng.cuda.{self.world.rank}", tensors["rng.cuda"]).cpu())
 
 
-ON_NONFINITE = ("stop", "skip")
-
-
-class NonFinite(UserError):
-    """A step whose loss or gradient is NaN or infinite, with the step and the first module
-    (in the order the forward pass runs them) whose output was not finite."""
-
-    def __init__(self, step: int, what: str, module: str | None) -> None:
-        where = f"; the first non-finite output: {module}" if module else ""
-        super().__init__(
-            f"step {step + 1}: the {what}{where}; lower train.lr, or set train.on_nonfinite=skip to skip such steps"
-        )
-        self.step, self.module = step, module
-
-
-@torch.no_grad()
-def first_nonfinite_module(
-    model: nn.Module, batches: Sequence[Callable[[], tuple[Tensor, int]]], *, run: Callable | None = None
-) -> str | None:
-    """The name of the first submodule whose output holds a NaN or an infinity when the batches
-    run forward again (forward hooks, gradients off), or None when only the loss was not finite.
-    ``run``: what calls a batch closure (:meth:`Trainer.forward`: the wrapper on several workers)."""
-    found: list[str] = []
-
-    def hook(name: str) -> Callable:
-        def check(module: nn.Module, inputs: object, output: object) -> None:
-            outputs = output if isinstance(output, (tuple, list)) else (output,)
-            if not found and any(
-                isinstance(o, Tensor) and o.is_floating_point() and not o.isfinite().all() for o in outputs
-            ):
-                found.append(name)
-
-        return check
-
-    handles = [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
-    try:
-        for batch in batches:
-            run(batch) if run is not None else batch()
-            if found:
-                break
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found[0] if found else None
-
-
-SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
-
-
-class StopRequest:
-    """SIGTERM and SIGINT (Ctrl-C) while training. The first asks the loop to stop at the next
-    step boundary, after it saves what resuming needs (:meth:`check`); a second one stops at
-    once (a KeyboardInterrupt: every write is atomic, so nothing is left half-written). Signal
-    handlers can only be set in the main thread; elsewhere this does nothing."""
-
-    def __init__(self) -> None:
-        self.signal: int | None = None  # the signal this process received
-        self.agreed: int | None = None  # on several workers: the one any of them received (agree)
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for sig in SIGNAL_NAMES:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
-        print(
-            f"\n{SIGNAL_NAMES[signum]}: stopping after this step to save a checkpoint (again: stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def agree(self, seconds: float) -> float:
-        """On several workers (a collective every one calls at the same step): whether any was
-        asked to stop, and the longest elapsed time, so that all stop at the same step; that
-        time is returned (``seconds`` itself with one process)."""
-        if distributed.world().size == 1:
-            return seconds
-        seconds, signum = distributed.all_max([seconds, float(self.signal or 0)])
-        self.agreed = int(signum) or None
-        return seconds
-
-    def check(self, step: int, save: Callable[[], str | None]) -> None:
-        """Raise :class:`~qkv.errors.Stopped` (after ``save()``) if a stop was asked for (on
-        several workers: agreed by the last :meth:`agree`, so that all of them stop here)."""
-        signum = self.signal if distributed.world().size == 1 else self.agreed
-        if signum is None:
-            return
-        saved = save()
-        where = f"; checkpoint saved in {saved}" if saved else ""
-        raise Stopped(
-            f"stopped by {SIGNAL_NAMES[signum]} after step {step}{where}", exit_code=128 + signum, saved=saved
-        )
-
-
 @dataclass(frozen=True)
 class Checkpointing:
     """How :func:`fit` saves what resuming needs and resumes, and keeps validated checkpoints.
@@ -555,7 +424,7 @@ class FitConfig:
             a cap, or None: the epochs end the run and plan the schedule.
         lr: the peak learning rate.
         warmup: steps of linear warmup.
-        schedule: ``"inverse_sqrt"`` or ``"cosine"`` (:data:`SCHEDULES`).
+        schedule: ``"inverse_sqrt"`` or ``"cosine"`` (:data:`~qkv.schedules.SCHEDULES`).
         min_lr: where the cosine schedule ends.
         seconds: a cap on wall time (None: none); a cosine schedule is replanned to end there.
         weight_decay: AdamW's, on matrices only.
@@ -635,12 +504,12 @@ def fit(
 
     With ``checkpoint``, what resuming needs (weights, optimizer, schedule, RNG, the moving
     average, the :class:`FitResult` so far) is saved every ``checkpoint.every`` steps, after
-    every validation and when SIGTERM or Ctrl-C asks the run to stop (:class:`StopRequest`),
+    every validation and when SIGTERM or Ctrl-C asks the run to stop (:class:`~qkv.stopping.StopRequest`),
     and ``checkpoint.load`` may continue a saved run: the steps already taken are not taken
     again, and the run ends as an uninterrupted one would (``step_loss`` must draw batch i from
     i alone; ``epochs.begin`` an epoch's order from the epoch alone). A run that had stopped
     goes straight to its end. A non-finite loss or gradient stops the run with
-    :class:`NonFinite` (naming the last checkpoint saved) or, with ``on_nonfinite="skip"``,
+    :class:`~qkv.stopping.NonFinite` (naming the last checkpoint saved) or, with ``on_nonfinite="skip"``,
     skips the step.
 
     On N workers (torchrun) ``step_loss`` computes this worker's share of the batch

@@ -2,8 +2,10 @@
 
 The client opens ``ws://HOST/v1/audio/stream?model=NAME&language=CODE&timing=aligned`` (all
 optional: ``model`` and ``language`` as ``/v1/audio/transcriptions`` takes them; ``timing``:
-"aligned", word times by the model's alignment where it has one, or "estimated", none sought,
-a cheaper step; with API keys, the same ``Authorization: Bearer KEY``
+"aligned", word times by the model's alignment where it has one (each step's decoding aligns its
+words with the encoder output it has read, ``decoder_of(words=True)``: the times ``qkv transcribe
+--word-timestamps`` gives for the same buffer), or "estimated", none sought, a cheaper step; with
+API keys, the same ``Authorization: Bearer KEY``
 header, or, from a browser, which cannot set it, the key among the subprotocols it offers:
 ``qkv.bearer.`` and the key in base64url, beside ``qkv``, the one the server answers with;
 401 before the handshake without a key it knows), then sends
@@ -49,7 +51,7 @@ from qkv.serve.errors import ApiError, error_body
 from qkv.serve.models import Served
 from qkv.serve.service import Service
 from qkv.serve.validation import checked_language
-from qkv.speech_streaming import SpeechStream, Update, decoder_of, timer_of
+from qkv.speech_streaming import SpeechStream, Update, decoder_of
 
 router = APIRouter(tags=["audio"])
 PATH = "/v1/audio/stream"
@@ -147,8 +149,9 @@ def opened(ws: WebSocket, svc: Service) -> tuple[Served, str | None]:
 
 def aligning(ws: WebSocket) -> bool:
     """Whether the query's ``timing`` asks for word times by the model's alignment ("aligned",
-    the default: where the model has one) or for estimates ("estimated": no alignment pass, a
-    cheaper step); :class:`Refused` (1008) for any other."""
+    the default: where the model has one; a decoder pass more a step, the encoder output shared)
+    or for estimates ("estimated": no alignment pass, a cheaper step); :class:`Refused` (1008)
+    for any other."""
     timing = ws.query_params.get("timing", "aligned")
     if timing not in ("aligned", "estimated"):
         raise Refused(LIMIT, 400, "invalid_request", f"timing {timing[:40]!r}: 'aligned' or 'estimated'")
@@ -163,12 +166,12 @@ async def stream(ws: WebSocket) -> None:
     free = None
     try:
         served, language = opened(ws, svc)
-        timer = timer_of(served.bundle, language=language) if aligning(ws) else None
+        words = aligning(ws)
         try:
             free = svc.take_slot()
         except ApiError as e:
             raise Refused(BUSY, e.code, e.kind, e.message) from None
-        speech = SpeechStream(decoder_of(served.bundle, language=language), sample_rate=RATE, timer=timer)
+        speech = SpeechStream(decoder_of(served.bundle, language=language, words=words), sample_rate=RATE)
         await transcribe(ws, svc, speech)
         await closed(ws, 1000)
     except Refused as e:
