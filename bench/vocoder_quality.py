@@ -175,6 +175,7 @@ def main() -> int:
     p.add_argument("--copy-minutes", type=float, default=60.0, help="stop the copy rows after this (default 60)")
     p.add_argument("--tts-minutes", type=float, default=60.0, help="stop the TTS rows after this (default 60)")
     p.add_argument("--samples", type=Path, help="write the first sentence of each row here as 16 kHz WAVs")
+    p.add_argument("--note", default="", help="what the run's records should say about it (how the vocoders were made)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args()
     from tts_quality import dnsmos
@@ -232,6 +233,7 @@ def record(results: list[dict], args) -> None:
                     "peer_figure": None if peer else round(partner[key], 3),
                     "target": {"min": 3.1} if key == "OVRL" and "TTS" in r["row"] and not peer else None,
                     "details": details,
+                    "notes": args.note,
                 }
             )
         out.append(
@@ -241,6 +243,7 @@ def record(results: list[dict], args) -> None:
                 "unit": "s per s of speech",
                 "target": {"max": 0.1} if "TTS" in r["row"] else None,
                 "details": details,
+                "notes": args.note,
             }
         )
     records.append_run("tts_quality", out)
