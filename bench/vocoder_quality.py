@@ -2,14 +2,15 @@
 ``bench/tts_quality.py``'s vocoder rows for a loaded machine.
 
     python bench/vocoder_quality.py --vocoder /tmp/vocoder/joe --model runs/tts_en_natural --n 50
+    python bench/vocoder_quality.py --vocoder /tmp/vocoder/joe /tmp/vocoder/joe2 --n 30   # copy rows alone
 
 For each of the first ``--n`` Multi30k test2016 sentences (never trained on), paired:
 
-* copy synthesis of the Piper corpus's recording: its log-mel through Griffin-Lim and through the
+* copy synthesis of the Piper corpus's recording: its log-mel through Griffin-Lim and through each
   vocoder;
 * the qkv TTS model ``--model`` (after the copy rows, for as many sentences as ``--tts-minutes``
   allow; ``--copy-minutes`` likewise bounds the copy rows): one synthesis (seeded, as ``qkv
-  speak``), its frames voiced by the vocoder and by Griffin-Lim, so the two rows differ in the
+  speak``), its frames voiced by each vocoder and by Griffin-Lim, so the rows differ in the
   vocoder alone.
 
 Scored as ``tts_quality.py`` scores (``scoring.speech_scores``: DNSMOS SIG/BAK/OVRL/P.808 at 16 kHz, the mean over
@@ -55,58 +56,87 @@ class Timed:
 
 def speak_all(args) -> tuple[dict[str, list[str]], dict[str, list], dict[str, float]]:
     """Every row's texts, waveforms at 16 kHz and real-time factor: the copy rows first, for as
-    many sentences as ``--copy-minutes`` allow, then the TTS rows within ``--tts-minutes``."""
+    many sentences as ``--copy-minutes`` allow, then (with ``--model``) the TTS rows within
+    ``--tts-minutes``. Rows are keyed ``copy-gl``, ``copy-nv:NAME``, ``tts-gl``, ``tts-nv:NAME``."""
     import torch
 
-    import qkv
-    from qkv.audio import features, load_audio
-    from qkv.bundle import neural_vocoder, speeches
+    from qkv.audio import FeatureConfig
+    from qkv.bundle import neural_vocoder
     from qkv.speech_corpora import piper_corpus
-    from qkv.speech_corpora.piper import at_corpus_rate
     from qkv.tasks.piper_teacher import piper_teacher
     from qkv.vocoder import GriffinLim
 
     torch.set_num_threads(args.threads)
-    corpus = piper_corpus(piper_teacher(str(args.voice)), sentences=args.n, splits=["test"])["test"]
-    bundle = qkv.load(args.model)
-    c = bundle.features
-    neural, gl = Timed(neural_vocoder(args.vocoder)), Timed(GriffinLim(c))
-    rows = {k: [] for k in ("copy-gl", "copy-nv", "tts-gl", "tts-nv")}
-    texts = {k: [] for k in rows}
-    seconds, speech = dict.fromkeys(rows, 0.0), dict.fromkeys(rows, 0.0)
+    corpus = piper_corpus(piper_teacher(str(args.voice)), sentences=args.n, splits=["test"])["test"][: args.limit]
+    bundle = None
+    if args.model is not None:
+        import qkv
 
-    def keep(i: int, u, waves: dict, took: dict) -> None:
-        if i == 0:
-            return  # the warm-up
-        for k, w in waves.items():
-            rate = neural.sample_rate if k.endswith("nv") else c.sample_rate
-            rows[k].append(at_corpus_rate(w.numpy(), rate))
-            texts[k].append(u.text)
-            seconds[k] += took[k]
-            speech[k] += w.numel() / rate
+        bundle = qkv.load(args.model)
+    c = bundle.features if bundle else FeatureConfig(kind="logmel", n_mels=80, normalize=False, floor=1e-6)
+    neural = {v.name: Timed(neural_vocoder(v)) for v in args.vocoder}
+    table = Table()
+    copy_rows(corpus, c, Timed(GriffinLim(c)), neural, args.copy_minutes, table)
+    if bundle is not None:
+        tts_rows(corpus, bundle, Timed(GriffinLim(c)), neural, args.tts_minutes, table)
+    return table.texts, table.rows, {k: table.seconds[k] / max(table.speech[k], 1e-9) for k in table.rows}
 
-    start = time.perf_counter()
-    for i, u in enumerate([corpus[0], *corpus]):  # the first sentence twice: a warm-up
-        if time.perf_counter() - start > 60 * args.copy_minutes:
-            break
-        mel = features(load_audio(u.path, sample_rate=c.sample_rate, max_seconds=None), c)
-        gl.seconds = neural.seconds = 0.0
-        waves = {"copy-gl": gl(mel), "copy-nv": neural(mel)}
-        keep(i, u, waves, {"copy-gl": gl.seconds, "copy-nv": neural.seconds})
-        print(f"copy {i}/{len(corpus)}", flush=True)
+
+class Table:
+    """Each row's texts, 16 kHz waveforms, compute seconds and seconds of speech."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str]] = {}
+        self.rows: dict[str, list] = {}
+        self.seconds: dict[str, float] = {}
+        self.speech: dict[str, float] = {}
+
+    def keep(self, key: str, text: str, wave, rate: int, seconds: float) -> None:
+        from qkv.speech_corpora.piper import at_corpus_rate
+
+        self.rows.setdefault(key, []).append(at_corpus_rate(wave.numpy(), rate))
+        self.texts.setdefault(key, []).append(text)
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+        self.speech[key] = self.speech.get(key, 0.0) + wave.numel() / rate
+
+
+def copy_rows(corpus, c, gl: Timed, neural: dict[str, Timed], minutes: float, table: Table) -> None:
+    """Each recording's log-mel through Griffin-Lim and each neural vocoder (the first sentence twice: a warm-up)."""
+    from qkv.audio import features, load_audio
+
     start = time.perf_counter()
     for i, u in enumerate([corpus[0], *corpus]):
-        if time.perf_counter() - start > 60 * args.tts_minutes:
+        if time.perf_counter() - start > 60 * minutes:
             break
-        neural.seconds = 0.0
-        begin = time.perf_counter()
-        synthesis, wave = speeches(bundle, [u.text], vocoder=neural, seed=i)[0]
-        total = time.perf_counter() - begin
-        gl.seconds = 0.0
-        waves = {"tts-gl": gl(synthesis.mel.float()), "tts-nv": wave}
-        keep(i, u, waves, {"tts-nv": total, "tts-gl": total - neural.seconds + gl.seconds})
+        mel = features(load_audio(u.path, sample_rate=c.sample_rate, max_seconds=None), c)
+        for key, vocoder in [("copy-gl", gl), *((f"copy-nv:{k}", v) for k, v in neural.items())]:
+            vocoder.seconds = 0.0
+            wave = vocoder(mel)
+            if i > 0:
+                table.keep(key, u.text, wave, vocoder.sample_rate, vocoder.seconds)
+        print(f"copy {i}/{len(corpus)}", flush=True)
+
+
+def tts_rows(corpus, bundle, gl: Timed, neural: dict[str, Timed], minutes: float, table: Table) -> None:
+    """One synthesis a sentence (seeded, as ``qkv speak``), its frames voiced by each vocoder;
+    a neural row's real-time factor includes the synthesis, as does Griffin-Lim's."""
+    from qkv.bundle import speeches
+
+    start = time.perf_counter()
+    for i, u in enumerate([corpus[0], *corpus]):
+        if time.perf_counter() - start > 60 * minutes:
+            break
+        begin, gl.seconds = time.perf_counter(), 0.0
+        synthesis, wave = speeches(bundle, [u.text], seed=i, vocoder=gl)[0]  # voiced by Griffin-Lim
+        made = time.perf_counter() - begin - gl.seconds
+        if i > 0:
+            table.keep("tts-gl", u.text, wave, gl.sample_rate, made + gl.seconds)
+        for key, vocoder in ((f"tts-nv:{k}", v) for k, v in neural.items()):
+            vocoder.seconds = 0.0
+            wave = vocoder(synthesis.mel.float())
+            if i > 0:
+                table.keep(key, u.text, wave, vocoder.sample_rate, made + vocoder.seconds)
         print(f"tts {i}/{len(corpus)}", flush=True)
-    return texts, rows, {k: seconds[k] / max(speech[k], 1e-9) for k in rows}
 
 
 def judge(path: Path, threads: int):
@@ -128,17 +158,24 @@ NAMES = {
 }
 
 
+def row_name(key: str, model: Path | None) -> str:
+    kind, _, vocoder = key.partition(":")
+    return NAMES[kind].format(v=vocoder, m=model.name if model else "")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1])
-    p.add_argument("--vocoder", type=Path, required=True)
-    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--vocoder", type=Path, nargs="+", required=True, help="one or more vocoder directories")
+    p.add_argument("--model", type=Path, help="a qkv TTS model for the TTS rows (none: the copy rows alone)")
     p.add_argument("--n", type=int, default=50)
+    p.add_argument("--limit", type=int, help="only the first N sentences of the --n corpus (the same cached corpus)")
     p.add_argument("--voice", type=Path, default=VOICE)
     p.add_argument("--judge", type=Path, default=JUDGE)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--copy-minutes", type=float, default=60.0, help="stop the copy rows after this (default 60)")
     p.add_argument("--tts-minutes", type=float, default=60.0, help="stop the TTS rows after this (default 60)")
     p.add_argument("--samples", type=Path, help="write the first sentence of each row here as 16 kHz WAVs")
+    p.add_argument("--note", default="", help="what the run's records should say about it (how the vocoders were made)")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args()
     from scoring import speech_scores
@@ -148,15 +185,15 @@ def main() -> int:
     results = []
     for key, waves in rows.items():
         print(f"scoring {key}", flush=True)
-        name = NAMES[key].format(v=args.vocoder.name, m=args.model.name)
+        name = row_name(key, args.model)
         results.append({"row": name, **speech_scores(waves, texts[key], transcribe), "RTF": rtf[key], "n": len(waves)})
     if args.samples:
         from qkv.vocoder import write_wav
 
         for key, waves in rows.items():
-            write_wav(args.samples / f"{key}.wav", waves[0], 16_000)
+            write_wav(args.samples / f"{key.replace(':', '-')}.wav", waves[0], 16_000)
     print(
-        f"\nthe first of {args.n} held-out sentences (n per row), {args.threads} threads; "
+        f"\nthe first of {args.limit or args.n} held-out sentences (n per row), {args.threads} threads; "
         f"judge {args.judge.name} (faster-whisper)"
     )
     for r in results:
@@ -182,9 +219,7 @@ def record(results: list[dict], args) -> None:
     for r in results:
         details = {**common, "sentences": r["n"], **{k: round(v, 3) for k, v in r.items() if isinstance(v, float)}}
         peer = "Griffin-Lim" in r["row"]
-        partner = (
-            None if peer else next(x for x in results if x is not r and ("TTS" in x["row"]) == ("TTS" in r["row"]))
-        )
+        partner = next(x for x in results if "Griffin-Lim" in x["row"] and ("TTS" in x["row"]) == ("TTS" in r["row"]))
         for metric, key, unit in (("DNSMOS OVRL", "OVRL", "MOS (1-5)"), ("WER of Whisper tiny.en", "WER", "%")):
             out.append(
                 {
@@ -195,6 +230,7 @@ def record(results: list[dict], args) -> None:
                     "peer_figure": None if peer else round(partner[key], 3),
                     "target": {"min": 3.1} if key == "OVRL" and "TTS" in r["row"] and not peer else None,
                     "details": details,
+                    "notes": args.note,
                 }
             )
         out.append(
@@ -204,6 +240,7 @@ def record(results: list[dict], args) -> None:
                 "unit": "s per s of speech",
                 "target": {"max": 0.1} if "TTS" in r["row"] else None,
                 "details": details,
+                "notes": args.note,
             }
         )
     records.append_run("tts_quality", out)

@@ -148,7 +148,7 @@ def test_training_the_adapter_lowers_the_latent_loss():
         pairs.append(Pair(mel, z))
     with torch.no_grad():
         before = sum(float(pair_loss(vocoder.adapter, p)) for p in pairs)
-    done = train_adapter(vocoder.adapter, pairs, steps=13, batch=3, lr=2e-2)
+    done = train_adapter(vocoder, pairs, steps=13, batch=3, lr=2e-2)
     with torch.no_grad():
         after = sum(float(pair_loss(vocoder.adapter, p)) for p in pairs)
     assert done["steps"] == 13 and after < 0.7 * before

@@ -151,6 +151,13 @@ def conv_rows(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor) -> Tensor:
     )
 
 
+def in_place_allowed(x: Tensor) -> bool:
+    """Whether the generator may sum and activate in place: at inference, where it saves the page
+    faults of fresh waveform-sized tensors, but not while autograd records ``x`` (a vocoder's
+    adapter is trained through the frozen generator), whose backward pass reads those tensors."""
+    return not (torch.is_grad_enabled() and x.requires_grad)
+
+
 def relative_index(length: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """For query i and key j: the offset's vector index j − i + window, clamped, and whether
     |j − i| ≤ window (farther offsets have no vector: Shaw et al., 2018, clip to zero here as
@@ -524,13 +531,14 @@ class ResBlock(nn.Module):
         pairs = (
             zip(self.convs1, self.convs2, strict=True) if hasattr(self, "convs1") else ((c, None) for c in self.convs)
         )
+        inplace = in_place_allowed(x)
         for i, (first, second) in enumerate(pairs):
             y = conv_rows(first, F.leaky_relu(x, LRELU_SLOPE))
             if second is not None:
-                y = conv_rows(second, F.leaky_relu_(y, LRELU_SLOPE))
+                y = conv_rows(second, F.leaky_relu_(y, LRELU_SLOPE) if inplace else F.leaky_relu(y, LRELU_SLOPE))
             # in place but for the block's input, which the other blocks read too: each fresh
             # waveform-sized tensor costs page faults that take longer than the sum
-            x = x + y if i == 0 else x.add_(y)
+            x = x.add_(y) if inplace and i > 0 else x + y
         return x
 
 
@@ -563,15 +571,17 @@ class Generator(nn.Module):
         if speaker is not None:
             x = x + self.cond(speaker)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T)
+        inplace = in_place_allowed(x)
         for i, up in enumerate(self.ups):
             x = conv_rows(up, F.leaky_relu(x, LRELU_SLOPE))
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
             total = blocks[0](x)
             for block in blocks[1:]:
-                total.add_(block(x))
-            x = total.div_(self.kernels)
-        x = conv_rows(self.conv_post, F.leaky_relu_(x))  # PyTorch's default slope (0.01) here, as HiFi-GAN
-        return torch.tanh_(x[:, :, 0])  # (B, 1, samples)
+                total = total.add_(block(x)) if inplace else total + block(x)
+            x = total.div_(self.kernels) if inplace else total / self.kernels
+        x = F.leaky_relu_(x) if inplace else F.leaky_relu(x)  # PyTorch's default slope (0.01) here, as HiFi-GAN
+        x = conv_rows(self.conv_post, x)
+        return torch.tanh_(x[:, :, 0]) if inplace else torch.tanh(x[:, :, 0])  # (B, 1, samples)
 
 
 # ----------------------------------------------------------------------------- the voice
