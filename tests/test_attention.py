@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from qkv.attention import (
-    RopeScaling,
     MultiHeadAttention,
+    RopeScaling,
     _explicit_is_faster,
     alibi_bias,
     alibi_slopes,

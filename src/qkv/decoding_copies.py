@@ -1,7 +1,8 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
-self-attention and one stacked W1/W3 product per gated feed-forward; with ``wide``, the widening layers' weights stored transposed for float32
-decoding on CPUs), :func:`packed_linears` (bfloat16 linear layers in oneDNN's packed layout, for
-``--bf16`` on CPUs) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
+self-attention and one stacked W1/W3 product per gated feed-forward; with ``wide``, the widening
+layers' weights stored transposed for float32 decoding on CPUs), :func:`packed_linears` (bfloat16
+linear layers in oneDNN's packed layout, for ``--bf16`` on CPUs) and :func:`int8_linears`
+(int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
 What is not here: the searches that run them (``decoding/``), loading a model directory for
