@@ -10,12 +10,14 @@ What is here:
     whole model (``qkv check`` compares them on a user's model);
   * rotary (RoPE) and ALiBi position maths, since they act inside attention, with RoPE's
     scalings past the trained window (:class:`RopeScaling`: linear, dynamic NTK, Llama 3.1's,
-    YaRN) and its settings (:class:`Rope`);
+    YaRN) and its settings (:class:`Rope`); the rotation as the textbook writes it
+    (:func:`rope_apply`) and in three operators (:func:`rope_apply_rolled`, with the tables of
+    :func:`rope_turn`, which a decoder stack computes once for all its layers);
   * repeating grouped-query heads for the explicit path (:func:`repeat_kv_heads`);
   * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo and serves self- and
     cross-attention; its forward reads as the textbook (project, attend, merge the heads)
     and leaves each of the steps above to its own function; ``fuse_qkv`` stacks Wq, Wk, Wv
-    into one product for decoding.
+    into one product for decoding, after which one call rotates the queries and keys together.
 
 What is not here: the KV cache and how it grows (``kv_cache.py``: a ``(k, v)`` tuple or a
 preallocated :class:`~qkv.kv_cache.KVBuffer`, which :func:`~qkv.kv_cache.extend_cache` grows),

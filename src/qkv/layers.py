@@ -1,7 +1,8 @@
 """Position-wise layers: feed-forward networks, norms, token embeddings and absolute positions.
 
 What is here: :func:`dropout` and :class:`Dropout` (inverted dropout with a cheap mask),
-:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU, GEGLU),
+:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU, GEGLU; ``fuse_gate`` stacks a
+gated one's two input matrices into one product for decoding),
 :func:`make_norm` (LayerNorm or RMSNorm), :func:`sinusoidal_encoding` (sines and cosines
 interleaved, or in two halves) and :class:`InputEmbedding`, which turns token ids
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
