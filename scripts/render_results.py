@@ -45,6 +45,10 @@ BENCHMARKS = {
         "Where a decoding step's time goes",
         "`python bench/step_profile.py`: the base translation model, greedy and beam 5, ms per step by kind of work",
     ),
+    "chat_profile": (
+        "Where a chat decoding step's time goes",
+        "`python bench/chat_profile.py`: SmolLM2-135M-Instruct, batch 1, CPU ms and operators a step",
+    ),
     "chat_speed": (
         "Chat model speed on a CPU, side by side",
         "`python bench/chat_speed.py`: SmolLM2-135M-Instruct in qkv, transformers, llama.cpp: a process each",

@@ -13,6 +13,7 @@ import torch
 
 from qkv.attention import (
     MultiHeadAttention,
+    RopeScaling,
     _explicit_is_faster,
     alibi_bias,
     alibi_slopes,
@@ -20,7 +21,11 @@ from qkv.attention import (
     attention_fused,
     causal_mask,
     padding_mask,
+    rope_apply,
+    rope_apply_rolled,
+    rope_cos_sin,
     rope_rotate,
+    rope_turn,
 )
 from qkv.kv_cache import KVBuffer
 
@@ -272,6 +277,25 @@ def test_rope_preserves_norm_and_position_zero_is_identity() -> None:
     # a (T,) position vector equals the same positions given per row
     same = rope_rotate(x, torch.arange(T))
     assert torch.allclose(same[0], y[0], atol=TOL)
+
+
+@pytest.mark.parametrize("scaling", [None, RopeScaling("yarn", 3.0, original_max_len=7)])
+def test_rope_in_three_operators_equals_the_textbook_rotation(scaling) -> None:
+    """rope_apply_rolled with rope_turn's tables (what attention runs: x·cos + roll(x)·signed sin)
+    rotates as rope_apply with rope_cos_sin's (x·cos + rotate_half(x)·sin), YaRN's scaled tables
+    included; and rotating stacked query and key heads in one call equals rotating each."""
+    torch.manual_seed(8)
+    x = torch.randn(B, 5, T, 10, dtype=torch.float64)  # (B, H + G, T, K)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [3, 5, 8, 13, 21]])  # (B, T)
+    tables = {"width": 10, "dtype": torch.float64, "device": "cpu", "base": 13.0, "scaling": scaling}
+    rolled = rope_apply_rolled(x, *rope_turn(positions, **tables))
+    torch.testing.assert_close(rolled, rope_apply(x, *rope_cos_sin(positions, **tables)), atol=1e-12, rtol=0)
+    q, k = x.split([3, 2], dim=1)
+    each = torch.cat(
+        [rope_apply(q, *rope_cos_sin(positions, **tables)), rope_apply(k, *rope_cos_sin(positions, **tables))], 1
+    )
+    torch.testing.assert_close(rolled, each, atol=1e-12, rtol=0)
+    assert not torch.allclose(rolled, x)
 
 
 def test_alibi_slopes_power_of_two() -> None:

@@ -15,7 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from qkv.attention import attention_path
 from qkv.blocks import cache_length
+from qkv.checkpoint import save_model
 from qkv.checks import PASS, Probe, beam_one_equals_greedy, cached_equals_full
 from qkv.decoding import (
     beam_search,
@@ -697,6 +699,34 @@ def test_fused_qkv_equals_separate_projections(positions: str, n_kv_heads: int |
     attention = fast.decoder.blocks[0].self_attn
     with pytest.raises(ValueError, match="fused for self-attention"):
         attention(torch.zeros(1, 2, attention.w_o.out_features), context=torch.zeros(1, 3, attention.w_o.out_features))
+
+
+def test_llama_decoding_copies_equal_the_explicit_model(tmp_path) -> None:
+    """A Llama-shaped model (RoPE, SwiGLU, RMSNorm, grouped-query heads, no biases) as qkv.load
+    prepares it: for_decoding also stacks each gated FFN's W1 and W3 (fuse_gate) and the stack
+    rotates each layer's queries and keys in one call by tables computed once per step. Against
+    the model given, on the explicit attention path: every cached step's logits within 1e-5 and
+    greedy outputs token for token (beam outputs too in fp32), fp32 and int8 (per-row scales: the
+    stacked rows quantize as the separate ones did), and bf16 packed within bf16's rounding. The copy is not
+    saved."""
+    llama = {"activation": "swiglu", "norm": "rmsnorm", "bias": False, "n_kv_heads": 1, "d_ff": 19}
+    model, prompts = make_do("rope", seed=9, **llama), _random_rows([3, 5, 1], V, seed=17)
+    fast = for_decoding(model, wide=True)
+    ffn = fast.decoder.blocks[0].ffn
+    assert ffn.w_13 is not None and ffn.w_1 is None and ffn.w_3 is None and model.decoder.blocks[0].ffn.w_13 is None
+    assert for_decoding(fast).state_dict().keys() == fast.state_dict().keys()  # fusing twice: as once
+    with attention_path(model, "explicit"):
+        _decode_the_same(model, fast, prompts, steps=6)
+        int8, fast_int8 = int8_linears(model), int8_linears(for_decoding(model))
+        _same_steps(int8, fast_int8, prompts, steps=4)
+        assert greedy(fast_int8, prompts, max_new_tokens=7) == greedy(int8, prompts, max_new_tokens=7)
+    if packable():
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        _same_steps(bf16, packed_linears(for_decoding(bf16)), prompts, steps=4, atol=6e-2)  # 2 steps of bf16 at 4-8
+    with pytest.raises(ValueError, match="fuse before quantizing"):
+        for_decoding(int8_linears(make_do("rope", seed=9, **llama)))
+    with pytest.raises(ValueError, match="cannot be saved"):
+        save_model(fast, tmp_path / "m")
 
 
 @pytest.mark.parametrize("tie_output", [True, False])

@@ -10,12 +10,14 @@ What is here:
     whole model (``qkv check`` compares them on a user's model);
   * rotary (RoPE) and ALiBi position maths, since they act inside attention, with RoPE's
     scalings past the trained window (:class:`RopeScaling`: linear, dynamic NTK, Llama 3.1's,
-    YaRN) and its settings (:class:`Rope`);
+    YaRN) and its settings (:class:`Rope`); the rotation as the textbook writes it
+    (:func:`rope_apply`) and in three operators (:func:`rope_apply_rolled`, with the tables of
+    :func:`rope_turn`, which a decoder stack computes once for all its layers);
   * repeating grouped-query heads for the explicit path (:func:`repeat_kv_heads`);
   * :class:`MultiHeadAttention`, which owns Wq, Wk, Wv and Wo and serves self- and
     cross-attention; its forward reads as the textbook (project, attend, merge the heads)
     and leaves each of the steps above to its own function; ``fuse_qkv`` stacks Wq, Wk, Wv
-    into one product for decoding.
+    into one product for decoding, after which one call rotates the queries and keys together.
 
 What is not here: the KV cache and how it grows (``kv_cache.py``: a ``(k, v)`` tuple or a
 preallocated :class:`~qkv.kv_cache.KVBuffer`, which :func:`~qkv.kv_cache.extend_cache` grows),
@@ -346,6 +348,40 @@ def alibi_bias(n_heads: int, t: int, s: int, *, causal: bool, device: torch.devi
 # -------------------------------------------------------------- attention maths
 
 
+def rope_turn(
+    positions: Tensor,
+    *,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    base: float = 10000.0,
+    scaling: RopeScaling | None = None,
+) -> tuple[Tensor, Tensor]:
+    """RoPE's tables for :func:`rope_apply_rolled`: cos as :func:`rope_cos_sin` gives it, and its
+    sin with the sign of the rotation folded in (−sin on the first half, sin on the second). A
+    decoder stack computes them once for all its layers (one step of a 30-layer model would
+    otherwise compute the same angles 30 times).
+
+    Shapes:
+        positions: (B, T) or (T,); returns: cos, signed sin, each (B, 1, T, K).
+    """
+    cos, sin = rope_cos_sin(positions, width=width, dtype=dtype, device=device, base=base, scaling=scaling)
+    half = width // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, T, K) each
+
+
+def rope_apply_rolled(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """:func:`rope_apply` in three operators instead of seven: rotate_half(x)·sin equals
+    roll(x, K/2)·signed_sin, since rolling by half the width swaps the halves and
+    :func:`rope_turn` folded the minus sign into the table. The same rotation (tested equal to
+    :func:`rope_apply`); a decoding step is bound by its number of operators, not arithmetic.
+
+    Shapes:
+        x: (B, H, T, K); cos, signed_sin: (B, 1, T, K). returns: (B, H, T, K).
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)  # (B, H, T, K)
+
+
 def attention_explicit(
     q: Tensor,
     k: Tensor,
@@ -647,6 +683,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         cache: KVCache | KVBuffer | None = None,
         need_weights: bool = False,
+        rotation: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, KVCache | KVBuffer, Tensor | None]:
         """Attend from ``x`` to itself (plus the cache) or to ``context``: project, attend, merge.
 
@@ -660,17 +697,15 @@ class MultiHeadAttention(nn.Module):
             mask: bool, broadcastable to (B, H, T, S) where S counts cached keys too.
             bias: float, broadcastable to (B, H, T, S) (ALiBi).
             positions: (B, T) or (T,) positions of x, used by RoPE.
+            rotation: RoPE's tables of ``positions`` (:func:`rope_turn`, (B, 1, T, K) twice), when
+            the caller computed them once for several layers; None: computed here.
             cache: two (B, G, P, K) tensors, or a :class:`KVBuffer` (self-attention).
             returns: output (B, T, D), new cache (two (B, G, S, K), or the grown
             :class:`KVBuffer` when one was given), and the weights
             (B, H, T, S) when ``need_weights`` (else None).
         """
         if context is None:  # self-attention: Q = x·Wq, K = x·Wk, V = x·Wv
-            q, k, v = self._project_self(x)  # (B, H, T, K), (B, G, T, K), (B, G, T, K)
-            if self.q_norm is not None:
-                q, k = self.q_norm(q), self.k_norm(k)  # each head's queries and keys, RMS-normalised
-            if self.rope is not None:
-                q, k = self._rotate(q, k, positions)  # (B, H, T, K), (B, G, T, K)
+            q, k, v = self._project_self(x, positions, rotation)  # (B, H, T, K), (B, G, T, K), (B, G, T, K)
             k, v, cache = extend_cache(cache, k, v)  # (B, G, S, K) each: cached positions, then x's
         else:  # cross-attention: Q = x·Wq, K = context·Wk, V = context·Wv
             k, v = self._project_context(context, cache)  # (B, G, S, K) each
@@ -683,23 +718,36 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim)  # (B, T, H*K): heads concatenated
         return self.w_o(out), cache, weights  # (B, T, D)
 
-    def _project_self(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's queries, keys and values, split into heads: one product of the stacked
-        [Wq; Wk; Wv] when fused (:meth:`fuse_qkv`) or when stacking pays (:meth:`_stack_projections`),
-        else three products.
+    def _project_self(
+        self, x: Tensor, positions: Tensor | None, rotation: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries, keys and values, split into heads, each head's queries and keys
+        RMS-normalised (``qk_norm``) and then rotated by RoPE (by ``rotation``, else by the tables
+        of ``positions`` in the queries' dtype) where the attention has it. One
+        product of the stacked [Wq; Wk; Wv] when fused (:meth:`fuse_qkv`) or when stacking pays
+        (:meth:`_stack_projections`), else three products. Stacked queries and keys are adjacent
+        heads, so without ``qk_norm`` one rotation turns both.
 
         Shapes:
             x: (B, T, D). returns: (B, H, T, K), (B, G, T, K), (B, G, T, K).
         """
-        if self.w_qkv is not None:
-            stacked = self.w_qkv(x)  # (B, T, (H + 2G) * K)
-        elif self._stack_projections(x):
-            stacked = F.linear(x, *self._stacked_weights())  # (B, T, (H + 2G) * K)
+        h, g = self.n_heads, self.n_kv_heads
+        if self.w_qkv is not None or self._stack_projections(x):
+            stacked = self.w_qkv(x) if self.w_qkv is not None else F.linear(x, *self._stacked_weights())
+            qk, v = self._split(stacked, h + 2 * g).split([h + g, g], dim=1)  # (B, H + G, T, K), (B, G, T, K)
+            if self.rope is not None and rotation is None:
+                rotation = self.rotation(positions, like=qk)  # (B, 1, T, K) twice
+            if self.q_norm is None:
+                q, k = self._rotate(qk, rotation).split([h, g], dim=1)  # (B, H, T, K), (B, G, T, K)
+                return q, k, v
+            q, k = qk.split([h, g], dim=1)  # (B, H, T, K), (B, G, T, K)
         else:
-            q = self._split(self.w_q(x), self.n_heads)  # (B, H, T, K)
-            return q, self._split(self.w_k(x), self.n_kv_heads), self._split(self.w_v(x), self.n_kv_heads)
-        q, k, v = stacked.split(self.qkv_widths, dim=-1)  # (B, T, H*K), (B, T, G*K), (B, T, G*K)
-        return self._split(q, self.n_heads), self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+            q, k, v = self._split(self.w_q(x), h), self._split(self.w_k(x), g), self._split(self.w_v(x), g)
+            if self.rope is not None and rotation is None:
+                rotation = self.rotation(positions, like=q)  # (B, 1, T, K) twice
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # each head's queries and keys, RMS-normalised
+        return self._rotate(q, rotation), self._rotate(k, rotation), v
 
     def _project_context(self, context: Tensor, cache: KVCache | KVBuffer | None) -> KVCache:
         """Cross-attention's keys and values: ``context`` projected by Wk and Wv, or, given a
@@ -730,18 +778,24 @@ class MultiHeadAttention(nn.Module):
         """
         return self._project_context(context, None)
 
-    def _rotate(self, q: Tensor, k: Tensor, positions: Tensor | None) -> tuple[Tensor, Tensor]:
-        """RoPE (:func:`rope_rotate`) on queries and keys, the angles computed once for both.
-
-        Shapes:
-            q: (B, H, T, K); k: (B, G, T, K); positions: (B, T) or (T,). returns: q, k rotated.
-        """
+    def rotation(self, positions: Tensor | None, *, like: Tensor) -> tuple[Tensor, Tensor] | None:
+        """RoPE's tables (:func:`rope_turn`) of ``positions`` for this attention's heads, in the dtype
+        and on the device of ``like`` (the queries, or what they are projected from): what
+        :meth:`forward` takes as ``rotation``; None without RoPE.
+        Shapes: (B, T) or (T,) -> (B, 1, T, K) twice."""
+        if self.rope is None:
+            return None
         assert positions is not None, "RoPE needs the positions of x"
         rope = self.rope
-        cos, sin = rope_cos_sin(
-            positions, width=self.head_dim, dtype=q.dtype, device=q.device, base=rope.base, scaling=rope.scaling
-        )  # (B, 1, T, K)
-        return rope_apply(q, cos, sin), rope_apply(k, cos, sin)
+        return rope_turn(
+            positions, width=self.head_dim, dtype=like.dtype, device=like.device, base=rope.base, scaling=rope.scaling
+        )  # (B, 1, T, K) twice
+
+    @staticmethod
+    def _rotate(x: Tensor, rotation: tuple[Tensor, Tensor] | None) -> Tensor:
+        """RoPE (:func:`rope_apply_rolled`) by ``rotation``'s angles; None: ``x`` as it is.
+        Shapes: (B, H, T, K) -> (B, H, T, K)."""
+        return x if rotation is None else rope_apply_rolled(x, *rotation)
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, need_weights: bool

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor, nn
 
 from qkv.attention import (
@@ -291,11 +292,12 @@ class DecoderBlock(nn.Module):
         memory_mask: Tensor | None = None,
         cache: BlockCache | None = None,
         need_weights: bool = False,
+        rotation: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, BlockCache, Tensor | None]:
         self_cache, cross_cache = cache if cache is not None else (None, None)
         if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
             h, self_cache, weights = self._sa_block(
-                self.norm_1(x), self_mask, self_bias, positions, self_cache, need_weights
+                self.norm_1(x), self_mask, self_bias, positions, self_cache, need_weights, rotation
             )  # (B, T, D)
             x = x + h
             if self.cross_attn is not None:
@@ -303,7 +305,9 @@ class DecoderBlock(nn.Module):
                 x = x + h
             x = x + self._ff_block(self.norm_3(x))  # (B, T, D)
         else:  # post-norm: Norm(x + Sublayer(x))
-            h, self_cache, weights = self._sa_block(x, self_mask, self_bias, positions, self_cache, need_weights)
+            h, self_cache, weights = self._sa_block(
+                x, self_mask, self_bias, positions, self_cache, need_weights, rotation
+            )  # (B, T, D)
             x = self.norm_1(x + h)  # (B, T, D)
             if self.cross_attn is not None:
                 h, cross_cache, weights = self._ca_block(x, memory, memory_mask, cross_cache, need_weights)
@@ -319,9 +323,11 @@ class DecoderBlock(nn.Module):
         positions: Tensor,
         cache: KVCache | KVBuffer | None,
         need_weights: bool,
+        rotation: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, KVCache | KVBuffer, Tensor | None]:
         """Masked self-attention, its grown cache, and its weights when they are the block's
-        (``need_weights`` without cross-attention)."""
+        (``need_weights`` without cross-attention). ``rotation``: RoPE's tables of ``positions``
+        when the stack computed them for every block (None: the attention computes its own)."""
         h, cache, weights = self.self_attn(
             x,
             mask=mask,
@@ -329,6 +335,7 @@ class DecoderBlock(nn.Module):
             positions=positions,
             cache=cache,
             need_weights=need_weights and self.cross_attn is None,
+            rotation=rotation,
         )  # (B, T, D)
         return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h)), cache, weights
 
@@ -434,6 +441,7 @@ class DecoderStack(nn.Module):
             alibi_bias(self.n_heads, t, s, causal=True, device=x.device) if self.alibi else None
         )  # (1, H, T, S_self)
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None  # (B, 1, 1, S)
+        rotations = self._rotations(positions, x)
         new_cache, weights = [], []
         for i, block in enumerate(self.blocks):
             x, block_cache, w = block(
@@ -445,10 +453,27 @@ class DecoderStack(nn.Module):
                 memory_mask=cross_mask,
                 cache=cache[i] if cache else None,
                 need_weights=need_weights,
+                rotation=rotations.get(block.self_attn.rope),
             )  # (B, T, D)
             new_cache.append(block_cache)
             weights.append(w)
         return self.norm(x), new_cache, (weights if need_weights else None)
+
+    def _rotations(self, positions: Tensor, x: Tensor) -> dict:
+        """RoPE's tables of ``positions`` (:meth:`~qkv.attention.MultiHeadAttention.rotation`), once
+        per RoPE among the blocks (sliding layers may have their own): every block would otherwise
+        compute the same angles, 8 operators each, a tenth of a decoding step's operators in a
+        30-layer model. None under autocast, where the queries' dtype is autocast's, not ``x``'s
+        (each block then computes its own, as the attention does alone).
+
+        Shapes: positions (B, T) or (T,); returns {rope: ((B, 1, T, K), (B, 1, T, K))}.
+        """
+        if torch.is_autocast_enabled(x.device.type):
+            return {}
+        owners: dict = {}
+        for block in self.blocks:
+            owners.setdefault(block.self_attn.rope, block.self_attn)
+        return {rope: attn.rotation(positions, like=x) for rope, attn in owners.items() if rope is not None}
 
     @staticmethod
     def _self_mask(t: int, s: int, window: int | None, key_mask: Tensor | None, device) -> Tensor | None:

@@ -262,7 +262,7 @@ def save_model(
     sharded training checkpoint). ``carry``: entries of the directory being replaced that move
     into the new one as they are, not among its files (a training run's TensorBoard scalars).
     """
-    if any(getattr(m, "w_qkv", None) is not None for m in model.modules()):
+    if any(getattr(m, "w_qkv", None) is not None or getattr(m, "w_13", None) is not None for m in model.modules()):
         # decoding_copies.for_decoding's stacked projections: a decoding copy, not qkv's layout
         raise ValueError("a model prepared for decoding (for_decoding) cannot be saved; save the original")
     directory = Path(directory)

@@ -1,7 +1,8 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
-self-attention; with ``wide``, the widening layers' weights stored transposed for float32
-decoding on CPUs), :func:`packed_linears` (bfloat16 linear layers in oneDNN's packed layout, for
-``--bf16`` on CPUs) and :func:`int8_linears` (int8-weight linear layers, ``qkv.int8``).
+self-attention and one stacked W1/W3 product per gated feed-forward; with ``wide``, the widening
+layers' weights stored transposed for float32 decoding on CPUs), :func:`packed_linears` (bfloat16
+linear layers in oneDNN's packed layout, for ``--bf16`` on CPUs) and :func:`int8_linears`
+(int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
 
 What is not here: the searches that run them (``decoding/``), loading a model directory for
@@ -17,7 +18,9 @@ from qkv.ensemble import Ensemble
 def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
     with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
-    saves two calls per layer per token. Same outputs up to float rounding (tested equal);
+    saves two calls per layer per token, and every gated feed-forward (SwiGLU, GEGLU) its W1 and
+    W3 with one (:meth:`~qkv.layers.FeedForward.fuse_gate`), one call more. Same outputs up to
+    float rounding (tested equal);
     the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
     it before :func:`int8_linears`, which quantizes the stacked projection like any other.
     An ensemble gives an ensemble of its members' copies.
@@ -44,6 +47,7 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     for module in fast.modules():
         if isinstance(module, DecoderBlock | EncoderBlock):
             module.self_attn.fuse_qkv()
+            module.ffn.fuse_gate()
     for parent in list(fast.modules()) if wide else []:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > child.in_features:

@@ -1,7 +1,8 @@
 """Position-wise layers: feed-forward networks, norms, token embeddings and absolute positions.
 
 What is here: :func:`dropout` and :class:`Dropout` (inverted dropout with a cheap mask),
-:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU, GEGLU),
+:class:`FeedForward` (ReLU, GELU, tanh-approximated GELU, SiLU, SwiGLU, GEGLU; ``fuse_gate`` stacks a
+gated one's two input matrices into one product for decoding),
 :func:`make_norm` (LayerNorm or RMSNorm), :func:`sinusoidal_encoding` (sines and cosines
 interleaved, or in two halves) and :class:`InputEmbedding`, which turns token ids
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
@@ -118,22 +119,50 @@ class FeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff, bias=bias)
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
+        self.w_13: nn.Linear | None = None  # [W1; W3] stacked, after fuse_gate (decoding)
+
+    def fuse_gate(self) -> None:
+        """Stack W1 and W3 of a gated FFN into one projection ``w_13`` (they are removed): one
+        matrix product per call instead of two. A decoding step is bound by per-call overhead, not
+        arithmetic (docs/speed.md), so this is a decoding fast path, like
+        :meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`; the outputs are the same up to float
+        rounding (tested). Int8 weights have one scale per output row, so quantizing the stacked
+        matrix gives the rows the two would get. Nothing to do for an ungated FFN.
+        """
+        if self.w_13 is not None or self.w_3 is None:
+            return
+        if not (type(self.w_1) is nn.Linear and type(self.w_3) is nn.Linear):
+            raise ValueError("fuse_gate needs float nn.Linear projections: fuse before quantizing (int8_linears)")
+        w_1, w_3 = self.w_1, self.w_3
+        with torch.no_grad():
+            fused = nn.Linear(w_1.in_features, 2 * w_1.out_features, bias=w_1.bias is not None)
+            fused = fused.to(device=w_1.weight.device, dtype=w_1.weight.dtype)
+            fused.weight.copy_(torch.cat([w_1.weight, w_3.weight]))  # (2F, D)
+            if w_1.bias is not None:
+                fused.bias.copy_(torch.cat([w_1.bias, w_3.bias]))  # (2F,)
+        self.w_1 = self.w_3 = None  # what forward reads: the stacked product
+        self.w_13 = fused
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.w_1(x)  # (B, T, F)
-        if self.activation == "swiglu":
-            h = F.silu(h) * self.w_3(x)  # (B, T, F)
-        elif self.activation == "geglu_tanh":
-            h = F.gelu(h, approximate="tanh") * self.w_3(x)  # (B, T, F)
-        elif self.activation == "gelu":
-            h = F.gelu(h)
-        elif self.activation == "gelu_tanh":
-            h = F.gelu(h, approximate="tanh")
-        elif self.activation == "silu":
-            h = F.silu(h)
+        if self.w_13 is not None:
+            h, gate = self.w_13(x).chunk(2, dim=-1)  # (B, T, F) each
         else:
-            h = F.relu(h)
-        return self.w_2(h)  # (B, T, D)
+            h, gate = self.w_1(x), None if self.w_3 is None else self.w_3(x)  # (B, T, F)
+        return self.w_2(self._activated(h, gate))  # (B, T, D)
+
+    def _activated(self, h: Tensor, gate: Tensor | None) -> Tensor:
+        """act(h), times ``gate`` (W3·x) for the gated activations. Shapes: (B, T, F) -> (B, T, F)."""
+        if self.activation == "swiglu":
+            return F.silu(h) * gate
+        if self.activation == "geglu_tanh":
+            return F.gelu(h, approximate="tanh") * gate
+        if self.activation == "gelu":
+            return F.gelu(h)
+        if self.activation == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
+        if self.activation == "silu":
+            return F.silu(h)
+        return F.relu(h)
 
 
 def make_norm(kind: str, d_model: int, *, eps: float = 1e-5) -> nn.Module:
@@ -246,6 +275,8 @@ class WideLinear(nn.Module):
         self.register_buffer("bias", bias)  # (N,) or None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.bias is None:  # one operator (a transposed view and F.linear are two; a step has 60 such layers)
+            return x @ self.weight_t  # (..., N)
         # F.linear of the transposed view is one product of x with Wᵀ (K, N), the bias added inside
         # it: a separate add would read and write the whole output again, which for an encoder's
         # 1,500 rows costs a tenth of the layer (Whisper tiny.en, 2026-12-07).
