@@ -304,6 +304,40 @@ def rope_apply(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def rope_turn(
+    positions: Tensor,
+    *,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    base: float = 10000.0,
+    scaling: RopeScaling | None = None,
+) -> tuple[Tensor, Tensor]:
+    """RoPE's tables for :func:`rope_apply_rolled`: cos as :func:`rope_cos_sin` gives it, and its
+    sin with the sign of the rotation folded in (−sin on the first half, sin on the second). A
+    decoder stack computes them once for all its layers (one step of a 30-layer model would
+    otherwise compute the same angles 30 times).
+
+    Shapes:
+        positions: (B, T) or (T,); returns: cos, signed sin, each (B, 1, T, K).
+    """
+    cos, sin = rope_cos_sin(positions, width=width, dtype=dtype, device=device, base=base, scaling=scaling)
+    half = width // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, T, K) each
+
+
+def rope_apply_rolled(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """:func:`rope_apply` in three operators instead of seven: rotate_half(x)·sin equals
+    roll(x, K/2)·signed_sin, since rolling by half the width swaps the halves and
+    :func:`rope_turn` folded the minus sign into the table. The same rotation (tested equal to
+    :func:`rope_apply`); a decoding step is bound by its number of operators, not arithmetic.
+
+    Shapes:
+        x: (B, H, T, K); cos, signed_sin: (B, 1, T, K). returns: (B, H, T, K).
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)  # (B, H, T, K)
+
+
 def alibi_slopes(n_heads: int) -> Tensor:
     """Per-head ALiBi slopes (Press et al., 2022, "Train Short, Test Long", section 3).
 
@@ -346,40 +380,6 @@ def alibi_bias(n_heads: int, t: int, s: int, *, causal: bool, device: torch.devi
 
 
 # -------------------------------------------------------------- attention maths
-
-
-def rope_turn(
-    positions: Tensor,
-    *,
-    width: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    base: float = 10000.0,
-    scaling: RopeScaling | None = None,
-) -> tuple[Tensor, Tensor]:
-    """RoPE's tables for :func:`rope_apply_rolled`: cos as :func:`rope_cos_sin` gives it, and its
-    sin with the sign of the rotation folded in (−sin on the first half, sin on the second). A
-    decoder stack computes them once for all its layers (one step of a 30-layer model would
-    otherwise compute the same angles 30 times).
-
-    Shapes:
-        positions: (B, T) or (T,); returns: cos, signed sin, each (B, 1, T, K).
-    """
-    cos, sin = rope_cos_sin(positions, width=width, dtype=dtype, device=device, base=base, scaling=scaling)
-    half = width // 2
-    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, T, K) each
-
-
-def rope_apply_rolled(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
-    """:func:`rope_apply` in three operators instead of seven: rotate_half(x)·sin equals
-    roll(x, K/2)·signed_sin, since rolling by half the width swaps the halves and
-    :func:`rope_turn` folded the minus sign into the table. The same rotation (tested equal to
-    :func:`rope_apply`); a decoding step is bound by its number of operators, not arithmetic.
-
-    Shapes:
-        x: (B, H, T, K); cos, signed_sin: (B, 1, T, K). returns: (B, H, T, K).
-    """
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)  # (B, H, T, K)
 
 
 def attention_explicit(
