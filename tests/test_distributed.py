@@ -37,7 +37,9 @@ NUMBERS = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.dropou
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "QKV_MALLOC": "default", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'tests'}"}
+    # PYTHONFAULTHANDLER: a worker that aborts (SIGABRT, seen rarely in CI) prints where each thread was.
+    env = {"QKV_MALLOC": "default", "PYTHONFAULTHANDLER": "1", "PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'tests'}"}
+    return {**os.environ, **env}
 
 
 def _train(out: Path, sets: list[str], *extra: str, task: str = "numbers") -> list[str]:

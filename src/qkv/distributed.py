@@ -25,6 +25,7 @@ What is not here: the weighted gradient step (``training.Trainer``), which rank 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -145,9 +146,15 @@ def start(environ: dict[str, str] | None = None, *, timeout_s: float = 1800.0, o
 
 
 def finish() -> None:
-    """Leave the process group, if one was joined."""
+    """Leave the process group, if one was joined.
+
+    Garbage is collected first: a DDP or FSDP wrapper left in a reference cycle still holds the
+    group, whose gloo threads would then outlive ``destroy_process_group`` into interpreter
+    teardown, where a thread touching Python aborts the process (PyTorch PR 179291)."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def restarted(environ: dict[str, str] | None = None) -> bool:
