@@ -10,9 +10,10 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   int8 × int8 kernel (``torch.ops.quantized.linear_dynamic``, the bias packed with the weights) in
   one call, the row quantized on its own range by the kernel, and outlier features (|x| >
   :data:`OUTLIER`) multiplied in float32 apart (LLM.int8()). Measured on SmolLM2-135M (one
-  thread, the machine under contention): the whole step about a quarter faster than the weight-only
-  kernel, and greedy tokens closer to float32's (docs/speed.md, "int8 at batch 1").
-* a few rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
+  thread, the machine under contention): about a sixth less CPU time a step than the weight-only
+  kernel, its logits about a third further from float32's (RMS), its top-1 as often float32's
+  (docs/speed.md, "int8 at batch 1").
+* 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
   features of its token (Dettmers et al., 2022, LLM.int8()).
@@ -115,7 +116,7 @@ class Int8Linear(nn.Module):
     On the CPU, one row and from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8
     GEMM with each row's activations quantized on its own scale: equal to :func:`int8_linear`
     within half a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS`
-    × Σ|w| (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
+    × Σ|w| (tested). Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. Inference only.
