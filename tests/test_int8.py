@@ -1,12 +1,12 @@
 """int8 linear layers (``--int8``, qkv.int8): the explicit product is a per-channel quantize →
 matmul → dequantize computed by hand; with a few rows the int8-weight kernel equals it up to
-bfloat16 rounding, with many rows the int8 GEMM (activations quantized per row) within half a
-quantization step per activation, and the row count picks the path on both sides of the
-threshold; the copy replaces every linear layer, the encoder's included, and keeps the vocabulary
-projection in bfloat16; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's
-near-ties in float32 (found block by block as a whole comparison finds them; the argmax is
-float32's where bfloat16 alone flips it). Slow: on the real Whisper tiny.en, int8 transcripts equal float32's on
-at least 95% of FSDD test files (greedy)."""
+bfloat16 rounding, with one row or many the int8 kernel (activations quantized per row, outlier
+features in float) within half a quantization step per activation, and the row count picks the
+path on both sides of each threshold; the copy replaces every linear layer, the encoder's
+included, and keeps the vocabulary projection in bfloat16; a speech model's copy keeps its
+decoder in bfloat16 and the vocabulary's near-ties in float32 (found block by block as a whole
+comparison finds them; the argmax is float32's where bfloat16 alone flips it). Slow: on the real
+Whisper tiny.en, int8 transcripts equal float32's on at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
 
@@ -82,20 +82,23 @@ def test_int8_linear_is_a_per_channel_quantize_matmul_dequantize() -> None:
 
 
 @pytest.mark.parametrize(
-    ("k", "rows"), [(32, 1), (32, MANY_ROWS - 1), (32, MANY_ROWS), (7, 41), (32, HUGE_ROWS - 1), (32, HUGE_ROWS)]
+    ("k", "rows"),
+    [(32, 1), (7, 1), (32, 2), (32, MANY_ROWS - 1), (32, MANY_ROWS), (7, 41), (32, HUGE_ROWS - 1), (32, HUGE_ROWS)],
 )
 def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
-    """Few rows and huge products: bfloat16 activations, within bfloat16 rounding. Many rows: int8
-    activations with a scale per row, within half a quantization step per activation; the rows
-    are of very different sizes, so one scale for the whole tensor would break the quiet rows' bound."""
+    """Few rows and huge products: bfloat16 activations, within bfloat16 rounding. One row and many
+    rows: int8 activations with a scale per row, within half a quantization step per activation;
+    the rows are of very different sizes, so one scale for the whole tensor would break the quiet
+    rows' bound."""
     layer = Int8Linear(_linear(k, 13, seed=rows))
     x = torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]  # (rows, K): quiet and loud rows
     reference = int8_linear(x, layer.q, layer.scale, layer.bias)  # (rows, 13)
     got = layer(x)
     assert got.dtype == torch.float32 and got.shape == (rows, 13)
     many = MANY_ROWS <= rows < HUGE_ROWS
-    assert layer.path(x) == ("int8 GEMM" if many else "bf16 GEMM" if rows >= HUGE_ROWS else "weight-only")
-    bound = _int8_bound(x, layer) if many else _bf16_bound(x, layer)
+    path = "int8 row" if rows == 1 else "int8 GEMM" if many else "bf16 GEMM" if rows >= HUGE_ROWS else "weight-only"
+    assert layer.path(x) == path
+    bound = _int8_bound(x, layer) if path.startswith("int8") else _bf16_bound(x, layer)
     assert ((got - reference).abs() <= bound).all()
     assert torch.allclose(layer(x[None]), got[None])  # (1, rows, K): the rows of any shape count
 
@@ -103,30 +106,34 @@ def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
 def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
     """Every row is one outlier feature and many features just under half a step of the row's int8
     grid, signed as output 1's weights: int8 activations round them all to zero, which costs
-    output 1 their whole sum; bfloat16 ones keep them. Below MANY_ROWS rows and from HUGE_ROWS on
-    the output is within bfloat16 rounding of the explicit product, in between it is not (within
-    the int8 bound)."""
+    output 1 their whole sum; bfloat16 ones keep them. From 2 to MANY_ROWS - 1 rows and from
+    HUGE_ROWS on the output is within bfloat16 rounding of the explicit product; with one row and
+    from MANY_ROWS to HUGE_ROWS - 1 it is not (within the int8 bound)."""
     layer = Int8Linear(_linear(32, 13, seed=1))
     x = torch.empty(HUGE_ROWS, 32)
     x[:, 0] = 1.0
     x[:, 1:] = 0.9 / (2 * ACTIVATION_LEVELS) * layer.q[1, 1:].float().sign()  # (M, K - 1)
-    for rows in (MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
+    for rows in (1, 2, MANY_ROWS - 1, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS):
         part = x[:rows]
         error = (layer(part) - int8_linear(part, layer.q, layer.scale, layer.bias)).abs()  # (rows, 13)
-        assert bool((error <= _bf16_bound(part, layer)).all()) == (not MANY_ROWS <= rows < HUGE_ROWS)
+        int8 = rows == 1 or MANY_ROWS <= rows < HUGE_ROWS
+        assert bool((error <= _bf16_bound(part, layer)).all()) == (not int8)
         assert (error <= _int8_bound(part, layer)).all()
 
 
-def test_outlier_features_are_multiplied_in_float() -> None:
-    """In the int8 GEMM, a feature beyond OUTLIER in any row leaves the quantized product: the
+@pytest.mark.parametrize("rows", [1, MANY_ROWS])
+def test_outlier_features_are_multiplied_in_float(rows: int) -> None:
+    """In the int8 kernels, a feature beyond OUTLIER in any row leaves the quantized product: the
     row's other features keep the precision of their own scale, as if the outlier were not there."""
     layer = Int8Linear(_linear(32, 13, seed=5))
-    x = torch.randn(MANY_ROWS, 32) * 0.1
-    x[0, 3] = 50 * OUTLIER  # (M, K): one outlier in one row
+    x = torch.randn(1, rows, 32) * 0.1
+    x[0, 0, 3] = 50 * OUTLIER  # (1, M, K): one outlier in one row
+    x[0, -1, 7] = -2 * OUTLIER  # and a negative one
     quiet = x.clone()
-    quiet[:, 3] = 0.0
-    error = (layer(x) - int8_linear(x, layer.q, layer.scale, layer.bias)).abs()  # (M, 13)
-    assert layer.path(x) == "int8 GEMM" and (error <= _int8_bound(quiet, layer)).all()
+    quiet[..., [3, 7]] = 0.0
+    error = (layer(x) - int8_linear(x, layer.q, layer.scale, layer.bias)).abs()  # (1, M, 13)
+    assert layer.path(x) == ("int8 row" if rows == 1 else "int8 GEMM")
+    assert error.shape == (1, rows, 13) and (error[0] <= _int8_bound(quiet[0], layer)).all()
 
 
 def test_an_int8_layer_copies_and_keeps_its_outputs() -> None:

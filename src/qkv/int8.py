@@ -4,9 +4,16 @@ then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as 
 :class:`Bf16Linear` (a linear layer kept in bfloat16) and :class:`NearTiesInFloat` (the vocabulary
 projection: every logit in bfloat16, those that could be the largest recomputed in float32).
 
-Three fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
+Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
 
-* a few rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
+* one row (a decoding step at batch 1, the chatbot's and ``qkv translate``'s common case): fbgemm's
+  int8 × int8 kernel (``torch.ops.quantized.linear_dynamic``, the bias packed with the weights) in
+  one call, the row quantized on its own range by the kernel, and outlier features (|x| >
+  :data:`OUTLIER`) multiplied in float32 apart (LLM.int8()). Measured on SmolLM2-135M (one
+  thread, the machine under contention): about a sixth less CPU time a step than the weight-only
+  kernel, its logits about a third further from float32's (RMS), its top-1 as often float32's
+  (docs/speed.md, "int8 at batch 1").
+* 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
   features of its token (Dettmers et al., 2022, LLM.int8()).
@@ -91,25 +98,25 @@ def int8_linear(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None) -> Ten
     return F.linear(x.float(), q.float() * scale[:, None], bias)  # (..., N)
 
 
-def packed_weights(q: Tensor, scale: Tensor):
-    """``q`` with its per-channel ``scale`` in fbgemm's packed layout, for
-    ``torch.ops.quantized.linear_dynamic`` (no bias: the caller adds it after rescaling rows).
+def packed_weights(q: Tensor, scale: Tensor, bias: Tensor | None = None):
+    """``q`` with its per-channel ``scale`` (and ``bias``, which the kernel adds to every row) in
+    fbgemm's packed layout, for ``torch.ops.quantized.linear_dynamic``.
 
-    Shapes: q (N, K) int8, scale (N,)."""
+    Shapes: q (N, K) int8, scale (N,), bias (N,) or None."""
     zeros = torch.zeros(q.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # torch 2.13 warns that quantized tensors will move to torchao
         warnings.simplefilter("ignore", UserWarning)
         weight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)  # (N, K) qint8
-    return torch.ops.quantized.linear_prepack(weight, None)
+    return torch.ops.quantized.linear_prepack(weight, bias)
 
 
 class Int8Linear(nn.Module):
     """An ``nn.Linear`` with int8 weights (per-output-channel scales).
 
-    On the CPU, from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8 GEMM with
-    each row's activations quantized on its own scale: equal to :func:`int8_linear` within half
-    a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS` × Σ|w|
-    (tested). Other calls keep float activations: fewer rows ``torch._weight_int8pack_mm`` where
+    On the CPU, one row and from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8
+    GEMM with each row's activations quantized on its own scale: equal to :func:`int8_linear`
+    within half a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS`
+    × Σ|w| (tested). Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. Inference only.
@@ -126,22 +133,28 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale_bf16", scale.to(torch.bfloat16))  # (N,) what the kernel takes
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)  # (N,) or None
-        self.packed = packed_weights(q, scale)  # fbgemm's copy of (q, scale), for many rows
+        self.packed = packed_weights(q, scale, bias)  # fbgemm's copy of (q, scale, bias), for one row and many
 
     def path(self, x: Tensor) -> str:
-        """Which product ``x`` takes on the CPU: from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows
-        (a decoding step of many hypotheses) "int8 GEMM" (int8 activations, one scale per row);
-        from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the call); fewer
-        rows "weight-only" (the int8-weight kernel) where ``in_features`` allows, else "explicit"."""
+        """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "int8 row"
+        (int8 activations on the row's own range, outliers apart); from :data:`MANY_ROWS` to
+        :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
+        one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
+        call); other rows "weight-only" (the int8-weight kernel) where ``in_features`` allows, else
+        "explicit"."""
         rows = x.numel() // max(self.in_features, 1)
         if x.device.type != "cpu":
             return "explicit"
+        if rows == 1:
+            return "int8 row"
         if rows >= MANY_ROWS:
             return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
         path = self.path(x)
+        if path == "int8 row":  # batch-1 decoding: no dtype round trip where x is float32 already (each call counts)
+            return self._one_row(x) if x.dtype == torch.float32 else self._one_row(x.float()).to(x.dtype)
         if path == "explicit":
             return int8_linear(x, self.q, self.scale, self.bias).to(x.dtype)
         rows = x.reshape(-1, self.in_features)  # (M, K)
@@ -154,6 +167,21 @@ class Int8Linear(nn.Module):
                 y = F.linear(rows.to(torch.bfloat16), self.q.to(torch.bfloat16) * self.scale_bf16[:, None])  # (M, N)
             y = y.float() if self.bias is None else self.bias + y  # (M, N) float32: one op, y promoted exactly
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def _one_row(self, x: Tensor) -> Tensor:
+        """One row through fbgemm's kernel as it is: the kernel quantizes the row on the row's own
+        range (per-token scales, as :meth:`_int8_gemm` gets by dividing rows) and adds the packed
+        bias, one call. Outlier features (|x| > :data:`OUTLIER`: a third of SmolLM2's stacked Q/K/V
+        calls, a quarter of its down projection's, one to a few features each) are left out of it
+        and multiplied in float32 (LLM.int8(), section 3.2). Shapes: x (..., K) one row -> (..., N)."""
+        reduce_range = ACTIVATION_LEVELS < 255
+        if float(torch.linalg.vector_norm(x, float("inf"))) <= OUTLIER:  # max |x|: one reduction
+            return torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range)  # (..., N)
+        row = x.reshape(1, self.in_features)  # (1, K)
+        loud = (row.abs() > OUTLIER).nonzero()[:, 1]  # (L,) outlier features
+        exact = F.linear(row[:, loud], self.q.index_select(1, loud).float())  # (1, N) before the channels' scales
+        y = torch.ops.quantized.linear_dynamic(row.index_fill(1, loud, 0.0), self.packed, reduce_range)  # (1, N)
+        return torch.addcmul(y, exact, self.scale).reshape(*x.shape[:-1], self.out_features)  # (..., N)
 
     def _int8_gemm(self, rows: Tensor) -> Tensor:
         """fbgemm's GEMM with the activations quantized per row: each row divided by its max |x|
@@ -170,8 +198,9 @@ class Int8Linear(nn.Module):
             rows = rows.index_fill(1, loud, 0.0)  # (M, K)
             size = rows.abs().amax(dim=1, keepdim=True)  # (M, 1)
         size = size.clamp_min(torch.finfo(torch.float32).tiny)
-        y = torch.ops.quantized.linear_dynamic(rows / size, self.packed, ACTIVATION_LEVELS < 255)  # (M, N)
-        y = y * size if self.bias is None else torch.addcmul(self.bias, y, size)  # (M, N)
+        y = torch.ops.quantized.linear_dynamic(rows / size, self.packed, ACTIVATION_LEVELS < 255)  # (M, N) + bias
+        # the kernel added the bias to each divided row: (y - b) * size + b is the product of the row as it was
+        y = y * size if self.bias is None else torch.addcmul(self.bias, y - self.bias, size)  # (M, N)
         return y if exact is None else y + exact
 
     def extra_repr(self) -> str:
