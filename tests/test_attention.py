@@ -19,6 +19,7 @@ from qkv.attention import (
     attention_fused,
     causal_mask,
     padding_mask,
+    repeat_kv_heads,
 )
 from qkv.kv_cache import KVBuffer
 from qkv.positions import alibi_bias
@@ -120,6 +121,24 @@ def test_bf16_training_of_short_sequences_takes_the_explicit_path() -> None:
     (grad_fused,) = torch.autograd.grad(ref.float().sum(), x)
     torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(grad_explicit.float(), grad_fused.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_a_bf16_decoding_step_attends_as_float32_rounded() -> None:
+    """One bfloat16 query row over many keys (a decoding step: the fused kernel runs in float32
+    there, faster) gives float32's attention rounded to bfloat16, the most exact bfloat16 answer,
+    grouped-query heads and padded keys included; within bfloat16 rounding of the textbook path."""
+    torch.manual_seed(11)
+    s = 67
+    q = torch.randn(B, H, 1, K, dtype=torch.bfloat16)  # (B, H, 1, K)
+    k, v = torch.randn(B, 1, s, K, dtype=torch.bfloat16), torch.randn(B, 1, s, K, dtype=torch.bfloat16)
+    mask = _padding([61, s], s)  # (B, 1, 1, S)
+    with torch.no_grad():
+        out = attention_fused(q, k, v, mask=mask)  # (B, H, 1, K)
+        wide = attention_fused(q.float(), k.float(), v.float(), mask=mask)  # (B, H, 1, K)
+        textbook, _ = attention_explicit(q, *repeat_kv_heads(k, v, H), mask=mask)  # (B, H, 1, K)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, wide.bfloat16(), atol=0, rtol=0)
+    torch.testing.assert_close(out.float(), textbook.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_explicit_matches_hand_computation() -> None:

@@ -183,6 +183,7 @@ def attention_fused(
     produce NaN) and their output is zeroed afterwards, as the explicit path does. With fewer
     key/value heads than query heads (grouped-query attention) the kernel shares each among
     its H / G query heads itself, so a decoding step does not copy the whole cache H / G times.
+    A bfloat16 decoding step over many keys runs in float32, faster (:func:`_float32_is_faster`).
 
     Shapes:
         q: (B, H, T, K); k, v: (B, G, S, K), G dividing H (G = H: plain multi-head);
@@ -191,6 +192,9 @@ def attention_fused(
     """
     attn_mask: Tensor | None = None
     row_valid: Tensor | None = None
+    dtype = q.dtype
+    if _float32_is_faster(q, k):
+        q, k, v = q.float(), k.float(), v.float()  # (B, H, 1, K), (B, G, S, K) twice
     if mask is not None:
         row_valid = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
         mask = mask | ~row_valid  # every row keeps at least one key
@@ -203,7 +207,33 @@ def attention_fused(
     )  # (B, H, T, K)
     if row_valid is not None and (layers.exporting() or not bool(row_valid.all())):
         out = out * row_valid  # (B, H, T, K)
-    return out
+    return out.to(dtype)
+
+
+# From this many keys a bfloat16 decoding step's attention runs in float32 (:func:`_float32_is_faster`).
+FLOAT32_MIN_KEYS = 64
+
+
+def _float32_is_faster(q: Tensor, k: Tensor) -> bool:
+    """Whether the fused kernel should run on bfloat16 queries, keys and values cast to float32
+    (and its output cast back): one query row (a decoding step) on the CPU, no gradients, at
+    least :data:`FLOAT32_MIN_KEYS` keys. PyTorch's CPU kernel takes about 0.85 µs a key for one
+    bfloat16 query row, against 0.2 µs in float32 with the casts (torch 2.13, H=8, K=64, one
+    thread, medians under contention, 2026-12-07: 64 keys 60 against 27 µs, 200 keys 173 against
+    62 µs, 1,500 keys 1.42 against 0.45 ms). A bf16 decoder-only model (d512, 6 layers) after a
+    500-token prompt: 16.6 against 14.6 ms a token, the same tokens (same-process A/B, one
+    thread, under contention). Below 64 keys the kernel is kept: from 16 keys it was faster
+    alone, but the base translation step (16 to 33 keys) came out 0.1-0.2 ms slower whole. The
+    output is float32's rounded to bfloat16, the most exact bfloat16 answer (tested).
+    """
+    return (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and q.shape[-2] == 1
+        and k.shape[-2] >= FLOAT32_MIN_KEYS
+        and not (torch.is_grad_enabled() and q.requires_grad)
+        and not layers.exporting()
+    )
 
 
 def _explicit_is_faster(q: Tensor, k: Tensor) -> bool:
