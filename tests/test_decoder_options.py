@@ -15,18 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv.attention import (
-    MultiHeadAttention,
-    Rope,
-    RopeScaling,
-    attention_explicit,
-    attention_fused,
-    rope_cos_sin,
-    rope_frequencies,
-)
+from qkv.attention import MultiHeadAttention, attention_explicit, attention_fused
 from qkv.blocks import DecoderBlock
 from qkv.layers import FeedForward
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+from qkv.positions import Rope, RopeScaling, rope_cos_sin, rope_frequencies
 
 V = 13
 BASE = {"d_model": 18, "n_heads": 3, "d_ff": 11, "vocab_size": V, "dropout": 0.0, "positions": "rope", "max_len": 32}

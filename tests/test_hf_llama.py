@@ -345,9 +345,9 @@ def test_rope_frequencies_are_transformers(family: str) -> None:
     (dynamic: at a length inside the window and one past it)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from qkv.attention import RopeScaling, rope_frequencies
     from qkv.hf.common import HFConfig
     from qkv.hf.llama import rope_of
+    from qkv.positions import RopeScaling, rope_frequencies
 
     config_class, _, extra = FAMILIES[family]
     hf_config = config_class(**{**SMALL, "num_key_value_heads": 1, "max_position_embeddings": 64, **extra})

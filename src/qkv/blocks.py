@@ -24,17 +24,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from qkv.attention import (
-    NORMALIZATIONS,
-    MultiHeadAttention,
-    Rope,
-    RopeScaling,
-    alibi_bias,
-    causal_mask,
-    padding_mask,
-)
+from qkv.attention import NORMALIZATIONS, MultiHeadAttention, causal_mask, padding_mask
 from qkv.kv_cache import KVBuffer, KVCache
 from qkv.layers import ACTIVATIONS, NORMS, POSITIONS, Dropout, FeedForward, make_norm
+from qkv.positions import Rope, RopeScaling, alibi_bias
 
 # The cache of one decoder block: self-attention keys/values (grow each step) and
 # cross-attention keys/values (computed once from the encoder output; None without
@@ -86,7 +79,7 @@ class BlockConfig:
         sandwich_norm: with pre-norm, also normalise each sub-layer's output before it is added
             to the residual stream (Gemma 2 and 3: x + Norm(Sublayer(Norm(x)))).
         rope_base: RoPE's base (HF's ``rope_theta``; Llama 3: 500000).
-        rope_scaling: RoPE's scaling past the pretraining window (:class:`~qkv.attention.RopeScaling`;
+        rope_scaling: RoPE's scaling past the pretraining window (:class:`~qkv.positions.RopeScaling`;
             config.json holds it as an object), or None.
     """
 

@@ -44,9 +44,9 @@ import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
-from qkv.attention import RopeScaling, rope_frequencies
 from qkv.errors import UserError
 from qkv.hf.common import State
+from qkv.positions import RopeScaling, rope_frequencies
 from qkv.tokenization import Tokenizer
 
 # general.architecture -> the Hugging Face class that computes the same.

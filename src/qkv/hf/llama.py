@@ -23,7 +23,7 @@ the tanh GELU), grouped-query attention, no biases, optionally tied output. Per 
 
 RoPE: ``rope_theta`` and ``rope_scaling`` (transformers 4.x) or ``rope_parameters``
 (transformers 5.x: the same, in one object; Gemma 3's by layer type): linear, dynamic, llama3
-and yarn scaling (:class:`~qkv.attention.RopeScaling`). Dynamic NTK scaling is computed
+and yarn scaling (:class:`~qkv.positions.RopeScaling`). Dynamic NTK scaling is computed
 from the positions each call reads, where transformers keeps the largest length seen: the
 two agree on any one sequence read at once, and differ only while a cache holds positions
 past the pretraining window. Refused, by field: other scalings (longrope, ...), partial rotary
@@ -44,10 +44,10 @@ from pathlib import Path
 
 from torch import Tensor
 
-from qkv.attention import ROPE_SCALINGS, RopeScaling
 from qkv.errors import UserError
 from qkv.hf.common import HFConfig, State, TokenizerSettings, load_tokenizer, renamed, require
 from qkv.models.decoder_only import DecoderOnlyConfig
+from qkv.positions import ROPE_SCALINGS, RopeScaling
 from qkv.tokenization import FILE, Tokenizer
 
 GEMMA3 = ("Gemma3ForCausalLM",)
@@ -216,7 +216,7 @@ def _sliding(config: HFConfig, architecture: str, n_layers: int) -> tuple[int | 
 
 
 def rope_of(config: HFConfig, layer_type: str | None = None) -> tuple[float, dict | None]:
-    """RoPE's base and scaling (the fields of :class:`~qkv.attention.RopeScaling`, or None) from
+    """RoPE's base and scaling (the fields of :class:`~qkv.positions.RopeScaling`, or None) from
     ``rope_parameters`` (transformers 5), else ``rope_theta`` and ``rope_scaling``; Gemma 3's
     for ``layer_type`` (its global layers' from ``rope_theta`` and ``rope_scaling``, its local
     ones' base from ``rope_local_base_freq``)."""

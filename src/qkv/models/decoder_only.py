@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from qkv.attention import Rope
 from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, LayerPlan, cache_length, check_fields
 from qkv.layers import InputEmbedding
+from qkv.positions import Rope
 
 
 @dataclass(frozen=True)
