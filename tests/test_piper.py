@@ -107,6 +107,25 @@ def test_waveform_shapes_lengths_and_save_load_round_trip(tmp_path):
     assert torch.equal(again.waveform, spoken.waveform)
 
 
+@pytest.mark.parametrize("resblock", ["1", "2"])
+def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weights(resblock):
+    """At inference the generator fuses its sums into oneDNN's convolutions and keeps re-laid-out
+    weights; the path autograd records (a vocoder is trained through it) must give the same
+    waveform, and so must the inference path after the weights change."""
+    model, other = tiny_voice(resblock=resblock), tiny_voice(seed=3, resblock=resblock)
+    z = torch.randn(1, 10, 23, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        fast = model.dec(z)
+    recorded = model.dec(z.clone().requires_grad_())
+    assert recorded.requires_grad and fast.shape == (1, 1, 23 * 6)
+    assert float((fast - recorded.detach()).abs().max()) <= 1e-5
+    model.dec.load_state_dict(other.dec.state_dict())  # copies into the same tensors
+    with torch.no_grad():
+        changed, expected = model.dec(z), other.dec(z)
+    assert float((changed - fast).abs().max()) > 1e-3
+    assert float((changed - expected).abs().max()) <= 1e-5
+
+
 def test_durations_in_a_batch_are_each_sentence_alone():
     model = tiny_voice(seed=3)
     ids, lengths = ids_of(9, 4, 6)

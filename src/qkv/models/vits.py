@@ -138,24 +138,80 @@ def same_padding(kernel_size: int, dilation: int = 1) -> int:
     return (kernel_size * dilation - dilation) // 2
 
 
-def conv_rows(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor) -> Tensor:
+def conv_rows(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor, scale: float = 1.0) -> Tensor:
     """``conv`` applied to a (B, channels, 1, samples) channels-last tensor as a 2-D convolution
     of height 1: the same numbers as the 1-D one, but oneDNN's channels-last kernels ran the
     generator's long convolutions faster on the CPU than its 1-D path in a micro-benchmark on 2
-    cores (about 3× for the dilated ones, whose 1-D path is slowest; equal at short lengths)."""
-    weight = conv.weight.unsqueeze(2)  # (out, in, 1, k) or, transposed, (in, out, 1, k)
-    if isinstance(conv, nn.ConvTranspose1d):
+    cores (about 3× for the dilated ones, whose 1-D path is slowest; equal at short lengths).
+    ``scale`` multiplies the weight (not the bias): the input's scale folded into the kernel."""
+    weight = conv.weight.unsqueeze(2) * scale if scale != 1.0 else conv.weight.unsqueeze(2)  # (out, in, 1, k)
+    if isinstance(conv, nn.ConvTranspose1d):  # weight (in, out, 1, k)
         return F.conv_transpose2d(x, weight, conv.bias, stride=(1, conv.stride[0]), padding=(0, conv.padding[0]))
     return F.conv2d(
         x, weight, conv.bias, padding=(0, conv.padding[0]), dilation=(1, conv.dilation[0]), groups=conv.groups
     )
 
 
-def in_place_allowed(x: Tensor) -> bool:
-    """Whether the generator may sum and activate in place: at inference, where it saves the page
-    faults of fresh waveform-sized tensors, but not while autograd records ``x`` (a vocoder's
-    adapter is trained through the frozen generator), whose backward pass reads those tensors."""
-    return not (torch.is_grad_enabled() and x.requires_grad)
+def fusable(x: Tensor) -> bool:
+    """Whether the generator may take its fused inference path on ``x``: oneDNN's convolutions
+    with the residual sum (or a leaky ReLU) applied as they write their output, and sums in
+    place. That needs a float32 CPU tensor and PyTorch's oneDNN fused-convolution operator (the
+    one ``torch.compile``'s CPU backend calls), and autograd not recording ``x`` (a vocoder's
+    adapter is trained through the frozen generator; its backward pass reads the tensors that
+    in-place sums would overwrite)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+        and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    )
+
+
+def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float = 1.0) -> Tensor:
+    """``conv``'s weight times ``scale`` as (out, in, 1, k) (transposed: (in, out, 1, k)) in
+    oneDNN's own blocked layout, made at the first call and kept on the module while the weight
+    is unchanged (same storage and version). Given a plain weight, oneDNN re-lays it out at every
+    call: a parallel pass of its own, which on a loaded machine waited for a core about as long
+    as a long convolution took."""
+    weight = conv.weight
+    key = (weight.data_ptr(), weight._version, scale)
+    kept = conv.__dict__.get("_packed_weight")  # a plain attribute: neither parameter nor buffer
+    if kept is None or kept[0] != key:
+        w = weight.detach().unsqueeze(2) * scale
+        geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
+        if isinstance(conv, nn.ConvTranspose1d):
+            packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(w, geometry[0], [0, 0], *geometry[1:])
+        else:
+            packed = torch.ops.mkldnn._reorder_convolution_weight(w, *geometry)
+        kept = conv.__dict__["_packed_weight"] = (key, packed)
+    return kept[1]
+
+
+def conv_rows_fused(
+    conv: nn.Conv1d | nn.ConvTranspose1d,
+    x: Tensor,
+    scale: float = 1.0,
+    *,
+    residual: Tensor | None = None,
+    in_place: bool = False,
+    slope: float | None = None,
+) -> Tensor:
+    """:func:`conv_rows` in one oneDNN call on the :func:`packed_weight`, which also adds
+    ``residual`` to the output (into ``residual`` itself when ``in_place``) or applies a leaky
+    ReLU of ``slope`` to it: each saves a pass over a waveform-sized tensor. Only where
+    :func:`fusable`. Shapes: x, residual (B, channels, 1, samples) channels-last -> the same."""
+    geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
+    weight, ops = packed_weight(conv, scale), torch.ops.mkldnn
+    unary = ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
+    if isinstance(conv, nn.ConvTranspose1d):
+        return ops._convolution_transpose_pointwise(x, weight, conv.bias, geometry[0], [0, 0], *geometry[1:], *unary)
+    if residual is None:
+        return ops._convolution_pointwise(x, weight, conv.bias, *geometry, *unary)
+    if in_place:
+        return ops._convolution_pointwise_(residual, x, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
+    return ops._convolution_pointwise(x, residual, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
 
 
 def relative_index(length: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -526,19 +582,25 @@ class ResBlock(nn.Module):
         else:
             self.convs = nn.ModuleList(conv(d) for d in dilations)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Shapes: (B, channels, 1, samples) channels-last (:func:`conv_rows`) -> the same."""
+    def forward(self, x: Tensor, activated: Tensor | None = None) -> Tensor:
+        """The block's output, a fresh tensor (``x`` is left as it is: the other blocks read it).
+        ``activated``: lrelu(x) if the caller has it (the blocks of one upsampling share it).
+        Shapes: x, activated (B, channels, 1, samples) channels-last (:func:`conv_rows`) -> the same."""
         pairs = (
             zip(self.convs1, self.convs2, strict=True) if hasattr(self, "convs1") else ((c, None) for c in self.convs)
         )
-        inplace = in_place_allowed(x)
+        fused = fusable(x)
         for i, (first, second) in enumerate(pairs):
-            y = conv_rows(first, F.leaky_relu(x, LRELU_SLOPE))
-            if second is not None:
-                y = conv_rows(second, F.leaky_relu_(y, LRELU_SLOPE) if inplace else F.leaky_relu(y, LRELU_SLOPE))
-            # in place but for the block's input, which the other blocks read too: each fresh
-            # waveform-sized tensor costs page faults that take longer than the sum
-            x = x.add_(y) if inplace and i > 0 else x + y
+            y = activated if i == 0 and activated is not None else F.leaky_relu(x, LRELU_SLOPE)
+            last = first if second is None else second
+            if fused:
+                if second is not None:
+                    y = conv_rows_fused(first, y, slope=LRELU_SLOPE)
+                # the first sum makes the block's own tensor; the later ones go into it
+                x = conv_rows_fused(last, y, residual=x, in_place=i > 0)
+            else:
+                y = y if second is None else F.leaky_relu(conv_rows(first, y), LRELU_SLOPE)
+                x = x + conv_rows(last, y)
         return x
 
 
@@ -571,16 +633,20 @@ class Generator(nn.Module):
         if speaker is not None:
             x = x + self.cond(speaker)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T)
-        inplace = in_place_allowed(x)
+        inplace, scale = fusable(x), 1.0
+        conv = conv_rows_fused if inplace else conv_rows
         for i, up in enumerate(self.ups):
-            x = conv_rows(up, F.leaky_relu(x, LRELU_SLOPE))
+            x = conv(up, F.leaky_relu(x, LRELU_SLOPE), scale)
+            activated = F.leaky_relu(x, LRELU_SLOPE)  # every block's first convolution reads it
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
-            total = blocks[0](x)
+            total = blocks[0](x, activated)
             for block in blocks[1:]:
-                total = total.add_(block(x)) if inplace else total + block(x)
-            x = total.div_(self.kernels) if inplace else total / self.kernels
+                total = total.add_(block(x, activated)) if inplace else total + block(x, activated)
+            # the blocks' mean: 1/kernels goes into the next convolution's weight instead of a
+            # pass over the sum, as lrelu(t / k) = lrelu(t) / k (leaky ReLU is positively homogeneous)
+            x, scale = total, 1.0 / self.kernels
         x = F.leaky_relu_(x) if inplace else F.leaky_relu(x)  # PyTorch's default slope (0.01) here, as HiFi-GAN
-        x = conv_rows(self.conv_post, x)
+        x = conv(self.conv_post, x, scale)
         return torch.tanh_(x[:, :, 0]) if inplace else torch.tanh(x[:, :, 0])  # (B, 1, samples)
 
 
