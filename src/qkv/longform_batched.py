@@ -6,13 +6,15 @@ of a chunk kept (faster-whisper joins the pieces' samples and maps times back; k
 is what the model heard between the words, and a chunk's times are its window's plus its start).
 The chunks are read ``batch_size`` at a time: their features padded to the window, the encoder
 run once on the batch and the decoder once on every row (qkv's decoding engine decodes rows
-together: ``decoding.stream``), greedily at the first temperature with timestamps and Whisper's
-rules. A chunk whose result needs a fallback (``longform.needs_fallback``) is decoded again
-alone at the next temperatures; a chunk found silent (``longform.silent``) is left out. No chunk
-reads the previous text (the chunks of a batch are decoded at once, none after another's): each
-starts from the start tokens, after ``LongForm.initial_prompt`` if there is one, as
-faster-whisper's batched mode does. Segments come from each chunk's timestamps and words from its
-alignment heads (``LongForm.word_timestamps``), offset by the chunk's start and kept within it.
+together: ``decoding.stream``), greedily at the first temperature with Whisper's rules, with
+timestamps where ``ids.start`` asks for them (without <|notimestamps|>; with it, text alone and
+a segment a chunk, as faster-whisper's batched default ``without_timestamps``). A chunk whose
+result needs a fallback (``longform.needs_fallback``) is decoded again alone at the next
+temperatures; a chunk found silent (``longform.silent``) is left out. No chunk reads the
+previous text (the chunks of a batch are decoded at once, none after another's): each starts
+from the start tokens, after ``LongForm.initial_prompt`` if there is one, as faster-whisper's
+batched mode does. Segments come from each chunk's timestamps and words from its alignment heads
+(``LongForm.word_timestamps``), offset by the chunk's start and kept within it.
 
 What is here: :func:`merged_chunks` (pure), :func:`transcribe_batched` (one source's segments).
 What is not here: the sequential windows and the pieces they share (``longform.py``), voice

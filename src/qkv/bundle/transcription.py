@@ -129,15 +129,17 @@ def transcriptions(
 
     An imported Whisper reads an input longer than its chunk (30 s), or any input with
     ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
-    with temperature fallback, each window after the previous text; ``long_form``: its
-    settings, None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds
-    of audio read): its segments carry the timestamps' times. With ``batched`` (N), it reads
-    such an input as faster-whisper's batched mode does instead (``longform_batched.py``): its
-    speech, found by ``vad``, in chunks of at most 30 s decoded N at a time, none after the
-    previous text; None: window by window (Whisper's way, the default). A model of qkv's own reads an
-    input longer than ``vad.max_seconds`` (``vad``: None, :class:`~qkv.vad.Vad`'s defaults,
-    30 s) piece by piece, cut where voice activity stops (``vad.py``), each piece a segment
-    with its times. Other inputs are decoded in batches, each one segment from 0 to its end.
+    with temperature fallback, each window after the previous text; ``long_form``: its settings,
+    None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds of audio
+    read): its segments carry the timestamps' times. With ``batched`` (N), it reads such an
+    input as faster-whisper's batched mode does instead (``longform_batched.py``): its speech,
+    found by ``vad``, in chunks of at most 30 s decoded N at a time, none after the previous
+    text, with timestamps only with ``timestamps`` (without: a segment a chunk, as
+    faster-whisper's ``without_timestamps``); None: window by window (Whisper's way, the
+    default). A model of qkv's own reads an input longer than ``vad.max_seconds`` (``vad``:
+    None, :class:`~qkv.vad.Vad`'s defaults, 30 s) piece by piece, cut where voice activity stops
+    (``vad.py``), each piece a segment with its times. Other inputs are decoded in batches, each
+    one segment from 0 to its end.
     Files are read a block at a time: memory does not grow with their length.
 
     Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
@@ -188,7 +190,7 @@ def transcriptions(
         if batched is None:
             segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
         else:
-            ids = whisper_tokens(bundle, starts[i], steer.scorers)
+            ids = whisper_tokens(bundle, starts[i], steer.scorers, timestamps=timestamps)
             options = long_form or LongForm()
             segments = transcribe_batched(
                 bundle.model, bundle.vocab.target, sources[i], bundle.features, ids, options,
@@ -366,22 +368,27 @@ def long_transcript(
     )
 
 
-def whisper_tokens(bundle: Bundle, start: tuple[int, ...], bans: Sequence[Scorer] = ()) -> WhisperTokens:
+def whisper_tokens(
+    bundle: Bundle, start: tuple[int, ...], bans: Sequence[Scorer] = (), *, timestamps: bool = True
+) -> WhisperTokens:
     """The ids an imported Whisper's long-form decoding needs (``longform.WhisperTokens``), from
-    the start tokens ``start`` (<|notimestamps|> left out), with its rules and ``bans``."""
+    the start tokens ``start`` (<|notimestamps|> left out), with its rules (the timestamp rules
+    included) and ``bans``; without ``timestamps``, the start tokens end with <|notimestamps|> and
+    the rules are the rest (text alone: a batched chunk is then one segment)."""
     settings, tokenizer = bundle.whisper, bundle.vocab.target
     if settings.no_timestamps_id is None:
         raise UserError(
             f"{bundle.path}: the model has no <|notimestamps|> token, so no timestamps to read long audio by"
         )
     token = tokenizer.backend.token_to_id
+    start = tuple(t for t in start if t != settings.no_timestamps_id)
     return WhisperTokens(
-        start=tuple(t for t in start if t != settings.no_timestamps_id),
+        start=start if timestamps else (*start, settings.no_timestamps_id),
         previous=token("<|startofprev|>"),
         no_speech=token("<|nospeech|>") if token("<|nospeech|>") is not None else token("<|nocaptions|>"),
         timestamp_begin=settings.no_timestamps_id + 1,
         eos=bundle.model.config.eos_id,
-        rules=(*whisper_rules(bundle, timestamps=True), *bans),
+        rules=(*whisper_rules(bundle, timestamps=timestamps), *bans),
         alignment_heads=checked_heads(bundle),
         spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
         languages=tuple(settings.languages.items()) if settings.multilingual else (),
