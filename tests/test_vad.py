@@ -25,7 +25,17 @@ from qkv.cli.main import main
 from qkv.errors import OptionError
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 from qkv.tokenization import FILE, Tokenizer
-from qkv.vad import Vad, bridge_and_drop, frame_levels, hysteresis, runs, speech_pieces, split_long, widen
+from qkv.vad import (
+    Vad,
+    bridge_and_drop,
+    frame_levels,
+    hysteresis,
+    piece_waves,
+    runs,
+    speech_pieces,
+    split_long,
+    widen,
+)
 
 RATE = 16000
 
@@ -82,6 +92,22 @@ def test_pieces_of_tone_bursts_at_known_times(tmp_path: Path) -> None:
     found = speech_pieces(AudioSource.of_wave(quiet, RATE), Vad(pad=0))
     assert [t / RATE for piece in found for t in piece] == pytest.approx([1.0, 2.0], abs=0.011)
     assert speech_pieces(AudioSource.of_wave(np.zeros(RATE, dtype=np.float32), RATE)) == []
+
+
+def test_piece_waves_are_the_pieces_samples(tmp_path: Path) -> None:
+    """Each piece's samples are the source's [start, end), wherever the blocks the source is
+    read in begin and end: pieces within a block, across blocks, and past several blocks."""
+    from qkv.audio import BLOCK_FRAMES
+
+    g = np.random.default_rng(2)
+    wave = g.normal(0, 0.1, 3 * BLOCK_FRAMES + 123).astype(np.float32)
+    pieces = [(5, 90), (BLOCK_FRAMES - 10, BLOCK_FRAMES + 10), (2 * BLOCK_FRAMES + 7, 3 * BLOCK_FRAMES + 100)]
+    path = tmp_path / "noise.wav"
+    soundfile.write(path, wave, RATE, subtype="FLOAT")
+    for source in (AudioSource.of_wave(wave, RATE), AudioSource.of_file(path, RATE)):
+        got = list(piece_waves(source, pieces))
+        assert [(s, e) for s, e, _ in got] == pieces
+        assert all(np.array_equal(w.numpy(), wave[s:e]) for s, e, w in got)
 
 
 def test_settings_are_checked() -> None:

@@ -70,3 +70,20 @@ def test_without_the_peers_only_our_rows_are_recorded(bench) -> None:
     found = bench.records(results, beam=5)
     assert [r["metric"] for r in found] == ["Whisper tiny.en long-form 10 min greedy: qkv bf16"]
     assert found[0]["peer_figure"] is None
+
+
+def test_a_batched_row_is_beside_the_batched_peer(bench) -> None:
+    """qkv's batched long-form beside faster-whisper's batched pipeline, and never qkv's fastest
+    mode beside faster-whisper's sequential windows (a different way of reading the file)."""
+    rows = {
+        "transformers fp32": row(100.0, 5.0, audio=180.0),
+        "qkv int8": row(9.0, 6.0, audio=180.0),
+        "faster-whisper int8": row(8.0, 6.5, audio=180.0),
+        "qkv int8 batched": row(4.0, 6.1, audio=180.0),
+        "faster-whisper int8 batched": row(5.0, 6.4, audio=180.0),
+    }
+    results = {"long": {"files": 1, "audio_seconds": 180.0, "rows": rows, "workload": "speech"}}
+    found = {r["metric"]: r for r in bench.records(results, beam=1)}
+    batched = found["Whisper tiny.en long-form speech 3 min greedy: qkv int8 batched"]
+    assert (batched["peer"], batched["figure"], batched["peer_figure"]) == ("faster-whisper int8 batched", 45.0, 36.0)
+    assert found["Whisper tiny.en long-form speech 3 min greedy: qkv's fastest mode"]["details"]["mode"] == "qkv int8"

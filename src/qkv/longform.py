@@ -20,10 +20,12 @@ openai/whisper's (:class:`LongForm`).
 
 What is here: :class:`LongForm` (the settings), :class:`WhisperTokens` (the token ids it
 needs), :func:`transcribe_long` (one waveform's segments), :func:`decode_window` (one window's
-decodings, with what the fallback reads), and the pure parts it is built of:
-:func:`compression_ratio`, :func:`cut_segments`, :func:`needs_fallback`. What is not here:
-the rules (``decoding/whisper_rules.py``), the start tokens and settings (``hf/whisper.py``),
-the segments' files (``subtitles.py``), the library job (``bundle/transcription.py``).
+decodings, with what the fallback reads; or several windows', one each), :func:`with_fallback`,
+:func:`window_segments` and :func:`timed_words` (a window's result, segments and words), and the
+pure parts it is built of: :func:`compression_ratio`, :func:`cut_segments`,
+:func:`needs_fallback`. What is not here: the rules (``decoding/whisper_rules.py``), the start
+tokens and settings (``hf/whisper.py``), the segments' files (``subtitles.py``), batched
+long-form (``longform_batched.py``), the library job (``bundle/transcription.py``).
 
 Shapes use the legend of ``attention.py``: T frames, M mel bins, N rows, V vocabulary.
 """
@@ -267,7 +269,8 @@ def decode_window(
     memory: Tensor | None = None,
 ) -> list[Decoded]:
     """``n`` decodings of one window of features (T, M) after ``prompt`` at ``temperature``;
-    ``memory``: the window's encoder output (1, S, D), when it has been read already."""
+    ``memory``: the window's encoder output (1, S, D), when it has been read already, or ``n``
+    windows' (n, S, D), each decoded once (``longform_batched.py``; ``window`` then only the first)."""
     half = model.config.max_len // 2
     prefix = list(ids.start)
     if prompt and ids.previous is not None:
@@ -295,12 +298,15 @@ def decode_window(
     return out
 
 
-def _with_fallback(
-    model, tokenizer, window: Tensor, prompt, ids: WhisperTokens, o: LongForm, generator
+def with_fallback(
+    model, tokenizer, window: Tensor, prompt, ids: WhisperTokens, o: LongForm, generator, memory: Tensor | None = None
 ) -> tuple[Decoded, Tensor]:
     """A window decoded at each temperature in turn until its result needs no fallback; and the
-    window's encoder output (1, S, D), which its word timing reads too."""
-    result, memory = None, model.encode(window[None])[0]  # (1, S, D): read once for every temperature
+    window's encoder output (1, S, D) (``memory``, when it has been read already), which its word
+    timing reads too."""
+    result = None
+    if memory is None:
+        memory = model.encode(window[None])[0]  # (1, S, D): read once for every temperature
     for temperature in o.temperatures:
         n = o.best_of if temperature > 0 else 1
         found = decode_window(model, tokenizer, window, prompt, ids, temperature, n, generator, memory)
@@ -342,16 +348,18 @@ def transcribe_long(
         window = torch.nn.functional.pad(mel.window(seek, size), (0, 0, 0, chunk - size)).to(dtype)  # (chunk, M)
         language = likeliest_language(model, window, ids.start[0], ids.languages) if options.multilingual else None
         here = ids if language is None else in_language(ids, language)
-        d, memory = _with_fallback(model, tokenizer, window, context[reset:], here, options, generator)
+        d, memory = with_fallback(model, tokenizer, window, context[reset:], here, options, generator)
         offset = seek * frame_seconds
         moved = size
         if not silent(d, options):
-            found, next_step = _segments(d, offset, size * frame_seconds, here, tokenizer)
+            found, next_step = window_segments(d, offset, size * frame_seconds, here, tokenizer)
             found = found if language is None else [replace(g, language=language[0]) for g in found]
             if next_step is not None:
                 moved = max(1, min(size, next_step * FRAMES_PER_STAMP))
             if options.word_timestamps and found:
-                found, last_speech = _timed(model, tokenizer, (window, memory), size, found, offset, last_speech, here)
+                found, last_speech = timed_words(
+                    model, tokenizer, (window, memory), size, found, offset, last_speech, here
+                )
                 moved = _after_words(found, d.tokens, ids, seek, frame_seconds, size) or moved
             segments += found
             context += [t for s in found for t in s.tokens]
@@ -363,7 +371,9 @@ def transcribe_long(
     return segments
 
 
-def _timed(model, tokenizer: Tokenizer, read: tuple[Tensor, Tensor], size: int, found, offset: float, last_speech, ids):
+def timed_words(
+    model, tokenizer: Tokenizer, read: tuple[Tensor, Tensor], size: int, found, offset: float, last_speech, ids
+):
     """A window's segments with their words timed (``word_timing``; ``read``: the window's
     features (T, M) and its encoder output (1, S, D), not computed again), and where its speech ends."""
     text = [t for s in found for t in s.tokens if t < ids.eos]
@@ -393,7 +403,7 @@ def _after_words(found, tokens: Sequence[int], ids: WhisperTokens, seek: int, fr
     return max(1, min(size, round(ends[-1] / frame_seconds) - seek))
 
 
-def _segments(d: Decoded, offset: float, duration: float, ids: WhisperTokens, tokenizer: Tokenizer):
+def window_segments(d: Decoded, offset: float, duration: float, ids: WhisperTokens, tokenizer: Tokenizer):
     """A window's segments (empty or instantaneous ones left out) and where the next starts."""
     pieces, next_step = cut_segments(d.tokens, ids.timestamp_begin)
     found = []

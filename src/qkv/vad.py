@@ -177,9 +177,9 @@ def piece_waves(source: AudioSource, pieces: list[tuple[int, int]]) -> Iterator[
         start, end = todo[0]
         if base + len(buffer) < end:
             block = next(blocks, None)
-            if block is not None:
-                buffer = np.concatenate([buffer[max(0, start - base) :], block])
-                base = max(base, start)
+            if block is not None:  # the samples before the piece dropped: at most those held
+                drop = min(len(buffer), max(0, start - base))
+                buffer, base = np.concatenate([buffer[drop:], block]), base + drop
                 continue
         todo.pop(0)
         yield start, end, torch.from_numpy(buffer[start - base : end - base].copy())

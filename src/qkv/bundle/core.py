@@ -153,6 +153,7 @@ class Bundle:
         require: Sequence[str] = (),
         timestamps: bool | None = None,
         word_timestamps: bool = False,
+        batched: int | None = None,
     ) -> Heard | list[Heard]:
         """Each file's or waveform's transcript (one: its transcript), by :func:`transcriptions`:
         a :class:`~qkv.subtitles.Heard`, the text itself (a ``str``) with ``.segments`` (each
@@ -162,7 +163,10 @@ class Bundle:
         segments are then timed; a model of qkv's own gives one segment per input); ``prefix``,
         ``ban``, ``require``: constraints (:func:`constraints`). ``word_timestamps``: the segments
         carry their words, each timed (``Segment.words``, ``word_timing.py``): an imported
-        Whisper's by its alignment heads, a model of qkv's own by its CTC head."""
+        Whisper's by its alignment heads, a model of qkv's own by its CTC head. ``batched`` (N):
+        an imported Whisper reads long audio as faster-whisper's batched mode does, its speech in
+        chunks of at most 30 s (voice activity), N decoded at once, none after the previous text
+        (faster; ``longform_batched.py``); None: 30 s windows in turn, each after the previous text."""
         if word_timestamps and self.whisper is None and not getattr(self.model.config, "ctc", False):
             raise OptionError(
                 "word_timestamps: for an imported Whisper, or a speech model with a CTC head", "word_timestamps"
@@ -180,6 +184,7 @@ class Bundle:
             require=require,
             timestamps=word_timestamps or (self.whisper is not None if timestamps is None else timestamps),
             long_form=LongForm(word_timestamps=True) if word_timestamps else None,
+            batched=batched,
         )
         if word_timestamps and self.whisper is None:
             found = [ctc_timed_words(self, item, i, t) for i, (item, t) in enumerate(zip(inputs, found, strict=True))]

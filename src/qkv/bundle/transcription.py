@@ -1,12 +1,13 @@
 """The transcribing job: :func:`transcriptions` (each input's :class:`Transcript`: audio files or
 waveforms decoded in batches, an imported Whisper's long or timed input window by window
-(:func:`long_transcript`), a long input to a model of qkv's own piece by piece, cut by voice
-activity), :func:`read_audio` (files as the model reads them, good and bad), an imported
-Whisper's rules and alignment heads (:func:`whisper_rules`, :func:`checked_heads`), and words
-timed by a CTC head (:func:`ctc_timed_words`); :data:`LM_WEIGHT`, the shallow-fusion weight.
+(:func:`long_transcript`) or in batches of speech chunks (``batched``), a long input to a model
+of qkv's own piece by piece, cut by voice activity), :func:`read_audio` (files as the model
+reads them, good and bad), an imported Whisper's rules, alignment heads and long-form ids
+(:func:`whisper_rules`, :func:`checked_heads`, :func:`whisper_tokens`), and words timed by a CTC
+head (:func:`ctc_timed_words`); :data:`LM_WEIGHT`, the shallow-fusion weight.
 
 What is not here: the speech decoders (``qkv.tasks.asr``'s ``transcribe``), Whisper's long-form
-decoding (``qkv.longform``), voice activity (``qkv.vad``), the word timings
+decoding (``qkv.longform``, ``qkv.longform_batched``), voice activity (``qkv.vad``), the word timings
 (``qkv.word_timing``), the constraints (``constraints.py``), streamed recognition
 (``qkv.speech_streaming``).
 """
@@ -33,6 +34,7 @@ from qkv.errors import OptionError, UserError
 from qkv.hf.whisper import most_likely_languages
 from qkv.loading import load_fusion_lm
 from qkv.longform import LongForm, MelWindows, WhisperTokens, transcribe_long
+from qkv.longform_batched import transcribe_batched
 from qkv.subtitles import Segment
 from qkv.tasks.asr import too_short, transcribe
 from qkv.vad import Vad, piece_waves, speech_pieces
@@ -120,18 +122,24 @@ def transcriptions(
     long_form: LongForm | None = None,
     on_seconds: Callable[[float], None] | None = None,
     vad: Vad | None = None,
+    batched: int | None = None,
 ) -> list[Transcript]:
     """Each input's transcript, in order: audio files (read at the model's rate) or mono
     waveforms (N,) at :attr:`Bundle.sample_rate`.
 
     An imported Whisper reads an input longer than its chunk (30 s), or any input with
     ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
-    with temperature fallback, each window after the previous text; ``long_form``: its
-    settings, None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds
-    of audio read): its segments carry the timestamps' times. A model of qkv's own reads an
-    input longer than ``vad.max_seconds`` (``vad``: None, :class:`~qkv.vad.Vad`'s defaults,
-    30 s) piece by piece, cut where voice activity stops (``vad.py``), each piece a segment
-    with its times. Other inputs are decoded in batches, each one segment from 0 to its end.
+    with temperature fallback, each window after the previous text; ``long_form``: its settings,
+    None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds of audio
+    read): its segments carry the timestamps' times. With ``batched`` (N), it reads such an
+    input as faster-whisper's batched mode does instead (``longform_batched.py``): its speech,
+    found by ``vad``, in chunks of at most 30 s decoded N at a time, none after the previous
+    text, with timestamps only with ``timestamps`` (without: a segment a chunk, as
+    faster-whisper's ``without_timestamps``); None: window by window (Whisper's way, the
+    default). A model of qkv's own reads an input longer than ``vad.max_seconds`` (``vad``:
+    None, :class:`~qkv.vad.Vad`'s defaults, 30 s) piece by piece, cut where voice activity stops
+    (``vad.py``), each piece a segment with its times. Other inputs are decoded in batches, each
+    one segment from 0 to its end.
     Files are read a block at a time: memory does not grow with their length.
 
     Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
@@ -163,6 +171,7 @@ def transcriptions(
         ban,
         require,
     )
+    _check_batched(bundle, long_form, batched)
     _check_multilingual(bundle, long_form, language)
     steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
     fused = None
@@ -178,7 +187,15 @@ def transcriptions(
     _check_pieced(vad, bool(windowed), bool(voiced), beam_size, prefix, require)
     for i in windowed:
         began = time.perf_counter()
-        segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
+        if batched is None:
+            segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
+        else:
+            ids = whisper_tokens(bundle, starts[i], steer.scorers, timestamps=timestamps)
+            options = long_form or LongForm()
+            segments = transcribe_batched(
+                bundle.model, bundle.vocab.target, sources[i], bundle.features, ids, options,
+                batch_size=batched, vad=vad, on_seconds=on_seconds,
+            )  # fmt: skip
         found[i] = _of_segments(segments, "", languages[i], seconds[i], began, on_batch)
 
     def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
@@ -251,6 +268,21 @@ def _check_multilingual(bundle: Bundle, long_form: LongForm | None, language: st
         raise OptionError("multilingual detects each window's language: for a multilingual Whisper", "multilingual")
     if language is not None:
         raise OptionError("multilingual detects each window's language: give no language", "multilingual", "language")
+
+
+def _check_batched(bundle: Bundle, long_form: LongForm | None, batched: int | None) -> None:
+    """``batched`` (chunks at a time, at least 1) is for an imported Whisper, whose chunks are
+    each decoded in the input's language: no ``LongForm.multilingual``; refused in one line."""
+    if batched is None:
+        return
+    if batched < 1:
+        raise OptionError(f"batched is the chunks decoded at once: 1 or more, not {batched}", "batched")
+    if bundle.whisper is None:
+        raise OptionError("batched reads long audio as an imported Whisper's chunks: for a Whisper", "batched")
+    if long_form is not None and long_form.multilingual:
+        raise OptionError(
+            "batched decodes every chunk in the input's language: no multilingual", "batched", "multilingual"
+        )
 
 
 def _check_pieced(
@@ -330,24 +362,37 @@ def long_transcript(
 ) -> list[Segment]:
     """An imported Whisper's segments of ``wave`` (``longform.transcribe_long``) from the start
     tokens ``start`` (<|notimestamps|> left out), with its rules and ``bans``."""
+    ids = whisper_tokens(bundle, start, bans)
+    return transcribe_long(
+        bundle.model, bundle.vocab.target, wave, bundle.features, ids, options or LongForm(), on_seconds
+    )
+
+
+def whisper_tokens(
+    bundle: Bundle, start: tuple[int, ...], bans: Sequence[Scorer] = (), *, timestamps: bool = True
+) -> WhisperTokens:
+    """The ids an imported Whisper's long-form decoding needs (``longform.WhisperTokens``), from
+    the start tokens ``start`` (<|notimestamps|> left out), with its rules (the timestamp rules
+    included) and ``bans``; without ``timestamps``, the start tokens end with <|notimestamps|> and
+    the rules are the rest (text alone: a batched chunk is then one segment)."""
     settings, tokenizer = bundle.whisper, bundle.vocab.target
     if settings.no_timestamps_id is None:
         raise UserError(
             f"{bundle.path}: the model has no <|notimestamps|> token, so no timestamps to read long audio by"
         )
     token = tokenizer.backend.token_to_id
-    ids = WhisperTokens(
-        start=tuple(t for t in start if t != settings.no_timestamps_id),
+    start = tuple(t for t in start if t != settings.no_timestamps_id)
+    return WhisperTokens(
+        start=start if timestamps else (*start, settings.no_timestamps_id),
         previous=token("<|startofprev|>"),
         no_speech=token("<|nospeech|>") if token("<|nospeech|>") is not None else token("<|nocaptions|>"),
         timestamp_begin=settings.no_timestamps_id + 1,
         eos=bundle.model.config.eos_id,
-        rules=(*whisper_rules(bundle, timestamps=True), *bans),
+        rules=(*whisper_rules(bundle, timestamps=timestamps), *bans),
         alignment_heads=checked_heads(bundle),
         spaced=not any(settings.languages.get(code) in start for code in UNSPACED),
         languages=tuple(settings.languages.items()) if settings.multilingual else (),
     )
-    return transcribe_long(bundle.model, tokenizer, wave, bundle.features, ids, options or LongForm(), on_seconds)
 
 
 def ctc_timed_words(bundle: Bundle, item: Audio, i: int, found: Transcript) -> Transcript:
