@@ -129,7 +129,8 @@ def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weight
 def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():
     """At inference the text encoder, duration predictor and flow run their convolutions in
     oneDNN on re-laid-out weights kept between calls; with oneDNN off (PyTorch's own kernels)
-    the latent must be the same, and so must it be after the weights change in place."""
+    the latent must be the same, and so must it be after the weights change in place; while
+    autograd records the weights, the plain path (oneDNN's operator records nothing)."""
     model, other = (
         tiny_voice(seed=2, n_speakers=3, speaker_channels=5),
         tiny_voice(seed=3, n_speakers=3, speaker_channels=5),
@@ -154,6 +155,9 @@ def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():
     assert changed.shape != fast.shape or float((changed - fast).abs().max()) > 1e-3
     assert torch.equal(durations, expected_durations)
     assert float((changed - expected).abs().max()) <= 1e-5
+    # a depthwise convolution read from an input that needs no gradient, its weights needing one
+    model.dp.convs(torch.randn(1, 13, 9), torch.ones(1, 1, 9, dtype=torch.bool)).sum().backward()
+    assert all(p.grad is not None for p in model.dp.convs.parameters())
 
 
 def test_durations_in_a_batch_are_each_sentence_alone():

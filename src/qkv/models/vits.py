@@ -224,7 +224,7 @@ def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
     channels instead: oneDNN's 1×1 kernels want their weight blocked by the length, so one packed
     weight was re-laid out again at each other length (2.7 ms a call for 384×192 at 400 frames).
     Shapes: x (B, channels, T) -> (B, out_channels, T')."""
-    if not fusable(x):
+    if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
         return conv(x)
     if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
