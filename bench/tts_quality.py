@@ -8,7 +8,8 @@ distance, for every engine on the same held-out sentences.
 The sentences are the first ``--n`` of Multi30k's test2016 (never trained on: the TTS recipes
 train on its train split). The rows, each spoken (or re-synthesized) in its own process, so the
 real-time factor (compute seconds per second of speech, after one warm-up sentence, on
-``--threads`` threads, ``OMP_WAIT_POLICY=PASSIVE``) of one is not the others' warm caches:
+``--threads`` threads, ``OMP_WAIT_POLICY=PASSIVE``, on the allocator ``qkv speak`` chooses) of one is not
+the others' warm caches:
 
 * the recordings of each corpus a TTS model learns from: espeak-ng's (``recipes/tts_en.yaml``'s
   voice) and the Piper voice's (``recipes/tts_en_natural.yaml``'s, ``speech_corpora/piper.py``);
@@ -143,6 +144,9 @@ def _speak_tts(job: dict) -> tuple[list, int]:
 def child(job_file: Path) -> None:
     """Speak one row's sentences one at a time (after a warm-up), saving each waveform as
     ``NNNN.npy``, and write the compute and speech seconds and the rate to ``result.json``."""
+    from qkv.memory import choose_allocator
+
+    choose_allocator()  # as `qkv speak` does; every row's process alike (it may restart it)
     import numpy as np
     import torch
 

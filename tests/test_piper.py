@@ -126,6 +126,40 @@ def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weight
     assert float((changed - expected).abs().max()) <= 1e-5
 
 
+def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():
+    """At inference the text encoder, duration predictor and flow run their convolutions in
+    oneDNN on re-laid-out weights kept between calls; with oneDNN off (PyTorch's own kernels)
+    the latent must be the same, and so must it be after the weights change in place; while
+    autograd records the weights, the plain path (oneDNN's operator records nothing)."""
+    model, other = (
+        tiny_voice(seed=2, n_speakers=3, speaker_channels=5),
+        tiny_voice(seed=3, n_speakers=3, speaker_channels=5),
+    )
+    ids, lengths = ids_of(11, 7)
+
+    def latent(voice: Vits, onednn: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        was, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, onednn
+        try:
+            z, _, durations = voice.latent(
+                ids, lengths, speakers=torch.tensor([0, 2]), generator=torch.Generator().manual_seed(5)
+            )
+        finally:
+            torch.backends.mkldnn.enabled = was
+        return z, durations
+
+    (fast, durations), (plain, plain_durations) = latent(model, True), latent(model, False)
+    assert torch.equal(durations, plain_durations) and float(fast.abs().max()) > 0.1
+    assert float((fast - plain).abs().max()) <= 1e-5
+    model.load_state_dict(other.state_dict())  # copies into the same tensors
+    (changed, durations), (expected, expected_durations) = latent(model, True), latent(other, False)
+    assert changed.shape != fast.shape or float((changed - fast).abs().max()) > 1e-3
+    assert torch.equal(durations, expected_durations)
+    assert float((changed - expected).abs().max()) <= 1e-5
+    # a depthwise convolution read from an input that needs no gradient, its weights needing one
+    model.dp.convs(torch.randn(1, 13, 9), torch.ones(1, 1, 9, dtype=torch.bool)).sum().backward()
+    assert all(p.grad is not None for p in model.dp.convs.parameters())
+
+
 def test_durations_in_a_batch_are_each_sentence_alone():
     model = tiny_voice(seed=3)
     ids, lengths = ids_of(9, 4, 6)

@@ -214,6 +214,24 @@ def conv_rows_fused(
     return ops._convolution_pointwise(x, residual, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
 
 
+def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """``conv(x)``, where :func:`fusable`, as one oneDNN call on the :func:`packed_weight` with
+    ``x`` seen as channels-last rows (:func:`conv_rows`). The plain 1-D call converted the
+    layouts every time: the input to oneDNN's blocked layout, the weight, the output back (about
+    3 conversions per convolution, measured with oneDNN's verbose log). The output comes back
+    channels-last, (B, T, channels) in memory, which the next convolution, the channel norms and
+    the element-wise steps read as it is. A kernel-1 convolution is a matrix product over the
+    channels instead: oneDNN's 1×1 kernels want their weight blocked by the length, so one packed
+    weight was re-laid out again at each other length (2.7 ms a call for 384×192 at 400 frames).
+    Shapes: x (B, channels, T) -> (B, out_channels, T')."""
+    if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
+        return conv(x)
+    if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
+        return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
+    rows = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T): no copy if it was
+    return conv_rows_fused(conv, rows).squeeze(2)  # (B, out_channels, T')
+
+
 def relative_index(length: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """For query i and key j: the offset's vector index j − i + window, clamped, and whether
     |j − i| ≤ window (farther offsets have no vector: Shaw et al., 2018, clip to zero here as
@@ -304,16 +322,17 @@ class RelativeAttention(nn.Module):
         """Shapes: x (B, hidden, S); mask (B, 1, S, S), True = may attend -> (B, hidden, S)."""
         b, d, s = x.shape
         h, k = self.n_heads, d // self.n_heads
-        q = self.conv_q(x).view(b, h, k, s).transpose(2, 3) / math.sqrt(k)  # (B, H, S, K)
-        key = self.conv_k(x).view(b, h, k, s).transpose(2, 3)  # (B, H, S, K)
-        v = self.conv_v(x).view(b, h, k, s).transpose(2, 3)  # (B, H, S, K)
+        q = conv_frames(self.conv_q, x).view(b, h, k, s).transpose(2, 3) / math.sqrt(k)  # (B, H, S, K)
+        key = conv_frames(self.conv_k, x).view(b, h, k, s).transpose(2, 3)  # (B, H, S, K)
+        v = conv_frames(self.conv_v, x).view(b, h, k, s).transpose(2, 3)  # (B, H, S, K)
         index, near = relative_index(s, self.window, x.device)  # (S, S)
         by_offset = q @ self.emb_rel_k[0].transpose(0, 1)  # (B, H, S, 2w+1)
         relative = by_offset.gather(-1, index.expand(b, h, s, s)) * near  # (B, H, S, S)
         scores = (q @ key.transpose(-2, -1) + relative).masked_fill(~mask, MASKED)  # (B, H, S, S)
         weights = torch.softmax(scores, dim=-1)  # (B, H, S, S)
         out = weights @ v + band_of(weights, self.window) @ self.emb_rel_v[0]  # (B, H, S, K)
-        return self.conv_o(out.transpose(2, 3).reshape(b, d, s))  # (B, hidden, S)
+        # heads joined as (B, S, hidden) in memory: channels-last, as conv_frames reads it
+        return conv_frames(self.conv_o, out.transpose(1, 2).reshape(b, s, d).transpose(1, 2))  # (B, hidden, S)
 
 
 class ConvFeedForward(nn.Module):
@@ -326,8 +345,8 @@ class ConvFeedForward(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """Shapes: x (B, hidden, S); mask (B, 1, S) -> (B, hidden, S)."""
-        x = torch.relu(self.conv_1(x * mask))
-        return self.conv_2(x * mask) * mask
+        x = torch.relu(conv_frames(self.conv_1, x * mask))
+        return conv_frames(self.conv_2, x * mask) * mask
 
 
 class ChannelNorm(nn.Module):
@@ -381,7 +400,7 @@ class TextEncoder(nn.Module):
         x = (self.emb(ids) * math.sqrt(self.emb.embedding_dim)).transpose(1, 2)  # (B, hidden, S)
         mask = sequence_mask(lengths, ids.shape[1])
         x = self.encoder(x, mask)
-        mean, log_std = (self.proj(x) * mask).chunk(2, dim=1)
+        mean, log_std = (conv_frames(self.proj, x) * mask).chunk(2, dim=1)
         return x, mean, log_std, mask
 
 
@@ -412,8 +431,8 @@ class DilatedDepthSeparableConv(nn.Module):
         for sep, pointwise, norm_1, norm_2 in zip(
             self.convs_sep, self.convs_1x1, self.norms_1, self.norms_2, strict=True
         ):
-            y = F.gelu(norm_1(sep(x * mask)))
-            x = x + F.gelu(norm_2(pointwise(y)))
+            y = F.gelu(norm_1(conv_frames(sep, x * mask)))
+            x = x + F.gelu(norm_2(conv_frames(pointwise, y)))
         return x * mask
 
 
@@ -433,7 +452,7 @@ class SplineCoupling(nn.Module):
     def inverse(self, z: Tensor, mask: Tensor, text: Tensor) -> Tensor:
         """Shapes: z (B, 2, S); mask (B, 1, S); text (B, dp_filter_channels, S) -> (B, 2, S)."""
         z0, z1 = z[:, :1], z[:, 1:]
-        h = self.proj(self.convs(self.pre(z0), mask, text)) * mask  # (B, 3·bins − 1, S)
+        h = conv_frames(self.proj, self.convs(conv_frames(self.pre, z0), mask, text)) * mask  # (B, 3·bins − 1, S)
         h = h.transpose(1, 2)  # (B, S, 3·bins − 1)
         scale = math.sqrt(self.pre.out_channels)  # VITS divides the bin logits by √filter_channels
         widths, heights = h[..., : self.bins] / scale, h[..., self.bins : 2 * self.bins] / scale
@@ -475,10 +494,10 @@ class StochasticDurationPredictor(nn.Module):
     def forward(self, x: Tensor, mask: Tensor, noise: Tensor, speaker: Tensor | None = None) -> Tensor:
         """Shapes: x (B, hidden, S); mask (B, 1, S); noise (B, 2, S), already scaled by noise_w;
         speaker (B, speaker_channels, 1) -> log durations (B, 1, S)."""
-        x = self.pre(x)
+        x = conv_frames(self.pre, x)
         if speaker is not None:
             x = x + self.cond(speaker)
-        text = self.proj(self.convs(x, mask)) * mask
+        text = conv_frames(self.proj, self.convs(x, mask)) * mask
         z = noise
         for i in reversed(range(1, len(self.flows))):
             z = self.flows[str(2 * i + 1)].inverse(z.flip(1), mask, text)
@@ -518,8 +537,8 @@ class WaveNet(nn.Module):
         conditions = self.cond_layer(speaker).split(2 * c, dim=1) if speaker is not None else None
         out = torch.zeros_like(x)
         for i, (conv, res_skip) in enumerate(zip(self.in_layers, self.res_skip_layers, strict=True)):
-            h = conv(x) if conditions is None else conv(x) + conditions[i]
-            y = res_skip(gated(h))
+            h = conv_frames(conv, x) if conditions is None else conv_frames(conv, x) + conditions[i]
+            y = conv_frames(res_skip, gated(h))
             if i < len(self.in_layers) - 1:
                 x = (x + y[:, :c]) * mask
                 out = out + y[:, c:]
@@ -544,7 +563,7 @@ class MeanCoupling(nn.Module):
     def inverse(self, z: Tensor, mask: Tensor, speaker: Tensor | None) -> Tensor:
         """Shapes: z (B, inter_channels, T); mask (B, 1, T) -> (B, inter_channels, T)."""
         z0, z1 = z.chunk(2, dim=1)
-        shift = self.post(self.enc(self.pre(z0) * mask, mask, speaker)) * mask
+        shift = conv_frames(self.post, self.enc(conv_frames(self.pre, z0) * mask, mask, speaker)) * mask
         return torch.cat([z0, (z1 - shift) * mask], dim=1)
 
 
@@ -629,7 +648,7 @@ class Generator(nn.Module):
 
     def forward(self, z: Tensor, speaker: Tensor | None = None) -> Tensor:
         """Shapes: z (B, inter_channels, T); speaker (B, speaker_channels, 1) -> (B, 1, T·hop)."""
-        x = self.conv_pre(z)
+        x = conv_frames(self.conv_pre, z)
         if speaker is not None:
             x = x + self.cond(speaker)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T)
