@@ -159,25 +159,12 @@ def transcriptions(
     d = bundle.decode
     # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
     beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
-    _check_transcription_options(
-        bundle,
-        lm,
-        lm_weight,
-        language,
-        task,
-        ctc_only,
-        d.ctc_weight if ctc_weight is None else ctc_weight,
-        prefix,
-        ban,
-        require,
-    )
+    ctc = d.ctc_weight if ctc_weight is None else ctc_weight
+    _check_transcription_options(bundle, lm, lm_weight, language, task, ctc_only, ctc, prefix, ban, require)
     _check_batched(bundle, long_form, batched)
     _check_multilingual(bundle, long_form, language)
     steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
-    fused = None
-    if lm is not None:
-        bf16 = bundle.precision == "bf16"
-        fused = load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
+    fused = None if lm is None else _fusion_lm(bundle, lm)
     vad = vad or Vad()
     sources, waves, feats, seconds = _heads(bundle, audio, vad)
     starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
@@ -187,15 +174,8 @@ def transcriptions(
     _check_pieced(vad, bool(windowed), bool(voiced), beam_size, prefix, require)
     for i in windowed:
         began = time.perf_counter()
-        if batched is None:
-            segments = long_transcript(bundle, sources[i], starts[i], long_form, steer.scorers, on_seconds)
-        else:
-            ids = whisper_tokens(bundle, starts[i], steer.scorers, timestamps=timestamps)
-            options = long_form or LongForm()
-            segments = transcribe_batched(
-                bundle.model, bundle.vocab.target, sources[i], bundle.features, ids, options,
-                batch_size=batched, vad=vad, on_seconds=on_seconds,
-            )  # fmt: skip
+        reading = _Reading(long_form, timestamps, batched, vad, on_seconds)
+        segments = _windowed_segments(bundle, sources[i], starts[i], steer.scorers, reading)
         found[i] = _of_segments(segments, "", languages[i], seconds[i], began, on_batch)
 
     def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
@@ -204,7 +184,7 @@ def transcriptions(
             bundle.vocab.target,
             rows,
             beam_size=beam,
-            ctc_weight=d.ctc_weight if ctc_weight is None else ctc_weight,
+            ctc_weight=ctc,
             ctc_only=ctc_only,
             length_penalty=d.length_penalty if length_penalty is None else length_penalty,
             batch_size=batch_size,
@@ -233,6 +213,36 @@ def transcriptions(
             whole = Segment(0.0, waves[i].numel() / bundle.sample_rate, text.strip(), tuple(ids))
             found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds, (whole,))
     return [t for t in found if t is not None]
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How an imported Whisper reads an input in windows (:func:`transcriptions`' arguments)."""
+
+    long_form: LongForm | None
+    timestamps: bool
+    batched: int | None
+    vad: Vad
+    on_seconds: Callable[[float], None] | None
+
+
+def _windowed_segments(bundle: Bundle, source, start, scorers, r: _Reading) -> list[Segment]:
+    """An input's segments read window by window, each after the previous text (Whisper's way,
+    ``longform.py``), or with ``r.batched`` (N) in voice-activity chunks decoded N at a time
+    (faster-whisper's batched mode, ``longform_batched.py``)."""
+    if r.batched is None:
+        return long_transcript(bundle, source, start, r.long_form, scorers, r.on_seconds)
+    ids = whisper_tokens(bundle, start, scorers, timestamps=r.timestamps)
+    return transcribe_batched(
+        bundle.model, bundle.vocab.target, source, bundle.features, ids, r.long_form or LongForm(),
+        batch_size=r.batched, vad=r.vad, on_seconds=r.on_seconds,
+    )  # fmt: skip
+
+
+def _fusion_lm(bundle: Bundle, lm: str | Path):
+    """The language model of directory ``lm``, loaded for shallow fusion with ``bundle``'s model."""
+    bf16 = bundle.precision == "bf16"
+    return load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
 
 
 def _check_transcription_options(

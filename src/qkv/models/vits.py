@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from qkv.onednn_conv import conv_frames, conv_rows, conv_rows_fused, fusable
+
 LRELU_SLOPE = 0.1  # HiFi-GAN's leaky ReLU slope inside the generator
 MASKED = -1e4  # VITS's score for masked keys (a finite fill: a fully masked row stays finite)
 
@@ -136,100 +138,6 @@ def channel_norm(x: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
 def same_padding(kernel_size: int, dilation: int = 1) -> int:
     """Padding that keeps a stride-1 convolution's length."""
     return (kernel_size * dilation - dilation) // 2
-
-
-def conv_rows(conv: nn.Conv1d | nn.ConvTranspose1d, x: Tensor, scale: float = 1.0) -> Tensor:
-    """``conv`` applied to a (B, channels, 1, samples) channels-last tensor as a 2-D convolution
-    of height 1: the same numbers as the 1-D one, but oneDNN's channels-last kernels ran the
-    generator's long convolutions faster on the CPU than its 1-D path in a micro-benchmark on 2
-    cores (about 3× for the dilated ones, whose 1-D path is slowest; equal at short lengths).
-    ``scale`` multiplies the weight (not the bias): the input's scale folded into the kernel."""
-    weight = conv.weight.unsqueeze(2) * scale if scale != 1.0 else conv.weight.unsqueeze(2)  # (out, in, 1, k)
-    if isinstance(conv, nn.ConvTranspose1d):  # weight (in, out, 1, k)
-        return F.conv_transpose2d(x, weight, conv.bias, stride=(1, conv.stride[0]), padding=(0, conv.padding[0]))
-    return F.conv2d(
-        x, weight, conv.bias, padding=(0, conv.padding[0]), dilation=(1, conv.dilation[0]), groups=conv.groups
-    )
-
-
-def fusable(x: Tensor) -> bool:
-    """Whether the generator may take its fused inference path on ``x``: oneDNN's convolutions
-    with the residual sum (or a leaky ReLU) applied as they write their output, and sums in
-    place. That needs a float32 CPU tensor and PyTorch's oneDNN fused-convolution operator (the
-    one ``torch.compile``'s CPU backend calls), and autograd not recording ``x`` (a vocoder's
-    adapter is trained through the frozen generator; its backward pass reads the tensors that
-    in-place sums would overwrite)."""
-    return (
-        x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
-        and hasattr(torch.ops.mkldnn, "_convolution_pointwise_")
-        and not (torch.is_grad_enabled() and x.requires_grad)
-    )
-
-
-def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float = 1.0) -> Tensor:
-    """``conv``'s weight times ``scale`` as (out, in, 1, k) (transposed: (in, out, 1, k)) in
-    oneDNN's own blocked layout, made at the first call and kept on the module while the weight
-    is unchanged (same storage and version). Given a plain weight, oneDNN re-lays it out at every
-    call: a parallel pass of its own, which on a loaded machine waited for a core about as long
-    as a long convolution took."""
-    weight = conv.weight
-    key = (weight.data_ptr(), weight._version, scale)
-    kept = conv.__dict__.get("_packed_weight")  # a plain attribute: neither parameter nor buffer
-    if kept is None or kept[0] != key:
-        w = weight.detach().unsqueeze(2) * scale
-        geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-        if isinstance(conv, nn.ConvTranspose1d):
-            packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(w, geometry[0], [0, 0], *geometry[1:])
-        else:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(w, *geometry)
-        kept = conv.__dict__["_packed_weight"] = (key, packed)
-    return kept[1]
-
-
-def conv_rows_fused(
-    conv: nn.Conv1d | nn.ConvTranspose1d,
-    x: Tensor,
-    scale: float = 1.0,
-    *,
-    residual: Tensor | None = None,
-    in_place: bool = False,
-    slope: float | None = None,
-) -> Tensor:
-    """:func:`conv_rows` in one oneDNN call on the :func:`packed_weight`, which also adds
-    ``residual`` to the output (into ``residual`` itself when ``in_place``) or applies a leaky
-    ReLU of ``slope`` to it: each saves a pass over a waveform-sized tensor. Only where
-    :func:`fusable`. Shapes: x, residual (B, channels, 1, samples) channels-last -> the same."""
-    geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-    weight, ops = packed_weight(conv, scale), torch.ops.mkldnn
-    unary = ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
-    if isinstance(conv, nn.ConvTranspose1d):
-        return ops._convolution_transpose_pointwise(x, weight, conv.bias, geometry[0], [0, 0], *geometry[1:], *unary)
-    if residual is None:
-        return ops._convolution_pointwise(x, weight, conv.bias, *geometry, *unary)
-    if in_place:
-        return ops._convolution_pointwise_(residual, x, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
-    return ops._convolution_pointwise(x, residual, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
-
-
-def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
-    """``conv(x)``, where :func:`fusable`, as one oneDNN call on the :func:`packed_weight` with
-    ``x`` seen as channels-last rows (:func:`conv_rows`). The plain 1-D call converted the
-    layouts every time: the input to oneDNN's blocked layout, the weight, the output back (about
-    3 conversions per convolution, measured with oneDNN's verbose log). The output comes back
-    channels-last, (B, T, channels) in memory, which the next convolution, the channel norms and
-    the element-wise steps read as it is. A kernel-1 convolution is a matrix product over the
-    channels instead: oneDNN's 1×1 kernels want their weight blocked by the length, so one packed
-    weight was re-laid out again at each other length (2.7 ms a call for 384×192 at 400 frames).
-    Shapes: x (B, channels, T) -> (B, out_channels, T')."""
-    if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
-        return conv(x)
-    if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
-        return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
-    rows = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T): no copy if it was
-    return conv_rows_fused(conv, rows).squeeze(2)  # (B, out_channels, T')
 
 
 def relative_index(length: int, window: int, device: torch.device) -> tuple[Tensor, Tensor]:
