@@ -23,12 +23,16 @@ from qkv.decoding_copies import for_decoding, int8_linears
 from qkv.int8 import (
     ACTIVATION_LEVELS,
     BF16_PRODUCT_ERROR,
+    FP16_SUBNORMAL_ERROR,
     HUGE_ROWS,
     MANY_ROWS,
     OUTLIER,
     Bf16Linear,
+    ByRows,
+    Fp16Linear,
     Int8Linear,
     NearTiesInFloat,
+    fp16_product_error,
     int8_linear,
     near_ties,
     quantize_channels,
@@ -166,7 +170,10 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     from qkv.layers import PackedLinear  # the same bf16 product, packed once where oneDNN runs bf16
 
     quantized = int8_linears(for_decoding(model))
-    assert isinstance(quantized.output, Bf16Linear | PackedLinear)
+    output = quantized.output  # float16 with float32 near-ties; where oneDNN runs bfloat16, that at one row
+    near = output.one if isinstance(output, ByRows) else output
+    assert isinstance(near, NearTiesInFloat) and isinstance(near.fast, Fp16Linear)
+    assert not isinstance(output, ByRows) or isinstance(output.many, PackedLinear)
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
@@ -220,6 +227,92 @@ def test_near_ties_in_float_with_a_bias_and_random_rows_match_float32_argmax() -
     x = torch.randn(41, 23)
     near = NearTiesInFloat(linear, Bf16Linear(linear))
     assert torch.equal(near(x).argmax(dim=-1), linear(x).argmax(dim=-1))
+
+
+@pytest.mark.parametrize("shape", [(1, 37), (3, 1, 37), (2, 5, 37), (4, 48)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp16_product_is_within_its_bound_of_float32(shape: tuple[int, ...], bias: bool) -> None:
+    """fbgemm's float16-weight product: float32 activations and sums, each weight rounded to
+    float16 (a loud row, a row of subnormal float16 weights): within fp16_product_error of
+    Σ|x||w| plus the subnormals' absolute error, one row or many, K not a multiple of 16 too."""
+    torch.manual_seed(8)
+    k = shape[-1]
+    linear = nn.Linear(k, 31, bias=bias)
+    with torch.no_grad():
+        linear.weight[0] *= 300.0  # loud
+        linear.weight[1] = torch.rand(k) * 2**-16  # subnormal in float16
+    x = torch.randn(shape) * 4
+    got, exact = Fp16Linear(linear)(x), linear(x)
+    bound = fp16_product_error(k) * (x.abs() @ linear.weight.abs().T) + FP16_SUBNORMAL_ERROR * x.abs().sum(-1, True)
+    assert got.shape == exact.shape and got.dtype == torch.float32
+    assert bool(((got - exact).abs() <= bound + 1e-6).all())
+    assert not torch.equal(got, exact)  # the weights were rounded: this is not float32 as it is
+    assert Fp16Linear(linear)(x.to(torch.bfloat16)).dtype == torch.bfloat16  # the input's dtype back
+
+
+def test_fp16_near_ties_in_float_keep_float32_argmax_where_float16_flips_it() -> None:
+    """Rows 2 and 11 equal in float16 but not in float32 (factor 1 + 2⁻¹³, under float16's half
+    step): float16 alone gives the tie to 2, the near-ties in float32 give float32's 11; random
+    rows with a bias keep float32's argmax on every row."""
+    torch.manual_seed(6)
+    k = 37
+    linear = nn.Linear(k, 29)
+    with torch.no_grad():
+        row = torch.randn(k).half().float() * 4  # exact in float16
+        linear.weight[2], linear.weight[11] = row, row * (1 + 2**-13)
+        linear.bias.zero_()
+    x = row.expand(3, 2, k) / row.norm()
+    assert torch.equal(Fp16Linear(linear)(x).argmax(dim=-1), torch.full((3, 2), 2))  # the flip this fixes
+    near = NearTiesInFloat(linear, Fp16Linear(linear), error=fp16_product_error(k), absolute=FP16_SUBNORMAL_ERROR)
+    exact = linear(x)
+    got = near(x)
+    assert torch.equal(exact.argmax(dim=-1), torch.full((3, 2), 11)) and torch.equal(
+        got.argmax(dim=-1), exact.argmax(-1)
+    )
+    assert torch.allclose(got[..., [2, 11]], exact[..., [2, 11]], rtol=1e-6, atol=1e-6)  # near-ties: float32
+    torch.manual_seed(7)
+    linear = nn.Linear(23, 53)
+    x = torch.randn(41, 23)
+    near = NearTiesInFloat(linear, Fp16Linear(linear), error=fp16_product_error(23), absolute=FP16_SUBNORMAL_ERROR)
+    assert torch.equal(near(x).argmax(dim=-1), linear(x).argmax(dim=-1))
+
+
+def test_text_int8_copy_without_bf16_arithmetic_has_a_float16_vocabulary_with_float32_argmax(monkeypatch) -> None:
+    """Where oneDNN does not run bfloat16 (as on AVX2-only CPUs), a text model's int8 copy holds
+    its vocabulary projection in float16 under float32 near-ties, and greedy decoding (one row a
+    step, then three) picks the tokens that the same copy with a float32 vocabulary projection
+    picks; where oneDNN runs bfloat16, that at one row and packed bfloat16 from two, as before."""
+    import qkv.layers
+    from qkv.decoding import greedy
+    from qkv.layers import PackedLinear
+    from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
+
+    torch.manual_seed(3)
+    config = DecoderOnlyConfig(vocab_size=97, d_model=18, n_heads=3, d_ff=11, n_layers=2, dropout=0.0, max_len=40)
+    model = for_decoding(DecoderOnly(config).eval())
+    object.__setattr__(model.config, "eos_id", None)  # exactly the tokens asked for
+    if qkv.layers.packable():
+        assert isinstance(int8_linears(model).output.many, PackedLinear)
+    monkeypatch.setattr(qkv.layers, "packable", lambda dtype=torch.bfloat16: False)  # as on AVX2-only CPUs
+    copy_ = int8_linears(model)
+    assert isinstance(copy_.output, NearTiesInFloat) and isinstance(copy_.output.fast, Fp16Linear)
+    reference = copy.deepcopy(copy_)
+    reference.output = model.output  # float32 logits, the rest the same int8 layers
+    for prompts in ([[5, 7, 11]], [[5, 7, 11], [2, 3, 13], [17, 19, 23]]):
+        with torch.no_grad():
+            assert greedy(copy_, prompts, max_new_tokens=9) == greedy(reference, prompts, max_new_tokens=9)
+
+
+def test_by_rows_sends_one_row_to_one_copy_and_more_to_the_other() -> None:
+    linear = _linear(32, 13, seed=9)
+    one = NearTiesInFloat(linear, Fp16Linear(linear), error=fp16_product_error(32), absolute=FP16_SUBNORMAL_ERROR)
+    layer = ByRows(one, Bf16Linear(linear))
+    for shape in [(1, 32), (1, 1, 32)]:
+        x = torch.randn(shape)
+        assert torch.equal(layer(x), one(x))
+    for shape in [(2, 32), (1, 3, 32), (4, 1, 32)]:
+        x = torch.randn(shape)
+        assert torch.equal(layer(x), layer.many(x))
 
 
 def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> None:

@@ -83,14 +83,15 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
 def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
-    vocabulary projection (the model's ``output``, often tied to the embedding) is kept in bfloat16
-    (:class:`qkv.int8.Bf16Linear`; where oneDNN runs bfloat16, :class:`qkv.layers.PackedLinear`:
-    the same outputs, its weight packed once). Embeddings, norms, convolutions and attention
-    arithmetic stay float32.
+    vocabulary projection (the model's ``output``, often tied to the embedding) is kept in float16
+    with the logits that could be the largest recomputed in float32, and where oneDNN runs bfloat16
+    in packed bfloat16 too, for calls of more than one row (:func:`_vocabulary`).
+    Embeddings, norms, convolutions and attention arithmetic stay float32.
 
     ``float_decoder`` (what speech models get): the decoder's linear layers in bfloat16 instead
-    (packed as above) and the vocabulary projection's near-ties in float32
-    (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is float32's); the encoder keeps int8.
+    (:class:`qkv.int8.Bf16Linear`, or packed as above) and the vocabulary projection in bfloat16
+    with its near-ties in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is
+    float32's); the encoder keeps int8.
     Why (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike; docs/speech.md):
     int8 decoder layers with a bfloat16 vocabulary kept float32's words on 272, float32 ones on 283,
     bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
@@ -122,7 +123,36 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
             if not isinstance(child, nn.Linear):
                 continue
             if parent is quantized and name == "output":
-                setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else bf16(child))
+                setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else _vocabulary(child))
             else:
                 setattr(parent, name, bf16(child) if id(parent) in in_decoder else Int8Linear(child))
     return quantized.requires_grad_(False)
+
+
+def _vocabulary(linear):
+    """A text model's int8 vocabulary projection: float16 weights in fbgemm's kernel
+    (:class:`qkv.int8.Fp16Linear`, as many bytes as bfloat16) with the logits that could be the
+    largest recomputed in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is
+    float32's). Where oneDNN runs bfloat16 (:func:`qkv.layers.packable`) only for one row, with a
+    second copy in packed bfloat16 (:class:`qkv.layers.PackedLinear`) for two rows and more, as
+    before (:class:`qkv.int8.ByRows`). Why: a batch-1 int8 step reads this projection most. Without
+    bfloat16 arithmetic ``F.linear`` in bfloat16 converts its operands: SmolLM2-135M's 49152 × 576
+    took about twice fbgemm's float16 kernel's CPU time at one row and five to six times at 8 to 256
+    rows (AMD EPYC with AVX2, under contention; docs/speed.md); where oneDNN runs bfloat16, the
+    float16 kernel read it faster at one row but slower from 40 rows on (docs/speed.md)."""
+    from qkv.int8 import (
+        FP16_SUBNORMAL_ERROR,
+        Bf16Linear,
+        ByRows,
+        Fp16Linear,
+        NearTiesInFloat,
+        fp16_fits,
+        fp16_product_error,
+    )
+    from qkv.layers import PackedLinear, packable
+
+    if not fp16_fits(linear.weight):
+        return PackedLinear(linear) if packable() else Bf16Linear(linear)
+    error = fp16_product_error(linear.in_features)
+    near = NearTiesInFloat(linear, Fp16Linear(linear), error=error, absolute=FP16_SUBNORMAL_ERROR)
+    return ByRows(near, PackedLinear(linear)) if packable() else near

@@ -1,8 +1,9 @@
 """int8 linear layers for decoding on CPUs (``--int8``): :func:`quantize_channels` (symmetric
 int8 weights, one scale per output channel), :func:`int8_linear` (the explicit product: dequantize,
 then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths),
-:class:`Bf16Linear` (a linear layer kept in bfloat16) and :class:`NearTiesInFloat` (the vocabulary
-projection: every logit in bfloat16, those that could be the largest recomputed in float32).
+:class:`Bf16Linear` (a linear layer kept in bfloat16), :class:`Fp16Linear` (one kept in float16,
+fbgemm's kernel) and :class:`NearTiesInFloat` (the vocabulary projection: every logit from one of
+those, those that could be the largest recomputed in float32).
 
 Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
 
@@ -31,8 +32,11 @@ Why bfloat16 for the output projection, with its near-ties in float32: its logit
 token, and int8 rows flip near ties (measured on Whisper tiny.en in docs/speed.md); bfloat16 ones
 still flip Whisper's final "4." against "4" on a few files in a hundred (docs/speech.md), so the few
 logits within bfloat16's error bound of the row's largest are recomputed in float32, and the argmax
-is float32's. The copying of a model is in
-``decoding_copies.int8_linears``.
+is float32's. Where the CPU has no bfloat16 arithmetic, text models' output projection is float16
+(:class:`Fp16Linear`, the same bytes, a faster kernel there) with its near-ties in float32 too; int8
+rows with int8 activations were no candidate: the activations entering SmolLM2's vocabulary
+projection reach |x| ≈ 50 (norm ≈ 50), so half an activation step's error bound covered every
+logit. The copying of a model is in ``decoding_copies.int8_linears``.
 
 What is not here: which layers a model gets (``decoding_copies``); PyTorch's per-tensor dynamic
 quantization as a whole-model pass (what ``--int8`` used before: 7-bit activations on one scale per
@@ -225,6 +229,71 @@ class Bf16Linear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)  # (..., N)
 
 
+FP16_MAX = 65504.0  # float16's largest finite value
+
+
+def fp16_fits(weight: Tensor) -> bool:
+    """Whether every weight is finite in float16 (fbgemm's packing saturates larger ones)."""
+    return bool(weight.detach().abs().max() <= FP16_MAX)
+
+
+def fp16_product_error(in_features: int) -> float:
+    """A float16-weight product's error, relative to Σ|x||w| (at most ‖x‖·‖w‖, Cauchy–Schwarz), for
+    :class:`Fp16Linear`: each weight rounded to float16 (2⁻¹¹ relative where normal; the subnormal
+    part is :data:`FP16_SUBNORMAL_ERROR`), float32 activations kept as they are, products summed in
+    float32 over ``in_features`` terms (at most K·2⁻²⁴ of Σ|x||ŵ|, doubled to cover ŵ's rounding and
+    the kernel's order of summation)."""
+    return 2**-11 + in_features * 2**-23
+
+
+# Half float16's subnormal spacing (2⁻²⁴): the absolute error of a weight below 2⁻¹⁴ rounded to float16.
+FP16_SUBNORMAL_ERROR = 2**-25
+
+
+class Fp16Linear(nn.Module):
+    """An ``nn.Linear`` whose weight is kept in float16 in fbgemm's packed layout
+    (``torch.ops.quantized.linear_dynamic_fp16``): float32 activations, weights widened to float32
+    in registers, float32 sums and bias. The vocabulary projection of ``--int8`` text models, under
+    :class:`NearTiesInFloat` (where oneDNN runs bfloat16, at one row only:
+    ``decoding_copies._vocabulary`` says why). Outputs are within :func:`fp16_product_error` of
+    float32 (tested). Inference only; weights must fit float16 (:func:`fp16_fits`).
+
+    Shapes: x (..., K) -> (..., N).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if not fp16_fits(linear.weight):
+            raise ValueError("Fp16Linear: a weight is beyond float16's range")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        with warnings.catch_warnings():  # torch 2.13 warns that quantized kernels will move to torchao
+            warnings.simplefilter("ignore", UserWarning)
+            self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:  # the int8 copy's activations: no dtype round trip (each call counts)
+            return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)  # (..., N)
+        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float16 weights (fbgemm)"
+
+
+class ByRows(nn.Module):
+    """One row (a decoding step at batch 1) to ``one``, more rows to ``many``: two copies of one
+    layer, each where its kernel is the faster (the vocabulary projection of ``--int8`` where oneDNN
+    runs bfloat16: float16 weights at one row, bfloat16 packed ones from two). Both must compute
+    the same product (each within its own rounding). Shapes: x (..., K) -> (..., N)."""
+
+    def __init__(self, one: nn.Module, many: nn.Module) -> None:
+        super().__init__()
+        self.one, self.many = one, many
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.one(x) if x.numel() == x.shape[-1] else self.many(x)  # (..., N)
+
+
 # A bfloat16 product's error, relative to ‖x‖·‖w‖ (Cauchy–Schwarz: at least Σ|x||w|): the activations
 # and the weights each rounded to bfloat16 (2⁻⁹ relative each), the output rounded once more (2⁻⁹ of
 # |y| ≤ Σ|x||w|), sums in float32 (K·2⁻²⁴ relative, K in the thousands at most): 2⁻⁷ covers them all.
@@ -257,30 +326,38 @@ def near_ties(logits: Tensor, bound: Tensor, *, block: int = NEAR_TIE_BLOCK) -> 
 
 class NearTiesInFloat(nn.Module):
     """The vocabulary projection of ``--int8``: every logit from ``fast`` (a bfloat16 product:
-    :class:`Bf16Linear` or a packed one), then those that could be their row's largest
-    (:func:`near_ties`, within the bound :data:`BF16_PRODUCT_ERROR` · (‖x‖ · max‖w‖ + max|b|) of it)
-    recomputed in float32 from ``linear``'s own weight (a tied embedding's rows: no copy). So each
-    row's argmax is float32's (proof: the float32 argmax is within the bound of the bfloat16 largest,
-    and every logit left in bfloat16 is below it), the near-ties are exact and the other logits are
-    within bfloat16 rounding of float32 (tested). Inference only.
+    :class:`Bf16Linear` or a packed one; or a float16-weight one, :class:`Fp16Linear`), then those
+    that could be their row's largest (:func:`near_ties`, within the bound ``error`` · (‖x‖ · max‖w‖
+    + max|b|) of it, ``error`` the fast product's relative error: :data:`BF16_PRODUCT_ERROR` or
+    :func:`fp16_product_error`; ``absolute``, a weight's absolute error where the relative one does
+    not hold, :data:`FP16_SUBNORMAL_ERROR`) recomputed in float32 from ``linear``'s own weight (a
+    tied embedding's rows: no copy). So each row's argmax is float32's (proof: the float32 argmax is
+    within the bound of the fast product's largest, and every logit left from the fast product is
+    below it), the near-ties are exact and the other logits are within the fast product's rounding
+    of float32 (tested). Inference only.
 
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, fast: nn.Module) -> None:
+    def __init__(
+        self, linear: nn.Linear, fast: nn.Module, *, error: float = BF16_PRODUCT_ERROR, absolute: float = 0.0
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.fast = fast
         self.weight = linear.weight  # (N, K) float32, shared (a tied embedding keeps its rows)
         self.bias = linear.bias  # (N,) or None
-        reach = linear.weight.detach().float().norm(dim=1).max()  # max‖w‖
+        self.error = error
+        # A weight's absolute error (float16's subnormals) adds at most absolute · Σ|x| ≤ absolute · √K · ‖x‖:
+        # folded into max‖w‖ so that the bound stays error · (‖x‖ · reach + max|b|).
+        reach = linear.weight.detach().float().norm(dim=1).max() + absolute * self.in_features**0.5 / error
         bias = 0.0 if linear.bias is None else float(linear.bias.detach().abs().max())
-        self.register_buffer("reach", torch.stack([reach, torch.tensor(bias)]))  # (2,) max‖w‖, max|b|
+        self.register_buffer("reach", torch.stack([reach, torch.tensor(bias)]))  # (2,) max‖w‖ (+), max|b|
 
     def forward(self, x: Tensor) -> Tensor:
         logits = self.fast(x).float().reshape(-1, self.out_features)  # (M, N)
         rows = x.reshape(-1, self.in_features).float()  # (M, K)
-        bound = BF16_PRODUCT_ERROR * (rows.norm(dim=1) * self.reach[0] + self.reach[1])  # (M,)
+        bound = self.error * (rows.norm(dim=1) * self.reach[0] + self.reach[1])  # (M,)
         r, t = near_ties(logits, bound)  # (C,), (C,)
         exact = (rows[r] * self.weight[t].float()).sum(dim=1)  # (C,)
         exact = exact if self.bias is None else exact + self.bias[t].float()
