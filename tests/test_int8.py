@@ -237,14 +237,6 @@ def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> 
     assert not any(isinstance(m, Int8Linear | nn.Linear) for m in copy_.decoder.modules())
     h = torch.randn(5, 16)
     assert torch.equal(copy_.output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
-    # float_encoder (what loading gives a speech model): no int8 layer left in either stack; the
-    # encoder's output within bfloat16 rounding of float32's
-    both = int8_linears(for_decoding(model), float_decoder=True, float_encoder=True)
-    assert not any(isinstance(m, Int8Linear | nn.Linear) for m in [*both.encoder.modules(), *both.decoder.modules()])
-    feats = torch.randn(2, 23, 7)
-    with torch.no_grad():
-        ours, exact = both.encode(feats)[0], model.encode(feats)[0]
-    assert (ours - exact).abs().max() <= 0.05 * exact.abs().max()
 
 
 @pytest.mark.slow

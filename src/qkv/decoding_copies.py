@@ -80,7 +80,7 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
     return packed.requires_grad_(False)
 
 
-def int8_linears(model: DecodingModel, *, float_decoder: bool = False, float_encoder: bool = False) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
     vocabulary projection (the model's ``output``, often tied to the embedding) is kept in bfloat16
@@ -96,14 +96,6 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, float_enc
     bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
     costs the rest. A decoding step of a speech model reads the vocabulary projection most.
 
-    ``float_encoder`` (what speech models get too): the encoder's linear layers in bfloat16 as well
-    (packed as above; the residual stream, norms and attention stay float32). Why: its 1,500-row
-    products ran in bfloat16 already (:data:`qkv.int8.HUGE_ROWS`, on the weights dequantized for
-    the call), so keeping bfloat16 weights costs no time there, and it is the int8 weights that lost
-    words: on 100 FSDD test files (issue 44's set; float32's encoder outputs replaced by emulated
-    ones, exact bfloat16 products summed in float32, decoded by float32's decoder) bfloat16 weights
-    and activations kept float32's transcript on every file.
-
     Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
     int8 weights with float activations on 45; with the output projection in bfloat16, 49.
@@ -114,9 +106,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, float_enc
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(
-            tuple(int8_linears(m, float_decoder=float_decoder, float_encoder=float_encoder) for m in model.models)
-        )
+        return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder) for m in model.models))
 
     from torch import nn
 
@@ -125,9 +115,8 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, float_enc
 
     bf16 = PackedLinear if packable() else Bf16Linear
     quantized = copy.deepcopy(model).eval()
-    kept = [getattr(quantized, "decoder", None) if float_decoder else None]
-    kept.append(getattr(quantized, "encoder", None) if float_encoder else None)
-    in_float = {id(m) for part in kept if part is not None for m in part.modules()}  # bfloat16 layers' parents
+    decoder = getattr(quantized, "decoder", None) if float_decoder else None
+    in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
@@ -135,5 +124,5 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, float_enc
             if parent is quantized and name == "output":
                 setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else bf16(child))
             else:
-                setattr(parent, name, bf16(child) if id(parent) in in_float else Int8Linear(child))
+                setattr(parent, name, bf16(child) if id(parent) in in_decoder else Int8Linear(child))
     return quantized.requires_grad_(False)

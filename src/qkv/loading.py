@@ -73,8 +73,7 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
         model = model.to(torch.bfloat16)
         model = packed_linears(model) if kind in DECODING_KINDS and cpu else model
     if int8:  # a speech model's decoder in bfloat16 and its argmax float32's: Whisper's words (int8_linears)
-        speech = kind == "speech_encoder_decoder"
-        model = int8_linears(model, float_decoder=speech, float_encoder=speech)
+        model = int8_linears(model, float_decoder=kind == "speech_encoder_decoder")
     return model.to(device).eval()
 
 
