@@ -261,6 +261,27 @@ def test_beam_one_equals_greedy_random_models(seed: int) -> None:
         assert row.status == PASS and row.measured == 0
 
 
+def test_beam_one_copies_no_state() -> None:
+    """One beam keeps every input's row where it is: beam_search(beam_size=1) never asks the
+    decoder to reorder its state (for Whisper a copy of every layer's cross-attention keys and
+    values), and gives the greedy tokens; two beams do reorder."""
+    inputs = _random_rows([1, 4, 6, 2], 13, seed=11)
+    model = make_ed("alibi", seed=11)
+    decoder = decoder_for(model)
+    calls = []
+    real = decoder.reorder
+
+    def counted(state, rows, *, within_inputs=False):
+        calls.append(within_inputs)
+        return real(state, rows, within_inputs=within_inputs)
+
+    decoder.reorder = counted
+    found = beam_search(decoder, inputs, beam_size=1, max_new_tokens=5)
+    assert [h[0].tokens for h in found] == greedy(model, inputs, max_new_tokens=5) and calls == []
+    beam_search(decoder, inputs, beam_size=2, max_new_tokens=5)
+    assert calls and calls[0] is False
+
+
 def test_beam_one_equals_greedy_trained(copy_model, lm_model) -> None:
     """beam_search(beam_size=1) equals greedy on the trained models, where END does occur."""
     model, sources = copy_model

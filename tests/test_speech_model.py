@@ -163,6 +163,30 @@ def test_whisper_front_end_gives_frames_in_one_block() -> None:
     assert frames.shape == (2, 15, 16) and frames.is_contiguous()
 
 
+@pytest.mark.parametrize("frames", [167, 168])
+def test_whisper_front_end_folds_a_repeated_tail_to_the_same_frames(frames: int) -> None:
+    """Whisper pads a short file's audio to 30 s, so its last frames are one column repeated: the
+    front-end convolves them once (WhisperConv._folded) and gives the frames of the plain
+    convolutions over every frame, each row's run starting elsewhere, T odd and even."""
+    from qkv.models.speech import FOLD_MIN, _foldable_tail
+
+    model = make_model("whisper")
+    g = torch.Generator().manual_seed(3)
+    feats = torch.randn(3, frames, M, generator=g)
+    for b, start in enumerate((23, 40, 31)):
+        feats[b, start:] = torch.randn(M, generator=g)  # (T - start, M): one column repeated
+    x = feats.transpose(1, 2)  # (B, M, T)
+    kept, cut = _foldable_tail(x)
+    assert kept % 2 == 0 and cut % 2 == 0 and cut >= FOLD_MIN and kept >= 40
+    with torch.no_grad():
+        folded, valid = model.frontend(feats, torch.ones(3, frames, dtype=torch.bool))
+        c = model.frontend
+        plain = F.gelu(c.conv_2(F.gelu(c.conv_1(x)))).transpose(1, 2)  # (B, S, D)
+    assert folded.shape == plain.shape == (3, (frames + 1) // 2, 16) and bool(valid.all())
+    assert (folded - plain).abs().max() <= ATOL
+    assert _foldable_tail(torch.randn(3, M, frames, generator=g)) is None  # no run: the plain path
+
+
 @pytest.mark.parametrize("frontend", ["conv2d", "conv2d_narrow", "whisper"])
 def test_padded_batch_gives_each_utterance_its_own_output(frontend: str) -> None:
     """Encoder output over the valid frames, CTC logits and decoder logits of a padded batch

@@ -397,7 +397,11 @@ def _beam(decoder: Decoder, inputs: Inputs, caps: list[int], o: _Options, first:
     logits, state = _started(decoder, inputs, o.prefix)  # (B, V)
     rows = torch.arange(b, device=logits.device).repeat_interleave(w)  # (B*W,)
     scoring = [s.start(decoder, state, rows, max(caps)) for s in o.scorers]
-    state, logits = decoder.reorder(state, rows), logits.index_select(0, rows)  # (B*W, V)
+    # One beam (greedy) keeps every input's row where it is, at the start and at every step: the
+    # reorder would copy the whole state, for Whisper the cross-attention keys and values of
+    # 1,500 frames a layer and input (a sixth of decoding 8 FSDD files, torch.profiler, 2026-12-07).
+    if w > 1:
+        state, logits = decoder.reorder(state, rows), logits.index_select(0, rows)  # (B*W, V)
     beams = _Beams(b, w, caps, decoder.eos_id, o, first, logits.device)
     for step in range(max(caps)):
         logp, scored = _step_scores(logits, o, scoring, w, decoder.eos_id)  # (B*W, V)
@@ -406,7 +410,7 @@ def _beam(decoder: Decoder, inputs: Inputs, caps: list[int], o: _Options, first:
             break
         rows, tokens = kept  # (B*W,) each
         scoring = [s.advance(sc, rows, tokens) for s, sc in zip(o.scorers, scored, strict=True)]
-        logits, state = decoder.step(decoder.reorder(state, rows, within_inputs=True), tokens)
+        logits, state = decoder.step(decoder.reorder(state, rows, within_inputs=True) if w > 1 else state, tokens)
     return beams.finished
 
 

@@ -225,13 +225,65 @@ class WhisperConv(nn.Module):
         return (frames + 1).div(2, rounding_mode="floor")
 
     def forward(self, features: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+        x = features.to(self.conv_1.weight.dtype).transpose(1, 2)  # (B, M, T)
+        if not exporting() and bool(valid.all()):  # a graph keeps one path; padded batches take the other
+            fold = _foldable_tail(x)
+            if fold is not None:
+                return self._folded(x, *fold), valid.new_ones(x.shape[0], x.shape[2] - x.shape[2] // 2)
         keep = valid[:, None, :].to(self.conv_1.weight.dtype)  # (B, 1, T)
-        x = features.to(self.conv_1.weight.dtype).transpose(1, 2) * keep  # (B, M, T)
+        x = x * keep  # (B, M, T)
         x = F.gelu(self.conv_1(x)) * keep  # (B, D, T)
         # Contiguous (B, S, D): the transposed view would make every later elementwise result
         # (positions, residual adds) keep its strides, and each norm and product copy it again.
         x = F.gelu(self.conv_2(x)).transpose(1, 2).contiguous()  # (B, S, D)
         return x, _frames_mask(self.lengths(valid.sum(1)), x.shape[1])  # (B, S, D), (B, S)
+
+    def _folded(self, x: Tensor, kept: int, cut: int) -> Tensor:
+        """:meth:`forward`'s frames when frames ``kept`` to ``kept + cut`` of every row lie inside
+        a run of equal frames (:func:`_foldable_tail`): the convolutions read the frames without
+        them, and the ``cut // 2`` outputs they would have given, all equal to the output at
+        ``kept // 2`` (every one reads 5 equal frames), are copies of it.
+
+        Shapes: x (B, M, T), every frame real -> (B, S, D), S = ⌈T/2⌉.
+        """
+        short = torch.cat([x[:, :, :kept], x[:, :, kept + cut :]], dim=2)  # (B, M, T - cut)
+        y = F.gelu(self.conv_2(F.gelu(self.conv_1(short))))  # (B, D, S - cut/2)
+        b, d, _ = y.shape
+        m, n = kept // 2, cut // 2
+        out = y.new_empty(b, x.shape[2] - x.shape[2] // 2, d)  # (B, S, D)
+        out[:, :m] = y[:, :, :m].transpose(1, 2)
+        out[:, m : m + n] = y[:, :, m : m + 1].transpose(1, 2)  # (B, 1, D) repeated
+        out[:, m + n :] = y[:, :, m:].transpose(1, 2)
+        return out
+
+
+# Frames kept on either side of a folded run (WhisperConv._folded): the two convolutions read 5 input
+# frames an output (kernel 3, then kernel 3 at stride 2), so the outputs beside the fold must still
+# read equal frames on both of its sides, and the last ones the zeros past the end.
+FOLD_MARGIN = 4
+# Fold only runs at least this long: a short one would save less than the copies cost.
+FOLD_MIN = 64
+
+
+def _foldable_tail(x: Tensor) -> tuple[int, int] | None:
+    """Whisper pads every input's audio with zeros to 30 s, so a short file's last frames are one
+    log-mel column repeated (2,900 of a 1-s file's 3,000), and two convolutions give every output
+    that reads only such frames one and the same value. Where every row of the batch ends in such a
+    run, ``(kept, cut)``: the first frame to leave out (an even number, at least
+    :data:`FOLD_MARGIN` into the run of the row whose run starts last) and how many (even, leaving
+    :data:`FOLD_MARGIN` or one more at the end); None where that is under :data:`FOLD_MIN` frames.
+
+    Shapes: x (B, M, T).
+    """
+    t = x.shape[2]
+    if t < FOLD_MIN + 3 * FOLD_MARGIN:
+        return None
+    same = (x == x[:, :, -1:]).all(dim=1).all(dim=0)  # (T,) frames equal to the last in every row
+    differ = (~same).nonzero()  # (P, 1)
+    start = 0 if differ.numel() == 0 else int(differ[-1]) + 1  # the runs' latest start
+    kept = start + FOLD_MARGIN + start % 2  # even
+    cut = t - FOLD_MARGIN - t % 2 - kept  # even: T - cut keeps T's parity
+    return (kept, cut) if cut >= FOLD_MIN else None
 
 
 class SpeechEncoderDecoder(nn.Module):
