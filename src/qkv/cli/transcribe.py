@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qkv.cli.common import (
     Output,
@@ -27,6 +28,9 @@ from qkv.cli.common import (
     use_threads,
 )
 from qkv.errors import UserError
+
+if TYPE_CHECKING:
+    from qkv.bundle import TranscriptionOptions
 
 LM_WEIGHT = 0.3  # bundle.LM_WEIGHT, the library's default (the help says it without importing torch)
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif")
@@ -116,13 +120,40 @@ def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
             raise UserError(f"--output-dir: several inputs are named {', '.join(twice)}; each needs its own name")
 
 
+def _options(args: argparse.Namespace, timed: bool, prompt: tuple[int, ...]) -> TranscriptionOptions:
+    """The flags as ``bundle.transcriptions``' options (``timed``: read an imported Whisper's
+    inputs window by window; ``prompt``: its initial prompt's ids)."""
+    from qkv.bundle import OwnModelOptions, TranscriptionOptions, WhisperOptions
+    from qkv.longform import LongForm
+    from qkv.vad import Vad
+
+    long_form = LongForm(
+        initial_prompt=prompt,
+        word_timestamps=args.word_timestamps,
+        multilingual=args.multilingual,
+        temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
+    )
+    return TranscriptionOptions(
+        beam_size=args.beam,
+        lm=args.lm,
+        lm_weight=args.lm_weight,
+        prefix=args.prefix,
+        ban=args.ban,
+        require=args.require,
+        batch_size=args.batch_size or TranscriptionOptions.batch_size,
+        vad=Vad(detector=args.vad),
+        whisper=WhisperOptions(
+            language=args.language, task=args.task, timestamps=timed, long_form=long_form, batched=args.batched
+        ),
+        own=OwnModelOptions(ctc_weight=args.ctc_weight, ctc_only=args.ctc_only),
+    )
+
+
 def cmd_transcribe(args: argparse.Namespace) -> int:
     from qkv.bundle import load, read_audio, transcriptions
     from qkv.bundle.transcription import initial_prompt
-    from qkv.longform import LongForm
     from qkv.progress import progress
     from qkv.subtitles import Heard
-    from qkv.vad import Vad
 
     paths = audio_paths(args.files, args.input)
     args.format = args.format or ("txt" if args.output_dir is not None else None)
@@ -158,28 +189,9 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     found = transcriptions(
         bundle,
         [source for _, source in good],
-        beam_size=args.beam,
-        ctc_weight=args.ctc_weight,
-        ctc_only=args.ctc_only,
-        lm=args.lm,
-        lm_weight=args.lm_weight,
-        language=args.language,
-        task=args.task,
-        batch_size=args.batch_size if args.batch_size else 32,
+        _options(args, timed, prompt),
         on_batch=None if windowed else bar.update,
-        prefix=args.prefix,
-        ban=args.ban,
-        require=args.require,
-        timestamps=timed,
-        long_form=LongForm(
-            initial_prompt=prompt,
-            word_timestamps=args.word_timestamps,
-            multilingual=args.multilingual,
-            temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
-        ),
         on_seconds=whole_seconds(bar.update) if windowed else None,
-        vad=Vad(detector=args.vad),
-        batched=args.batched,
     )
     bar.close()
     elapsed = time.perf_counter() - start
