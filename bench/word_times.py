@@ -169,7 +169,7 @@ def qkv_words(model: Path, wave, fallback: bool) -> list[tuple[str, float]]:
     import torch
 
     import qkv
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
     from qkv.hf.convert import import_hf
     from qkv.longform import LongForm
 
@@ -180,7 +180,8 @@ def qkv_words(model: Path, wave, fallback: bool) -> list[tuple[str, float]]:
             directory = Path(tmp) / "qkv"
         bundle = qkv.load(directory)
         options = LongForm(word_timestamps=True) if fallback else LongForm(temperatures=(0.0,), word_timestamps=True)
-        (heard,) = transcriptions(bundle, [torch.from_numpy(wave)], timestamps=True, long_form=options)
+        chosen = TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options))
+        (heard,) = transcriptions(bundle, [torch.from_numpy(wave)], chosen)
     return [(w.word, w.start) for s in heard.segments for w in s.words]
 
 

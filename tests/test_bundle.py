@@ -151,7 +151,7 @@ def test_transcribe_reads_files_and_waveforms_alike(models, sound) -> None:
     (expected,) = transcribe(m.model, m.vocab.target, [feats], beam_size=m.decode.beam_size)
     assert m.transcribe(path) == expected.text.strip()
     assert m.transcribe([str(path), wave, torch.from_numpy(wave)]) == [m.transcribe(path)] * 3
-    found = bundles.transcriptions(m, [path], beam_size=1)
+    found = bundles.transcriptions(m, [path], bundles.TranscriptionOptions(beam_size=1))
     assert found[0].language is None and found[0].decode_seconds > 0 and found[0].feature_seconds > 0
     good, bad = bundles.read_audio(m, [path, path.parent / "missing.wav"])
     assert [p for p, _ in good] == [path] and bad[0][0] == path.parent / "missing.wav"
@@ -231,7 +231,7 @@ def test_options_that_do_not_apply_are_refused_in_one_line(models, sound, capsys
     with pytest.raises(OptionError, match="language and task apply to imported Whisper models only"):
         asr.transcribe(sound[0], language="de")
     with pytest.raises(OptionError, match="lm_weight weighs the language model of lm") as refused:
-        bundles.transcriptions(asr, [sound[0]], lm_weight=0.5)
+        bundles.transcriptions(asr, [sound[0]], bundles.TranscriptionOptions(lm_weight=0.5))
     assert refused.value.said({}) == "--lm-weight weighs the language model of --lm; name one"
     assert transcribe_command.LM_WEIGHT == bundles.LM_WEIGHT  # the default --help names is the library's
     with pytest.raises(OptionError, match="speaker 'anna': the model's speakers are none"):

@@ -389,9 +389,10 @@ def test_banned_words_never_appear_in_any_job(models) -> None:
         for beam, sampling in ((1, None), (3, None), (1, bundles.Sampling(seed=1))):
             outs = bundles.generations(m, TEXTS_IN, beam_size=beam, sampling=sampling, ban=ban, max_new_tokens=12)
             assert not any(re.search(r"(?<!\w)" + w, g[0].text) for g in outs for w in ban), (ban, outs)
-    heard = [t.text for t in bundles.transcriptions(asr, waves(3), ctc_weight=0.3)]
+    joint = bundles.OwnModelOptions(ctc_weight=0.3)
+    heard = [t.text for t in bundles.transcriptions(asr, waves(3), bundles.TranscriptionOptions(own=joint))]
     ban = sorted({w[:2] for text in heard for w in re.findall(r"\w+", text)})[:1]
-    banned = bundles.transcriptions(asr, waves(3), ctc_weight=0.3, ban=ban)  # joint with the CTC prefix score
+    banned = bundles.transcriptions(asr, waves(3), bundles.TranscriptionOptions(ban=ban, own=joint))  # with CTC
     assert ban and not any(re.search(r"(?<!\w)" + ban[0], t.text) for t in banned)
     texts = ed.translate(TEXTS_IN[:3], ban=["uu", "8"])
     assert texts != ed.translate(TEXTS_IN[:3]) and not any(re.search(r"(?<!\w)(uu|8)", t) for t in texts)
@@ -413,7 +414,8 @@ def test_required_words_and_terms_are_always_written(models) -> None:
     for m in (ed, lm):  # (the language model's window leaves room after short prompts)
         for g in bundles.generations(m, ["a dog", "do re"], beam_size=2, require=["hund"], max_new_tokens=9):
             assert "hund" in g[0].text
-    assert all("re" in t.text for t in bundles.transcriptions(asr, waves(2), ctc_weight=0, require=["re"]))
+    required = bundles.TranscriptionOptions(require=["re"], own=bundles.OwnModelOptions(ctc_weight=0))
+    assert all("re" in t.text for t in bundles.transcriptions(asr, waves(2), required))
 
 
 def test_an_imported_checkpoints_bad_words_ids_are_applied(models) -> None:
@@ -437,10 +439,11 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(models, tmp_path, capsys
         lm.generate(["do"], require=["dog"], sampling=bundles.Sampling())
     with pytest.raises(OptionError, match="terms needs beam search"):
         ed.translate(["do"], beam_size=1, terms=[("do", "re")])
+    joint, ctc_only = bundles.OwnModelOptions(ctc_weight=0.3), bundles.OwnModelOptions(ctc_only=True)
     with pytest.raises(OptionError, match="give ctc_weight 0"):
-        bundles.transcriptions(asr, waves(1), ctc_weight=0.3, require=["re"])
+        bundles.transcriptions(asr, waves(1), bundles.TranscriptionOptions(require=["re"], own=joint))
     with pytest.raises(OptionError, match="ctc_only decodes with the CTC head alone: no prefix or ban"):
-        bundles.transcriptions(asr, waves(1), ctc_only=True, prefix="do", ban=["re"])
+        bundles.transcriptions(asr, waves(1), bundles.TranscriptionOptions(prefix="do", ban=["re"], own=ctc_only))
     with pytest.raises(OptionError, match="prefix 'a dog' writes the banned word 'dog'"):
         ed.translate(["do"], prefix="a dog", ban=["dog"])
     with pytest.raises(OptionError, match="'dog' is both banned and required"):

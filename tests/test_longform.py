@@ -110,18 +110,20 @@ def test_long_audio_is_read_window_by_window(whisper_dir: Path) -> None:
     """1.6 s through a 1 s chunk: segments in order within the audio, progress summing to its
     length, the same segments twice (the draws are seeded); Bundle.transcribe's transcript is
     the text, with its segments."""
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     bundle = qkv.load(whisper_dir)
     wave, options = noise(1.6, 1), LongForm(temperatures=(0.0, 0.4), best_of=2)
     moved: list[float] = []
-    found = transcriptions(bundle, [wave], on_seconds=moved.append, long_form=options)
+    found = transcriptions(
+        bundle, [wave], TranscriptionOptions(whisper=WhisperOptions(long_form=options)), on_seconds=moved.append
+    )
     segments = found[0].segments
     assert abs(sum(moved) - 1.6) < 0.011 and len(moved) >= 2
     assert segments and all(0 <= s.start < s.end <= 1.6 + 1.0 for s in segments)
     assert [s.start for s in segments] == sorted(s.start for s in segments)
     assert found[0].text == "".join(s.text for s in segments).strip()
-    again = transcriptions(bundle, [wave], long_form=options)
+    again = transcriptions(bundle, [wave], TranscriptionOptions(whisper=WhisperOptions(long_form=options)))
     assert again[0].segments == segments
     heard = bundle.transcribe(noise(0.8, 2), timestamps=False)  # one segment, the whole input
     assert isinstance(heard, str) and [(s.start, s.end, s.text) for s in heard.segments] == [(0.0, 0.8, heard.text)]
@@ -144,7 +146,7 @@ def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Pat
     import soundfile
 
     from qkv.audio import load_audio, whisper_log_mel
-    from qkv.bundle import long_transcript, transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, long_transcript, transcriptions
 
     bundle = qkv.load(whisper_dir)
     silence = np.zeros(8000, dtype="f4")
@@ -159,7 +161,8 @@ def test_streamed_features_give_the_segments_of_the_whole_files(whisper_dir: Pat
     whole = whisper_log_mel(load_audio(path), bundle.features, pad_seconds=bundle.features.chunk_seconds)
     options = LongForm(temperatures=(0.0,))
     before = long_transcript(bundle, WholeMel(whole), tuple(start), options)
-    found = transcriptions(bundle, [path], language=language, timestamps=True, long_form=options)
+    timed = WhisperOptions(language=language, timestamps=True, long_form=options)
+    found = transcriptions(bundle, [path], TranscriptionOptions(whisper=timed))
     assert len(before) >= 3 and found[0].segments == tuple(before)  # the file read a block at a time
 
 
@@ -170,7 +173,7 @@ def test_multilingual_detects_each_windows_language(tmp_path: Path) -> None:
     windows in alternating languages, each the language ``detect_language`` finds for its second
     alone, and decoding them so changes the transcript."""
     from qkv.audio import features
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
     from qkv.errors import OptionError
     from qkv.hf.convert import import_hf
     from qkv.hf.whisper import detect_language
@@ -185,7 +188,11 @@ def test_multilingual_detects_each_windows_language(tmp_path: Path) -> None:
 
     def heard(multilingual: bool):
         options = LongForm(multilingual=multilingual, temperatures=(0.0,))
-        (found,) = transcriptions(bundle, [torch.cat(seconds)], timestamps=True, long_form=options)
+        (found,) = transcriptions(
+            bundle,
+            [torch.cat(seconds)],
+            TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options)),
+        )
         return found
 
     before = torch.get_num_threads()
@@ -201,7 +208,11 @@ def test_multilingual_detects_each_windows_language(tmp_path: Path) -> None:
     assert [g["language"] for g in written] == alone  # the json format says each segment's language
     assert "language" not in json.loads(render("json", Heard(once.text, once.segments)))["segments"][0]
     with pytest.raises(OptionError, match="give no language"):
-        transcriptions(bundle, [seconds[0]], language="en", long_form=LongForm(multilingual=True))
+        transcriptions(
+            bundle,
+            [seconds[0]],
+            TranscriptionOptions(whisper=WhisperOptions(language="en", long_form=LongForm(multilingual=True))),
+        )
 
 
 def test_progress_counts_whole_seconds_of_audio() -> None:
@@ -320,21 +331,24 @@ def test_batched_segments_lie_in_speech_chunks(whisper_dir: Path, one_thread) ->
     """The segments of 4 s through a 1 s chunk, batched 3 at a time: each within one chunk of
     speech (found by the VAD, merged), in order; progress sums to the audio; decoding the chunks
     one at a time gives the same segments (rows of a batch do not change each other)."""
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     bundle = qkv.load(whisper_dir)
     wave, options = bursts(1), LongForm(temperatures=(0.0,))
     chunks = merged_chunks(speech_pieces(AudioSource.of_wave(wave, 16000), Vad(max_seconds=1.0)), 16000)
     assert len(chunks) >= 3  # more chunks than a batch: two batches
     moved: list[float] = []
-    (found,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=3, on_seconds=moved.append)
+    batched = TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options, batched=3))
+    (found,) = transcriptions(bundle, [wave], batched, on_seconds=moved.append)
     assert abs(sum(moved) - len(wave) / 16000) < 1e-6
     segments = found.segments
     assert segments and found.text == "".join(s.text for s in segments).strip()
     spans = [(s / 16000, e / 16000) for s, e in chunks]
     assert all(any(a <= s.start < s.end <= b + 1e-6 for a, b in spans) for s in segments)
     assert [s.start for s in segments] == sorted(s.start for s in segments)
-    (alone,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=1)
+    (alone,) = transcriptions(
+        bundle, [wave], TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options, batched=1))
+    )
     assert [(s.start, s.end, s.tokens) for s in alone.segments] == [(s.start, s.end, s.tokens) for s in segments]
 
 
@@ -343,13 +357,17 @@ def test_batched_options_refused(whisper_dir: Path, tmp_path: Path, capsys, one_
     command writes the batched mode's segments."""
     import soundfile
 
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     bundle = qkv.load(whisper_dir)
     with pytest.raises(OptionError, match="1 or more"):
-        transcriptions(bundle, [bursts(2)], batched=0)
+        transcriptions(bundle, [bursts(2)], TranscriptionOptions(whisper=WhisperOptions(batched=0)))
     with pytest.raises(OptionError, match="no multilingual"):
-        transcriptions(bundle, [bursts(2)], batched=2, long_form=LongForm(multilingual=True))
+        transcriptions(
+            bundle,
+            [bursts(2)],
+            TranscriptionOptions(whisper=WhisperOptions(batched=2, long_form=LongForm(multilingual=True))),
+        )
     path = tmp_path / "bursts.wav"
     soundfile.write(path, bursts(3), 16000)
     argv = ["transcribe", "--model", str(whisper_dir), str(path), "--quiet", "--format", "json", "--batched", "4"]
@@ -414,7 +432,7 @@ def test_real_tiny_en_batched_writes_the_sequential_digits(tmp_path: Path) -> No
     if not FSDD.is_dir():
         pytest.skip(f"no FSDD recordings in {FSDD}")
     from qkv.audio import load_audio
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
     from qkv.hf.convert import import_hf
 
     files = sorted(FSDD.glob("*_jackson_[0-9].wav"))
@@ -429,9 +447,12 @@ def test_real_tiny_en_batched_writes_the_sequential_digits(tmp_path: Path) -> No
     import_hf(REAL, tmp_path / "qkv")
     bundle = qkv.load(tmp_path / "qkv")
     options = LongForm(word_timestamps=True, temperatures=(0.0,))
-    (sequential,) = transcriptions(bundle, [wave], timestamps=True, long_form=options)
+    (sequential,) = transcriptions(
+        bundle, [wave], TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options))
+    )
     vad = Vad(max_seconds=5.0)
-    (batched,) = transcriptions(bundle, [wave], timestamps=True, long_form=options, batched=3, vad=vad)
+    chunked = WhisperOptions(timestamps=True, long_form=options, batched=3)
+    (batched,) = transcriptions(bundle, [wave], TranscriptionOptions(vad=vad, whisper=chunked))
     assert len({s.start for s in batched.segments}) >= 3  # three chunks or more
 
     def digits(found) -> list[int]:  # "3," and "three" alike

@@ -19,7 +19,7 @@ import soundfile
 import torch
 
 import qkv
-from qkv.bundle import piper_speeches, speeches, transcriptions
+from qkv.bundle import TranscriptionOptions, WhisperOptions, piper_speeches, speeches, transcriptions
 from qkv.bundle.transcription import initial_prompt, longest_prompt
 from qkv.checkpoint import save_model
 from qkv.longform import LongForm
@@ -169,7 +169,8 @@ def test_a_prompt_and_a_temperature_reach_whispers_decoder(client, paths, wav):
     prompt = "Yes."
 
     def library(**options) -> tuple[str, list[float]]:
-        (found,) = transcriptions(whisper, [wav], language="en", timestamps=True, long_form=LongForm(**options))
+        chosen = WhisperOptions(language="en", timestamps=True, long_form=LongForm(**options))
+        (found,) = transcriptions(whisper, [wav], TranscriptionOptions(whisper=chosen))
         return found.text, [g.temperature for g in found.segments]
 
     def served(**options) -> tuple[str, list[float]]:
@@ -218,7 +219,8 @@ def test_multilingual_detects_each_windows_language(client, paths, two_languages
     refused (422) beside a language, or for a model that is not a multilingual Whisper."""
     path, alone = two_languages
     options = LongForm(multilingual=True)
-    (library,) = transcriptions(qkv.load(paths["whisper"]), [path], timestamps=True, long_form=options)
+    timed = TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=options))
+    (library,) = transcriptions(qkv.load(paths["whisper"]), [path], timed)
 
     def served(model: str = "whisper", **options):
         with path.open("rb") as f:

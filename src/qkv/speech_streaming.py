@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkv.audio_stream import AudioSource, WhisperFrames
-from qkv.bundle import Bundle, checked_heads, transcriptions
+from qkv.bundle import Bundle, TranscriptionOptions, WhisperOptions, checked_heads, transcriptions
 from qkv.hf.whisper import most_likely_languages
 from qkv.longform import LongForm, compression_ratio
 from qkv.subtitles import Segment
@@ -339,7 +339,8 @@ def decoder_of(bundle: Bundle, *, language: str | None = None, task: str | None 
             return []
         prompt_ids = tuple(tokenizer.encode(" " + prompt.strip())) if whisper and prompt.strip() else ()
         options = LongForm(temperatures=(0.0,), initial_prompt=prompt_ids, word_timestamps=words) if whisper else None
-        (found,) = transcriptions(bundle, [wave], language=language, task=task, timestamps=whisper, long_form=options)
+        chosen = WhisperOptions(language=language, task=task, timestamps=whisper, long_form=options)
+        (found,) = transcriptions(bundle, [wave], TranscriptionOptions(whisper=chosen))
         return trusted(found.segments, options.compression_ratio_threshold if options else None)
 
     return decode

@@ -6,10 +6,11 @@ about using it: the audio features, the decoding defaults of its recipe (:class:
 an imported Whisper's start tokens, an embedding's settings, a text-to-speech model's voices and
 reading), and one function per job, which the command line calls and the bundle's methods wrap
 for a Python user (``m = qkv.load("runs/de_en"); m.translate(["Ein Hund läuft."])``):
-:func:`translations`, :func:`transcriptions` (with :func:`read_audio`, files as the model reads
-them), :func:`speeches`, :func:`embeddings`, :func:`generations` (with :func:`window_fit`, the
-rule by which inputs fit the model's window, and :func:`continued`, a language model's
-continuation piece by piece), :func:`reply` and, for an imported chat model with a chat template
+:func:`translations`, :func:`transcriptions` (its options one :class:`TranscriptionOptions`, as
+openai/whisper's ``DecodingOptions``; with :func:`read_audio`, files as the model reads them),
+:func:`speeches`, :func:`embeddings`, :func:`generations` (with :func:`window_fit`, the rule by
+which inputs fit the model's window, and :func:`continued`, a language model's continuation
+piece by piece), :func:`reply` and, for an imported chat model with a chat template
 (``Bundle.conversation``), :func:`chat_reply` (the reply streamed piece by piece) with
 :func:`as_messages` (a dialogue as the template's messages). The decoding jobs take constraints alike
 (:func:`constraints`: a forced ``prefix``, banned words ``ban``, required words ``require`` and,
@@ -25,8 +26,9 @@ This file only gathers the names; each is defined in one module of the package, 
     defaults.py        what the others share: JOBS, DOES, require, DecodeDefaults, Sampling, Audio
     constraints.py     constraints, Constraints, read_terms
     translation.py     translations
-    transcription.py   transcriptions, Transcript, read_audio, long_transcript, whisper_rules,
-                       checked_heads, ctc_timed_words, LM_WEIGHT
+    transcription.py   transcriptions, TranscriptionOptions (WhisperOptions, OwnModelOptions),
+                       Transcript, read_audio, long_transcript, whisper_rules, checked_heads,
+                       ctc_timed_words, LM_WEIGHT
     speaking.py        speeches, piper_speeches, neural_vocoder, PIECE_PAUSE
     embedding.py       embeddings, Embedded
     generation.py      generations, Generated, window_cut, window_fit, WindowFit, continued,
@@ -63,7 +65,10 @@ from qkv.bundle.generation import (
 from qkv.bundle.speaking import PIECE_PAUSE, neural_vocoder, piper_speeches, speeches
 from qkv.bundle.transcription import (
     LM_WEIGHT,
+    OwnModelOptions,
     Transcript,
+    TranscriptionOptions,
+    WhisperOptions,
     checked_heads,
     ctc_timed_words,
     long_transcript,
@@ -86,8 +91,11 @@ __all__ = [
     "DecodeDefaults",
     "Embedded",
     "Generated",
+    "OwnModelOptions",
     "Sampling",
     "Transcript",
+    "TranscriptionOptions",
+    "WhisperOptions",
     "WindowFit",
     "as_messages",
     "chat_reply",

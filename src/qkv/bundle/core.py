@@ -26,7 +26,7 @@ from qkv.bundle.defaults import JOBS, Audio, DecodeDefaults, Sampling, _listed, 
 from qkv.bundle.embedding import embeddings
 from qkv.bundle.generation import continued, generations, reply
 from qkv.bundle.speaking import piper_speeches, speeches
-from qkv.bundle.transcription import ctc_timed_words, transcriptions
+from qkv.bundle.transcription import TranscriptionOptions, WhisperOptions, ctc_timed_words, transcriptions
 from qkv.bundle.translation import translations
 from qkv.checkpoint import load_model, model_dir, read_meta
 from qkv.conversation import Conversation
@@ -173,19 +173,15 @@ class Bundle:
             )
         one = _one_audio(audio)
         inputs = [audio] if one else list(audio)
-        found = transcriptions(
-            self,
-            inputs,
-            beam_size=beam_size,
+        whisper = WhisperOptions(
             language=language,
             task=task,
-            prefix=prefix,
-            ban=ban,
-            require=require,
             timestamps=word_timestamps or (self.whisper is not None if timestamps is None else timestamps),
             long_form=LongForm(word_timestamps=True) if word_timestamps else None,
             batched=batched,
         )
+        options = TranscriptionOptions(beam_size=beam_size, prefix=prefix, ban=ban, require=require, whisper=whisper)
+        found = transcriptions(self, inputs, options)
         if word_timestamps and self.whisper is None:
             found = [ctc_timed_words(self, item, i, t) for i, (item, t) in enumerate(zip(inputs, found, strict=True))]
         heard = [Heard(t.text, t.segments, t.language) for t in found]

@@ -1,5 +1,7 @@
-"""The transcribing job: :func:`transcriptions` (each input's :class:`Transcript`: audio files or
-waveforms decoded in batches, an imported Whisper's long or timed input window by window
+"""The transcribing job: :func:`transcriptions` (each input's :class:`Transcript`, decoded as one
+:class:`TranscriptionOptions` says: the search and constraints every speech model takes, an
+imported Whisper's :class:`WhisperOptions` and a model of qkv's own's :class:`OwnModelOptions`;
+audio files or waveforms decoded in batches, an imported Whisper's long or timed input window by window
 (:func:`long_transcript`) or in batches of speech chunks (``batched``), a long input to a model
 of qkv's own piece by piece, cut by voice activity), :func:`read_audio` (files as the model
 reads them, good and bad), an imported Whisper's rules, alignment heads and long-form ids
@@ -9,7 +11,7 @@ head (:func:`ctc_timed_words`); :data:`LM_WEIGHT`, the shallow-fusion weight.
 What is not here: the speech decoders (``qkv.tasks.asr``'s ``transcribe``), Whisper's long-form
 decoding (``qkv.longform``, ``qkv.longform_batched``), voice activity (``qkv.vad``), the word timings
 (``qkv.word_timing``), the constraints (``constraints.py``), streamed recognition
-(``qkv.speech_streaming``).
+(``qkv.speech_streaming``), the long-form settings themselves (``longform.LongForm``, ``vad.Vad``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch import Tensor
 
 from qkv.audio import check_many, features
 from qkv.audio_stream import AudioSource
-from qkv.bundle.constraints import constraints
+from qkv.bundle.constraints import Constraints, constraints
 from qkv.bundle.defaults import Audio
 from qkv.decoding import Scorer
 from qkv.errors import OptionError, UserError
@@ -36,7 +38,7 @@ from qkv.loading import load_fusion_lm
 from qkv.longform import LongForm, MelWindows, WhisperTokens, transcribe_long
 from qkv.longform_batched import transcribe_batched
 from qkv.subtitles import Segment
-from qkv.tasks.asr import too_short, transcribe
+from qkv.tasks.asr import Transcription, too_short, transcribe
 from qkv.vad import Vad, piece_waves, speech_pieces
 from qkv.word_timing import UNSPACED, ctc_timed
 
@@ -101,141 +103,220 @@ def _heads(
     return sources, waves, feats, seconds
 
 
+@dataclass(frozen=True)
+class WhisperOptions:
+    """An imported Whisper's own options for :func:`transcriptions`: openai/whisper's
+    ``DecodingOptions``' ``language`` and ``task``, its ``transcribe``'s long-form settings and
+    faster-whisper's batched mode. A model of qkv's own refuses ``language``, ``task``,
+    ``batched`` and ``LongForm.multilingual`` (one line each) and reads no input in windows.
+
+    Attributes:
+        language: the start tokens' language; None: a multilingual model detects each input's
+            own, as Whisper does (an English-only one needs none).
+        task: "transcribe" or "translate" (None: "transcribe").
+        timestamps: every input read window by window, its segments timed by the timestamps
+            (without: only an input longer than the 30-s chunk is).
+        long_form: how windows are read (``longform.LongForm``; None: Whisper's defaults).
+        batched: N: an input read in windows is read as faster-whisper's batched mode reads it
+            instead (``longform_batched.py``): its speech in chunks of at most 30 s, N decoded at
+            once, none after the previous text; None: window by window, each after the previous
+            text (Whisper's way).
+    """
+
+    language: str | None = None
+    task: str | None = None
+    timestamps: bool = False
+    long_form: LongForm | None = None
+    batched: int | None = None
+
+
+@dataclass(frozen=True)
+class OwnModelOptions:
+    """A speech model of qkv's own's options for :func:`transcriptions`: its CTC head, joint with
+    the decoder's beam search (the CTC prefix score, ESPnet's hybrid decoding) or alone.
+
+    Attributes:
+        ctc_weight: the CTC prefix score's weight (0: none); None: the recipe's (:attr:`Bundle.decode`).
+        ctc_only: the CTC head's best path alone, no decoder.
+    """
+
+    ctc_weight: float | None = None
+    ctc_only: bool = False
+
+
+@dataclass(frozen=True)
+class TranscriptionOptions:
+    """How :func:`transcriptions` decodes, in one value as openai/whisper's ``DecodingOptions``:
+    the search and the constraints every speech model takes, then each family's own options.
+    Options that cannot go together are refused in one line when it runs.
+
+    Attributes:
+        beam_size: beam search's width (1: greedy); None: the recipe's (:attr:`Bundle.decode`),
+            but 1 for an imported Whisper, which decodes greedily as Whisper and transformers do.
+        length_penalty: None: the recipe's.
+        lm: a language model directory of the same tokens, fused into the beam search.
+        lm_weight: ``lm``'s weight (None: :data:`LM_WEIGHT`); only with ``lm``.
+        prefix: the text every transcript starts with (:func:`constraints`; after an imported
+            Whisper's start tokens; a transcript's tokens and text start with it).
+        ban: words no transcript holds (:func:`constraints`).
+        require: words every transcript holds (:func:`constraints`; not joint with the CTC
+            prefix score). Neither ``prefix`` nor ``require`` with ``own.ctc_only``, nor for an
+            input read in pieces or windows.
+        batch_size: inputs (or pieces of a long input) decoded at once.
+        vad: how voice activity cuts long audio (None: :class:`~qkv.vad.Vad`'s defaults): a
+            model of qkv's own's input longer than ``vad.max_seconds``, an imported Whisper's
+            ``whisper.batched`` chunks.
+        whisper: an imported Whisper's own options.
+        own: a speech model of qkv's own's options.
+    """
+
+    beam_size: int | None = None
+    length_penalty: float | None = None
+    lm: str | Path | None = None
+    lm_weight: float | None = None
+    prefix: str | None = None
+    ban: Sequence[str] = ()
+    require: Sequence[str] = ()
+    batch_size: int = 32
+    vad: Vad | None = None
+    whisper: WhisperOptions = WhisperOptions()
+    own: OwnModelOptions = OwnModelOptions()
+
+
 def transcriptions(
     bundle: Bundle,
     audio: Sequence[Audio],
+    options: TranscriptionOptions | None = None,
     *,
-    beam_size: int | None = None,
-    ctc_weight: float | None = None,
-    ctc_only: bool = False,
-    length_penalty: float | None = None,
-    lm: str | Path | None = None,
-    lm_weight: float | None = None,
-    language: str | None = None,
-    task: str | None = None,
-    batch_size: int = 32,
     on_batch: Callable[[int], None] | None = None,
-    prefix: str | None = None,
-    ban: Sequence[str] = (),
-    require: Sequence[str] = (),
-    timestamps: bool = False,
-    long_form: LongForm | None = None,
     on_seconds: Callable[[float], None] | None = None,
-    vad: Vad | None = None,
-    batched: int | None = None,
 ) -> list[Transcript]:
     """Each input's transcript, in order: audio files (read at the model's rate) or mono
-    waveforms (N,) at :attr:`Bundle.sample_rate`.
+    waveforms (N,) at :attr:`Bundle.sample_rate`, decoded as ``options`` say (None: the
+    defaults of :class:`TranscriptionOptions`).
 
     An imported Whisper reads an input longer than its chunk (30 s), or any input with
-    ``timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``: greedy
-    with temperature fallback, each window after the previous text; ``long_form``: its settings,
-    None: Whisper's defaults; ``on_seconds(s)`` after each window, with the seconds of audio
-    read): its segments carry the timestamps' times. With ``batched`` (N), it reads such an
-    input as faster-whisper's batched mode does instead (``longform_batched.py``): its speech,
-    found by ``vad``, in chunks of at most 30 s decoded N at a time, none after the previous
-    text, with timestamps only with ``timestamps`` (without: a segment a chunk, as
-    faster-whisper's ``without_timestamps``); None: window by window (Whisper's way, the
-    default). A model of qkv's own reads an input longer than ``vad.max_seconds`` (``vad``:
-    None, :class:`~qkv.vad.Vad`'s defaults, 30 s) piece by piece, cut where voice activity stops
-    (``vad.py``), each piece a segment with its times. Other inputs are decoded in batches, each
-    one segment from 0 to its end.
-    Files are read a block at a time: memory does not grow with their length.
+    ``whisper.timestamps``, in windows as openai/whisper's ``transcribe`` does (``longform.py``:
+    greedy with temperature fallback, each window after the previous text; ``on_seconds(s)``
+    after each window, with the seconds of audio read): its segments carry the timestamps'
+    times. With ``whisper.batched`` (N), it reads such an input as faster-whisper's batched mode
+    does instead (``longform_batched.py``): its speech, found by ``vad``, in chunks of at most
+    30 s decoded N at a time, none after the previous text, with timestamps only with
+    ``whisper.timestamps`` (without: a segment a chunk, as faster-whisper's
+    ``without_timestamps``). A model of qkv's own reads an input longer than ``vad.max_seconds``
+    (30 s by default) piece by piece, cut where voice activity stops (``vad.py``), each piece a
+    segment with its times. Other inputs are decoded in batches, each one segment from 0 to its
+    end. Files are read a block at a time: memory does not grow with their length.
 
-    Beam search of ``beam_size`` (1: greedy), joint with the CTC prefix score at
-    ``ctc_weight``, or ``ctc_only`` (the CTC head's best path, no decoder); unset settings are
-    the recipe's (:attr:`Bundle.decode`), but an imported Whisper decodes greedily, with its
-    checkpoint's suppressed tokens (:func:`whisper_rules`), as transformers' ``generate`` does.
-    ``lm``: a language model directory of the same
-    tokens fused into the beam search at ``lm_weight`` (default :data:`LM_WEIGHT`). An imported
-    Whisper starts from the tokens of ``language`` and ``task`` ("transcribe" or "translate"),
-    a multilingual one without ``language`` from each input's own language, detected as
-    Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar). ``prefix``,
-    ``ban``, ``require``: constraints (:func:`constraints`; the prefix follows an imported
-    Whisper's start tokens, and a transcript's tokens and text start with it); not with
-    ``ctc_only``, and ``require`` not joint with the CTC prefix score.
+    An imported Whisper decodes with its checkpoint's suppressed tokens (:func:`whisper_rules`),
+    as transformers' ``generate`` does, from the tokens of ``whisper.language`` and
+    ``whisper.task``, a multilingual one without a language from each input's own language,
+    detected as Whisper does. ``on_batch(n)`` after every n inputs decoded (a progress bar).
     """
     bundle.require("transcribe")
-    d = bundle.decode
-    # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
-    beam = (d.beam_size if bundle.whisper is None else 1) if beam_size is None else beam_size
-    ctc = d.ctc_weight if ctc_weight is None else ctc_weight
-    _check_transcription_options(bundle, lm, lm_weight, language, task, ctc_only, ctc, prefix, ban, require)
-    _check_batched(bundle, long_form, batched)
-    _check_multilingual(bundle, long_form, language)
-    steer = constraints(bundle, [None] * len(audio), prefix=prefix, ban=ban, require=require, beam_size=beam)
-    fused = None if lm is None else _fusion_lm(bundle, lm)
-    vad = vad or Vad()
+    o = options or TranscriptionOptions()
+    vad = o.vad or Vad()
+    search = _search(bundle, o, len(audio))
     sources, waves, feats, seconds = _heads(bundle, audio, vad)
-    starts, languages = _start_tokens(bundle, feats, language=language, task=task or "transcribe")
+    starts, languages = _start_tokens(bundle, feats, language=o.whisper.language, task=o.whisper.task or "transcribe")
     found: list[Transcript | None] = [None] * len(feats)
-    windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, timestamps)]
+    windowed = [i for i, w in enumerate(waves) if w is not None and _windowed(bundle, w, o.whisper.timestamps)]
     voiced = [i for i, w in enumerate(waves) if w is None]
-    _check_pieced(vad, bool(windowed), bool(voiced), beam_size, prefix, require)
+    _check_pieced(vad, bool(windowed), bool(voiced), o)
     for i in windowed:
         began = time.perf_counter()
-        reading = _Reading(long_form, timestamps, batched, vad, on_seconds)
-        segments = _windowed_segments(bundle, sources[i], starts[i], steer.scorers, reading)
+        segments = _windowed_segments(bundle, sources[i], starts[i], search.steer.scorers, o.whisper, vad, on_seconds)
         found[i] = _of_segments(segments, "", languages[i], seconds[i], began, on_batch)
-
-    def decode(rows: list[Tensor], start, required, report: Callable[[int], None] | None):
-        return transcribe(
-            bundle.model,
-            bundle.vocab.target,
-            rows,
-            beam_size=beam,
-            ctc_weight=ctc,
-            ctc_only=ctc_only,
-            length_penalty=d.length_penalty if length_penalty is None else length_penalty,
-            batch_size=batch_size,
-            prefix=_started_with(bundle, start, steer.shown),
-            on_batch=report,
-            lm=fused,
-            lm_weight=LM_WEIGHT if lm_weight is None else lm_weight,
-            scorers=[*whisper_rules(bundle), *steer.scorers],
-            required=required,
-        )
-
     for i in voiced:
         began = time.perf_counter()
-        segments = _voiced(bundle, sources[i], vad, lambda rows: decode(rows, None, None, None), batch_size)
+        segments = _voiced(bundle, sources[i], vad, lambda rows: search(rows, None, None, None), o.batch_size)
         found[i] = _of_segments(segments, " ", None, seconds[i], began, on_batch)
     groups: dict[tuple[int, ...] | None, list[int]] = {}
     for i, start in enumerate(starts):
         if found[i] is None:
             groups.setdefault(start, []).append(i)
     for start, rows in groups.items():
-        required = None if steer.required is None else [steer.required[i] for i in rows]
-        heard = decode([feats[i] for i in rows], start, required, on_batch)
+        heard = search([feats[i] for i in rows], start, search.required(rows), on_batch)
         for i, h in zip(rows, heard, strict=True):
-            ids = [*steer.shown, *h.ids]
-            text = bundle.vocab.target.decode(ids) if steer.shown else h.text
-            whole = Segment(0.0, waves[i].numel() / bundle.sample_rate, text.strip(), tuple(ids))
-            found[i] = Transcript(text.strip(), ids, languages[i], seconds[i], h.seconds, (whole,))
+            found[i] = search.whole(h, languages[i], seconds[i], waves[i].numel() / bundle.sample_rate)
     return [t for t in found if t is not None]
 
 
 @dataclass(frozen=True)
-class _Reading:
-    """How an imported Whisper reads an input in windows (:func:`transcriptions`' arguments)."""
+class _Search:
+    """:func:`transcriptions`' decoding of inputs read whole, or in pieces cut by voice activity
+    (``tasks.asr.transcribe``), with its settings resolved (unset: the recipe's), its
+    constraints and its fused language model (None: none)."""
 
-    long_form: LongForm | None
-    timestamps: bool
-    batched: int | None
-    vad: Vad
-    on_seconds: Callable[[float], None] | None
+    bundle: Bundle
+    options: TranscriptionOptions
+    beam_size: int
+    ctc_weight: float
+    steer: Constraints
+    lm: object | None
+
+    def __call__(
+        self, rows: list[Tensor], start: tuple[int, ...] | None, required, on_batch: Callable[[int], None] | None
+    ) -> list[Transcription]:
+        """The transcriptions of ``rows`` (features (T, M) each), after the start tokens
+        ``start`` (None: BEGIN alone), each with its ``required`` terms (None: none)."""
+        b, o = self.bundle, self.options
+        return transcribe(
+            b.model,
+            b.vocab.target,
+            rows,
+            beam_size=self.beam_size,
+            ctc_weight=self.ctc_weight,
+            ctc_only=o.own.ctc_only,
+            length_penalty=b.decode.length_penalty if o.length_penalty is None else o.length_penalty,
+            batch_size=o.batch_size,
+            prefix=_started_with(b, start, self.steer.shown),
+            on_batch=on_batch,
+            lm=self.lm,
+            lm_weight=LM_WEIGHT if o.lm_weight is None else o.lm_weight,
+            scorers=[*whisper_rules(b), *self.steer.scorers],
+            required=required,
+        )
+
+    def required(self, rows: list[int]) -> list | None:
+        """The required terms of inputs ``rows`` (None: none is required)."""
+        return None if self.steer.required is None else [self.steer.required[i] for i in rows]
+
+    def whole(self, h: Transcription, language: str | None, read_seconds: float, seconds: float) -> Transcript:
+        """An input's transcript from its transcription ``h`` (of the whole input, ``seconds``
+        long): the prefix's tokens first, one segment from 0 to its end."""
+        ids = [*self.steer.shown, *h.ids]
+        text = self.bundle.vocab.target.decode(ids) if self.steer.shown else h.text
+        whole = Segment(0.0, seconds, text.strip(), tuple(ids))
+        return Transcript(text.strip(), ids, language, read_seconds, h.seconds, (whole,))
 
 
-def _windowed_segments(bundle: Bundle, source, start, scorers, r: _Reading) -> list[Segment]:
+def _search(bundle: Bundle, o: TranscriptionOptions, n: int) -> _Search:
+    """The decoding of :func:`transcriptions`' ``n`` inputs, its options checked (those that
+    cannot go together refused in one line) and its language model loaded."""
+    d = bundle.decode
+    # An imported Whisper decodes greedily unless told otherwise, as Whisper and transformers do.
+    beam = (d.beam_size if bundle.whisper is None else 1) if o.beam_size is None else o.beam_size
+    ctc = d.ctc_weight if o.own.ctc_weight is None else o.own.ctc_weight
+    _check_transcription_options(bundle, o, ctc)
+    _check_batched(bundle, o.whisper)
+    _check_multilingual(bundle, o.whisper)
+    steer = constraints(bundle, [None] * n, prefix=o.prefix, ban=o.ban, require=o.require, beam_size=beam)
+    return _Search(bundle, o, beam, ctc, steer, None if o.lm is None else _fusion_lm(bundle, o.lm))
+
+
+def _windowed_segments(
+    bundle: Bundle, source, start, scorers, w: WhisperOptions, vad: Vad, on_seconds: Callable[[float], None] | None
+) -> list[Segment]:
     """An input's segments read window by window, each after the previous text (Whisper's way,
-    ``longform.py``), or with ``r.batched`` (N) in voice-activity chunks decoded N at a time
+    ``longform.py``), or with ``w.batched`` (N) in voice-activity chunks decoded N at a time
     (faster-whisper's batched mode, ``longform_batched.py``)."""
-    if r.batched is None:
-        return long_transcript(bundle, source, start, r.long_form, scorers, r.on_seconds)
-    ids = whisper_tokens(bundle, start, scorers, timestamps=r.timestamps)
+    if w.batched is None:
+        return long_transcript(bundle, source, start, w.long_form, scorers, on_seconds)
+    ids = whisper_tokens(bundle, start, scorers, timestamps=w.timestamps)
     return transcribe_batched(
-        bundle.model, bundle.vocab.target, source, bundle.features, ids, r.long_form or LongForm(),
-        batch_size=r.batched, vad=r.vad, on_seconds=r.on_seconds,
+        bundle.model, bundle.vocab.target, source, bundle.features, ids, w.long_form or LongForm(),
+        batch_size=w.batched, vad=vad, on_seconds=on_seconds,
     )  # fmt: skip
 
 
@@ -245,69 +326,58 @@ def _fusion_lm(bundle: Bundle, lm: str | Path):
     return load_fusion_lm(str(lm), bundle.vocab.target, model=bundle.model, bf16=bf16, device=bundle.device)
 
 
-def _check_transcription_options(
-    bundle: Bundle,
-    lm: str | Path | None,
-    lm_weight: float | None,
-    language: str | None,
-    task: str | None,
-    ctc_only: bool,
-    ctc_weight: float,
-    prefix: str | None,
-    ban: Sequence[str],
-    require: Sequence[str],
-) -> None:
-    """:func:`transcriptions`' options that cannot go together, refused in one line."""
-    if lm_weight is not None and lm is None:
+def _check_transcription_options(bundle: Bundle, o: TranscriptionOptions, ctc_weight: float) -> None:
+    """:func:`transcriptions`' options that cannot go together, refused in one line (``ctc_weight``:
+    ``o.own.ctc_weight``, resolved)."""
+    if o.lm_weight is not None and o.lm is None:
         raise OptionError("lm_weight weighs the language model of lm; name one", "lm_weight", "lm")
-    if bundle.whisper is None and (language is not None or task is not None):
+    if bundle.whisper is None and (o.whisper.language is not None or o.whisper.task is not None):
         raise OptionError("language and task apply to imported Whisper models only", "language", "task")
-    named = [name for name, given in (("prefix", prefix is not None), ("ban", ban), ("require", require)) if given]
-    if ctc_only and named:
+    given = (("prefix", o.prefix is not None), ("ban", o.ban), ("require", o.require))
+    named = [name for name, yes in given if yes]
+    if o.own.ctc_only and named:
         raise OptionError(f"ctc_only decodes with the CTC head alone: no {' or '.join(named)}", "ctc_only", *named)
-    if require and ctc_weight > 0:
+    if o.require and ctc_weight > 0:
         raise OptionError("require is searched for by the decoder alone: give ctc_weight 0", "require", "ctc_weight")
 
 
-def _check_multilingual(bundle: Bundle, long_form: LongForm | None, language: str | None) -> None:
+def _check_multilingual(bundle: Bundle, w: WhisperOptions) -> None:
     """``LongForm.multilingual`` (each window's language detected) only for a multilingual Whisper,
     and without ``language``: refused in one line."""
-    if long_form is None or not long_form.multilingual:
+    if w.long_form is None or not w.long_form.multilingual:
         return
     if bundle.whisper is None or not bundle.whisper.multilingual:
         raise OptionError("multilingual detects each window's language: for a multilingual Whisper", "multilingual")
-    if language is not None:
+    if w.language is not None:
         raise OptionError("multilingual detects each window's language: give no language", "multilingual", "language")
 
 
-def _check_batched(bundle: Bundle, long_form: LongForm | None, batched: int | None) -> None:
+def _check_batched(bundle: Bundle, w: WhisperOptions) -> None:
     """``batched`` (chunks at a time, at least 1) is for an imported Whisper, whose chunks are
     each decoded in the input's language: no ``LongForm.multilingual``; refused in one line."""
-    if batched is None:
+    if w.batched is None:
         return
-    if batched < 1:
-        raise OptionError(f"batched is the chunks decoded at once: 1 or more, not {batched}", "batched")
+    if w.batched < 1:
+        raise OptionError(f"batched is the chunks decoded at once: 1 or more, not {w.batched}", "batched")
     if bundle.whisper is None:
         raise OptionError("batched reads long audio as an imported Whisper's chunks: for a Whisper", "batched")
-    if long_form is not None and long_form.multilingual:
+    if w.long_form is not None and w.long_form.multilingual:
         raise OptionError(
             "batched decodes every chunk in the input's language: no multilingual", "batched", "multilingual"
         )
 
 
-def _check_pieced(
-    vad: Vad, windowed: bool, voiced: bool, beam_size: int | None, prefix: str | None, require: Sequence[str]
-) -> None:
+def _check_pieced(vad: Vad, windowed: bool, voiced: bool, o: TranscriptionOptions) -> None:
     """Inputs read in pieces (an imported Whisper's windows, or pieces cut by voice activity)
     take no per-transcript constraint, and a Whisper's windows no beam: refused in one line."""
-    if voiced and (prefix is not None or require):
+    if voiced and (o.prefix is not None or o.require):
         raise OptionError(
             f"inputs longer than {vad.max_seconds:g} s are transcribed piece by piece, cut by voice activity: "
             "no prefix or require there",
             "prefix",
             "require",
         )
-    if windowed and (beam_size not in (None, 1) or prefix is not None or require):
+    if windowed and (o.beam_size not in (None, 1) or o.prefix is not None or o.require):
         raise OptionError(
             "an imported Whisper reads long audio (or gives timestamps) greedily, window by window: "
             "no beam_size, prefix or require there",

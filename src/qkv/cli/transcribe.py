@@ -1,9 +1,11 @@
 """``qkv transcribe``: audio files in, text out, with a speech model (trained with an ``asr``
 recipe, or an imported Whisper).
 
-What is here: the command's arguments (``add_parser``) beside its handler, which parses, calls
-the library's job (``bundle.read_audio``, ``bundle.transcriptions``: reading, features, an
-imported Whisper's start tokens and languages, decoding) and prints.
+What is here: the command's arguments (``add_parser``) beside its handler, which parses (the
+flags as the job's options: ``_options``), calls the library's job (``bundle.read_audio``,
+``bundle.transcriptions``: reading, features, an imported Whisper's start tokens and languages,
+decoding) and prints (``_write_transcripts``, and subtitle files by ``--format``). What is not
+here: any decoding or reading of audio (``qkv.bundle``), the subtitle formats (``qkv.subtitles``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qkv.cli.common import (
     Output,
@@ -27,6 +30,9 @@ from qkv.cli.common import (
     use_threads,
 )
 from qkv.errors import UserError
+
+if TYPE_CHECKING:
+    from qkv.bundle import TranscriptionOptions
 
 LM_WEIGHT = 0.3  # bundle.LM_WEIGHT, the library's default (the help says it without importing torch)
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".mp3", ".aiff", ".aif")
@@ -116,13 +122,39 @@ def _check_format(args: argparse.Namespace, paths: list[Path]) -> None:
             raise UserError(f"--output-dir: several inputs are named {', '.join(twice)}; each needs its own name")
 
 
-def cmd_transcribe(args: argparse.Namespace) -> int:
-    from qkv.bundle import load, read_audio, transcriptions
-    from qkv.bundle.transcription import initial_prompt
+def _options(args: argparse.Namespace, timed: bool, prompt: tuple[int, ...]) -> TranscriptionOptions:
+    """The flags as ``bundle.transcriptions``' options (``timed``: read an imported Whisper's
+    inputs window by window; ``prompt``: its initial prompt's ids)."""
+    from qkv.bundle import OwnModelOptions, TranscriptionOptions, WhisperOptions
     from qkv.longform import LongForm
-    from qkv.progress import progress
-    from qkv.subtitles import Heard
     from qkv.vad import Vad
+
+    long_form = LongForm(
+        initial_prompt=prompt,
+        word_timestamps=args.word_timestamps,
+        multilingual=args.multilingual,
+        temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
+    )
+    return TranscriptionOptions(
+        beam_size=args.beam,
+        lm=args.lm,
+        lm_weight=args.lm_weight,
+        prefix=args.prefix,
+        ban=args.ban,
+        require=args.require,
+        batch_size=args.batch_size or TranscriptionOptions.batch_size,
+        vad=Vad(detector=args.vad),
+        whisper=WhisperOptions(
+            language=args.language, task=args.task, timestamps=timed, long_form=long_form, batched=args.batched
+        ),
+        own=OwnModelOptions(ctc_weight=args.ctc_weight, ctc_only=args.ctc_only),
+    )
+
+
+def cmd_transcribe(args: argparse.Namespace) -> int:
+    from qkv.bundle import load, transcriptions
+    from qkv.bundle.transcription import initial_prompt
+    from qkv.progress import progress
 
     paths = audio_paths(args.files, args.input)
     args.format = args.format or ("txt" if args.output_dir is not None else None)
@@ -136,16 +168,7 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     timed = bundle.whisper is not None and (args.format not in (None, "txt") or args.output_dir is not None)
     prompt = () if args.initial_prompt is None else initial_prompt(bundle, args.initial_prompt)
     out = Output(args.output)
-    good, bad = read_audio(bundle, paths, max_seconds=args.max_seconds)
-    if bad and not args.skip_bad:
-        for path, why in bad:  # every bad file named, a line each, however many there are
-            print(f"qkv transcribe: {path}: {why}", file=sys.stderr)
-        raise UserError(
-            f"{len(bad)} of {len(paths)} files cannot be transcribed (each named above); "
-            "--skip-bad transcribes the rest"
-        )
-    for path, why in bad:
-        print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
+    good, bad = _readable(bundle, paths, skip_bad=args.skip_bad, max_seconds=args.max_seconds)
     start = time.perf_counter()
     timed = timed or bool(prompt) or args.word_timestamps or args.multilingual
     chunk = bundle.features.chunk_seconds if bundle.whisper is not None else None
@@ -158,46 +181,67 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
     found = transcriptions(
         bundle,
         [source for _, source in good],
-        beam_size=args.beam,
-        ctc_weight=args.ctc_weight,
-        ctc_only=args.ctc_only,
-        lm=args.lm,
-        lm_weight=args.lm_weight,
-        language=args.language,
-        task=args.task,
-        batch_size=args.batch_size if args.batch_size else 32,
+        _options(args, timed, prompt),
         on_batch=None if windowed else bar.update,
-        prefix=args.prefix,
-        ban=args.ban,
-        require=args.require,
-        timestamps=timed,
-        long_form=LongForm(
-            initial_prompt=prompt,
-            word_timestamps=args.word_timestamps,
-            multilingual=args.multilingual,
-            temperatures=(0.0,) if args.no_fallback else LongForm.temperatures,
-        ),
         on_seconds=whole_seconds(bar.update) if windowed else None,
-        vad=Vad(detector=args.vad),
-        batched=args.batched,
     )
     bar.close()
     elapsed = time.perf_counter() - start
+    if args.language is None:
+        _say_detected(found)
+    _write_transcripts(args, out, good, found, bad)
+    total = sum(seconds)
+    skipped = f", {len(bad)} skipped" if bad else ""
+    files = f"{len(good)} file{'s' if len(good) != 1 else ''}"
+    print(
+        f"qkv transcribe: {files} ({total:.1f} s of audio){skipped} in {elapsed:.1f} s, "
+        f"{total / max(elapsed, 1e-9):.1f}x real time",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _readable(bundle, paths: list[Path], *, skip_bad: bool, max_seconds: float | None) -> tuple[list, list]:
+    """The files the model can read and the others, with why (``bundle.read_audio``): each of
+    those named on stderr, skipped with ``skip_bad``, else refused together in one line."""
+    from qkv.bundle import read_audio
+
+    good, bad = read_audio(bundle, paths, max_seconds=max_seconds)
+    if bad and not skip_bad:
+        for path, why in bad:  # every bad file named, a line each, however many there are
+            print(f"qkv transcribe: {path}: {why}", file=sys.stderr)
+        raise UserError(
+            f"{len(bad)} of {len(paths)} files cannot be transcribed (each named above); "
+            "--skip-bad transcribes the rest"
+        )
+    for path, why in bad:
+        print(f"qkv transcribe: skipped {path}: {why}", file=sys.stderr)
+    return good, bad
+
+
+def _say_detected(found: list) -> None:
+    """The languages a multilingual Whisper detected (its inputs' and windows'), on stderr; none: nothing."""
     detected = sorted(({t.language for t in found} | {s.language for t in found for s in t.segments}) - {None})
-    if args.language is None and detected:  # a multilingual Whisper's languages, as found
+    if detected:
         print(
             f"qkv transcribe: detected language{'s' if len(detected) > 1 else ''} {', '.join(detected)}",
             file=sys.stderr,
         )
-    audio_seconds = seconds
-    for (path, _), heard, seconds in zip(good, found, audio_seconds, strict=True):
+
+
+def _write_transcripts(args: argparse.Namespace, out: Output, good: list, found: list, bad: list) -> None:
+    """Each good file's transcript (``found``, in order) as ``--format``, ``--json`` (then a line
+    for each bad file) or PATH<TAB>TEXT lines; ``out`` closed after."""
+    from qkv.subtitles import Heard
+
+    for (path, source), heard in zip(good, found, strict=True):
         if args.format is not None:
             _write_format(args, out, path, Heard(heard.text, heard.segments, heard.language))
         elif args.json:
             record = {
                 "path": str(path),
                 "text": heard.text,
-                "audio_seconds": round(seconds, 3),
+                "audio_seconds": round(source.seconds, 3),
                 "load_seconds": round(heard.feature_seconds, 4),
                 "decode_seconds": round(heard.decode_seconds, 4),
             }
@@ -208,15 +252,6 @@ def cmd_transcribe(args: argparse.Namespace) -> int:
         for path, why in bad:
             out.write(json.dumps({"path": str(path), "error": why}, ensure_ascii=False))
     out.close()
-    total = sum(audio_seconds)
-    skipped = f", {len(bad)} skipped" if bad else ""
-    files = f"{len(good)} file{'s' if len(good) != 1 else ''}"
-    print(
-        f"qkv transcribe: {files} ({total:.1f} s of audio){skipped} in {elapsed:.1f} s, "
-        f"{total / max(elapsed, 1e-9):.1f}x real time",
-        file=sys.stderr,
-    )
-    return 0
 
 
 def whole_seconds(update: Callable[[int], object]) -> Callable[[float], None]:

@@ -26,9 +26,10 @@ output with every term, unless a scorer bans a term's tokens. Without terms the 
 :func:`~qkv.decoding.search.beam_search`, step for step (tested: the same outputs and scores).
 
 What is here: :class:`Required` (with :data:`AT_START`), :func:`bank_sizes` and
-:func:`constrained_beam_search`. What
-is not: the plain searches (``search.py``), bans (``bans.py``), turning words into token
-sequences (the caller's tokenizer: ``bundle/constraints.py``).
+:func:`constrained_beam_search` (its banks: beam search's bookkeeping, ``search._Beams``, with
+each hypothesis' term states and the step chosen by bank). What is not: the plain searches and
+the steps' loop and scores they share with this one (``search.py``), bans (``bans.py``), turning
+words into token sequences (the caller's tokenizer: ``bundle/constraints.py``).
 
 Shapes use the legend of ``attention.py``: B inputs, W beam width, N rows (B·W hypotheses),
 V vocabulary, L tokens so far.
@@ -44,8 +45,8 @@ from torch import Tensor
 
 from qkv.decoding.decoders import Decoder, DecodingModel, Inputs, decoder_for
 from qkv.decoding.planning import MaxNew, check_inputs, in_parts, inputs_per_batch
-from qkv.decoding.scorers import Revising, Scorer, revised, revisers
-from qkv.decoding.search import Hypothesis, _started
+from qkv.decoding.scorers import Scorer, revisers
+from qkv.decoding.search import Hypothesis, _beam, _Beams, _Options
 
 MET = -1  # a term's automaton state once one of its ways is written (it stays there)
 AT_START = -2  # first in a way that only counts at the output's start (before any token or prefix)
@@ -134,16 +135,6 @@ def bank_sizes(beam: int, counts: Sequence[int]) -> list[int]:
     return sizes
 
 
-@dataclass(frozen=True)
-class _Options:
-    beam_size: int
-    length_penalty: float
-    prefix: Sequence[int] | None
-    scorers: tuple[Scorer, ...]
-    decoder_weight: float
-    revisers: tuple[Revising, ...]  # the scorers that revise (scorers.revisers), asked once
-
-
 @torch.no_grad()
 def constrained_beam_search(
     model: DecodingModel | Decoder,
@@ -178,70 +169,31 @@ def constrained_beam_search(
     decoder = decoder_for(model)
     caps = check_inputs(decoder, inputs, max_new_tokens=max_new_tokens, prefix=prefix)
     size = inputs_per_batch(decoder, inputs, caps, beam=beam_size, prefix=prefix, scorers=scorers)
-    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, revisers(scorers))
+    options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, None, revisers(scorers))
 
     def search(part: Inputs, part_caps: list[int], first: int) -> list[list[tuple[Hypothesis, bool]]]:
         terms = [[_Term(term.ways) for term in required[first + i]] for i in range(len(part))]
-        return _search(decoder, part, part_caps, terms, options)
+        banks = _Banks(terms, beam_size, part_caps, decoder.eos_id, options, decoder.device)
+        return _beam(decoder, part, options, banks)
 
     found = in_parts(search, inputs, caps, size)
     return [[h for h, _ in sorted(f, key=lambda x: (not x[1], -x[0].score))[:nbest]] for f in found]
 
 
-def _full_scores(
-    logits: Tensor, scorers: Sequence[Scorer], scoring: list, decoder_weight: float, revising: Sequence[Revising]
-) -> tuple[Tensor, list]:
-    """w_dec · log p_decoder + Σ wₖ · scoreₖ, summed as beam search sums them (so that without
-    terms the scores are its, bit for bit), revised by ``revising``, and what each scorer needs to
-    advance.
-    Shapes: logits (N, V) -> (N, V)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-    scored, fused = [], None
-    for s, st in zip(scorers, scoring, strict=True):
-        score, after = s.score(st, None)  # (N, V)
-        scored.append(after)
-        if s.weight != 0.0:
-            fused = s.weight * score if fused is None else fused + s.weight * score
-    total = logp if decoder_weight == 1.0 else decoder_weight * logp  # (N, V)
-    return revised(total if fused is None else total + fused, revising), scored
-
-
-def _search(
-    decoder: Decoder, inputs: Inputs, caps: list[int], terms: list[list[_Term]], o: _Options
-) -> list[list[tuple[Hypothesis, bool]]]:
-    """Constrained beam search of one batch of inputs; every finished hypothesis of each input
-    with whether it has every term, unsorted."""
-    b, w = len(inputs), o.beam_size
-    logits, state = _started(decoder, inputs, o.prefix)  # (B, V)
-    rows = torch.arange(b, device=logits.device).repeat_interleave(w)  # (B*W,)
-    scoring = [s.start(decoder, state, rows, max(caps)) for s in o.scorers]
-    state, logits = decoder.reorder(state, rows), logits.index_select(0, rows)  # (B*W, V)
-    banks = _Banks(terms, w, caps, decoder.eos_id, o, logits.device)
-    for step in range(max(caps)):
-        logp, scored = _full_scores(logits, o.scorers, scoring, o.decoder_weight, o.revisers)  # (B*W, V)
-        kept = banks.keep(logp, step)
-        if kept is None:
-            break
-        rows, tokens = kept  # (B*W,) each
-        scoring = [s.advance(sc, rows, tokens) for s, sc in zip(o.scorers, scored, strict=True)]
-        logits, state = decoder.step(decoder.reorder(state, rows, within_inputs=True), tokens)
-    return banks.finished
-
-
-class _Banks:
-    """The live hypotheses of B inputs (W each): scores, histories, each one's state in each
-    of its input's terms; and what has finished."""
+class _Banks(_Beams):
+    """Beam search's bookkeeping (:class:`~qkv.decoding.search._Beams`: the live hypotheses of B
+    inputs, W each, their scores and histories, what has finished), with each live hypothesis'
+    state in each of its input's terms, and each input's step chosen by bank."""
 
     def __init__(self, terms: list[list[_Term]], w: int, caps: list[int], eos: int | None, o: _Options, device) -> None:
         b = len(terms)
-        self.terms, self.b, self.w, self.caps, self.eos, self.o = terms, b, w, caps, eos, o
-        self.scores = torch.full((b, w), float("-inf"), device=device)  # (B, W)
-        self.scores[:, 0] = 0.0  # all beams start equal: keep one, or the first step picks W copies
-        self.history = torch.zeros((b * w, 0), dtype=torch.long, device=device)  # (B*W, L)
+        super().__init__(b, w, caps, eos, o, 0, device)
+        self.terms = terms
         forced = [AT_START, *list(o.prefix or [])[1:]]  # the output's start, then what the prefix writes
         self.states = [self._after(i, (0,) * len(terms[i]), forced) for i in range(b) for _ in range(w)]
-        self.finished: list[list[tuple[Hypothesis, bool]]] = [[] for _ in range(b)]
-        self.done = [False] * b
+        self.finished: list[list[tuple[Hypothesis, bool]]] = [[] for _ in range(b)]  # with whether every term is
+        self._extras: list[list[tuple[int, int, float]]] = []  # this step's candidates beyond the best 2W
+        self._chosen: dict[tuple[int, int], tuple[int, ...]] = {}  # this step's kept (row, token): its term states
 
     def _after(self, i: int, state: tuple[int, ...], tokens: Sequence[int]) -> tuple[int, ...]:
         """Input ``i``'s term states once ``tokens`` follow ``state``."""
@@ -268,38 +220,20 @@ class _Banks:
         return firsts - {AT_START}
 
     def keep(self, logp: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
-        """Choose every input's next live hypotheses from the step scores ``logp`` (B*W, V);
-        return the rows they extend and their tokens (B*W,) each, or None once all are done."""
-        b, w, v, device = self.b, self.w, logp.shape[-1], logp.device
+        """Beam search's step (:meth:`_Beams.keep`) over the step scores ``logp`` (B*W, V), END
+        allowed only to a hypothesis with every term; the kept hypotheses' term states follow
+        them (a filler, never extended, keeps the state of the row it copies)."""
         unmet = [r for r, state in enumerate(self.states) if any(node != MET for node in state)]
         if unmet and self.eos is not None:  # END only once every term is written
             logp[unmet, self.eos] = float("-inf")  # (a tensor of this step's own)
-        candidates = (self.scores.view(-1, 1) + logp).view(b, w * v)  # (B, W*V)
-        top_scores, top_index = candidates.topk(min(2 * w, w * v), dim=-1)  # (B, 2W)
-        top_rows = (top_index // v + torch.arange(b, device=device)[:, None] * w).tolist()
-        top_tokens, top_scores_list = (top_index % v).tolist(), top_scores.tolist()
-        extra = self._extra(candidates.view(b * w, v))
-        keep_rows, keep_tokens, keep_scores, keep_states = [], [], [], []
-        for i in range(b):
-            listed = list(zip(top_rows[i], top_tokens[i], top_scores_list[i], strict=True)) + extra[i]
-            kept = [] if self.done[i] else self._input(i, step, listed)
-            if self.done[i] or not kept:
-                self.done[i] = True
-                kept = [(i * w, self.eos if self.eos is not None else 0, float("-inf"), self.states[i * w])] * w
-            kept += [(*kept[-1][:2], float("-inf"), kept[-1][3])] * (w - len(kept))  # fillers, never chosen again
-            for row, token, score, state in kept:
-                keep_rows.append(row)
-                keep_tokens.append(token)
-                keep_scores.append(score)
-                keep_states.append(state)
-        if all(self.done):
-            return None
-        rows = torch.tensor(keep_rows, device=device)  # (B*W,)
-        tokens = torch.tensor(keep_tokens, device=device)  # (B*W,)
-        self.history = torch.cat([self.history.index_select(0, rows), tokens[:, None]], dim=1)  # (B*W, L+1)
-        self.scores = torch.tensor(keep_scores, device=device).view(b, w)  # (B, W)
-        self.states = keep_states
-        return rows, tokens
+        self._extras = self._extra(self.scores.view(-1, 1) + logp)  # (B*W, V) summed scores
+        self._chosen = {}
+        kept = super().keep(logp, step)
+        if kept is not None:
+            rows, tokens = kept  # (B*W,) each
+            pairs = zip(rows.tolist(), tokens.tolist(), strict=True)
+            self.states = [self._chosen.get((row, token), self.states[row]) for row, token in pairs]
+        return kept
 
     def _extra(self, scores: Tensor) -> list[list[tuple[int, int, float]]]:
         """Each input's candidates beyond the best 2W, from its live hypotheses (rows): each
@@ -326,9 +260,11 @@ class _Banks:
                 extra[i].append((row, t, s))
         return extra
 
-    def _input(self, i: int, step: int, listed: list[tuple[int, int, float]]) -> list[tuple[int, int, float, tuple]]:
-        """One input's step: its candidates ``listed`` (the best 2W first, in order) sorted into
-        finished and live by bank; marks it done by Hugging Face's rule or at its cap."""
+    def _input(self, i: int, step: int, rows: list, tokens: list, scores: list) -> list[tuple[int, int, float]]:
+        """One input's step: its best 2W extensions (``rows``, ``tokens``, ``scores``), then the
+        rest of its candidates (:meth:`_extra`), sorted into finished and live by bank; marks it
+        done by Hugging Face's rule or at its cap. The kept ones' term states go to ``_chosen``."""
+        listed = [*zip(rows, tokens, scores, strict=True), *self._extras[i]]
         w, norm, terms = self.w, (step + 1) ** self.o.length_penalty, self.terms[i]
         top = sum(term.length for term in terms)  # the bank of every term written
         seen, ranked = set(), []
@@ -365,4 +301,5 @@ class _Banks:
                 met = all(node == MET for node in state)
                 finished.append((Hypothesis([*self.history[row].tolist(), token], score / norm), met))
             self.done[i] = True
-        return kept
+        self._chosen.update(((row, token), state) for row, token, _, state in kept)
+        return [(row, token, score) for row, token, score, _ in kept]

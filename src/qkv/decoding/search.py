@@ -385,15 +385,16 @@ def beam_search(
     options = _Options(beam_size, length_penalty, prefix, tuple(scorers), decoder_weight, on_step, revisers(scorers))
 
     def search(part: Inputs, part_caps: list[int], first: int) -> list[list[Hypothesis]]:
-        return _beam(decoder, part, part_caps, options, first)
+        beams = _Beams(len(part), beam_size, part_caps, decoder.eos_id, options, first, decoder.device)
+        return _beam(decoder, part, options, beams)
 
     return [sorted(f, key=lambda h: -h.score)[:nbest] for f in in_parts(search, inputs, caps, size)]
 
 
-def _beam(decoder: Decoder, inputs: Inputs, caps: list[int], o: _Options, first: int) -> list[list[Hypothesis]]:
-    """Beam search of one batch of inputs (:func:`beam_search`); every finished hypothesis of
-    each input, unsorted."""
-    b, w = len(inputs), o.beam_size
+def _beam(decoder: Decoder, inputs: Inputs, o: _Options, beams: _Beams) -> list[list]:
+    """Beam search of one batch of inputs (:func:`beam_search`; with the bookkeeping of
+    ``constrained.py``, its search); every finished hypothesis of each input, unsorted."""
+    b, w, caps = len(inputs), o.beam_size, beams.caps
     logits, state = _started(decoder, inputs, o.prefix)  # (B, V)
     rows = torch.arange(b, device=logits.device).repeat_interleave(w)  # (B*W,)
     scoring = [s.start(decoder, state, rows, max(caps)) for s in o.scorers]
@@ -402,7 +403,6 @@ def _beam(decoder: Decoder, inputs: Inputs, caps: list[int], o: _Options, first:
     # 1,500 frames a layer and input (a sixth of decoding 8 FSDD files, torch.profiler, 2026-12-07).
     if w > 1:
         state, logits = decoder.reorder(state, rows), logits.index_select(0, rows)  # (B*W, V)
-    beams = _Beams(b, w, caps, decoder.eos_id, o, first, logits.device)
     for step in range(max(caps)):
         logp, scored = _step_scores(logits, o, scoring, w, decoder.eos_id)  # (B*W, V)
         kept = beams.keep(logp, step)

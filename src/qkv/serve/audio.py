@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from qkv.audio import load_audio
-from qkv.bundle import piper_speeches, speeches, transcriptions
+from qkv.bundle import TranscriptionOptions, WhisperOptions, piper_speeches, speeches, transcriptions
 from qkv.errors import UserError
 from qkv.longform import LongForm
 from qkv.serve.errors import ApiError
@@ -141,17 +141,13 @@ def transcribe(
     options = LongForm(word_timestamps=words and whisper, initial_prompt=prompt, multilingual=multilingual)
     if temperatures is not None:
         options = replace(options, temperatures=temperatures)
-    found = transcriptions(
-        bundle,
-        waves,
+    chosen = WhisperOptions(
         language=language if whisper else None,
         task=task if whisper and task != "transcribe" else None,
         timestamps=windowed,
         long_form=options,
-        prefix=prefix,
-        ban=ban,
-        require=require,
     )
+    found = transcriptions(bundle, waves, TranscriptionOptions(prefix=prefix, ban=ban, require=require, whisper=chosen))
     rate = bundle.sample_rate
     return [
         Heard(t.text, t.ids, t.language, w.numel() / rate, tuple(t.segments)) for t, w in zip(found, waves, strict=True)

@@ -286,6 +286,80 @@ def _tokenizer(data: AsrData, texts: list[str], last: Path | None) -> Tokenizer:
     return Tokenizer.load(path)
 
 
+def _trainable(
+    model: SpeechEncoderDecoder, tokenizer: Tokenizer, utts: list, texts: list[str], problems: list[str], *, progress
+) -> tuple[list[Tensor], list[list[int]]]:
+    """The training utterances' features (T, M) and target ids, of those the model can learn
+    from: a transcript longer than the decoder's window, or audio too short for its front-end,
+    is left out (how many, added to ``problems``); none left is a UserError."""
+    targets = tokenizer.encode_batch(texts, add_special_tokens=False)  # the batch adds BEGIN and END
+    keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
+    if len(keep) < len(targets):
+        problems.append(
+            f"{len(targets) - len(keep)} training transcripts longer than max_len={model.config.max_len} "
+            "tokens were left out"
+        )
+    if not keep:
+        raise UserError("no training utterance fits the model's window (max_len)")
+    utts, targets = [utts[i] for i in keep], [targets[i] for i in keep]
+    feats = compute_features(utts, model.config.features, progress=progress, desc="features (train)")
+    audible = [i for i, f in enumerate(feats) if not too_short(model, f.shape[0])]
+    if len(audible) < len(feats):
+        problems.append(f"{len(feats) - len(audible)} training utterances too short for the front-end left out")
+        feats, targets = [feats[i] for i in audible], [targets[i] for i in audible]
+    if not feats:
+        raise UserError("no training utterance is long enough for the model's front-end")
+    return feats, targets
+
+
+def _step_loss(
+    model: SpeechEncoderDecoder, train: AsrTrain, feats: list[Tensor], targets: list[list[int]]
+) -> Callable[[SpeechEncoderDecoder, int], tuple[Tensor, float]]:
+    """The training step's loss (``Setup.step_loss``): the step's batch of ``feats`` (T, M) and
+    ``targets`` (length batches of at most ``train.batch_frames`` frames, drawn by step and seed),
+    SpecAugment as ``train`` says, this worker's share of the joint CTC/attention loss, weighted
+    by its seconds of audio, and those seconds (0 for a worker that does not count them)."""
+    c, seed = model.config, int(train.seed)
+    batches = length_batches([f.shape[0] for f in feats], int(train.batch_frames))
+    augment = {
+        k: getattr(train, k)
+        for k in ("freq_masks", "freq_width", "time_masks", "time_width", "time_ratio", "time_warp")
+    }
+    seconds_per_frame = c.features.hop_length / c.features.sample_rate
+
+    def step_loss(m: SpeechEncoderDecoder, step: int) -> tuple[Tensor, float]:
+        rows = batches[batch_of_step(len(batches), step, seed)]
+        x, valid = pad_features([feats[i].float() for i in rows])  # (B, T, M), (B, T)
+        if train.spec_augment:
+            generator = torch.Generator().manual_seed(step_seed(seed, step))
+            x = spec_augment(x, generator, valid=valid, **augment)  # (B, T, M)
+        _, t_in, t_out = seq2seq_batch(
+            [([], targets[i]) for i in rows], pad_id=c.pad_id, bos_id=c.bos_id, eos_id=c.eos_id
+        )  # (B, L) each
+        # This worker's rows (all of them alone), cut after the whole batch's SpecAugment draws.
+        mine, counted = share(len(rows))
+        # A share's loss is its part of the whole batch's (the terms' means are over the whole
+        # batch's tokens), weighted by its seconds of audio, the count the rate reports.
+        whole = speech_tokens(t_out, pad_id=c.pad_id, eos_id=c.eos_id) if len(mine) < len(rows) else None
+        all_seconds = float(valid.sum()) * seconds_per_frame
+        x, valid, t_in, t_out = x[mine], valid[mine], t_in[mine], t_out[mine]
+        part, _ = speech_loss(
+            m,
+            x,
+            valid,
+            t_in,
+            t_out,
+            pad_id=c.pad_id,
+            ctc_weight=float(train.ctc_loss_weight),
+            label_smoothing=float(train.label_smoothing),
+            whole=whole,
+        )
+        seconds = float(valid.sum()) * seconds_per_frame
+        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
+
+    return step_loss
+
+
 def prepare_asr(recipe: Recipe, start: Start) -> Setup:
     """A speech encoder–decoder's parts of a run: corpus, features, tokenizer, model (its encoder
     and decoder started from pretrained ones where the recipe says), step loss, validation (WER
@@ -297,7 +371,6 @@ def prepare_asr(recipe: Recipe, start: Start) -> Setup:
     """
     last, progress = start.checkpoint, start.progress
     train, data = recipe.train, recipe.data
-    seed = int(train.seed)
     problems: list[str] = []
     # The sources of the encoder and decoder are checked before the corpus is read; resumed, the
     # checkpoint holds those parts already and the sources are only named (as the recipe gives them).
@@ -317,65 +390,8 @@ def prepare_asr(recipe: Recipe, start: Start) -> Setup:
         tokenizer = _tokenizer(data, texts, last)
         model = _started(recipe, tokenizer, source, writer)
     config = model.config.features
-    targets = tokenizer.encode_batch(texts, add_special_tokens=False)  # the batch adds BEGIN and END
-    keep = [i for i, ids in enumerate(targets) if len(ids) + 1 <= model.config.max_len]
-    if len(keep) < len(targets):
-        problems.append(
-            f"{len(targets) - len(keep)} training transcripts longer than max_len={model.config.max_len} "
-            "tokens were left out"
-        )
-    if not keep:
-        raise UserError("no training utterance fits the model's window (max_len)")
-    train_utts = [train_utts[i] for i in keep]
-    targets = [targets[i] for i in keep]
-    train_feats = compute_features(train_utts, config, progress=progress, desc="features (train)")
-    audible = [i for i, f in enumerate(train_feats) if not too_short(model, f.shape[0])]
-    if len(audible) < len(train_feats):
-        problems.append(f"{len(train_feats) - len(audible)} training utterances too short for the front-end left out")
-        train_utts, targets = [train_utts[i] for i in audible], [targets[i] for i in audible]
-        train_feats = [train_feats[i] for i in audible]
-    if not train_feats:
-        raise UserError("no training utterance is long enough for the model's front-end")
-    frames = [f.shape[0] for f in train_feats]
-    budget = int(train.batch_frames)
-    batches = length_batches(frames, budget)
-    c = model.config
-    augment = {
-        k: getattr(train, k)
-        for k in ("freq_masks", "freq_width", "time_masks", "time_width", "time_ratio", "time_warp")
-    }
-    seconds_per_frame = config.hop_length / config.sample_rate
-
-    def step_loss(m: SpeechEncoderDecoder, step: int) -> tuple[Tensor, float]:
-        rows = batches[batch_of_step(len(batches), step, seed)]
-        feats, valid = pad_features([train_feats[i].float() for i in rows])  # (B, T, M), (B, T)
-        if train.spec_augment:
-            generator = torch.Generator().manual_seed(step_seed(seed, step))
-            feats = spec_augment(feats, generator, valid=valid, **augment)  # (B, T, M)
-        _, t_in, t_out = seq2seq_batch(
-            [([], targets[i]) for i in rows], pad_id=c.pad_id, bos_id=c.bos_id, eos_id=c.eos_id
-        )  # (B, L) each
-        # This worker's rows (all of them alone), cut after the whole batch's SpecAugment draws.
-        mine, counted = share(len(rows))
-        # A share's loss is its part of the whole batch's (the terms' means are over the whole
-        # batch's tokens), weighted by its seconds of audio, the count the rate reports.
-        whole = speech_tokens(t_out, pad_id=c.pad_id, eos_id=c.eos_id) if len(mine) < len(rows) else None
-        all_seconds = float(valid.sum()) * seconds_per_frame
-        feats, valid, t_in, t_out = feats[mine], valid[mine], t_in[mine], t_out[mine]
-        part, _ = speech_loss(
-            m,
-            feats,
-            valid,
-            t_in,
-            t_out,
-            pad_id=c.pad_id,
-            ctc_weight=float(train.ctc_loss_weight),
-            label_smoothing=float(train.label_smoothing),
-            whole=whole,
-        )
-        seconds = float(valid.sum()) * seconds_per_frame
-        return share_loss(part, seconds, all_seconds), seconds if counted else 0.0
-
+    train_feats, targets = _trainable(model, tokenizer, train_utts, texts, problems, progress=progress)
+    step_loss = _step_loss(model, train, train_feats, targets)
     validate = validation_scorer(corpus, tokenizer, recipe, config, progress=progress) if train.valid_every else None
 
     def evaluate(m: SpeechEncoderDecoder, out: Path, validated: dict | None) -> tuple[dict, dict]:

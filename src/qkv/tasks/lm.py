@@ -167,6 +167,46 @@ def reply_spans(tokenizer: Tokenizer, dialogues: list[list[str]], *, context: in
     return spans, offset
 
 
+def _texts(data: LmData, problems: list[str]) -> tuple[Path, str, str, list[list[str]] | None]:
+    """Where the text is, the training and the validation text, and DailyDialog's validation
+    dialogues' utterances (else None): DailyDialog's splits (each dialogue a line of turns, each
+    ending with EOU; a dialogue whose act labels do not line up added to ``problems``), or
+    ``data.text`` and ``data.valid_text``, or the text's last ``val_fraction`` held out."""
+    if data.documents == "dailydialog":
+        path = Path(data.text)
+        split_docs, split_turns = {}, {}
+        for split in ("train", "validation"):
+            dialogues, _ = read_dailydialog(path, split)
+            split_turns[split] = [[u for u, _ in d] for d in dialogues if d]
+            split_docs[split] = [f" {EOU} ".join(turns) + f" {EOU}" for turns in split_turns[split]]
+            # The text needs no labels, but a dialogue whose act labels do not line up is
+            # reported (the known DailyDialog quirk); its text is still used.
+            _, misaligned = read_dailydialog(path, split, labels="act")
+            problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
+        return path, "\n".join(split_docs["train"]), "\n".join(split_docs["validation"]), split_turns["validation"]
+    path = resolve(data.text)
+    text = read_text(path)
+    if data.valid_text is not None:
+        return path, text, read_text(resolve(data.valid_text)), None
+    split = int(len(text) * (1 - float(data.val_fraction)))
+    if split < 2 or len(text) - split < 2:
+        raise UserError(f"{path}: too short to split into training and validation text")
+    return path, text[:split], text[split:], None
+
+
+def _lm_tokenizer(data: LmData, train_docs: list[str], last: Path | None) -> Tokenizer:
+    """The run's tokenizer: a resumed run's own, another model's (``data.tokenizer`` a model
+    directory), or one learnt from ``train_docs`` (characters or unigram subwords)."""
+    if last is not None:
+        return Tokenizer.load(last / TOKENIZER_FILE)
+    if data.tokenizer not in ("char", "subword"):
+        return _tokenizer_of(data.tokenizer)
+    if data.tokenizer == "subword":
+        # A text stream keeps its line breaks as pieces; documents (lines) have none.
+        return Tokenizer.train_subword(train_docs, vocab_size=int(data.vocab_size), newlines=data.documents == "text")
+    return Tokenizer.train_char_level(train_docs)
+
+
 def prepare_lm(recipe: Recipe, start: Start) -> Setup:
     """The language-modelling task's parts of a run (``runner.train`` does the rest).
 
@@ -186,31 +226,7 @@ def prepare_lm(recipe: Recipe, start: Start) -> Setup:
     train, data = recipe.train, recipe.data
     seed = int(train.seed)
     problems: list[str] = []
-    valid_turns: list[list[str]] | None = None  # DailyDialog: the validation dialogues' utterances
-    if data.documents == "dailydialog":
-        path = Path(data.text)
-        split_docs, split_turns = {}, {}
-        for split in ("train", "validation"):
-            dialogues, _ = read_dailydialog(path, split)
-            split_turns[split] = [[u for u, _ in d] for d in dialogues if d]
-            split_docs[split] = [f" {EOU} ".join(turns) + f" {EOU}" for turns in split_turns[split]]
-            # The text needs no labels, but a dialogue whose act labels do not line up is
-            # reported (the known DailyDialog quirk); its text is still used.
-            _, misaligned = read_dailydialog(path, split, labels="act")
-            problems += [f"{p.replace('; dialogue skipped', '')}; its text is still used" for p in misaligned]
-        train_text, valid_text = "\n".join(split_docs["train"]), "\n".join(split_docs["validation"])
-        valid_turns = split_turns["validation"]
-    elif data.valid_text is not None:
-        path = resolve(data.text)
-        text = read_text(path)
-        train_text, valid_text = text, read_text(resolve(data.valid_text))
-    else:
-        path = resolve(data.text)
-        text = read_text(path)
-        split = int(len(text) * (1 - float(data.val_fraction)))
-        if split < 2 or len(text) - split < 2:
-            raise UserError(f"{path}: too short to split into training and validation text")
-        train_text, valid_text = text[:split], text[split:]
+    path, train_text, valid_text, valid_turns = _texts(data, problems)
     # data.transcripts: the text a fused language model scores is what the recognizer writes.
     read = {"documents": data.documents, "transcripts": bool(data.transcripts)}
     train_docs, valid_docs = documents_in(train_text, **read), documents_in(valid_text, **read)
@@ -220,17 +236,7 @@ def prepare_lm(recipe: Recipe, start: Start) -> Setup:
     if not train_docs or not valid_docs:
         raise UserError(f"{path}: no training or no validation text")
     torch.manual_seed(seed)
-    if last is not None:
-        tokenizer = Tokenizer.load(last / TOKENIZER_FILE)
-    elif data.tokenizer not in ("char", "subword"):
-        tokenizer = _tokenizer_of(data.tokenizer)
-    elif data.tokenizer == "subword":
-        # A text stream keeps its line breaks as pieces; documents (lines) have none.
-        tokenizer = Tokenizer.train_subword(
-            train_docs, vocab_size=int(data.vocab_size), newlines=data.documents == "text"
-        )
-    else:
-        tokenizer = Tokenizer.train_char_level(train_docs)
+    tokenizer = _lm_tokenizer(data, train_docs, last)
     train_ids = token_stream(tokenizer, train_docs, documents=data.documents)
     val_ids = token_stream(tokenizer, valid_docs, documents=data.documents)
     fields = {**recipe.model, "vocab_size": tokenizer.vocab_size}
