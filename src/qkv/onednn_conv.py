@@ -14,6 +14,8 @@ Shapes: x (B, channels, T) or rows (B, channels, 1, T) channels-last; weight (ou
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -50,24 +52,54 @@ def fusable(x: Tensor) -> bool:
     )
 
 
-def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float = 1.0) -> Tensor:
+def _geometry(conv: nn.Conv1d | nn.ConvTranspose1d) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]:
+    """``conv``'s padding, stride and dilation as a height-1 2-D convolution's, and its groups."""
+    return (0, conv.padding[0]), (1, conv.stride[0]), (1, conv.dilation[0]), conv.groups
+
+
+def _pack(weight: Tensor, transposed: bool, geometry: tuple, input_size: tuple[int, ...]) -> Tensor:
+    """``weight`` (out, in, 1, k) (transposed: (in, out, 1, k)) re-laid out in the blocked format
+    oneDNN's convolution picks for an input of ``input_size`` (B, in, 1, samples)."""
+    padding, stride, dilation, groups = geometry
+    ops = torch.ops.mkldnn
+    if transposed:
+        return ops._reorder_convolution_transpose_weight(weight, padding, (0, 0), stride, dilation, groups, input_size)
+    return ops._reorder_convolution_weight(weight, padding, stride, dilation, groups, input_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _weight_format(
+    transposed: bool, shape: tuple[int, ...], geometry: tuple, input_size: tuple[int, ...], threads: int
+) -> bytes:
+    """oneDNN's memory descriptor (its serialised bytes) of the blocked weight its convolution of
+    this geometry picks for this input size and thread count, learnt by packing zeros once. The
+    pick follows the length: for the flow's 384×192 kernel-5 convolutions, 32 output channels a
+    block at 300 frames, 24 at 204, 16 at 52,224 (oneDNN's verbose log), and a weight packed for
+    another length is re-laid out again at every call (a generic reorder: 32 ms of CPU time for a
+    2.7 ms convolution at 204 frames, measured on 2 busy cores). ``threads`` is in the key as the
+    pick balances the work over them."""
+    del threads  # part of the key only
+    packed = _pack(torch.zeros(shape), transposed, geometry, input_size)
+    return torch.ops.mkldnn._get_mkldnn_serialized_md(packed).numpy().tobytes()
+
+
+def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, input_size: tuple[int, ...], scale: float = 1.0) -> Tensor:
     """``conv``'s weight times ``scale`` as (out, in, 1, k) (transposed: (in, out, 1, k)) in
-    oneDNN's own blocked layout, made at the first call and kept on the module while the weight
-    is unchanged (same storage and version). Given a plain weight, oneDNN re-lays it out at every
-    call: a parallel pass of its own, which on a loaded machine waited for a core about as long
-    as a long convolution took."""
-    weight = conv.weight
+    oneDNN's own blocked layout for an input of ``input_size`` (B, in, 1, samples): made at the
+    first call needing that layout and kept on the module while the weight is unchanged (same
+    storage and version), one copy per layout (:func:`_weight_format`; a few at most). Given a
+    weight in another layout, oneDNN re-lays it out at every call: a parallel pass of its own,
+    which on a loaded machine waited for a core about as long as a long convolution took."""
+    weight, transposed, geometry = conv.weight, isinstance(conv, nn.ConvTranspose1d), _geometry(conv)
     key = (weight.data_ptr(), weight._version, scale)
-    kept = conv.__dict__.get("_packed_weight")  # a plain attribute: neither parameter nor buffer
+    kept = conv.__dict__.get("_packed_weights")  # a plain attribute: neither parameter nor buffer
     if kept is None or kept[0] != key:
-        w = weight.detach().unsqueeze(2) * scale
-        geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-        if isinstance(conv, nn.ConvTranspose1d):
-            packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(w, geometry[0], [0, 0], *geometry[1:])
-        else:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(w, *geometry)
-        kept = conv.__dict__["_packed_weight"] = (key, packed)
-    return kept[1]
+        kept = conv.__dict__["_packed_weights"] = (key, {})
+    shape = (*weight.shape[:2], 1, weight.shape[2])
+    layout = _weight_format(transposed, shape, geometry, tuple(input_size), torch.get_num_threads())
+    if layout not in kept[1]:
+        kept[1][layout] = _pack(weight.detach().unsqueeze(2) * scale, transposed, geometry, tuple(input_size))
+    return kept[1][layout]
 
 
 def conv_rows_fused(
@@ -83,11 +115,11 @@ def conv_rows_fused(
     ``residual`` to the output (into ``residual`` itself when ``in_place``) or applies a leaky
     ReLU of ``slope`` to it: each saves a pass over a waveform-sized tensor. Only where
     :func:`fusable`. Shapes: x, residual (B, channels, 1, samples) channels-last -> the same."""
-    geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-    weight, ops = packed_weight(conv, scale), torch.ops.mkldnn
+    geometry = _geometry(conv)
+    weight, ops = packed_weight(conv, tuple(x.shape), scale), torch.ops.mkldnn
     unary = ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
     if isinstance(conv, nn.ConvTranspose1d):
-        return ops._convolution_transpose_pointwise(x, weight, conv.bias, geometry[0], [0, 0], *geometry[1:], *unary)
+        return ops._convolution_transpose_pointwise(x, weight, conv.bias, geometry[0], (0, 0), *geometry[1:], *unary)
     if residual is None:
         return ops._convolution_pointwise(x, weight, conv.bias, *geometry, *unary)
     if in_place:
