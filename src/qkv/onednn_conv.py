@@ -80,7 +80,10 @@ def _weight_format(
     pick balances the work over them."""
     del threads  # part of the key only
     packed = _pack(torch.zeros(shape), transposed, geometry, input_size)
-    return torch.ops.mkldnn._get_mkldnn_serialized_md(packed).numpy().tobytes()
+    # from byte 112 on: the padded dimensions, offsets and blocking. Before them: the dimensions
+    # (``shape``, in the key) and the data type, then 4 bytes of alignment padding that hold
+    # whatever was there (they differed between packs of one layout at each other length)
+    return torch.ops.mkldnn._get_mkldnn_serialized_md(packed)[112:].numpy().tobytes()
 
 
 def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, input_size: tuple[int, ...], scale: float = 1.0) -> Tensor:
