@@ -583,17 +583,19 @@ class Generator(nn.Module):
         one thread that cost about as much as the generator's own arithmetic for a new
         sentence's length (measured on 2 busy cores), and padded lengths repeat."""
         inplace, frames = fusable(z), z.shape[-1]
-        if inplace:
+        # padding needs each upsampling's output to be rate × its input (HiFi-GAN's: k = rate + 2·padding)
+        padded = inplace and all(up.kernel_size[0] - 2 * up.padding[0] == up.stride[0] for up in self.ups)
+        if padded:
             z = F.pad(z, (0, padded_frames(frames) - frames))
         x = conv_frames(self.conv_pre, z)
         if speaker is not None:
             x = x + self.cond(speaker)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T)
-        valid, scale = frames if inplace else None, 1.0
+        valid, scale = frames if padded else None, 1.0
         x = zero_tail(x, valid)
         conv = conv_rows_fused if inplace else conv_rows
         for i, (up, rate) in enumerate(zip(self.ups, self.rates, strict=True)):
-            valid = valid * rate if inplace else None
+            valid = valid * rate if padded else None
             x = zero_tail(conv(up, F.leaky_relu(x, LRELU_SLOPE), scale), valid)
             activated = F.leaky_relu(x, LRELU_SLOPE)  # every block's first convolution reads it
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
@@ -604,7 +606,8 @@ class Generator(nn.Module):
             # pass over the sum, as lrelu(t / k) = lrelu(t) / k (leaky ReLU is positively homogeneous)
             x, scale = zero_tail(total, valid), 1.0 / self.kernels
         x = F.leaky_relu_(x) if inplace else F.leaky_relu(x)  # PyTorch's default slope (0.01) here, as HiFi-GAN
-        x = conv(self.conv_post, x, scale)[:, :, 0, : frames * math.prod(self.rates)]  # (B, 1, samples)
+        x = conv(self.conv_post, x, scale)[:, :, 0]  # (B, 1, samples)
+        x = x[..., : frames * math.prod(self.rates)] if padded else x
         return torch.tanh_(x) if inplace else torch.tanh(x)
 
 
