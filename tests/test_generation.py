@@ -588,14 +588,17 @@ def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
             ]
 
 
-def test_int8_linears_decode_like_float32(copy_model, lm_model) -> None:
+@pytest.mark.parametrize("bf16", [True, False])
+def test_int8_linears_decode_like_float32(copy_model, lm_model, bf16: bool) -> None:
     """A model with int8 linear layers (``--int8``) is a copy (the original keeps float32
     weights) and decodes the trained models' clear-margin outputs as float32 does: greedy and
-    beam search, both families, with padding in the batch."""
+    beam search, both families, with padding in the batch; its vocabulary projection bfloat16,
+    or float32 (``bf16=False``, a CPU without bfloat16 arithmetic)."""
     for model, inputs in (copy_model, lm_model[:2]):
-        quantized = int8_linears(model)
+        quantized = int8_linears(model, bf16=bf16)
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert not any(type(m) is torch.nn.Linear for m in quantized.modules())  # every one replaced
+        plain = [m for m in quantized.modules() if type(m) is torch.nn.Linear]  # every one replaced
+        assert plain == ([] if bf16 or isinstance(quantized.output, WideLinear) else [quantized.output])
         assert greedy(quantized, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
         beams = beam_search(quantized, inputs, beam_size=3, max_new_tokens=8)
         assert [h[0].tokens for h in beams] == [

@@ -80,7 +80,7 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
     return packed.requires_grad_(False)
 
 
-def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: bool | None = None) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
     vocabulary projection (the model's ``output``, often tied to the embedding) is kept in bfloat16
@@ -96,6 +96,13 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
     bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
     costs the rest. A decoding step of a speech model reads the vocabulary projection most.
 
+    ``bf16``: whether the layers kept in float (the vocabulary projection, a float decoder, the
+    int8 layers' huge products) are bfloat16; None: where the CPU has bfloat16 arithmetic
+    (:func:`qkv.int8.native_bf16`). Without it they stay float32, widening ones transposed
+    (:class:`qkv.layers.WideLinear`) and with no near-ties to recompute: emulated bfloat16 costs
+    several times float32 there (AMD EPYC with AVX2 alone, base translation model, int8 greedy batch
+    32: the encoder's products and the vocabulary projection in bfloat16 took most of the time).
+
     Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
     int8 weights with float activations on 45; with the output projection in bfloat16, 49.
@@ -110,10 +117,18 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
 
     from torch import nn
 
-    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat
-    from qkv.layers import PackedLinear, packable
+    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat, native_bf16
+    from qkv.layers import PackedLinear, WideLinear, packable
 
-    bf16 = PackedLinear if packable() else Bf16Linear
+    bf16 = native_bf16() if bf16 is None else bf16
+    packed = PackedLinear if packable() else Bf16Linear
+
+    def kept(child: nn.Linear, *, output: bool) -> nn.Module:
+        """A layer kept in float: bfloat16 (the output's near-ties in float32 where asked), or float32."""
+        if not bf16:
+            return WideLinear(child) if child.out_features > child.in_features else child
+        return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
+
     quantized = copy.deepcopy(model).eval()
     decoder = getattr(quantized, "decoder", None) if float_decoder else None
     in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
@@ -122,7 +137,9 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
             if not isinstance(child, nn.Linear):
                 continue
             if parent is quantized and name == "output":
-                setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else bf16(child))
+                setattr(parent, name, kept(child, output=True))
+            elif id(parent) in in_decoder:
+                setattr(parent, name, kept(child, output=False))
             else:
-                setattr(parent, name, bf16(child) if id(parent) in in_decoder else Int8Linear(child))
+                setattr(parent, name, Int8Linear(child, bf16=bf16))
     return quantized.requires_grad_(False)
