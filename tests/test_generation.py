@@ -1001,3 +1001,30 @@ def test_banned_tokens_never_appear_and_bad_ids_are_refused() -> None:
         assert all(not set(h.tokens) & set(banned) for h in hyps)
     with pytest.raises(ValueError, match="banned tokens"):
         greedy(model, sources, max_new_tokens=8, scorers=[BannedTokens([TGT_V])])
+
+
+@pytest.mark.parametrize(
+    ("positions", "overrides"),
+    [
+        ("sinusoidal", {}),
+        ("sinusoidal", {"norm_first": False}),
+        ("rope", {"n_kv_heads": 1, "qk_norm": True}),
+        ("alibi", {"sandwich_norm": True, "activation": "swiglu"}),
+    ],
+)
+@pytest.mark.parametrize("fused", [False, True])
+def test_ragged_encoding_equals_the_padded_one_at_the_real_positions(positions: str, overrides: dict, fused) -> None:
+    """The encoder's ragged path (decoding: the padding's rows skip every position-wise product)
+    equals the padded computation at every real position, writes zeros at the padding, and a
+    batch with padding decodes as its inputs one by one (no padding, so the padded path)."""
+    model = make_ed(positions, seed=11, **overrides)
+    model = for_decoding(model) if fused else model
+    rows = _random_rows([7, 3, 5, 1], SRC_V, seed=11)
+    src = torch.tensor([r + [PAD] * (7 - len(r)) for r in rows])  # (B, S)
+    valid = src != PAD  # (B, S)
+    with torch.no_grad():
+        padded = model.encode(src, src_mask=valid)  # (B, S, D)
+        ragged = model.encode(src, src_mask=valid, ragged=True)  # (B, S, D)
+    assert torch.allclose(ragged[valid], padded[valid], atol=1e-5)
+    assert not ragged[~valid].any()
+    assert greedy(model, rows, max_new_tokens=6) == [greedy(model, [r], max_new_tokens=6)[0] for r in rows]
