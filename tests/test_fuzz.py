@@ -1158,7 +1158,9 @@ def test_a_batch_that_would_not_fit_is_decoded_in_parts_with_the_same_outputs(mo
     calls = []
     real = model.encode  # each part of the search reads its sources once
     monkeypatch.setattr(
-        model, "encode", lambda src, src_mask=None: calls.append(len(src)) or real(src, src_mask=src_mask)
+        model,
+        "encode",
+        lambda src, src_mask=None, ragged=False: calls.append(len(src)) or real(src, src_mask=src_mask, ragged=ragged),
     )
     # Room for about 7 inputs at a time: the 40 are decoded in 6 parts.
     monkeypatch.setenv("QKV_MAX_MEMORY", str(int(7.5 * one / generation.DECODING_SHARE)))

@@ -609,14 +609,18 @@ def test_bfloat16_weights_decode_like_float32(copy_model, lm_model) -> None:
             ]
 
 
-def test_int8_linears_decode_like_float32(copy_model, lm_model) -> None:
+@pytest.mark.parametrize("bf16", [True, False])
+def test_int8_linears_decode_like_float32(copy_model, lm_model, bf16: bool) -> None:
     """A model with int8 linear layers (``--int8``) is a copy (the original keeps float32
     weights) and decodes the trained models' clear-margin outputs as float32 does: greedy and
-    beam search, both families, with padding in the batch."""
+    beam search, both families, with padding in the batch; its vocabulary projection from two
+    rows bfloat16, or float32 (``bf16=False``, a CPU without bfloat16 arithmetic)."""
     for model, inputs in (copy_model, lm_model[:2]):
-        quantized = int8_linears(model)
+        quantized = int8_linears(model, bf16=bf16)
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert not any(type(m) is torch.nn.Linear for m in quantized.modules())  # every one replaced
+        plain = [m for m in quantized.modules() if type(m) is torch.nn.Linear]  # every one replaced
+        many = quantized.output.many  # from two rows; one row: float16 with float32 near-ties
+        assert plain == ([] if bf16 or isinstance(many, WideLinear) else [many])
         assert greedy(quantized, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
         beams = beam_search(quantized, inputs, beam_size=3, max_new_tokens=8)
         assert [h[0].tokens for h in beams] == [
@@ -1019,3 +1023,30 @@ def test_banned_tokens_never_appear_and_bad_ids_are_refused() -> None:
         assert all(not set(h.tokens) & set(banned) for h in hyps)
     with pytest.raises(ValueError, match="banned tokens"):
         greedy(model, sources, max_new_tokens=8, scorers=[BannedTokens([TGT_V])])
+
+
+@pytest.mark.parametrize(
+    ("positions", "overrides"),
+    [
+        ("sinusoidal", {}),
+        ("sinusoidal", {"norm_first": False}),
+        ("rope", {"n_kv_heads": 1, "qk_norm": True}),
+        ("alibi", {"sandwich_norm": True, "activation": "swiglu"}),
+    ],
+)
+@pytest.mark.parametrize("fused", [False, True])
+def test_ragged_encoding_equals_the_padded_one_at_the_real_positions(positions: str, overrides: dict, fused) -> None:
+    """The encoder's ragged path (decoding: the padding's rows skip every position-wise product)
+    equals the padded computation at every real position, writes zeros at the padding, and a
+    batch with padding decodes as its inputs one by one (no padding, so the padded path)."""
+    model = make_ed(positions, seed=11, **overrides)
+    model = for_decoding(model) if fused else model
+    rows = _random_rows([7, 3, 5, 1], SRC_V, seed=11)
+    src = torch.tensor([r + [PAD] * (7 - len(r)) for r in rows])  # (B, S)
+    valid = src != PAD  # (B, S)
+    with torch.no_grad():
+        padded = model.encode(src, src_mask=valid)  # (B, S, D)
+        ragged = model.encode(src, src_mask=valid, ragged=True)  # (B, S, D)
+    assert torch.allclose(ragged[valid], padded[valid], atol=1e-5)
+    assert not ragged[~valid].any()
+    assert greedy(model, rows, max_new_tokens=6) == [greedy(model, [r], max_new_tokens=6)[0] for r in rows]

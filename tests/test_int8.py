@@ -2,9 +2,11 @@
 matmul → dequantize computed by hand; with a few rows the int8-weight kernel equals it up to
 bfloat16 rounding, with one row or many the int8 kernel (activations quantized per row, outlier
 features in float) within half a quantization step per activation, and the row count picks the
-path on both sides of each threshold; the copy replaces every linear layer, the encoder's
-included, and keeps the vocabulary projection in bfloat16; a speech model's copy keeps its
-decoder in bfloat16 and the vocabulary's near-ties in float32 (found block by block as a whole
+path on both sides of each threshold (huge products: bfloat16, or float32's exact product where
+the CPU has no bfloat16 arithmetic); the copy replaces every linear layer, the encoder's
+included, and keeps the vocabulary projection in bfloat16, or in float32 without bfloat16
+arithmetic; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's near-ties in
+float32 (or both float32) (found block by block as a whole
 comparison finds them; the argmax is float32's where bfloat16 alone flips it). Slow: on the real
 Whisper tiny.en, int8 transcripts equal float32's on at least 95% of FSDD test files (greedy)."""
 
@@ -94,7 +96,7 @@ def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
     rows: int8 activations with a scale per row, within half a quantization step per activation;
     the rows are of very different sizes, so one scale for the whole tensor would break the quiet
     rows' bound."""
-    layer = Int8Linear(_linear(k, 13, seed=rows))
+    layer = Int8Linear(_linear(k, 13, seed=rows), bf16=True)
     x = torch.randn(rows, k) * torch.logspace(-3, 2, rows)[:, None]  # (rows, K): quiet and loud rows
     reference = int8_linear(x, layer.q, layer.scale, layer.bias)  # (rows, 13)
     got = layer(x)
@@ -107,13 +109,25 @@ def test_fast_paths_equal_the_explicit_product(k: int, rows: int) -> None:
     assert torch.allclose(layer(x[None]), got[None])  # (1, rows, K): the rows of any shape count
 
 
+def test_huge_products_without_bfloat16_are_the_float32_product() -> None:
+    """Where bfloat16 is emulated (``bf16=False``), from HUGE_ROWS rows on the product is
+    int8_linear's float32 one itself; below, the paths are as with bfloat16."""
+    layer, bf16 = Int8Linear(_linear(32, 13, seed=6), bf16=False), Int8Linear(_linear(32, 13, seed=6), bf16=True)
+    for rows in (1, 2, MANY_ROWS, HUGE_ROWS - 1, HUGE_ROWS, HUGE_ROWS + 7):
+        x = torch.randn(rows, 32)
+        want = "explicit" if rows >= HUGE_ROWS else bf16.path(x)
+        assert layer.path(x) == want and bf16.path(x) != "explicit"
+    x = torch.randn(HUGE_ROWS + 7, 32)
+    assert torch.equal(layer(x), int8_linear(x, layer.q, layer.scale, layer.bias))
+
+
 def test_the_row_count_picks_the_path_on_both_sides_of_the_thresholds() -> None:
     """Every row is one outlier feature and many features just under half a step of the row's int8
     grid, signed as output 1's weights: int8 activations round them all to zero, which costs
     output 1 their whole sum; bfloat16 ones keep them. From 2 to MANY_ROWS - 1 rows and from
     HUGE_ROWS on the output is within bfloat16 rounding of the explicit product; with one row and
     from MANY_ROWS to HUGE_ROWS - 1 it is not (within the int8 bound)."""
-    layer = Int8Linear(_linear(32, 13, seed=1))
+    layer = Int8Linear(_linear(32, 13, seed=1), bf16=True)
     x = torch.empty(HUGE_ROWS, 32)
     x[:, 0] = 1.0
     x[:, 1:] = 0.9 / (2 * ACTIVATION_LEVELS) * layer.q[1, 1:].float().sign()  # (M, K - 1)
@@ -169,14 +183,33 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     model = SpeechEncoderDecoder(config).eval()
     from qkv.layers import PackedLinear  # the same bf16 product, packed once where oneDNN runs bf16
 
-    quantized = int8_linears(for_decoding(model))
-    output = quantized.output  # float16 with float32 near-ties; where oneDNN runs bfloat16, that at one row
-    near = output.one if isinstance(output, ByRows) else output
-    assert isinstance(near, NearTiesInFloat) and isinstance(near.fast, Fp16Linear)
-    assert not isinstance(output, ByRows) or isinstance(output.many, PackedLinear)
+    quantized = int8_linears(for_decoding(model), bf16=True)
+    output = quantized.output  # float16 with float32 near-ties at one row, packed bfloat16 from two
+    assert isinstance(output, ByRows) and isinstance(output.many, Bf16Linear | PackedLinear)
+    assert isinstance(output.one, NearTiesInFloat) and isinstance(output.one.fast, Fp16Linear)
     assert any(isinstance(m, Int8Linear) for m in quantized.encoder.modules())
     assert not any(type(m) is nn.Linear for m in quantized.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
+
+
+def test_int8_copy_without_bfloat16_keeps_the_output_in_float32() -> None:
+    """``bf16=False`` (a CPU that emulates bfloat16): the vocabulary projection is float32, its
+    logits the float32 model's up to summation order; the other linear layers int8, whose huge
+    products are float32 too."""
+    torch.manual_seed(3)
+    config = SpeechConfig(
+        vocab_size=11, features=FeatureConfig(n_mels=7), d_model=16, n_heads=2, d_ff=32,
+        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
+    )  # fmt: skip
+    model = SpeechEncoderDecoder(config).eval()
+    quantized = int8_linears(for_decoding(model), bf16=False)
+    layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
+    assert layers and not any(m.huge_bf16 for m in layers)
+    assert not any(isinstance(m, Bf16Linear) for m in quantized.modules())
+    h = torch.randn(5, 16)
+    assert torch.allclose(quantized.output(h), model.output(h), atol=1e-5)
+    one = h[:1]  # one row: float16 weights, the argmax float32's
+    assert torch.equal(quantized.output(one).argmax(-1), model.output(one).argmax(-1))
 
 
 @pytest.mark.parametrize("block", [5, 64])
@@ -278,13 +311,13 @@ def test_fp16_near_ties_in_float_keep_float32_argmax_where_float16_flips_it() ->
 
 
 def test_text_int8_copy_without_bf16_arithmetic_has_a_float16_vocabulary_with_float32_argmax(monkeypatch) -> None:
-    """Where oneDNN does not run bfloat16 (as on AVX2-only CPUs), a text model's int8 copy holds
-    its vocabulary projection in float16 under float32 near-ties, and greedy decoding (one row a
-    step, then three) picks the tokens that the same copy with a float32 vocabulary projection
-    picks; where oneDNN runs bfloat16, that at one row and packed bfloat16 from two, as before."""
+    """Without bfloat16 arithmetic (as on AVX2-only CPUs), a text model's int8 copy holds its
+    vocabulary projection at one row in float16 under float32 near-ties and from two rows in
+    float32, and greedy decoding (one row a step, then three) picks the tokens that the same copy
+    with a float32 vocabulary projection picks; with bfloat16 arithmetic, packed bfloat16 from two."""
     import qkv.layers
     from qkv.decoding import greedy
-    from qkv.layers import PackedLinear
+    from qkv.layers import PackedLinear, WideLinear
     from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 
     torch.manual_seed(3)
@@ -292,10 +325,11 @@ def test_text_int8_copy_without_bf16_arithmetic_has_a_float16_vocabulary_with_fl
     model = for_decoding(DecoderOnly(config).eval())
     object.__setattr__(model.config, "eos_id", None)  # exactly the tokens asked for
     if qkv.layers.packable():
-        assert isinstance(int8_linears(model).output.many, PackedLinear)
+        assert isinstance(int8_linears(model, bf16=True).output.many, PackedLinear)
     monkeypatch.setattr(qkv.layers, "packable", lambda dtype=torch.bfloat16: False)  # as on AVX2-only CPUs
-    copy_ = int8_linears(model)
-    assert isinstance(copy_.output, NearTiesInFloat) and isinstance(copy_.output.fast, Fp16Linear)
+    copy_ = int8_linears(model, bf16=False)
+    assert isinstance(copy_.output, ByRows) and isinstance(copy_.output.many, WideLinear)
+    assert isinstance(copy_.output.one, NearTiesInFloat) and isinstance(copy_.output.one.fast, Fp16Linear)
     reference = copy.deepcopy(copy_)
     reference.output = model.output  # float32 logits, the rest the same int8 layers
     for prompts in ([[5, 7, 11]], [[5, 7, 11], [2, 3, 13], [17, 19, 23]]):
@@ -324,12 +358,17 @@ def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> 
         n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
     )  # fmt: skip
     model = SpeechEncoderDecoder(config).eval()
-    copy_ = int8_linears(for_decoding(model), float_decoder=True)
+    copy_ = int8_linears(for_decoding(model), float_decoder=True, bf16=True)
     assert isinstance(copy_.output, NearTiesInFloat)
     assert any(isinstance(m, Int8Linear) for m in copy_.encoder.modules())
     assert not any(isinstance(m, Int8Linear | nn.Linear) for m in copy_.decoder.modules())
     h = torch.randn(5, 16)
     assert torch.equal(copy_.output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
+    # without bfloat16 arithmetic: the decoder and the vocabulary projection float32, the encoder int8
+    float_ = int8_linears(for_decoding(model), float_decoder=True, bf16=False)
+    assert any(isinstance(m, Int8Linear) for m in float_.encoder.modules())
+    assert not any(isinstance(m, Int8Linear | Bf16Linear | NearTiesInFloat) for m in float_.decoder.modules())
+    assert torch.allclose(float_.output(h), model.output(h), atol=1e-5)
 
 
 @pytest.mark.slow

@@ -233,6 +233,25 @@ class EncoderBlock(nn.Module):
             x = self.norm_2(x + self._ff_block(x))  # (B, S, D)
         return x
 
+    def forward_rows(
+        self, rows: Tensor, *, where: Tensor, shape: tuple[int, int], mask: Tensor | None, bias: Tensor | None,
+        positions: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """:meth:`forward` over a padded batch's real positions alone (``rows``, the positions
+        ``where`` of the B·S in ``shape``): norms, projections, the feed-forward and the residual
+        additions on the N real rows (they are position-wise), attention on the padded layout
+        (:meth:`~qkv.attention.MultiHeadAttention.forward_rows`). Shapes: (N, D) -> (N, D)."""
+
+        def sa(h: Tensor) -> Tensor:
+            h = self.self_attn.forward_rows(h, where=where, shape=shape, mask=mask, bias=bias, positions=positions)
+            return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h))  # (N, D)
+
+        if self.norm_first:
+            rows = rows + sa(self.norm_1(rows))  # (N, D)
+            return rows + self._ff_block(self.norm_2(rows))  # (N, D)
+        rows = self.norm_1(rows + sa(rows))  # (N, D)
+        return self.norm_2(rows + self._ff_block(rows))  # (N, D)
+
     def _sa_block(self, x: Tensor, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
         h, _, _ = self.self_attn(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
         return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h))
@@ -360,6 +379,11 @@ class EncoderStack(nn.Module):
     final norm of a pre-norm stack (Xiong et al., 2020), whose residual stream would
     otherwise never be normalized. ``key_bias`` goes to every block.
 
+    ``ragged`` (decoding, where nothing reads the padding's outputs): with padding in the batch,
+    every position-wise part (norms, projections, feed-forward) runs on the real positions alone
+    (:meth:`EncoderBlock.forward_rows`) and the padding's outputs are zeros; the real positions'
+    outputs equal the padded computation's up to float rounding (tested).
+
     Shapes:
         x: (B, S, D); valid: (B, S) bool, True for real tokens (None: all real);
         positions: (B, S) or (S,). Returns (B, S, D).
@@ -372,10 +396,16 @@ class EncoderStack(nn.Module):
         self.alibi = config.positions == "alibi"
         self.n_heads = config.n_heads
 
-    def forward(self, x: Tensor, *, valid: Tensor | None, positions: Tensor) -> Tensor:
-        s = x.shape[1]
+    def forward(self, x: Tensor, *, valid: Tensor | None, positions: Tensor, ragged: bool = False) -> Tensor:
+        b, s, d = x.shape
         mask = padding_mask(valid) if valid is not None else None  # (B, 1, 1, S)
         bias = alibi_bias(self.n_heads, s, s, causal=False, device=x.device) if self.alibi else None  # (1, H, S, S)
+        if ragged and valid is not None and not bool(valid.all()):
+            where = valid.reshape(-1).nonzero().squeeze(1)  # (N,) the real positions among the B·S
+            rows = x.reshape(b * s, d).index_select(0, where)  # (N, D)
+            for block in self.blocks:
+                rows = block.forward_rows(rows, where=where, shape=(b, s), mask=mask, bias=bias, positions=positions)
+            return x.new_zeros(b * s, d).index_copy_(0, where, self.norm(rows)).view(b, s, d)  # (B, S, D)
         for block in self.blocks:
             x = block(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
         return self.norm(x)

@@ -80,12 +80,12 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
     return packed.requires_grad_(False)
 
 
-def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: bool | None = None) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
-    vocabulary projection (the model's ``output``, often tied to the embedding) is kept in float16
-    with the logits that could be the largest recomputed in float32, and where oneDNN runs bfloat16
-    in packed bfloat16 too, for calls of more than one row (:func:`_vocabulary`).
+    vocabulary projection (the model's ``output``, often tied to the embedding) is float16 at one
+    row, with the logits that could be the largest recomputed in float32, and from two rows kept in
+    float as ``bf16`` says below (:func:`_vocabulary`).
     Embeddings, norms, convolutions and attention arithmetic stay float32.
 
     ``float_decoder`` (what speech models get): the decoder's linear layers in bfloat16 instead
@@ -97,6 +97,13 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
     bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
     costs the rest. A decoding step of a speech model reads the vocabulary projection most.
 
+    ``bf16``: whether the layers kept in float (the vocabulary projection, a float decoder, the
+    int8 layers' huge products) are bfloat16; None: where the CPU has bfloat16 arithmetic
+    (:func:`qkv.int8.native_bf16`). Without it they stay float32, widening ones transposed
+    (:class:`qkv.layers.WideLinear`) and with no near-ties to recompute: emulated bfloat16 costs
+    several times float32 there (AMD EPYC with AVX2 alone, base translation model, int8 greedy batch
+    32: the encoder's products and the vocabulary projection in bfloat16 took most of the time).
+
     Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
     int8 weights with float activations on 45; with the output projection in bfloat16, 49.
@@ -107,14 +114,22 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
     import copy
 
     if isinstance(model, Ensemble):
-        return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder) for m in model.models))
+        return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder, bf16=bf16) for m in model.models))
 
     from torch import nn
 
-    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat
-    from qkv.layers import PackedLinear, packable
+    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat, native_bf16
+    from qkv.layers import PackedLinear, WideLinear, packable
 
-    bf16 = PackedLinear if packable() else Bf16Linear
+    bf16 = native_bf16() if bf16 is None else bf16
+    packed = PackedLinear if packable() else Bf16Linear
+
+    def kept(child: nn.Linear, *, output: bool) -> nn.Module:
+        """A layer kept in float: bfloat16 (the output's near-ties in float32 where asked), or float32."""
+        if not bf16:
+            return WideLinear(child) if child.out_features > child.in_features else child
+        return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
+
     quantized = copy.deepcopy(model).eval()
     decoder = getattr(quantized, "decoder", None) if float_decoder else None
     in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
@@ -123,36 +138,29 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False) -> Decodi
             if not isinstance(child, nn.Linear):
                 continue
             if parent is quantized and name == "output":
-                setattr(parent, name, NearTiesInFloat(child, bf16(child)) if float_decoder else _vocabulary(child))
+                setattr(parent, name, kept(child, output=True) if float_decoder else _vocabulary(child, kept))
+            elif id(parent) in in_decoder:
+                setattr(parent, name, kept(child, output=False))
             else:
-                setattr(parent, name, bf16(child) if id(parent) in in_decoder else Int8Linear(child))
+                setattr(parent, name, Int8Linear(child, bf16=bf16))
     return quantized.requires_grad_(False)
 
 
-def _vocabulary(linear):
-    """A text model's int8 vocabulary projection: float16 weights in fbgemm's kernel
-    (:class:`qkv.int8.Fp16Linear`, as many bytes as bfloat16) with the logits that could be the
-    largest recomputed in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is
-    float32's). Where oneDNN runs bfloat16 (:func:`qkv.layers.packable`) only for one row, with a
-    second copy in packed bfloat16 (:class:`qkv.layers.PackedLinear`) for two rows and more, as
-    before (:class:`qkv.int8.ByRows`). Why: a batch-1 int8 step reads this projection most. Without
-    bfloat16 arithmetic ``F.linear`` in bfloat16 converts its operands: SmolLM2-135M's 49152 × 576
-    took about twice fbgemm's float16 kernel's CPU time at one row and five to six times at 8 to 256
-    rows (AMD EPYC with AVX2, under contention; docs/speed.md); where oneDNN runs bfloat16, the
-    float16 kernel read it faster at one row but slower from 40 rows on (docs/speed.md)."""
-    from qkv.int8 import (
-        FP16_SUBNORMAL_ERROR,
-        Bf16Linear,
-        ByRows,
-        Fp16Linear,
-        NearTiesInFloat,
-        fp16_fits,
-        fp16_product_error,
-    )
-    from qkv.layers import PackedLinear, packable
+def _vocabulary(linear, kept):
+    """A text model's int8 vocabulary projection: at one row (a batch-1 decoding step, which reads
+    this projection most) float16 weights in fbgemm's kernel (:class:`qkv.int8.Fp16Linear`, half
+    float32's bytes) with the logits that could be the largest recomputed in float32
+    (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is float32's); from two rows on the layer
+    as ``kept`` keeps it (packed bfloat16 where the CPU has bfloat16 arithmetic, else float32), both
+    in :class:`qkv.int8.ByRows`. Why: SmolLM2-135M's 49152 × 576 at one row took fbgemm's float16
+    kernel about half the CPU time of bfloat16 ``F.linear`` on an AVX2 CPU, and read it faster than
+    packed bfloat16 where oneDNN runs bfloat16, but was slower from 40 rows on (docs/speed.md).
+    Weights beyond float16's range keep ``kept``'s layer for every row."""
+    from qkv.int8 import FP16_SUBNORMAL_ERROR, ByRows, Fp16Linear, NearTiesInFloat, fp16_fits, fp16_product_error
 
+    many = kept(linear, output=False)
     if not fp16_fits(linear.weight):
-        return PackedLinear(linear) if packable() else Bf16Linear(linear)
+        return many
     error = fp16_product_error(linear.in_features)
     near = NearTiesInFloat(linear, Fp16Linear(linear), error=error, absolute=FP16_SUBNORMAL_ERROR)
-    return ByRows(near, PackedLinear(linear)) if packable() else near
+    return ByRows(near, many)

@@ -26,17 +26,20 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   after, so one row's outlier coarsens no other row. The weights' bytes are read once for all rows
   and the arithmetic is integer: with many rows this is what bounds the step.
 * huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
-  dequantized for the call, float activations again (int8 ones lost Whisper's words there).
+  dequantized for the call, float activations again (int8 ones lost Whisper's words there); on a
+  CPU without bfloat16 arithmetic (:func:`native_bf16`) the float32 product itself
+  (:func:`int8_linear`), as bfloat16 is emulated there at several times float32's cost.
 
 Why bfloat16 for the output projection, with its near-ties in float32: its logits decide every
 token, and int8 rows flip near ties (measured on Whisper tiny.en in docs/speed.md); bfloat16 ones
 still flip Whisper's final "4." against "4" on a few files in a hundred (docs/speech.md), so the few
 logits within bfloat16's error bound of the row's largest are recomputed in float32, and the argmax
-is float32's. Where the CPU has no bfloat16 arithmetic, text models' output projection is float16
-(:class:`Fp16Linear`, the same bytes, a faster kernel there) with its near-ties in float32 too; int8
-rows with int8 activations were no candidate: the activations entering SmolLM2's vocabulary
-projection reach |x| ≈ 50 (norm ≈ 50), so half an activation step's error bound covered every
-logit. The copying of a model is in ``decoding_copies.int8_linears``.
+is float32's. On a CPU without bfloat16 arithmetic the copy keeps its float layers in float32
+(exact logits, and faster there than emulated bfloat16). A text model's output projection at one
+row (a batch-1 step) is float16 (:class:`Fp16Linear`, half float32's bytes, fbgemm's kernel) with
+its near-ties in float32 too; int8 rows with int8 activations were no candidate: the activations
+entering SmolLM2's vocabulary projection reach |x| ≈ 50 (norm ≈ 50), so half an activation step's
+error bound covered every logit. The copying of a model is in ``decoding_copies.int8_linears``.
 
 What is not here: which layers a model gets (``decoding_copies``); PyTorch's per-tensor dynamic
 quantization as a whole-model pass (what ``--int8`` used before: 7-bit activations on one scale per
@@ -50,6 +53,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from qkv.layers import packable
 
 INT8_MAX = 127  # symmetric: [-127, 127], so -x quantizes to -q
 FAST_MULTIPLE = 16  # torch._weight_int8pack_mm's CPU kernel needs in_features % 16 == 0 (others crash)
@@ -71,6 +76,15 @@ def _vnni() -> bool:
     the int16 pair sums, and its "reduce range" (7 bits) avoids that."""
     have = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     return any(have.get(flag) for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX, what oneDNN's bfloat16
+    kernels need: :func:`qkv.layers.packable`). Without it oneDNN and PyTorch emulate bfloat16, and
+    a product in bfloat16 costs several times float32's: on an AMD EPYC with AVX2 alone (torch 2.13,
+    one thread, under contention, 2026-12-07) 1,024 x 512 x 2,048 took 296 ms against 48 ms, the
+    vocabulary projection of 32 rows (32 x 512 x 8,000) 30.2 ms against 6.3 ms (weight transposed)."""
+    return packable(torch.bfloat16)
 
 
 # An activation beyond this is an outlier feature (LLM.int8()'s threshold, Dettmers et al., 2022, section 3.2):
@@ -123,14 +137,17 @@ class Int8Linear(nn.Module):
     × Σ|w| (tested). Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
-    :func:`int8_linear` itself. Inference only.
+    :func:`int8_linear` itself. ``bf16``: whether huge products run in bfloat16 (None: where
+    the CPU has bfloat16 arithmetic, :func:`native_bf16`); if not, they are :func:`int8_linear`'s
+    float32 product. Inference only.
 
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.huge_bf16 = native_bf16() if bf16 is None else bf16
         q, scale = quantize_channels(linear.weight)
         self.register_buffer("q", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
@@ -144,15 +161,15 @@ class Int8Linear(nn.Module):
         (int8 activations on the row's own range, outliers apart); from :data:`MANY_ROWS` to
         :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
         one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
-        call); other rows "weight-only" (the int8-weight kernel) where ``in_features`` allows, else
-        "explicit"."""
+        call), or "explicit" where bfloat16 is not this layer's (``huge_bf16``); other rows
+        "weight-only" (the int8-weight kernel) where ``in_features`` allows, else "explicit"."""
         rows = x.numel() // max(self.in_features, 1)
         if x.device.type != "cpu":
             return "explicit"
         if rows == 1:
             return "int8 row"
         if rows >= MANY_ROWS:
-            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM"
+            return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM" if self.huge_bf16 else "explicit"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:

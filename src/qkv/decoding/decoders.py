@@ -269,7 +269,8 @@ class TextEncoderDecoder(_EncoderDecoderBase):
     def read(self, inputs: Inputs) -> tuple[Tensor, Tensor]:
         device = self.device
         src, src_mask = pad_rows(inputs, self.model.config.pad_id, left=False, device=device)  # (B, S)
-        return self.model.encode(src, src_mask=src_mask), src_mask  # (B, S, D), (B, S)
+        # ragged: the padding's rows skip the encoder's products (cross-attention masks them anyway)
+        return self.model.encode(src, src_mask=src_mask, ragged=True), src_mask  # (B, S, D), (B, S)
 
     def check_rows(self, inputs: Inputs) -> None:
         for i, row in enumerate(inputs):

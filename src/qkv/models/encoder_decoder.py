@@ -92,8 +92,10 @@ class EncoderDecoder(nn.Module):
         if c.tie_output:
             self.output.weight = self.tgt_embed.token.weight
 
-    def encode(self, src: Tensor, *, src_mask: Tensor | None = None) -> Tensor:
+    def encode(self, src: Tensor, *, src_mask: Tensor | None = None, ragged: bool = False) -> Tensor:
         """Read the source. ``src_mask`` (B, S) bool marks real tokens (default: src != pad).
+        ``ragged`` (decoding): the padding's positions are left out of every position-wise
+        product and come out as zeros (:class:`~qkv.blocks.EncoderStack`).
 
         Shapes: src (B, S) -> memory (B, S, D).
         """
@@ -101,7 +103,7 @@ class EncoderDecoder(nn.Module):
             src_mask = src != self.config.pad_id
         positions = torch.arange(src.shape[1], device=src.device)  # (S,)
         x = self.src_embed(src, positions)  # (B, S, D)
-        return self.encoder(x, valid=src_mask, positions=positions)  # (B, S, D)
+        return self.encoder(x, valid=src_mask, positions=positions, ragged=ragged)  # (B, S, D)
 
     def decode(
         self,
