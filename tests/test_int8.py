@@ -192,16 +192,21 @@ def test_int8_copy_quantizes_the_encoder_and_keeps_the_output_in_bf16() -> None:
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the original is untouched
 
 
-def test_int8_copy_without_bfloat16_keeps_the_output_in_float32() -> None:
-    """``bf16=False`` (a CPU that emulates bfloat16): the vocabulary projection is float32, its
-    logits the float32 model's up to summation order; the other linear layers int8, whose huge
-    products are float32 too."""
+def _tiny_speech_model() -> SpeechEncoderDecoder:
+    """A random speech encoder-decoder of one layer each (seed 3), in eval mode."""
     torch.manual_seed(3)
     config = SpeechConfig(
         vocab_size=11, features=FeatureConfig(n_mels=7), d_model=16, n_heads=2, d_ff=32,
         n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
     )  # fmt: skip
-    model = SpeechEncoderDecoder(config).eval()
+    return SpeechEncoderDecoder(config).eval()
+
+
+def test_int8_copy_without_bfloat16_keeps_the_output_in_float32() -> None:
+    """``bf16=False`` (a CPU that emulates bfloat16): the vocabulary projection is float32, its
+    logits the float32 model's up to summation order; the other linear layers int8, whose huge
+    products are float32 too."""
+    model = _tiny_speech_model()
     quantized = int8_linears(for_decoding(model), bf16=False)
     layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
     assert layers and not any(m.huge_bf16 for m in layers)
@@ -352,12 +357,7 @@ def test_by_rows_sends_one_row_to_one_copy_and_more_to_the_other() -> None:
 def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> None:
     """``float_decoder``: the encoder int8, the decoder bfloat16, the vocabulary projection's
     argmax float32's; the decoding step's logits match the float32 model's argmax."""
-    torch.manual_seed(3)
-    config = SpeechConfig(
-        vocab_size=11, features=FeatureConfig(n_mels=7), d_model=16, n_heads=2, d_ff=32,
-        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
-    )  # fmt: skip
-    model = SpeechEncoderDecoder(config).eval()
+    model = _tiny_speech_model()
     copy_ = int8_linears(for_decoding(model), float_decoder=True, bf16=True)
     assert isinstance(copy_.output, NearTiesInFloat)
     assert any(isinstance(m, Int8Linear) for m in copy_.encoder.modules())
