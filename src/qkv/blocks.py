@@ -225,13 +225,7 @@ class EncoderBlock(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, x: Tensor, *, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
-        if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
-            x = x + self._sa_block(self.norm_1(x), mask, bias, positions)  # (B, S, D)
-            x = x + self._ff_block(self.norm_2(x))  # (B, S, D)
-        else:  # post-norm: Norm(x + Sublayer(x))
-            x = self.norm_1(x + self._sa_block(x, mask, bias, positions))  # (B, S, D)
-            x = self.norm_2(x + self._ff_block(x))  # (B, S, D)
-        return x
+        return self._residuals(x, lambda h: self._sa_block(h, mask, bias, positions))  # (B, S, D)
 
     def forward_rows(
         self, rows: Tensor, *, where: Tensor, shape: tuple[int, int], mask: Tensor | None, bias: Tensor | None,
@@ -246,11 +240,17 @@ class EncoderBlock(nn.Module):
             h = self.self_attn.forward_rows(h, where=where, shape=shape, mask=mask, bias=bias, positions=positions)
             return self.dropout(h if self.post_norm_1 is None else self.post_norm_1(h))  # (N, D)
 
-        if self.norm_first:
-            rows = rows + sa(self.norm_1(rows))  # (N, D)
-            return rows + self._ff_block(self.norm_2(rows))  # (N, D)
-        rows = self.norm_1(rows + sa(rows))  # (N, D)
-        return self.norm_2(rows + self._ff_block(rows))  # (N, D)
+        return self._residuals(rows, sa)  # (N, D)
+
+    def _residuals(self, x: Tensor, sa) -> Tensor:
+        """The block's two sublayers around ``sa`` (self-attention of its input) and the
+        feed-forward, pre-norm or post-norm (Vaswani et al., 2017; Xiong et al., 2020), for the
+        padded batch and its real rows alike. Shapes: (..., D) -> (..., D)."""
+        if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
+            x = x + sa(self.norm_1(x))  # (..., D)
+            return x + self._ff_block(self.norm_2(x))  # (..., D)
+        x = self.norm_1(x + sa(x))  # post-norm: Norm(x + Sublayer(x))
+        return self.norm_2(x + self._ff_block(x))  # (..., D)
 
     def _sa_block(self, x: Tensor, mask: Tensor | None, bias: Tensor | None, positions: Tensor) -> Tensor:
         h, _, _ = self.self_attn(x, mask=mask, bias=bias, positions=positions)  # (B, S, D)
