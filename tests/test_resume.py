@@ -219,13 +219,20 @@ def test_kills_during_saves_never_leave_a_partial_checkpoint(tmp_path):
         next(model.parameters()).fill_(0)
     began = time.perf_counter()
     save_checkpoint(model, last, files={}, extra={"version": 0}, trainer=trainer, progress={"version": 0})
-    window = max(0.02, 4 * (time.perf_counter() - began))  # kills land within a few saves, on any machine
+    one_save = time.perf_counter() - began
     rng = random.Random(0)
     versions = set()
     for kill in range(80):
+        # The child says when each save has finished; the parent waits for 0-2 of them, then kills at
+        # a random moment of the next save (or the one after): timed from the child's own progress,
+        # so a loaded machine (slow fork, slow saves) moves the kills with it instead of before them.
+        done_before_kill = kill % 3
+        ready, said = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: save new versions until killed
             try:
+                os.close(ready)
+                os.write(said, b"s")  # started
                 for version in range(kill * 1000 + 1, kill * 1000 + 1000):
                     with torch.no_grad():
                         next(model.parameters()).fill_(version)
@@ -237,11 +244,16 @@ def test_kills_during_saves_never_leave_a_partial_checkpoint(tmp_path):
                         trainer=trainer,
                         progress={"version": version},
                     )
+                    os.write(said, b".")
             finally:
                 os._exit(0)
-        time.sleep(rng.uniform(0, window))
+        os.close(said)
+        for _ in range(1 + done_before_kill):
+            assert os.read(ready, 1)
+        time.sleep(rng.uniform(0, 2 * one_save))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        os.close(ready)
         if not last.exists():  # killed between the two renames: the previous one waits as .last.old
             os.replace(tmp_path / ".last.old", last)
         loaded = _tiny_gpt()
@@ -249,10 +261,13 @@ def test_kills_during_saves_never_leave_a_partial_checkpoint(tmp_path):
         # The weights, the training state and the config of one and the same save:
         assert read_meta(last)["version"] == version
         assert torch.all(next(loaded.parameters()) == version)
+        # Never older than the last save the child finished; never one it had not begun.
+        latest_done = kill * 1000 + done_before_kill if done_before_kill else max(versions, default=0)
+        assert latest_done <= version <= kill * 1000 + 999
         versions.add(version)
-    # The kills landed at many different moments (a kill before the child's first save reads the
-    # version before it again: 19 of 80 distinct on a quiet machine, more under load).
-    assert len(versions) > 10
+    # The kills landed at many different moments: every kill after a finished save reads a version
+    # of its own, and the kills before one read the previous or the new.
+    assert len(versions) > 50
     # The trainer's state is staged beside the checkpoint (not in /tmp): what killed saves left
     # of it, the next save removes.
     save_checkpoint(model, last, files={}, extra={"version": -1}, trainer=trainer, progress={"version": -1})
