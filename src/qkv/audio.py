@@ -444,8 +444,9 @@ def _cached_filterbank(n_mels: int, n_fft: int, sample_rate: int, f_min: float, 
 
 
 @functools.lru_cache(maxsize=16)
-def _cached_window(win_length: int) -> Tensor:
-    return torch.hann_window(win_length, periodic=True)  # (win_length,): the periodic Hann, as librosa's
+def analysis_window(win_length: int) -> Tensor:
+    """The STFT's window: the periodic Hann, librosa's "hann" (win_length,). Cached: never written to."""
+    return torch.hann_window(win_length, periodic=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,17 +506,17 @@ def _as_waveform(waveform: Tensor | np.ndarray) -> Tensor:
     return x.to(torch.float32)
 
 
-def _stft(batch: Tensor, c: FeatureConfig, *, pad_mode: str) -> tuple[Tensor, Tensor]:
-    """The centred STFT (B, Y) -> (B, E, T) complex, and the mel filters (E, M) on its device.
+def centred_stft(batch: Tensor, c: FeatureConfig, *, pad_mode: str = "constant") -> Tensor:
+    """The centred STFT of the features and of :mod:`qkv.vocoder`: (B, Y) -> (B, E, T) complex.
 
     Frame t is centred on sample t·hop: the signal is padded by n_fft // 2 on both sides first
     (here rather than by ``torch.stft(center=True)``, whose zero padding is several times slower
-    than the transform itself on CPU).
+    than the transform itself on CPU); "constant" pads with zeros, librosa's default.
     """
-    window = _cached_window(c.win_length).to(batch.device)  # (win_length,)
+    window = analysis_window(c.win_length).to(batch.device)  # (win_length,)
     half = c.n_fft // 2
     padded = torch.nn.functional.pad(batch[:, None], (half, half), mode=pad_mode)[:, 0]  # (B, Y + 2·half)
-    spec = torch.stft(  # (B, E, T)
+    return torch.stft(  # (B, E, T)
         padded,
         c.n_fft,
         hop_length=c.hop_length,
@@ -524,8 +525,11 @@ def _stft(batch: Tensor, c: FeatureConfig, *, pad_mode: str) -> tuple[Tensor, Te
         center=False,
         return_complex=True,
     )
-    fb = _cached_filterbank(c.n_mels, c.n_fft, c.sample_rate, float(c.f_min), c.f_max).to(batch.device)  # (E, M)
-    return spec, fb
+
+
+def _filters(c: FeatureConfig, device: torch.device) -> Tensor:
+    """The mel filters (E, M) on ``device``."""
+    return _cached_filterbank(c.n_mels, c.n_fft, c.sample_rate, float(c.f_min), c.f_max).to(device)
 
 
 def _power(spec: Tensor) -> Tensor:
@@ -540,8 +544,8 @@ def _power(spec: Tensor) -> Tensor:
 
 def _logmel(batch: Tensor, c: FeatureConfig) -> Tensor:
     """ln(mel power) with zero padding at both ends, as librosa's default: (B, Y) -> (B, T, M)."""
-    spec, fb = _stft(batch, c, pad_mode="constant")  # (B, E, T), (E, M)
-    power = _power(spec)  # (B, T, E)
+    power = _power(centred_stft(batch, c))  # (B, T, E)
+    fb = _filters(c, batch.device)  # (E, M)
     mel = (power.reshape(-1, power.shape[-1]) @ fb).view(*power.shape[:2], -1)  # (B, T, M): one GEMM
     return mel.clamp_(min=c.floor).log_()
 
@@ -553,8 +557,8 @@ def _whisper(batch: Tensor, c: FeatureConfig) -> Tensor:
     floored at 1e-10, each utterance clipped to at most 8 below its maximum (a dynamic range of
     80 dB), then scaled by (x + 4) / 4 to lie roughly in [-1, 1].
     """
-    spec, fb = _stft(batch, c, pad_mode="reflect")  # (B, E, T+1), (E, M)
-    mel = _power(spec[..., :-1]) @ fb  # (B, T, M)
+    spec = centred_stft(batch, c, pad_mode="reflect")  # (B, E, T+1)
+    mel = _power(spec[..., :-1]) @ _filters(c, batch.device)  # (B, T, M)
     log = mel.clamp(min=LOG_FLOOR).log10()
     peak = log.amax(dim=(1, 2), keepdim=True)  # (B, 1, 1)
     log = torch.maximum(log, peak - 8.0)
@@ -589,7 +593,7 @@ def log10_mel(piece: Tensor, config: FeatureConfig) -> Tensor:
     """log10 of the mel power, floored at 1e-10, of the frames of an already padded stretch of
     samples (frame t reads ``piece[t·hop : t·hop + n_fft]``; no centring here): (Y,) -> (t, M),
     t = 1 + (Y − n_fft) // hop. What :func:`whisper_log_mel` computes a chunk at a time."""
-    window = _cached_window(config.win_length)
+    window = analysis_window(config.win_length)
     fb = _cached_filterbank(config.n_mels, config.n_fft, config.sample_rate, float(config.f_min), config.f_max)
     hop = config.hop_length
     spec = torch.stft(piece, config.n_fft, hop, config.win_length, window, center=False, return_complex=True)

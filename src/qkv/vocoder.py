@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from qkv.audio import FeatureConfig, mel_filterbank
+from qkv.audio import FeatureConfig, analysis_window, centred_stft, mel_filterbank
 from qkv.errors import UserError
 from qkv.files import write_atomic
 
@@ -114,30 +114,10 @@ def mel_to_linear(log_mel: Tensor, config: FeatureConfig) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=16)
-def _window(win_length: int) -> Tensor:
-    return torch.hann_window(win_length, periodic=True)  # (win_length,): audio.py's window, librosa's "hann"
-
-
-def _stft(x: Tensor, c: FeatureConfig, window: Tensor) -> Tensor:
-    """audio.py's STFT: zero padding of n_fft // 2 at both ends, frame t centred on sample t·hop:
-    (B, Y) -> (B, E, T) complex (librosa's ``center=True, pad_mode="constant"``)."""
-    half = c.n_fft // 2
-    padded = torch.nn.functional.pad(x, (half, half))  # (B, Y + 2·half), zeros
-    return torch.stft(
-        padded,
-        c.n_fft,
-        hop_length=c.hop_length,
-        win_length=c.win_length,
-        window=window,
-        center=False,
-        return_complex=True,
-    )
-
-
 def _istft(spec: Tensor, c: FeatureConfig, window: Tensor, length: int) -> Tensor:
-    """The least-squares inverse of :func:`_stft` (Griffin & Lim, 1984: overlap-add of the
-    windowed frames divided by the summed squared window): (B, E, T) complex -> (B, Y)."""
+    """The least-squares inverse of :func:`~qkv.audio.centred_stft` (zero-padded; Griffin & Lim,
+    1984: overlap-add of the windowed frames divided by the summed squared window): (B, E, T)
+    complex -> (B, Y)."""
     return torch.istft(
         spec, c.n_fft, hop_length=c.hop_length, win_length=c.win_length, window=window, center=True, length=length
     )
@@ -182,7 +162,7 @@ def griffin_lim(
     frames_length = (target.shape[-1] - 1) * c.hop_length  # Y whose STFT has exactly the T frames
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length <= 0):
         raise ValueError(f"length must be a positive integer or None, got {length!r}")
-    window = _window(c.win_length).to(target.device)  # (win_length,)
+    window = analysis_window(c.win_length).to(target.device)  # (win_length,)
     if generator is None:
         angles = torch.ones_like(target, dtype=torch.complex64)  # (B, E, T): zero phase
     else:
@@ -193,7 +173,7 @@ def griffin_lim(
     angles = angles * target  # (B, E, T): c_0
     previous: Tensor | None = None
     for _ in range(iterations):
-        rebuilt = _stft(_istft(angles, c, window, frames_length), c, window)  # (B, E, T): t_n
+        rebuilt = centred_stft(_istft(angles, c, window, frames_length), c)  # (B, E, T): t_n
         angles = rebuilt if previous is None else rebuilt - blend * previous
         angles = angles / (angles.abs() + tiny) * target  # c_n: the phase of t_n, the magnitude of S
         previous = rebuilt
