@@ -1,15 +1,23 @@
 """What many test files share: :func:`one_thread`, torch on one thread for a whole test module.
 
 A file that wants it says ``pytestmark = pytest.mark.usefixtures("one_thread")`` (or a test or
-fixture names it); nothing here is applied to every file.
+fixture names it); the one thing applied to every file is numba's optimisation level (below).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+# librosa (the reference of test_audio.py and test_vocoder.py) compiles some twenty numba kernels
+# when librosa.util is first imported, whichever test does that: on a fresh venv (CI's clean clone;
+# numba caches them in site-packages after) 35-38 CPU-seconds of LLVM, 24-30 unoptimised (a
+# contended 2-core machine). The tests run those kernels on a few kilobytes, if at all, and without
+# fastmath LLVM's optimiser may not reorder float arithmetic: the results are the same.
+os.environ.setdefault("NUMBA_OPT", "0")
 
 
 @pytest.fixture(scope="module")
