@@ -591,6 +591,26 @@ def import_marian(files: Path, tmp_path: Path) -> tuple[MarianMTModel, Path]:
     return hf, tmp_path / "qkv"
 
 
+def translate_as_hf_greedy(hf: MarianMTModel, hf_tokenizer, qkv: Path, tmp_path: Path) -> tuple[dict, torch.Tensor]:
+    """Asserts that qkv translate (greedy) on the imported ``qkv`` writes what HF's own pipeline
+    gives: MarianTokenizer (which appends </s>), greedy generate, decode; outputs that are text
+    and depend on the source. Returns HF's tokenized sources and its output ids."""
+    sources = [*TEXTS[:4], "Café 123", "a b c"]
+    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
+    new = 16
+    # --max-len-a 0 --max-len-b N caps every output at N new tokens, as max_new_tokens=N does in HF.
+    argv = ["translate", "--model", str(qkv), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
+    argv += ["--max-len-a", "0", "--max-len-b", str(new), "--output", str(tmp_path / "out.txt"), "--quiet"]
+    assert main(argv) == 0
+    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=new)
+    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
+    assert len(set(expected)) > 1 and all(expected)
+    return batch, out
+
+
 def test_marian_tokenizer_is_marians(marian_files: Path, tmp_path: Path) -> None:
     """The converted tokenizer encodes sources (</s> appended) and decodes ids as MarianTokenizer does."""
     from transformers import MarianTokenizer
@@ -624,20 +644,7 @@ def test_marian_translate_end_to_end(marian_files: Path, tmp_path: Path) -> None
 
     hf_tokenizer = MarianTokenizer.from_pretrained(marian_files)
     hf, qkv = import_marian(marian_files, tmp_path)
-    sources = [*TEXTS[:4], "Café 123", "a b c"]
-    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
-    new = 16
-    # --max-len-a 0 --max-len-b N caps every output at N new tokens, as max_new_tokens=N does in HF.
-    argv = ["translate", "--model", str(qkv), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
-    argv += ["--max-len-a", "0", "--max-len-b", str(new), "--output", str(tmp_path / "out.txt"), "--quiet"]
-    assert main(argv) == 0
-    # HF's own pipeline: MarianTokenizer (which appends </s>), greedy generate, decode.
-    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=new)
-    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
-    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
-    assert len(set(expected)) > 1 and all(expected)  # the outputs are text and depend on the source
+    translate_as_hf_greedy(hf, hf_tokenizer, qkv, tmp_path)
 
     exported = tmp_path / "exported"
     export_hf(qkv, exported)
@@ -739,18 +746,7 @@ def test_marian_separate_translate_and_export(marian_separate_files: Path, tmp_p
 
     hf_tokenizer = MarianTokenizer.from_pretrained(marian_separate_files)
     hf, qkv = import_separate_marian(marian_separate_files, tmp_path)
-    sources = [*TEXTS[:4], "Café 123", "a b c"]
-    (tmp_path / "in.txt").write_text("".join(f"{s}\n" for s in sources), encoding="utf-8")
-    new = 16
-    argv = ["translate", "--model", str(qkv), "--input", str(tmp_path / "in.txt"), "--beam", "1"]
-    argv += ["--max-len-a", "0", "--max-len-b", str(new), "--output", str(tmp_path / "out.txt"), "--quiet"]
-    assert main(argv) == 0
-    batch = hf_tokenizer(sources, return_tensors="pt", padding=True)
-    with torch.no_grad():
-        out = hf.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=new)
-    expected = hf_tokenizer.batch_decode(out, skip_special_tokens=True)
-    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == expected
-    assert len(set(expected)) > 1 and all(expected)
+    batch, out = translate_as_hf_greedy(hf, hf_tokenizer, qkv, tmp_path)
 
     exported = tmp_path / "exported"
     export_hf(qkv, exported)
