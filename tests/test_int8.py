@@ -40,7 +40,7 @@ from qkv.int8 import (
     near_ties,
     quantize_channels,
 )
-from qkv.layers import packable
+from qkv.layers import WideLinear, packable
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -372,17 +372,20 @@ def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> 
 
 def test_speech_int8_copy_without_bfloat16_is_float32() -> None:
     """``float_decoder`` on a CPU without bfloat16 arithmetic: every layer float32 (the encoder's as
-    ``nn.Linear``: int8 weights there cost Whisper's words and, dequantized for each of its
-    1,500-row products, bought no time), so the encoder's outputs are float32's."""
+    the float32 copy holds them: int8 weights there cost Whisper's words and, dequantized for each
+    of its 1,500-row products, bought no time), so the encoder's outputs are float32's."""
     model = _tiny_speech_model()
     float_ = int8_linears(for_decoding(model), float_decoder=True, bf16=False)
+    fp32 = for_decoding(model, wide=True)  # what qkv.load gives float32 decoding on the CPU
     assert not any(isinstance(m, Int8Linear | Bf16Linear | Bf32Linear | NearTiesInFloat) for m in float_.modules())
+    assert [type(m) for m in float_.modules()] == [type(m) for m in fp32.modules()]
     features, valid = torch.randn(2, 19, 7), torch.tensor([[True] * 19, [True] * 11 + [False] * 8])
     with torch.no_grad():
-        (ours, ours_valid), (theirs, theirs_valid) = float_.encode(features, valid), model.encode(features, valid)
-    assert torch.equal(ours_valid, theirs_valid) and torch.allclose(ours, theirs, atol=1e-5)
+        (ours, ours_valid), (theirs, theirs_valid) = float_.encode(features, valid), fp32.encode(features, valid)
+        assert torch.equal(ours_valid, theirs_valid) and torch.equal(ours, theirs)
+        assert torch.allclose(ours, model.encode(features, valid)[0], atol=1e-5)
     h = torch.randn(5, 16)
-    assert torch.allclose(float_.output(h), model.output(h), atol=1e-5)
+    assert torch.equal(float_.output(h), fp32.output(h))
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -393,8 +396,8 @@ def test_speech_int8_layers_follow_the_cpus_bfloat16_arithmetic(monkeypatch, nat
 
     monkeypatch.setattr(qkv.int8, "native_bf16", lambda: native)
     copy_ = int8_linears(for_decoding(_tiny_speech_model()), float_decoder=True)
-    encoder = [m for m in copy_.encoder.modules() if isinstance(m, nn.Linear | Bf32Linear)]
-    assert encoder and all(isinstance(m, Bf32Linear if native else nn.Linear) for m in encoder)
+    encoder = [m for m in copy_.encoder.modules() if isinstance(m, nn.Linear | WideLinear | Bf32Linear)]
+    assert encoder and all(isinstance(m, Bf32Linear if native else nn.Linear | WideLinear) for m in encoder)
     assert not any(isinstance(m, Int8Linear) for m in copy_.modules())
     assert isinstance(copy_.output, NearTiesInFloat) == native
 

@@ -92,9 +92,10 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     in bfloat16 (:class:`qkv.int8.Bf16Linear`, or packed as above), the vocabulary projection in
     bfloat16 with its near-ties in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax
     is float32's), and the encoder's (every layer outside the decoder) float32 weights whose
-    products run in bfloat16 with float32 outputs (:class:`qkv.int8.Bf32Linear`); all float32
-    where ``bf16`` is False. Why the decoder (Whisper tiny.en, 300 FSDD test files, greedy, the int8
-    encoder's outputs alike; docs/speech.md): int8 decoder layers with a bfloat16 vocabulary kept
+    products run in bfloat16 with float32 outputs (:class:`qkv.int8.Bf32Linear`); where ``bf16``
+    is False, all float32 as the float32 copy has them (widening ones transposed, below). Why
+    the decoder (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike;
+    docs/speech.md): int8 decoder layers with a bfloat16 vocabulary kept
     float32's words on 272, float32 ones on 283, bfloat16 ones with float32 near-ties on 285,
     float32 ones with them on 287. Why the encoder: its int8 weights cost the rest (13 of those
     300 files; on an AVX2-only CPU, where the decoder is float32, 5 of 100), and bought no time:
@@ -147,7 +148,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
             elif id(parent) in in_decoder:
                 setattr(parent, name, kept(child, output=False))
             elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
-                setattr(parent, name, Bf32Linear(child) if bf16 else child)
+                setattr(parent, name, Bf32Linear(child) if bf16 else kept(child, output=False))
             else:
                 setattr(parent, name, Int8Linear(child, bf16=bf16))
     return quantized.requires_grad_(False)
