@@ -30,6 +30,7 @@ from qkv.int8 import (
     MANY_ROWS,
     OUTLIER,
     Bf16Linear,
+    Bf32Linear,
     ByRows,
     Fp16Linear,
     Int8Linear,
@@ -39,6 +40,7 @@ from qkv.int8 import (
     near_ties,
     quantize_channels,
 )
+from qkv.layers import WideLinear, packable
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -355,20 +357,69 @@ def test_by_rows_sends_one_row_to_one_copy_and_more_to_the_other() -> None:
 
 
 def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> None:
-    """``float_decoder``: the encoder int8, the decoder bfloat16, the vocabulary projection's
-    argmax float32's; the decoding step's logits match the float32 model's argmax."""
+    """``float_decoder`` with bfloat16 arithmetic: the encoder float32 weights with bfloat16
+    products (no int8 layer anywhere), the decoder bfloat16, the vocabulary projection's argmax
+    float32's; the decoding step's logits match the float32 model's argmax."""
     model = _tiny_speech_model()
     copy_ = int8_linears(for_decoding(model), float_decoder=True, bf16=True)
     assert isinstance(copy_.output, NearTiesInFloat)
-    assert any(isinstance(m, Int8Linear) for m in copy_.encoder.modules())
-    assert not any(isinstance(m, Int8Linear | nn.Linear) for m in copy_.decoder.modules())
+    assert any(isinstance(m, Bf32Linear) for m in copy_.encoder.modules())
+    assert not any(isinstance(m, Bf32Linear) for m in copy_.decoder.modules())
+    assert not any(isinstance(m, Int8Linear | nn.Linear) for m in copy_.modules())
     h = torch.randn(5, 16)
     assert torch.equal(copy_.output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
-    # without bfloat16 arithmetic: the decoder and the vocabulary projection float32, the encoder int8
+
+
+def test_speech_int8_copy_without_bfloat16_is_float32() -> None:
+    """``float_decoder`` on a CPU without bfloat16 arithmetic: every layer float32 (the encoder's as
+    the float32 copy holds them: int8 weights there cost Whisper's words and, dequantized for each
+    of its 1,500-row products, bought no time), so the encoder's outputs are float32's."""
+    model = _tiny_speech_model()
     float_ = int8_linears(for_decoding(model), float_decoder=True, bf16=False)
-    assert any(isinstance(m, Int8Linear) for m in float_.encoder.modules())
-    assert not any(isinstance(m, Int8Linear | Bf16Linear | NearTiesInFloat) for m in float_.decoder.modules())
-    assert torch.allclose(float_.output(h), model.output(h), atol=1e-5)
+    fp32 = for_decoding(model, wide=True)  # what qkv.load gives float32 decoding on the CPU
+    assert not any(isinstance(m, Int8Linear | Bf16Linear | Bf32Linear | NearTiesInFloat) for m in float_.modules())
+    assert [type(m) for m in float_.modules()] == [type(m) for m in fp32.modules()]
+    features, valid = torch.randn(2, 19, 7), torch.tensor([[True] * 19, [True] * 11 + [False] * 8])
+    with torch.no_grad():
+        (ours, ours_valid), (theirs, theirs_valid) = float_.encode(features, valid), fp32.encode(features, valid)
+        assert torch.equal(ours_valid, theirs_valid) and torch.equal(ours, theirs)
+        assert torch.allclose(ours, model.encode(features, valid)[0], atol=1e-5)
+    h = torch.randn(5, 16)
+    assert torch.equal(float_.output(h), fp32.output(h))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_speech_int8_layers_follow_the_cpus_bfloat16_arithmetic(monkeypatch, native: bool) -> None:
+    """``bf16=None`` (what ``qkv.load(int8=True)`` passes): the encoder's products in bfloat16 with
+    float32 outputs where the CPU multiplies bfloat16 (``native_bf16``), float32 where it does not."""
+    import qkv.int8
+
+    monkeypatch.setattr(qkv.int8, "native_bf16", lambda: native)
+    copy_ = int8_linears(for_decoding(_tiny_speech_model()), float_decoder=True)
+    encoder = [m for m in copy_.encoder.modules() if isinstance(m, nn.Linear | WideLinear | Bf32Linear)]
+    assert encoder and all(isinstance(m, Bf32Linear if native else nn.Linear | WideLinear) for m in encoder)
+    assert not any(isinstance(m, Int8Linear) for m in copy_.modules())
+    assert isinstance(copy_.output, NearTiesInFloat) == native
+
+
+@pytest.mark.parametrize("shape", [(3, 37), (2, 5, 37), (HUGE_ROWS + 3, 37)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bf32_product_is_within_bfloat16_rounding_of_float32(shape: tuple[int, ...], bias: bool) -> None:
+    """Bf32Linear: float32 out, within a bfloat16 product's bound of ``F.linear`` (exactly it where
+    oneDNN runs no bfloat16), and the process-wide matmul mode as it was after the call."""
+    torch.manual_seed(len(shape) + bias)
+    linear = nn.Linear(37, 29, bias=bias)
+    layer = Bf32Linear(linear)
+    x = torch.randn(shape)
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    with torch.no_grad():
+        got, want = layer(x), linear(x)
+    assert torch.backends.mkldnn.matmul.fp32_precision == before
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    bound = BF16_PRODUCT_ERROR * x.norm(dim=-1, keepdim=True) * linear.weight.norm(dim=1)  # (..., N)
+    assert bool(((got - want).abs() <= bound).all())
+    if not packable():  # PyTorch runs the mode only where oneDNN has bfloat16
+        assert torch.equal(got, want)
 
 
 @pytest.mark.slow

@@ -88,14 +88,20 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     float as ``bf16`` says below (:func:`_vocabulary`).
     Embeddings, norms, convolutions and attention arithmetic stay float32.
 
-    ``float_decoder`` (what speech models get): the decoder's linear layers in bfloat16 instead
-    (:class:`qkv.int8.Bf16Linear`, or packed as above) and the vocabulary projection in bfloat16
-    with its near-ties in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is
-    float32's); the encoder keeps int8.
-    Why (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike; docs/speech.md):
-    int8 decoder layers with a bfloat16 vocabulary kept float32's words on 272, float32 ones on 283,
-    bfloat16 ones with float32 near-ties on 285, float32 ones with them on 287; the encoder's int8
-    costs the rest. A decoding step of a speech model reads the vocabulary projection most.
+    ``float_decoder`` (what speech models get): no int8 layer at all. The decoder's linear layers
+    in bfloat16 (:class:`qkv.int8.Bf16Linear`, or packed as above), the vocabulary projection in
+    bfloat16 with its near-ties in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax
+    is float32's), and the encoder's (every layer outside the decoder) float32 weights whose
+    products run in bfloat16 with float32 outputs (:class:`qkv.int8.Bf32Linear`); where ``bf16``
+    is False, all float32 as the float32 copy has them (widening ones transposed, below). Why
+    the decoder (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike;
+    docs/speech.md): int8 decoder layers with a bfloat16 vocabulary kept
+    float32's words on 272, float32 ones on 283, bfloat16 ones with float32 near-ties on 285,
+    float32 ones with them on 287. Why the encoder: its int8 weights cost the rest (13 of those
+    300 files; on an AVX2-only CPU, where the decoder is float32, 5 of 100), and bought no time:
+    its products have 1,500 rows a window, so they are compute-bound, and int8 weights there ran
+    as a float32 (or bfloat16) product of weights dequantized on every call. Emulated on 100
+    files, bfloat16 products with float32 outputs kept all of float32's words (docs/speech.md).
 
     ``bf16``: whether the layers kept in float (the vocabulary projection, a float decoder, the
     int8 layers' huge products) are bfloat16; None: where the CPU has bfloat16 arithmetic
@@ -118,7 +124,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
 
     from torch import nn
 
-    from qkv.int8 import Bf16Linear, Int8Linear, NearTiesInFloat, native_bf16
+    from qkv.int8 import Bf16Linear, Bf32Linear, Int8Linear, NearTiesInFloat, native_bf16
     from qkv.layers import PackedLinear, WideLinear, packable
 
     bf16 = native_bf16() if bf16 is None else bf16
@@ -141,6 +147,8 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
                 setattr(parent, name, kept(child, output=True) if float_decoder else _vocabulary(child, kept))
             elif id(parent) in in_decoder:
                 setattr(parent, name, kept(child, output=False))
+            elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
+                setattr(parent, name, Bf32Linear(child) if bf16 else kept(child, output=False))
             else:
                 setattr(parent, name, Int8Linear(child, bf16=bf16))
     return quantized.requires_grad_(False)

@@ -1,8 +1,9 @@
 """int8 linear layers for decoding on CPUs (``--int8``): :func:`quantize_channels` (symmetric
 int8 weights, one scale per output channel), :func:`int8_linear` (the explicit product: dequantize,
 then multiply), :class:`Int8Linear` (the module, with PyTorch's int8 kernels as its fast paths),
-:class:`Bf16Linear` (a linear layer kept in bfloat16), :class:`Fp16Linear` (one kept in float16,
-fbgemm's kernel) and :class:`NearTiesInFloat` (the vocabulary projection: every logit from one of
+:class:`Bf16Linear` (a linear layer kept in bfloat16), :class:`Bf32Linear` (float32 weights,
+bfloat16 products with float32 outputs: a speech encoder's), :class:`Fp16Linear` (one kept in
+float16, fbgemm's kernel) and :class:`NearTiesInFloat` (the vocabulary projection: every logit from one of
 those, those that could be the largest recomputed in float32).
 
 Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :data:`HUGE_ROWS`):
@@ -25,10 +26,12 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   row is divided by its max |x| before the kernel quantizes the whole tensor and multiplied back
   after, so one row's outlier coarsens no other row. The weights' bytes are read once for all rows
   and the arithmetic is integer: with many rows this is what bounds the step.
-* huge products (an encoder's frames, a prompt: once per input): a bfloat16 GEMM on the weights
-  dequantized for the call, float activations again (int8 ones lost Whisper's words there); on a
-  CPU without bfloat16 arithmetic (:func:`native_bf16`) the float32 product itself
-  (:func:`int8_linear`), as bfloat16 is emulated there at several times float32's cost.
+* huge products (a text encoder's frames, a prompt: once per input): a bfloat16 GEMM on the
+  weights dequantized for the call, float activations again (int8 ones lost Whisper's words
+  there); on a CPU without bfloat16 arithmetic (:func:`native_bf16`) the float32 product itself
+  (:func:`int8_linear`), as bfloat16 is emulated there at several times float32's cost. A speech
+  encoder has no int8 layer now (its int8 weights cost Whisper's words even so, and bought no time
+  in products this size): :class:`Bf32Linear` or float32 (``decoding_copies.int8_linears``).
 
 Why bfloat16 for the output projection, with its near-ties in float32: its logits decide every
 token, and int8 rows flip near ties (measured on Whisper tiny.en in docs/speed.md); bfloat16 ones
@@ -244,6 +247,42 @@ class Bf16Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias).to(x.dtype)  # (..., N)
+
+
+class Bf32Linear(nn.Module):
+    """An ``nn.Linear`` kept in float32 whose product, on a CPU with bfloat16 arithmetic
+    (:func:`native_bf16`: where int8 copies make one), runs in oneDNN's "bf32" mode: the kernel
+    rounds the activations and the weights to bfloat16 and sums and returns float32
+    (``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``, set for the call and put back).
+    So an encoder's 1,500-row products get bfloat16's speed without the rounding of every output
+    to bfloat16 that ``F.linear`` in bfloat16 (and :class:`Bf16Linear`, :class:`PackedLinear`)
+    returns: on Whisper tiny.en's encoder, emulated, products of bfloat16 inputs with float32
+    outputs kept float32's words and those rounded to bfloat16 did not (docs/speech.md, "int8").
+    Where PyTorch does not run the mode (no bf16 support in oneDNN) the product is ``F.linear``'s
+    in float32. The mode is process-wide while the call runs: float32 products on other threads
+    at that moment take it too (qkv serve runs its model on one thread).
+
+    Shapes: x (..., K) -> (..., N).
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", linear.weight.detach().float().clone())  # (N, K)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self.register_buffer("bias", bias)  # (N,) or None
+
+    def forward(self, x: Tensor) -> Tensor:
+        matmul = torch.backends.mkldnn.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "bf16"
+        try:
+            return F.linear(x.float(), self.weight, self.bias).to(x.dtype)  # (..., N)
+        finally:
+            matmul.fp32_precision = before
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float32 weights, bf16 products"
 
 
 FP16_MAX = 65504.0  # float16's largest finite value

@@ -72,7 +72,7 @@ def prepared(model, kind: str, *, bf16: bool = False, int8: bool = False, device
     if bf16:
         model = model.to(torch.bfloat16)
         model = packed_linears(model) if kind in DECODING_KINDS and cpu else model
-    if int8:  # a speech model's decoder in bfloat16 and its argmax float32's: Whisper's words (int8_linears)
+    if int8:  # a speech model's layers kept float (bfloat16 where native), its argmax float32's: Whisper's words
         model = int8_linears(model, float_decoder=kind == "speech_encoder_decoder")
     return model.to(device).eval()
 
