@@ -288,6 +288,33 @@ def test_mha_weights_path_equals_fused_path(n_kv_heads: int | None, cross: bool)
     assert (out_w - out_f).abs().max() <= TOL
 
 
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@pytest.mark.parametrize("t", [1, 2])
+def test_cross_keys_shared_by_beams_equal_repeated_keys(n_kv_heads: int | None, t: int) -> None:
+    """Cross-attention keys and values of B inputs given for B·W rows (each input's W consecutive
+    beams share them) give every row the output of keys and values repeated W times, on the
+    fused path (grouped: W·T queries per input) and the explicit one (need_weights), padding
+    masked per input; the cache returned keeps the B rows."""
+    torch.manual_seed(9)
+    w = 3
+    mha = _mha(n_kv_heads=n_kv_heads).eval()
+    x = torch.randn(B * w, t, H * K)
+    context = torch.randn(B, S, H * K)
+    mask = _padding([S, S - 2], S)  # (B, 1, 1, S)
+    with torch.no_grad():
+        _, shared, _ = mha(x[:B], context=context)  # (B, G, S, K) twice
+        repeated = tuple(c.repeat_interleave(w, dim=0) for c in shared)  # (B·W, G, S, K) twice
+        expected, _, _ = mha(x, context=context, cache=repeated, mask=mask.repeat_interleave(w, dim=0))
+        fused, cache, _ = mha(x, context=context, cache=shared, mask=mask)
+        explicit, _, weights = mha(x, context=context, cache=shared, mask=mask, need_weights=True)
+    assert cache[0].shape[0] == B and weights.shape == (B * w, H, t, S)
+    torch.testing.assert_close(fused, expected, atol=TOL, rtol=0)
+    torch.testing.assert_close(explicit, expected, atol=TOL, rtol=0)
+    for need_weights in (False, True):
+        with pytest.raises(ValueError, match="cannot share"):
+            mha(x[:-1], context=context, cache=shared, mask=mask, need_weights=need_weights)
+
+
 @pytest.mark.parametrize(("n_kv_heads", "bias", "rope"), [(None, True, False), (1, False, True), (3, True, True)])
 def test_stacked_projections_equal_three_products(monkeypatch, n_kv_heads: int | None, bias: bool, rope: bool) -> None:
     """Self-attention over many rows computes Q, K, V as one product of [Wq; Wk; Wv]: outputs,

@@ -282,6 +282,30 @@ def test_beam_one_copies_no_state() -> None:
     assert calls and calls[0] is False
 
 
+@pytest.mark.parametrize("lengths", [[3, 5, 1], [4, 4]])
+def test_encoder_decoder_beams_share_their_inputs_encoder_output(lengths: list[int]) -> None:
+    """Reordered into W consecutive rows per input (beam search's start), an encoder-decoder's
+    state attends to each input's encoder output once for its W rows, and every step gives the
+    logits of the same rows picked in another order (each row its own copy), padded or not."""
+    inputs = _random_rows(lengths, SRC_V, seed=12)
+    model = make_ed("sinusoidal", seed=12)
+    decoder, b, w = decoder_for(model), len(lengths), 3
+    with torch.no_grad():
+        _, state = decoder.start(inputs)
+        shared = decoder.reorder(state, torch.arange(b).repeat_interleave(w))  # rows 0,0,0,1,1,1,...
+        own = decoder.reorder(state, torch.arange(b).repeat(w))  # rows 0,1,...,0,1,...: copies
+        same = torch.tensor([(i % w) * b + i // w for i in range(b * w)])  # own's row of each shared row
+        back = torch.argsort(same)  # the shared row of each of own's
+        for step in range(4):
+            tokens = torch.randint(3, TGT_V, (b * w,), generator=torch.Generator().manual_seed(step))
+            a, shared = decoder.step(shared, tokens)
+            c, own = decoder.step(own, tokens[back])
+            torch.testing.assert_close(a, c[same], atol=ATOL, rtol=0)
+            picked = torch.tensor([w - 1, 0, 1] * b) + torch.arange(b).repeat_interleave(w) * w  # within inputs
+            shared = decoder.reorder(shared, picked, within_inputs=True)
+            own = decoder.reorder(own, same[picked][back])
+
+
 def test_beam_one_equals_greedy_trained(copy_model, lm_model) -> None:
     """beam_search(beam_size=1) equals greedy on the trained models, where END does occur."""
     model, sources = copy_model

@@ -268,6 +268,54 @@ def repeat_kv_heads(k: Tensor, v: Tensor, n_heads: int) -> tuple[Tensor, Tensor]
     return k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # (B, H, S, K) each
 
 
+# ------------------------------------------------ keys shared by an input's beams
+
+
+def beams_as_queries(q: Tensor, w: int) -> Tensor:
+    """The queries of an input's ``w`` rows (its beams, consecutive) as one row of W·T queries,
+    for keys and values held once per input: beams of one input attend to the same encoder
+    output, so cross-attention need not read (nor hold) its keys and values W times.
+
+    Shapes: (B·W, H, T, K) -> (B, H, W·T, K)."""
+    n, h, t, d = q.shape
+    return q.view(n // w, w, h, t, d).transpose(1, 2).reshape(n // w, h, w * t, d)  # (B, H, W·T, K)
+
+
+def queries_as_beams(out: Tensor, w: int) -> Tensor:
+    """:func:`beams_as_queries` undone on the attention's output. Shapes: (B, H, W·T, K) -> (B·W, H, T, K)."""
+    b, h, wt, d = out.shape
+    return out.view(b, h, w, wt // w, d).transpose(1, 2).reshape(b * w, h, wt // w, d)  # (B·W, H, T, K)
+
+
+def shared_expanded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Keys, values and mask held once per input (B rows) repeated for the W consecutive query
+    rows of each input (B·W rows): the explicit path of shared keys, and the reference the
+    grouped fused path (:func:`beams_as_queries`) is tested against. Unchanged when the rows
+    match. Shapes: q (B·W, H, T, K); k, v (B, G, S, K); mask (B|1, 1|H, T|1, S) -> (B·W, ...)."""
+    b, w = k.shape[0], rows_per_input(q, k)
+    if w == 1:
+        return k, v, mask
+    if mask is not None and mask.shape[0] == b and b > 1:
+        mask = mask.repeat_interleave(w, dim=0)  # (B·W, 1|H, T|1, S)
+    return k.repeat_interleave(w, dim=0), v.repeat_interleave(w, dim=0), mask  # (B·W, G, S, K) each
+
+
+def rows_per_input(q: Tensor, k: Tensor) -> int:
+    """W, the query rows that share each row of keys (1: a row each); a ValueError unless it divides.
+    Shapes: q (B·W, H, T, K), k (B, G, S, K)."""
+    n, b = q.shape[0], k.shape[0]
+    if n % b:
+        raise ValueError(f"{n} query rows cannot share keys and values of {b} rows")
+    return n // b
+
+
+def _groupable(k: Tensor, mask: Tensor | None, bias: Tensor | None) -> bool:
+    """Whether attention to keys ``k`` shared by an input's rows can run as W·T queries per input
+    (:func:`beams_as_queries`): no bias, and a mask the same for every query of an input (a
+    key-padding mask with one row per input, or one for all)."""
+    return bias is None and (mask is None or (mask.shape[-2] == 1 and mask.shape[0] in (1, k.shape[0])))
+
+
 # --------------------------------------------------------- multi-head attention
 
 
@@ -445,7 +493,9 @@ class MultiHeadAttention(nn.Module):
         For self-attention, ``cache`` holds the keys/values of earlier positions and the
         returned cache appends this call's. For cross-attention, a given ``cache`` holds
         the keys/values of ``context`` computed by an earlier call and is reused as is, so
-        the encoder output is projected once per generated sequence.
+        the encoder output is projected once per generated sequence. Such a cache may hold
+        fewer rows than ``x`` (B inputs for B·W rows): each input's keys and values are then
+        shared by its W consecutive rows (beam search's hypotheses), read once per input.
 
         Shapes:
             x: (B, T, D); context: (B, S, D).
@@ -600,16 +650,26 @@ class MultiHeadAttention(nn.Module):
         """Every head's attention O = A'·V, and A' when ``need_weights`` (else None): the fused
         kernel unless the weights are wanted, the normalization is sigmoid (the kernel only knows
         softmax), or it is the slower one (:func:`_explicit_is_faster`). The two are tested equal.
+        Keys and values of fewer rows than the queries are shared by consecutive query rows (beam
+        search's cross-attention: one encoder output per input, B rows for B·W beams); the fused
+        path reads them once per input (:func:`beams_as_queries`), the explicit one repeats them.
 
         Shapes:
-            q: (B, H, T, K); k, v: (B, G, S, K); mask, bias as in :func:`attention_explicit`.
-            returns: (B, H, T, K) and (B, H, T, S) or None.
+            q: (B, H, T, K) (or (B·W, H, T, K)); k, v: (B, G, S, K); mask, bias as in
+            :func:`attention_explicit` (mask rows: B). returns: (B, H, T, K) (or (B·W, H, T, K))
+            and (B, H, T, S) or None.
         """
         dropout = self.dropout if self.training else 0.0
         fusable = not need_weights and self.normalization == "softmax" and self.path != "explicit"
         if fusable and (self.path == "fused" or not _explicit_is_faster(q, k)):
+            if k.shape[0] != q.shape[0] and _groupable(k, mask, bias):  # keys shared by the W beams of an input
+                w = rows_per_input(q, k)
+                out = attention_fused(beams_as_queries(q, w), k, v, mask=mask, dropout=dropout, scale=self.scale)
+                return queries_as_beams(out, w), None  # (B·W, H, T, K)
+            k, v, mask = shared_expanded(q, k, v, mask)  # (B, G, S, K) twice, mask with B rows
             out = attention_fused(q, k, v, mask=mask, bias=bias, dropout=dropout, scale=self.scale)  # (B, H, T, K)
             return out, None
+        k, v, mask = shared_expanded(q, k, v, mask)  # (B, G, S, K) twice, mask with B rows
         k, v = repeat_kv_heads(k, v, self.n_heads)  # (B, H, S, K) each
         out, weights = attention_explicit(
             q, k, v, mask=mask, bias=bias, normalization=self.normalization, dropout=dropout, scale=self.scale

@@ -178,8 +178,29 @@ class _Sourced:
     """An encoder-decoder's state: the decoder cache and the encoder output it attends to."""
 
     cache: list
-    memory: Tensor  # (N, S, D)
-    src_mask: Tensor | None  # (N, S); None: every source position is real
+    memory: Tensor  # (M, S, D): one row per input, shared by its N / M hypotheses (reorder)
+    src_mask: Tensor | None  # (M, S); None: every source position is real
+
+
+def _inputs_of(rows: Tensor, state: _Sourced) -> Tensor:
+    """The input (a row of ``state.memory``) of each of ``rows``, rows of the decoder cache: the
+    cache's N rows are the memory's M inputs' W = N / M consecutive hypotheses each.
+    Shapes: rows (N',) -> (N',)."""
+    n = _cache_rows(state.cache, state.memory.shape[0])
+    return rows // (n // state.memory.shape[0])  # (N',)
+
+
+def _cache_rows(cache: list, default: int) -> int:
+    """The rows (hypotheses) of a decoder cache; ``default`` for an empty one."""
+    if not cache:
+        return default
+    self_kv = cache[0][0]
+    return (self_kv.k if isinstance(self_kv, KVBuffer) else self_kv[0]).shape[0]
+
+
+def _consecutive(m: int, w: int, device: torch.device) -> Tensor:
+    """Each of ``m`` inputs ``w`` times, consecutively: 0, 0, 1, 1, ... Shapes: (M·W,)."""
+    return torch.arange(m, device=device).repeat_interleave(w)  # (M·W,)
 
 
 class _EncoderDecoderBase:
@@ -222,12 +243,30 @@ class _EncoderDecoderBase:
         return out.logits, replace(state, cache=out.cache)  # (N, V)
 
     def reorder(self, state: _Sourced, rows: Tensor, *, within_inputs: bool = False) -> _Sourced:
+        """Row i of the new state is row ``rows[i]``. The encoder output, its mask and the
+        cross-attention keys and values are held once per input (M rows) while the N hypotheses
+        of the M inputs stay consecutive, W = N / M each: beam search's rows, which attend to
+        their input's once (``MultiHeadAttention``), never copied W times nor reordered."""
+
         def pick(t: Tensor) -> Tensor:
             return t.index_select(0, rows)  # (N', ...)
 
+        self_cache = [map_tensors(self_kv, pick) for self_kv, _ in state.cache]
+        kept = replace(state, cache=[(s, cross_kv) for s, (_, cross_kv) in zip(self_cache, state.cache, strict=True)])
         if within_inputs:  # an input's rows share the encoder output and cross-attention keys/values
-            return replace(state, cache=[(map_tensors(self_kv, pick), cross_kv) for self_kv, cross_kv in state.cache])
-        return _Sourced(map_tensors(state.cache, pick), pick(state.memory), map_tensors(state.src_mask, pick))
+            return kept
+        inputs = _inputs_of(rows, state)  # (N',) the input of every new row
+        m = state.memory.shape[0]
+        if rows.numel() % m == 0 and torch.equal(inputs, _consecutive(m, rows.numel() // m, rows.device)):
+            return kept  # each input's rows consecutive, W of them: its encoder output stays shared
+
+        def of_input(t: Tensor) -> Tensor:
+            return t.index_select(0, inputs)  # (N', ...)
+
+        cross = [map_tensors(cross_kv, of_input) for _, cross_kv in state.cache]
+        return _Sourced(
+            list(zip(self_cache, cross, strict=True)), of_input(state.memory), map_tensors(state.src_mask, of_input)
+        )
 
     def reserve(self, state: _Sourced, room: int) -> _Sourced:
         return replace(state, cache=_reserved(state.cache, room))
