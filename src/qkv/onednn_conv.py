@@ -15,6 +15,7 @@ Shapes: x (B, channels, T) or rows (B, channels, 1, T) channels-last; weight (ou
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,11 @@ def fusable(x: Tensor) -> bool:
     )
 
 
+# packed copies kept per weight. The joe voice's convolutions got at most 3 layouts each on 2
+# threads (the flow's 384×192 kernel-5: 2 alternating over 31-1,500 frames, a third at 30; the
+# encoder's feed-forward: 3 over 10-400 phonemes; the generator's: at most 2 over 64-1,024 frames),
+# so the bound drops none of them; it bounds what other shapes, CPUs and thread counts could keep
+LAYOUTS_KEPT = 3
 Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int], int]  # padding, stride, dilation, groups
 
 
@@ -136,19 +142,25 @@ def packed_weight(
     """``conv``'s weight times ``scale`` as oneDNN runs it (:func:`_run_form`) in oneDNN's own
     blocked layout for an input of ``input_size`` (B, in, 1, samples), and the bias it runs
     with: made at the first call needing that layout and kept on the module while the weight is
-    unchanged (same storage and version), one copy per layout (:func:`_weight_format`; a few at
-    most). Given a weight in another layout, oneDNN re-lays it out at every call: a parallel
-    pass of its own, which on a loaded machine waited for a core about as long as a long
-    convolution took."""
+    unchanged (same storage and version), one copy per layout (:func:`_weight_format`), the
+    :data:`LAYOUTS_KEPT` used last. Given a weight in another layout, oneDNN re-lays it out at
+    every call: a parallel pass of its own, which on a loaded machine waited for a core about as
+    long as a long convolution took. The bound: unbounded, each weight could be kept once per
+    layout oneDNN ever picked for it (a medium voice's packed convolutions hold about 50 MB a
+    copy); a length whose layout was dropped packs it again (one re-layout, as at its first call)."""
     weight, bias = conv.weight, conv.bias
     key = (weight.data_ptr(), weight._version, scale, None if bias is None else (bias.data_ptr(), bias._version))
     kept = conv.__dict__.get("_packed_weights")  # a plain attribute: neither parameter nor buffer
     if kept is None or kept[0] != key:
-        kept = conv.__dict__["_packed_weights"] = (key, _run_form(conv, scale), {})
+        kept = conv.__dict__["_packed_weights"] = (key, _run_form(conv, scale), OrderedDict())
     _, (run, bias, transposed, geometry), packs = kept
     layout = _weight_format(transposed, tuple(run.shape), geometry, tuple(input_size), torch.get_num_threads())
-    if layout not in packs:
+    if layout in packs:
+        packs.move_to_end(layout)  # the most recently used last
+    else:
         packs[layout] = _pack(run, transposed, geometry, tuple(input_size))
+        while len(packs) > LAYOUTS_KEPT:
+            packs.popitem(last=False)  # the least recently used
     return packs[layout], bias
 
 
