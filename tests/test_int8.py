@@ -175,9 +175,23 @@ def test_one_row_in_float16_is_the_float_product_within_float16_rounding(shape: 
     weights_bound = x.abs().sum(-1, keepdim=True) * layer.scale / 2  # (..., 13) Σ|x| · half a step
     assert ((got - explicit).abs() <= weights_bound + fp16_product_error(32) * magnitude + 1e-6).all()
     assert torch.equal(copy.deepcopy(layer)(x), got)
-    for rows in (2, MANY_ROWS, HUGE_ROWS):
-        more = torch.randn(rows, 32)
-        assert layer.path(more) == plain.path(more) and torch.equal(layer(more), plain(more))
+    for rows in (2, MANY_ROWS, HUGE_ROWS):  # steps of several hypotheses: (rows, K) or (rows, 1, K)
+        for more in (torch.randn(rows, 32), torch.randn(rows, 1, 32)):
+            assert layer.path(more) == plain.path(more) and torch.equal(layer(more), plain(more))
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 32), (3, MANY_ROWS + 1, 32), (1, HUGE_ROWS, 32)])
+def test_a_prompt_in_float16_is_the_float_product_within_float16_rounding(shape: tuple[int, ...]) -> None:
+    """``row16``: several positions of a sequence (a prompt, x (B, T, K) with T > 1) take the
+    float16 weights too, within fp16_product_error of Σ|x||w| of the float layer."""
+    linear = _linear(32, 13, seed=11)
+    layer = Int8Linear(linear, row16=True)
+    x = torch.randn(shape)
+    x[..., 0, 3] = 50 * OUTLIER
+    assert layer.path(x) == "fp16 GEMM"
+    with torch.no_grad():
+        bound = fp16_product_error(32) * (x.abs() @ linear.weight.abs().T) + 1e-6  # (B, T, 13)
+        assert ((layer(x) - linear(x)).abs() <= bound).all()
 
 
 def test_only_a_decoders_int8_layers_keep_float16_rows() -> None:

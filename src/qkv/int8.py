@@ -145,8 +145,12 @@ class Int8Linear(nn.Module):
     × Σ|w| (tested). With ``row16`` (a text decoder's layers) one row instead multiplies the float
     weights kept in float16 (fbgemm's float16 kernel, float activations): within
     :func:`fp16_product_error` of ``linear`` and so within half a weight step per input of
-    :func:`int8_linear`, Σ|x| · scale / 2 more (tested); weights beyond float16's range keep the
-    int8 row. Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
+    :func:`int8_linear`, Σ|x| · scale / 2 more (tested); so does a prompt (x (B, T, K) with T > 1,
+    once per input: the keys and values it caches are read by every step after), which there took
+    less CPU time than the explicit product (256 rows, one thread, contended: 5.1 against 10.2 ms at
+    576 → 960, 17.2 against 20.7 at 576 → 3,072, 8.6 against 12.3 at 1,536 → 576). Steps of
+    several hypotheses (x (B, 1, K)) keep the int8 paths. Weights beyond float16's range keep the
+    int8 ones everywhere. Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. ``bf16``: whether huge products run in bfloat16 (None: where
@@ -173,7 +177,8 @@ class Int8Linear(nn.Module):
     def path(self, x: Tensor) -> str:
         """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "fp16 row"
         (``row16``: the float16 weights) or "int8 row" (int8 activations on the row's own range,
-        outliers apart); from :data:`MANY_ROWS` to
+        outliers apart); with ``row16``, several positions of a sequence (x (B, T, K), T > 1: a
+        prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
         :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
         one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
         call), or "explicit" where bfloat16 is not this layer's (``huge_bf16``); other rows
@@ -183,13 +188,15 @@ class Int8Linear(nn.Module):
             return "explicit"
         if rows == 1:
             return "int8 row" if self.row16 is None else "fp16 row"
+        if self.row16 is not None and x.dim() >= 3 and x.shape[-2] > 1:  # (B, T, K): T positions of a prompt
+            return "fp16 GEMM"
         if rows >= MANY_ROWS:
             return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM" if self.huge_bf16 else "explicit"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
         path = self.path(x)
-        if path == "fp16 row":  # float activations, nothing quantized: one call where x is float32 already
+        if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
             if x.dtype == torch.float32:
                 return torch.ops.quantized.linear_dynamic_fp16(x, self.row16)  # (..., N)
             return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.row16).to(x.dtype)  # (..., N)
