@@ -19,6 +19,8 @@ output has exactly ``--new`` tokens. Peak memory: the child process's peak RSS (
 Drift: greedy tokens of ``--agree-prompts`` prompts (``--agree-new`` tokens each) of every
 engine against qkv fp32 (and transformers bf16 against transformers fp32): the share of
 positions with the same token, and the mean share of the output before the first difference.
+qkv and transformers decode them ``--agree-batch`` prompts at a time (default 1, the chatbot's case:
+qkv's ``--int8`` takes other products for a step of one row than for a step of several).
 llama.cpp decodes one sequence at a time here (its Python API has no batch of sequences), so it
 has batch-1 rows only. Every engine runs on ``--threads`` threads.
 
@@ -177,7 +179,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict:
             "prompt": batch * args.prompt_tokens / first,
             "generated": batch * (args.new - 1) / max(full - first, 1e-9),
         }
-    step = 1 if family == "llama.cpp" else 8
+    step = 1 if family == "llama.cpp" else args.agree_batch
     tokens = []
     for i in range(0, args.agree_prompts, step):
         tokens += run(prompts[i : min(i + step, args.agree_prompts)], args.agree_new)
@@ -233,7 +235,7 @@ def report(figures: dict[str, dict], args: argparse.Namespace) -> list[dict]:
                 }
                 for what in ("prompt", "generated")
             ]
-    print(f"\ndrift over {args.agree_prompts} prompts x {args.agree_new} greedy tokens:")
+    print(f"\ndrift over {args.agree_prompts} prompts x {args.agree_new} greedy tokens, {args.agree_batch} at a time:")
     for engine, reference in [(e, "qkv fp32") for e in QKV[1:] + HF + LLAMA] + [("transformers bf16", HF[0])]:
         if engine not in figures or reference not in figures or engine == reference:
             continue
@@ -245,7 +247,10 @@ def report(figures: dict[str, dict], args: argparse.Namespace) -> list[dict]:
                 "figure": round(100 * same, 1),
                 "unit": "%",
                 "target": {"min": 90} if engine in QKV else None,  # issue 46: >= 90% of the first 64 tokens
-                "details": {"share before the first difference, %": round(100 * prefix, 1)},
+                "details": {
+                    "share before the first difference, %": round(100 * prefix, 1),
+                    "prompts per run": 1 if engine in LLAMA else args.agree_batch,
+                },
             }
         )
     return records
@@ -271,6 +276,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per figure (the best is kept)")
     parser.add_argument("--agree-prompts", type=int, default=50)
     parser.add_argument("--agree-new", type=int, default=64)
+    parser.add_argument("--agree-batch", type=int, default=1, help="drift prompts per run (llama.cpp: 1)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 64-token prompts, 16 new, few prompts")
     parser.add_argument("--omp-passive", action="store_true", help="children get OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--no-record", action="store_true", help="print only; append nothing to bench/results")
@@ -292,7 +298,7 @@ def main() -> int:
         *("--gguf", str(args.gguf), "--model-dir", str(args.model_dir), "--threads", str(args.threads)),
         *("--batches", *map(str, args.batches), "--prompt-tokens", str(args.prompt_tokens), "--new", str(args.new)),
         *("--repeats", str(args.repeats), "--agree-prompts", str(args.agree_prompts)),
-        *("--agree-new", str(args.agree_new)),
+        *("--agree-new", str(args.agree_new), "--agree-batch", str(args.agree_batch)),
     ]
     figures = {}
     for engine in args.engines:

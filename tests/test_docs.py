@@ -568,14 +568,15 @@ def test_chat_speed_records_put_each_figure_beside_transformers_fp32(monkeypatch
         "qkv int8": engine(1500.0, 120.0, [[1, 2, 9, 4], [5, 6, 7, 8]]),
         "transformers fp32": engine(600.0, 30.0, [[1, 2, 3, 4], [5, 6, 7, 8]]),
     }
-    args = argparse.Namespace(agree_prompts=2, agree_new=4)
+    args = argparse.Namespace(agree_prompts=2, agree_new=4, agree_batch=1)
     bench._record(bench.report(figures, args), notes="contended", threads=2)
     runs = {r["metric"]: r for r in _rendered(tmp_path, "chat_speed")}
     int8 = runs["SmolLM2-135M qkv int8 batch 1: generated tokens/s"]
     assert (int8["figure"], int8["peer_figure"], int8["target"]) == (120.0, 30.0, {"min_ratio": 1.5})
     assert runs["SmolLM2-135M transformers fp32 batch 1: prompt tokens/s"]["peer_figure"] is None
     drift = runs["SmolLM2-135M qkv int8 vs qkv fp32: greedy tokens the same"]
-    assert drift["figure"] == 87.5 and drift["details"] == {"share before the first difference, %": 75.0}
+    assert drift["figure"] == 87.5
+    assert drift["details"] == {"share before the first difference, %": 75.0, "prompts per run": 1}
     assert drift["notes"].startswith("contended")
 
 

@@ -156,6 +156,65 @@ def test_outlier_features_are_multiplied_in_float(rows: int) -> None:
     assert error.shape == (1, rows, 13) and (error[0] <= _int8_bound(quiet[0], layer)).all()
 
 
+@pytest.mark.parametrize("shape", [(1, 32), (1, 1, 32)])
+def test_one_row_in_float16_is_the_float_product_within_float16_rounding(shape: tuple[int, ...]) -> None:
+    """``row16`` (a text decoder's layers): one row takes the float weights in float16 and the
+    activations as they are, outliers included, so it is within float16's rounding of the float
+    layer (fp16_product_error of Σ|x||w|), and within the weights' int8 rounding (half a step of
+    each channel's scale per input) of the explicit int8 product; more rows take the paths they
+    take without it, with the same outputs."""
+    linear = _linear(32, 13, seed=7)
+    layer, plain = Int8Linear(linear, row16=True), Int8Linear(linear)
+    x = torch.randn(shape) * 0.5
+    x[..., 3] = 50 * OUTLIER  # an outlier feature: no activation is quantized, so it costs the others nothing
+    assert layer.path(x) == "fp16 row" and plain.path(x) == "int8 row"
+    got = layer(x)
+    with torch.no_grad():
+        magnitude = x.abs() @ linear.weight.abs().T  # (..., 13) Σ|x||w|
+        error = (got - linear(x)).abs()
+    assert got.shape == (*shape[:-1], 13) and (error <= fp16_product_error(32) * magnitude + 1e-6).all()
+    explicit = int8_linear(x, layer.q, layer.scale, layer.bias)
+    weights_bound = x.abs().sum(-1, keepdim=True) * layer.scale / 2  # (..., 13) Σ|x| · half a step
+    assert ((got - explicit).abs() <= weights_bound + fp16_product_error(32) * magnitude + 1e-6).all()
+    assert torch.equal(copy.deepcopy(layer)(x), got)
+    for rows in (2, MANY_ROWS, HUGE_ROWS):  # steps of several hypotheses: (rows, K) or (rows, 1, K)
+        for more in (torch.randn(rows, 32), torch.randn(rows, 1, 32)):
+            assert layer.path(more) == plain.path(more) and torch.equal(layer(more), plain(more))
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 32), (3, MANY_ROWS + 1, 32), (1, HUGE_ROWS, 32)])
+def test_a_prompt_in_float16_is_the_float_product_within_float16_rounding(shape: tuple[int, ...]) -> None:
+    """``row16``: several positions of a sequence (a prompt, x (B, T, K) with T > 1) take the
+    float16 weights too, within fp16_product_error of Σ|x||w| of the float layer."""
+    linear = _linear(32, 13, seed=11)
+    layer = Int8Linear(linear, row16=True)
+    x = torch.randn(shape)
+    x[..., 0, 3] = 50 * OUTLIER
+    assert layer.path(x) == "fp16 GEMM"
+    with torch.no_grad():
+        bound = fp16_product_error(32) * (x.abs() @ linear.weight.abs().T) + 1e-6  # (B, T, 13)
+        assert ((layer(x) - linear(x)).abs() <= bound).all()
+
+
+def test_only_a_decoders_int8_layers_keep_float16_rows() -> None:
+    """int8_linears gives a decoder's layers (one row per hypothesis and step) their float16 copy
+    and not an encoder's (whole inputs: many rows)."""
+    copy_ = int8_linears(for_decoding(_tiny_speech_model()), bf16=False)
+    encoder = [m for m in copy_.encoder.modules() if isinstance(m, Int8Linear)]
+    decoder = [m for m in copy_.decoder.modules() if isinstance(m, Int8Linear)]
+    assert encoder and decoder
+    assert all(m.row16 is None for m in encoder) and all(m.row16 is not None for m in decoder)
+
+
+def test_weights_beyond_float16_keep_the_int8_row() -> None:
+    """A weight float16 cannot hold (|w| > 65504): no float16 copy, the one-row path stays int8."""
+    linear = _linear(32, 13, seed=8)
+    with torch.no_grad():
+        linear.weight[2, 5] = 1e5
+    layer = Int8Linear(linear, row16=True)
+    assert layer.row16 is None and layer.path(torch.randn(1, 32)) == "int8 row"
+
+
 def test_an_int8_layer_copies_and_keeps_its_outputs() -> None:
     """Copies of a model (an ensemble's members, a decoding copy) carry the packed weights."""
     layer = Int8Linear(_linear(32, 13, seed=2))

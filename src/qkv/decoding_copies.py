@@ -85,7 +85,10 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
     vocabulary projection (the model's ``output``, often tied to the embedding) is float16 at one
     row, with the logits that could be the largest recomputed in float32, and from two rows kept in
-    float as ``bf16`` says below (:func:`_vocabulary`).
+    float as ``bf16`` says below (:func:`_vocabulary`). A text model's decoder layers also keep
+    their weights in float16 for one-row products (``Int8Linear(row16=True)``: a batch-1 decoding
+    step takes fbgemm's float16 kernel with float activations, faster there than the int8 row and
+    without its activation rounding; three bytes a weight in memory instead of one).
     Embeddings, norms, convolutions and attention arithmetic stay float32.
 
     ``float_decoder`` (what speech models get): no int8 layer at all. The decoder's linear layers
@@ -137,7 +140,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
         return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
 
     quantized = copy.deepcopy(model).eval()
-    decoder = getattr(quantized, "decoder", None) if float_decoder else None
+    decoder = getattr(quantized, "decoder", None)
     in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
     for parent in list(quantized.modules()):
         for name, child in list(parent.named_children()):
@@ -145,12 +148,12 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
                 continue
             if parent is quantized and name == "output":
                 setattr(parent, name, kept(child, output=True) if float_decoder else _vocabulary(child, kept))
-            elif id(parent) in in_decoder:
+            elif id(parent) in in_decoder and float_decoder:
                 setattr(parent, name, kept(child, output=False))
             elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
                 setattr(parent, name, Bf32Linear(child) if bf16 else kept(child, output=False))
-            else:
-                setattr(parent, name, Int8Linear(child, bf16=bf16))
+            else:  # a text model: int8; its decoder's layers also keep float16 weights for one-row steps
+                setattr(parent, name, Int8Linear(child, bf16=bf16, row16=id(parent) in in_decoder))
     return quantized.requires_grad_(False)
 
 

@@ -14,7 +14,15 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   :data:`OUTLIER`) multiplied in float32 apart (LLM.int8()). Measured on SmolLM2-135M (one
   thread, the machine under contention): about a sixth less CPU time a step than the weight-only
   kernel, its logits about a third further from float32's (RMS), its top-1 as often float32's
-  (docs/speed.md, "int8 at batch 1").
+  (docs/speed.md, "int8 at batch 1"). A text decoder's layers (``row16``: what
+  ``decoding_copies.int8_linears`` gives them) take their float weights in float16 at one row
+  instead (fbgemm's float16 kernel, as :class:`Fp16Linear`): no activation is quantized, so an
+  outlier feature (SmolLM2's reach |x| ≈ 50) coarsens nothing, and the call is one operator with
+  no outlier check. Per call on SmolLM2-135M's shapes (one thread, CPU time, the machine under
+  contention, 2026-12-07; weights warm in cache): 79 against the int8 row's 99 us at 576 → 960,
+  58 against 84 at 576 → 576, 140 against 169 at 576 → 3,072, 97 against 115 at 1,536 → 576,
+  and the int8 row's outlier path cost about 200 us more (a sixth of its calls). The price is
+  memory: the float16 copy besides the int8 weights, three bytes a weight instead of one.
 * 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
@@ -137,7 +145,15 @@ class Int8Linear(nn.Module):
     On the CPU, one row and from :data:`MANY_ROWS` to :data:`HUGE_ROWS` rows run fbgemm's int8
     GEMM with each row's activations quantized on its own scale: equal to :func:`int8_linear`
     within half a quantization step per activation, |error| ≤ max|row| / :data:`ACTIVATION_LEVELS`
-    × Σ|w| (tested). Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
+    × Σ|w| (tested). With ``row16`` (a text decoder's layers) one row instead multiplies the float
+    weights kept in float16 (fbgemm's float16 kernel, float activations): within
+    :func:`fp16_product_error` of ``linear`` and so within half a weight step per input of
+    :func:`int8_linear`, Σ|x| · scale / 2 more (tested); so does a prompt (x (B, T, K) with T > 1,
+    once per input: the keys and values it caches are read by every step after), which there took
+    less CPU time than the explicit product (256 rows, one thread, contended: 5.1 against 10.2 ms at
+    576 → 960, 17.2 against 20.7 at 576 → 3,072, 8.6 against 12.3 at 1,536 → 576). Steps of
+    several hypotheses (x (B, 1, K)) keep the int8 paths. Weights beyond float16's range keep the
+    int8 ones everywhere. Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. ``bf16``: whether huge products run in bfloat16 (None: where
@@ -147,10 +163,12 @@ class Int8Linear(nn.Module):
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None) -> None:
+    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None, row16: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.huge_bf16 = native_bf16() if bf16 is None else bf16
+        # one row: the float weights in float16 (fbgemm's kernel), where asked and where they fit float16
+        self.row16 = _packed_fp16(linear) if row16 and fp16_fits(linear.weight) else None
         q, scale = quantize_channels(linear.weight)
         self.register_buffer("q", q)  # (N, K) int8
         self.register_buffer("scale", scale)  # (N,)
@@ -160,8 +178,10 @@ class Int8Linear(nn.Module):
         self.packed = packed_weights(q, scale, bias)  # fbgemm's copy of (q, scale, bias), for one row and many
 
     def path(self, x: Tensor) -> str:
-        """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "int8 row"
-        (int8 activations on the row's own range, outliers apart); from :data:`MANY_ROWS` to
+        """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "fp16 row"
+        (``row16``: the float16 weights) or "int8 row" (int8 activations on the row's own range,
+        outliers apart); with ``row16``, several positions of a sequence (x (B, T, K), T > 1: a
+        prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
         :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
         one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
         call), or "explicit" where bfloat16 is not this layer's (``huge_bf16``); other rows
@@ -170,13 +190,19 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             return "explicit"
         if rows == 1:
-            return "int8 row"
+            return "int8 row" if self.row16 is None else "fp16 row"
+        if self.row16 is not None and x.dim() >= 3 and x.shape[-2] > 1:  # (B, T, K): T positions of a prompt
+            return "fp16 GEMM"
         if rows >= MANY_ROWS:
             return "int8 GEMM" if rows < HUGE_ROWS else "bf16 GEMM" if self.huge_bf16 else "explicit"
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
         path = self.path(x)
+        if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
+            if x.dtype == torch.float32:
+                return torch.ops.quantized.linear_dynamic_fp16(x, self.row16)  # (..., N)
+            return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.row16).to(x.dtype)  # (..., N)
         if path == "int8 row":  # batch-1 decoding: no dtype round trip where x is float32 already (each call counts)
             return self._one_row(x) if x.dtype == torch.float32 else self._one_row(x.float()).to(x.dtype)
         if path == "explicit":
@@ -306,6 +332,15 @@ def fp16_product_error(in_features: int) -> float:
 FP16_SUBNORMAL_ERROR = 2**-25
 
 
+def _packed_fp16(linear: nn.Linear):
+    """``linear``'s weight in float16 and its bias in float32, in fbgemm's packed layout for
+    ``torch.ops.quantized.linear_dynamic_fp16``. Shapes: weight (N, K), bias (N,) or None."""
+    bias = None if linear.bias is None else linear.bias.detach().float()
+    with warnings.catch_warnings():  # torch 2.13 warns that quantized kernels will move to torchao
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+
+
 class Fp16Linear(nn.Module):
     """An ``nn.Linear`` whose weight is kept in float16 in fbgemm's packed layout
     (``torch.ops.quantized.linear_dynamic_fp16``): float32 activations, weights widened to float32
@@ -322,10 +357,7 @@ class Fp16Linear(nn.Module):
         if not fp16_fits(linear.weight):
             raise ValueError("Fp16Linear: a weight is beyond float16's range")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        with warnings.catch_warnings():  # torch 2.13 warns that quantized kernels will move to torchao
-            warnings.simplefilter("ignore", UserWarning)
-            self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+        self.packed = _packed_fp16(linear)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == torch.float32:  # the int8 copy's activations: no dtype round trip (each call counts)
