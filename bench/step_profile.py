@@ -63,11 +63,12 @@ def bucket(name: str, shapes: list) -> str:
         weight = shapes[1] if len(shapes) > 1 and shapes[1] else [0]
         width = weight[0] if op.startswith("mkldnn") else weight[-1]  # a packed weight (layers.PackedLinear) is (N, K)
         return "output layer" if width == mt_speed.VOCAB else "projections"
-    if any(op.startswith(a) for a in ATTENTION):
+    bare = op.lstrip("_")  # aten's kernels: _scaled_dot_product_flash_attention_for_cpu, _log_softmax
+    if any(bare.startswith(a) for a in ATTENTION):
         return "attention"
-    if op in CACHE:
+    if bare in CACHE:
         return "cache"
-    if op in TOPK:
+    if bare in TOPK:
         return "top-k"
     return "other ops"
 
