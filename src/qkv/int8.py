@@ -200,9 +200,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         path = self.path(x)
         if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
-            if x.dtype == torch.float32:
-                return torch.ops.quantized.linear_dynamic_fp16(x, self.row16)  # (..., N)
-            return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.row16).to(x.dtype)  # (..., N)
+            return fp16_product(x, self.row16)  # (..., N)
         if path == "int8 row":  # batch-1 decoding: no dtype round trip where x is float32 already (each call counts)
             return self._one_row(x) if x.dtype == torch.float32 else self._one_row(x.float()).to(x.dtype)
         if path == "explicit":
@@ -341,6 +339,14 @@ def _packed_fp16(linear: nn.Linear):
         return torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
 
 
+def fp16_product(x: Tensor, packed) -> Tensor:
+    """``x`` times float16 weights packed by fbgemm (:func:`_packed_fp16`), float32 sums, in
+    ``x``'s dtype. Shapes: x (..., K) -> (..., N)."""
+    if x.dtype == torch.float32:  # the int8 copy's activations: no dtype round trip (each call counts)
+        return torch.ops.quantized.linear_dynamic_fp16(x, packed)  # (..., N)
+    return torch.ops.quantized.linear_dynamic_fp16(x.float(), packed).to(x.dtype)  # (..., N)
+
+
 class Fp16Linear(nn.Module):
     """An ``nn.Linear`` whose weight is kept in float16 in fbgemm's packed layout
     (``torch.ops.quantized.linear_dynamic_fp16``): float32 activations, weights widened to float32
@@ -360,9 +366,7 @@ class Fp16Linear(nn.Module):
         self.packed = _packed_fp16(linear)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.float32:  # the int8 copy's activations: no dtype round trip (each call counts)
-            return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)  # (..., N)
-        return torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed).to(x.dtype)  # (..., N)
+        return fp16_product(x, self.packed)  # (..., N)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, float16 weights (fbgemm)"

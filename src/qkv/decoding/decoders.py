@@ -194,8 +194,7 @@ def _cache_rows(cache: list, default: int) -> int:
     """The rows (hypotheses) of a decoder cache; ``default`` for an empty one."""
     if not cache:
         return default
-    self_kv = cache[0][0]
-    return (self_kv.k if isinstance(self_kv, KVBuffer) else self_kv[0]).shape[0]
+    return _filled(cache[0][0])[0].shape[0]
 
 
 def _consecutive(m: int, w: int, device: torch.device) -> Tensor:
