@@ -166,6 +166,25 @@ def test_packed_weights_keep_the_layouts_used_last(monkeypatch):
     assert all(float((got - want).abs().max()) <= 1e-5 for got, want in outputs.values())
 
 
+@pytest.mark.parametrize("resblock", ["1", "2"])
+def test_generator_layouts_are_learnt_while_the_flow_runs(resblock):
+    """Once the durations are known, the generator's oneDNN weight layouts are learnt on another
+    thread (the flow runs meanwhile); they must be the ones the generator then asks for: none is
+    left for it to learn."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("needs oneDNN")
+    model = tiny_voice(seed=4, resblock=resblock)
+    ids, lengths = ids_of(13)
+    onednn_conv._weight_format.cache_clear()
+    z, frames, _ = model.latent(ids, lengths, generator=torch.Generator().manual_seed(6))
+    onednn_conv._learner().submit(lambda: None).result()  # one thread, in order: the layouts are learnt
+    learnt = onednn_conv._weight_format.cache_info()
+    with torch.no_grad():
+        wave = model.dec(z)
+    assert wave.shape[-1] == int(frames[0]) * 6 and learnt.currsize > 0
+    assert onednn_conv._weight_format.cache_info().misses == learnt.misses
+
+
 def test_latent_inference_path_equals_the_plain_one_and_follows_new_weights():
     """At inference the text encoder, duration predictor and flow run their convolutions in
     oneDNN on re-laid-out weights kept between calls; with oneDNN off (PyTorch's own kernels)

@@ -3,7 +3,8 @@ run as a 2-D one of height 1 on channels-last rows (:func:`conv_rows`), its weig
 oneDNN's blocked format once per weight version (:func:`packed_weight`), and one oneDNN call that
 also adds a residual or applies a leaky ReLU as it writes its output (:func:`conv_rows_fused`,
 :func:`conv_frames`), where :func:`fusable` says the path may be taken (float32 on the CPU,
-autograd not recording).
+autograd not recording), and :func:`learn_layouts`, which learns the weight layouts of lengths
+coming on a thread of its own.
 
 Why a module of its own: it is how the convolutions run, not what the model is; every function
 here equals PyTorch's plain convolution to float rounding (``tests/test_piper.py``). What is not
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +98,18 @@ def polyphase(weight: Tensor, bias: Tensor | None, stride: int, padding: int) ->
     return phased, None if bias is None else bias.repeat(stride), reach
 
 
+def _run_shape(conv: nn.Conv1d | nn.ConvTranspose1d) -> tuple[bool, tuple[int, ...], Geometry]:
+    """What :func:`_run_form` gives oneDNN, without the weight: whether transposed, the weight's
+    shape as (out, in, 1, k) (transposed: (in, out, 1, k)) and the geometry."""
+    stride = phases(conv)
+    if stride:
+        n_in, n_out, _ = conv.weight.shape
+        reach = (stride - 1 + conv.padding[0]) // stride
+        return False, (stride * n_out, n_in, 1, 2 * reach + 1), ((0, reach), (1, 1), (1, 1), 1)
+    n_out, n_in, k = conv.weight.shape
+    return isinstance(conv, nn.ConvTranspose1d), (n_out, n_in, 1, k), _geometry(conv)
+
+
 def _run_form(conv: nn.Conv1d | nn.ConvTranspose1d, scale: float) -> tuple[Tensor, Tensor | None, bool, Geometry]:
     """What oneDNN runs for ``conv``: the weight times ``scale`` as (out, in, 1, k) (transposed:
     (in, out, 1, k)), the bias, whether transposed, and the geometry; a :func:`polyphase`
@@ -134,6 +149,32 @@ def _weight_format(
     # (``shape``, in the key) and the data type, then 4 bytes of alignment padding that hold
     # whatever was there (they differed between packs of one layout at each other length)
     return torch.ops.mkldnn._get_mkldnn_serialized_md(packed)[112:].numpy().tobytes()
+
+
+@functools.cache
+def _learner() -> ThreadPoolExecutor:
+    """The one thread :func:`learn_layouts` runs on (made at its first use)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkv-onednn-layouts")
+
+
+def learn_layouts(jobs: Sequence[tuple[nn.Conv1d | nn.ConvTranspose1d, tuple[int, ...]]]) -> Future:
+    """oneDNN's weight layouts (:func:`_weight_format`) for each (convolution, input size) of
+    ``jobs``, learnt on a thread of their own while the caller goes on: a caller that knows the
+    lengths coming (the generator's, once the durations are known) has them learnt while it runs
+    something else (the flow), each a oneDNN convolution set up on zeros, about 1.7 ms of CPU for
+    each of the joe voice's generator convolutions at a new length (2 busy cores). oneDNN
+    releases Python's lock while it works. A layout asked for before its job is done is learnt
+    again by the asker (the same bytes: the cache keeps one). The thread runs with the caller's
+    thread count, which oneDNN's pick depends on."""
+    threads = torch.get_num_threads()
+
+    def learn() -> None:
+        torch.set_num_threads(threads)  # the same count: sets this thread's OpenMP count to it
+        for conv, input_size in jobs:
+            transposed, shape, geometry = _run_shape(conv)
+            _weight_format(transposed, shape, geometry, tuple(input_size), threads)
+
+    return _learner().submit(learn)
 
 
 def packed_weight(

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkv.onednn_conv import conv_frames, conv_rows, conv_rows_fused, fusable
+from qkv.onednn_conv import conv_frames, conv_rows, conv_rows_fused, fusable, learn_layouts
 
 LRELU_SLOPE = 0.1  # HiFi-GAN's leaky ReLU slope inside the generator
 MASKED = -1e4  # VITS's score for masked keys (a finite fill: a fully masked row stays finite)
@@ -572,6 +572,22 @@ class Generator(nn.Module):
         self.conv_post = nn.Conv1d(widths[-1], 1, 7, padding=3, bias=False)
         self.kernels, self.rates = len(c.resblock_kernel_sizes), c.upsample_rates
 
+    def pads(self) -> bool:
+        """Whether the fused path pads the frames: each upsampling's output must be rate × its
+        input (HiFi-GAN's: kernel = rate + 2·padding)."""
+        return all(up.kernel_size[0] - 2 * up.padding[0] == up.stride[0] for up in self.ups)
+
+    def layout_jobs(self, batch: int, frames: int) -> list[tuple[nn.Conv1d | nn.ConvTranspose1d, tuple[int, ...]]]:
+        """Each oneDNN convolution of :meth:`forward` on ``frames`` padded frames and the size
+        of its input (B, channels, 1, samples), for :func:`~qkv.onednn_conv.learn_layouts`."""
+        jobs = [(self.conv_pre, (batch, self.conv_pre.in_channels, 1, frames))]
+        for i, (up, rate) in enumerate(zip(self.ups, self.rates, strict=True)):
+            jobs.append((up, (batch, up.in_channels, 1, frames)))
+            frames *= rate
+            for block in self.resblocks[i * self.kernels : (i + 1) * self.kernels]:
+                jobs += [(c, (batch, up.out_channels, 1, frames)) for c in block.modules() if isinstance(c, nn.Conv1d)]
+        return [*jobs, (self.conv_post, (batch, self.conv_post.in_channels, 1, frames))]
+
     def forward(self, z: Tensor, speaker: Tensor | None = None) -> Tensor:
         """Shapes: z (B, inter_channels, T); speaker (B, speaker_channels, 1) -> (B, 1, T·hop).
 
@@ -584,7 +600,7 @@ class Generator(nn.Module):
         sentence's length (measured on 2 busy cores), and padded lengths repeat."""
         inplace, frames = fusable(z), z.shape[-1]
         # padding needs each upsampling's output to be rate × its input (HiFi-GAN's: k = rate + 2·padding)
-        padded = inplace and all(up.kernel_size[0] - 2 * up.padding[0] == up.stride[0] for up in self.ups)
+        padded = inplace and self.pads()
         if padded:
             z = F.pad(z, (0, padded_frames(frames) - frames))
         x = conv_frames(self.conv_pre, z)
@@ -707,6 +723,10 @@ class Vits(nn.Module):
         durations = torch.ceil(torch.exp(log_w) * mask * length_scale)[:, 0]  # (B, S)
         frames = durations.sum(-1).clamp_min(1).long()  # (B,)
         frame_mask = sequence_mask(frames, int(frames.max()))  # (B, 1, T)
+        if fusable(states) and self.dec.pads():
+            # the generator's length is known now: its convolutions' layouts are learnt on
+            # another thread while the flow runs (a new length's cost them about 40 ms of CPU)
+            learn_layouts(self.dec.layout_jobs(ids.shape[0], padded_frames(frame_mask.shape[-1])))
         path = alignment_path(durations, frame_mask.shape[-1]) * (mask.transpose(1, 2) & frame_mask)  # (B, S, T)
         prior = (mean @ path, log_std @ path)  # (B, inter_channels, T) each
         z = self._sample(prior, frame_mask, speaker, noise_scale, latent_noise, generator)
