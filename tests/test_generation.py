@@ -798,6 +798,8 @@ def test_fused_rms_norm_is_nn_rms_norm_bit_for_bit(dtype: torch.dtype, shape: tu
     no_eps = torch.nn.RMSNorm(7, eps=None)
     x = torch.randn(shape)
     assert torch.equal(FusedRMSNorm(no_eps)(x), no_eps(x))
+    traced = torch.compile(FusedRMSNorm(norm), backend="eager", fullgraph=True)  # graphs take nn.RMSNorm's forward
+    assert torch.equal(traced(x.to(dtype)), norm(x.to(dtype)))
 
 
 @pytest.mark.parametrize("tie_output", [True, False])

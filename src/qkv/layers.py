@@ -184,7 +184,9 @@ class FusedRMSNorm(nn.RMSNorm):
     it makes, not by arithmetic, and SmolLM2-135M's step calls 61 norms: on (1, 1, 576) the
     direct call took about half the CPU time of ``nn.RMSNorm`` (about 25 against 50 µs, torch 2.13,
     one thread, under contention, 2026-12-07). A decoding copy
-    (``decoding_copies.for_decoding``); a norm with ``eps=None`` keeps ``nn.RMSNorm``'s forward.
+    (``decoding_copies.for_decoding``); a norm with ``eps=None``, and every norm while a graph is
+    traced (``torch.compile``, ``torch.export``: neither traces the direct call), keep
+    ``nn.RMSNorm``'s forward.
 
     Shapes: (..., D) -> (..., D).
     """
@@ -195,7 +197,7 @@ class FusedRMSNorm(nn.RMSNorm):
         self.shape = list(norm.normalized_shape)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.eps is None:
+        if self.eps is None or torch.compiler.is_compiling() or exporting():
             return super().forward(x)
         return torch._fused_rms_norm(x, self.shape, self.weight, self.eps)[0]  # (..., D)
 
