@@ -31,7 +31,7 @@ from qkv.decoding import (
 from qkv.decoding_copies import for_decoding, int8_linears, packed_linears
 from qkv.ensemble import Ensemble
 from qkv.kv_cache import KVBuffer
-from qkv.layers import PackedLinear, WideLinear, packable
+from qkv.layers import FusedRMSNorm, PackedLinear, WideLinear, packable
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -761,6 +761,8 @@ def test_llama_decoding_copies_equal_the_explicit_model(tmp_path) -> None:
     llama = {"activation": "swiglu", "norm": "rmsnorm", "bias": False, "n_kv_heads": 1, "d_ff": 19}
     model, prompts = make_do("rope", seed=9, **llama), _random_rows([3, 5, 1], V, seed=17)
     fast = for_decoding(model, wide=True)
+    norms = [m for m in fast.modules() if isinstance(m, torch.nn.RMSNorm)]  # 2 per block and the stack's
+    assert len(norms) == 2 * len(fast.decoder.blocks) + 1 and all(type(m) is FusedRMSNorm for m in norms)
     ffn = fast.decoder.blocks[0].ffn
     assert ffn.w_13 is not None and ffn.w_1 is None and ffn.w_3 is None and model.decoder.blocks[0].ffn.w_13 is None
     assert for_decoding(fast).state_dict().keys() == fast.state_dict().keys()  # fusing twice: as once
@@ -776,6 +778,28 @@ def test_llama_decoding_copies_equal_the_explicit_model(tmp_path) -> None:
         for_decoding(int8_linears(make_do("rope", seed=9, **llama)))
     with pytest.raises(ValueError, match="cannot be saved"):
         save_model(fast, tmp_path / "m")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1, 7), (3, 5, 7), (2, 3, 5, 7)])
+def test_fused_rms_norm_is_nn_rms_norm_bit_for_bit(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """FusedRMSNorm (for_decoding's norms) gives nn.RMSNorm's outputs exactly, one decoding row,
+    a prompt and per-head (qk_norm) shapes, float32 and bfloat16, with the norm's own weight (its
+    state dict is the norm's); a norm without a weight, or with eps=None, the same."""
+    torch.manual_seed(3)
+    for norm in (torch.nn.RMSNorm(7, eps=1e-6), torch.nn.RMSNorm(7, eps=1e-5, elementwise_affine=False)):
+        if norm.weight is not None:
+            torch.nn.init.normal_(norm.weight)
+        norm = norm.to(dtype)
+        fused = FusedRMSNorm(norm)
+        x = (torch.randn(shape) * 3).to(dtype)
+        assert torch.equal(fused(x), norm(x)) and fused(x).dtype == dtype
+        assert fused.state_dict().keys() == norm.state_dict().keys() and fused.weight is norm.weight
+    no_eps = torch.nn.RMSNorm(7, eps=None)
+    x = torch.randn(shape)
+    assert torch.equal(FusedRMSNorm(no_eps)(x), no_eps(x))
+    traced = torch.compile(FusedRMSNorm(norm), backend="eager", fullgraph=True)  # graphs take nn.RMSNorm's forward
+    assert torch.equal(traced(x.to(dtype)), norm(x.to(dtype)))
 
 
 @pytest.mark.parametrize("tie_output", [True, False])

@@ -1,6 +1,7 @@
 """Copies of a model prepared for decoding: :func:`for_decoding` (one stacked Q/K/V product per
-self-attention and one stacked W1/W3 product per gated feed-forward; with ``wide``, the widening
-layers' weights stored transposed for float32 decoding on CPUs), :func:`packed_linears` (bfloat16
+self-attention, one stacked W1/W3 product per gated feed-forward, RMSNorm's kernel called
+directly; with ``wide``, the widening layers' weights stored transposed for float32 decoding on
+CPUs), :func:`packed_linears` (bfloat16
 linear layers in oneDNN's packed layout, for ``--bf16`` on CPUs) and :func:`int8_linears`
 (int8-weight linear layers, ``qkv.int8``).
 Both return a new model (an ensemble: an ensemble of new members) and leave theirs unchanged.
@@ -19,8 +20,9 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     """A copy of ``model`` for decoding (eval mode): every self-attention computes Q, K and V
     with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
     saves two calls per layer per token, and every gated feed-forward (SwiGLU, GEGLU) its W1 and
-    W3 with one (:meth:`~qkv.layers.FeedForward.fuse_gate`), one call more. Same outputs up to
-    float rounding (tested equal);
+    W3 with one (:meth:`~qkv.layers.FeedForward.fuse_gate`), one call more; every RMSNorm calls
+    aten's kernel directly (:class:`qkv.layers.FusedRMSNorm`, the same bits in fewer Python calls).
+    Same outputs up to float rounding (tested equal);
     the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
     it before :func:`int8_linears`, which quantizes the stacked projection like any other.
     An ensemble gives an ensemble of its members' copies.
@@ -41,13 +43,17 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     from torch import nn
 
     from qkv.blocks import DecoderBlock, EncoderBlock
-    from qkv.layers import WideLinear
+    from qkv.layers import FusedRMSNorm, WideLinear
 
     fast = copy.deepcopy(model).eval()
     for module in fast.modules():
         if isinstance(module, DecoderBlock | EncoderBlock):
             module.self_attn.fuse_qkv()
             module.ffn.fuse_gate()
+    for parent in list(fast.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.RMSNorm:
+                setattr(parent, name, FusedRMSNorm(child))
     for parent in list(fast.modules()) if wide else []:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > child.in_features:

@@ -198,6 +198,8 @@ class Int8Linear(nn.Module):
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.row16 is not None and x.numel() == self.in_features and x.device.type == "cpu":
+            return fp16_product(x, self.row16)  # "fp16 row" (path) without choosing: a batch-1 step's every call
         path = self.path(x)
         if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
             return fp16_product(x, self.row16)  # (..., N)
@@ -343,8 +345,13 @@ def fp16_product(x: Tensor, packed) -> Tensor:
     """``x`` times float16 weights packed by fbgemm (:func:`_packed_fp16`), float32 sums, in
     ``x``'s dtype. Shapes: x (..., K) -> (..., N)."""
     if x.dtype == torch.float32:  # the int8 copy's activations: no dtype round trip (each call counts)
-        return torch.ops.quantized.linear_dynamic_fp16(x, packed)  # (..., N)
-    return torch.ops.quantized.linear_dynamic_fp16(x.float(), packed).to(x.dtype)  # (..., N)
+        return _FP16_PRODUCT(x, packed)  # (..., N)
+    return _FP16_PRODUCT(x.float(), packed).to(x.dtype)  # (..., N)
+
+
+# The kernel's one overload, called as such: calling the op by its name first checks its arguments
+# in Python for the overload to take (``OpOverloadPacket``), several µs of a batch-1 step's 121 calls.
+_FP16_PRODUCT = torch.ops.quantized.linear_dynamic_fp16.default
 
 
 class Fp16Linear(nn.Module):
