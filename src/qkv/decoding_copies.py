@@ -166,6 +166,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     if isinstance(model, Ensemble):
         return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder, bf16=bf16) for m in model.models))
 
+    import torch
     from torch import nn
 
     from qkv.int8 import Bf16Linear, Bf32Linear, Int8Linear, NearTiesInFloat, native_bf16
@@ -181,6 +182,8 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
         return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
 
     quantized = copy.deepcopy(model).eval()
+    if float_decoder and not bf16 and packable(torch.float32):  # float32 throughout: as the float32 copy
+        _pack_many_rows(quantized)
     decoder = getattr(quantized, "decoder", None)
     in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
     for parent in list(quantized.modules()):
