@@ -213,6 +213,24 @@ def test_whisper_features_match_transformers(n_mels, seconds) -> None:
     assert np.abs(ours - theirs).max() <= 1e-5
 
 
+def test_whisper_features_of_mostly_silent_windows_match_transformers() -> None:
+    """Whisper's features compute the STFT only as far as the audio is not zero (the rest of the
+    30-s window is exactly silent frames): the same as transformers' whole STFT at every length,
+    sound ending on and beside a hop, zeros inside the audio, in a batch of unequal lengths, and
+    for digital silence alone."""
+    from transformers import WhisperFeatureExtractor
+
+    extractor = WhisperFeatureExtractor(feature_size=80)
+    gap = np.concatenate([noise(0.2, seed=4), np.zeros(3001, np.float32), noise(0.1, seed=5)])
+    waves = [noise(n / 16000, seed=n) for n in (1, 159, 160, 161, 16000, 479_839)] + [gap, np.zeros(800, np.float32)]
+    batch, _ = batch_features([torch.from_numpy(w) for w in waves], FeatureConfig.whisper())  # (B, T, M)
+    for b, w in enumerate(waves):
+        theirs = extractor(w, sampling_rate=16000, return_tensors="np")["input_features"][0].T  # (T, M)
+        ours = features(torch.from_numpy(w), FeatureConfig.whisper()).numpy()  # (T, M)
+        assert np.abs(ours - theirs).max() <= 1e-5
+        assert np.abs(batch[b].numpy() - theirs).max() <= 1e-5
+
+
 def test_frame_count_and_batch_equals_one_by_one() -> None:
     c = FeatureConfig()
     waves = [noise(n / 16000, seed=n) for n in (1, 159, 160, 161, 4000, 12345)]

@@ -31,7 +31,7 @@ from qkv.decoding import (
 from qkv.decoding_copies import for_decoding, int8_linears, packed_linears
 from qkv.ensemble import Ensemble
 from qkv.kv_cache import KVBuffer
-from qkv.layers import FusedRMSNorm, PackedLinear, WideLinear, packable
+from qkv.layers import FeedForward, FusedRMSNorm, PackedLinear, WideLinear, packable
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.encoder_decoder import EncoderDecoder, EncoderDecoderConfig
 
@@ -816,6 +816,12 @@ def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
         assert any(isinstance(m, torch.nn.Linear) for m in wide.modules())  # narrowing ones stay nn.Linear
         assert not any(isinstance(m, WideLinear) for m in model.modules())
         _decode_the_same(fused, wide, prompts, steps=5)
+    if packable(torch.float32):  # the products of many rows: the encoder's and cross-attention's Wk, Wv packed
+        ed = for_decoding(make_ed(seed=5, tie_output=tie_output), wide=True)
+        assert all(type(m) is not torch.nn.Linear and not isinstance(m, WideLinear) for m in ed.encoder.modules())
+        assert all(m.ffn.activated for m in ed.encoder.blocks)  # W1 with the activation inside
+        for block in ed.decoder.blocks:
+            assert isinstance(block.cross_attn.w_k, PackedLinear) and isinstance(block.cross_attn.w_v, PackedLinear)
 
 
 @pytest.mark.skipif(not packable(), reason="this CPU or build has no oneDNN bfloat16 kernels")
@@ -857,10 +863,33 @@ def test_wide_linear_equals_linear_on_one_row_and_many(bias: bool) -> None:
     torch.manual_seed(17)
     linear = torch.nn.Linear(7, 23, bias=bias)
     wide = WideLinear(linear)
-    for shape in [(1, 7), (3, 1, 7), (2, 263, 7)]:
+    assert (wide.many is not None) == packable(torch.float32)  # from 4 rows: the packed copy's product
+    for shape in [(1, 7), (3, 1, 7), (5, 7), (2, 263, 7)]:
         x = torch.randn(*shape)
         with torch.no_grad():
             torch.testing.assert_close(wide(x), linear(x), atol=1e-5, rtol=0)
+            torch.testing.assert_close(copy.deepcopy(wide)(x), wide(x), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not packable(torch.float32), reason="this build has no oneDNN")
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+def test_packed_float32_first_layer_equals_linear_then_activation(activation: str) -> None:
+    """A float32 PackedLinear with the activation inside its product (FeedForward.pack_first, what
+    an encoder gets for decoding) gives the feed-forward's output, one row or many, bias or none,
+    and a copy of it the same; gated activations are refused."""
+    torch.manual_seed(19)
+    for bias in (True, False):
+        ffn = FeedForward(11, 29, activation=activation, bias=bias).eval()
+        packed = copy.deepcopy(ffn)
+        packed.pack_first(rows=64)
+        assert isinstance(packed.w_1, PackedLinear) and packed.activated
+        for shape in [(1, 11), (3, 5, 11), (2, 131, 11)]:
+            x = torch.randn(*shape) * 3
+            with torch.no_grad():
+                torch.testing.assert_close(packed(x), ffn(x), atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(copy.deepcopy(packed)(x), packed(x), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="ungated"):
+        FeedForward(11, 29, activation="swiglu").pack_first(rows=64)
 
 
 # ----------------------------------------------------------------- ensembles

@@ -455,8 +455,11 @@ def test_speech_int8_layers_follow_the_cpus_bfloat16_arithmetic(monkeypatch, nat
 
     monkeypatch.setattr(qkv.int8, "native_bf16", lambda: native)
     copy_ = int8_linears(for_decoding(_tiny_speech_model()), float_decoder=True)
-    encoder = [m for m in copy_.encoder.modules() if isinstance(m, nn.Linear | WideLinear | Bf32Linear)]
-    assert encoder and all(isinstance(m, Bf32Linear if native else nn.Linear | WideLinear) for m in encoder)
+    from qkv.layers import PackedLinear
+
+    encoder = [m for m in copy_.encoder.modules() if isinstance(m, nn.Linear | WideLinear | Bf32Linear | PackedLinear)]
+    fp32 = PackedLinear if packable(torch.float32) else nn.Linear | WideLinear  # as the float32 copy holds them
+    assert encoder and all(isinstance(m, Bf32Linear if native else fp32) for m in encoder)
     assert not any(isinstance(m, Int8Linear) for m in copy_.modules())
     assert isinstance(copy_.output, NearTiesInFloat) == native
 

@@ -557,12 +557,33 @@ def _whisper(batch: Tensor, c: FeatureConfig) -> Tensor:
     floored at 1e-10, each utterance clipped to at most 8 below its maximum (a dynamic range of
     80 dB), then scaled by (x + 4) / 4 to lie roughly in [-1, 1].
     """
-    spec = centred_stft(batch, c, pad_mode="reflect")  # (B, E, T+1)
-    mel = _power(spec[..., :-1]) @ _filters(c, batch.device)  # (B, T, M)
+    frames = batch.shape[1] // c.hop_length  # T
+    heard = _heard(batch, c)
+    spec = centred_stft(batch[:, :heard], c, pad_mode="reflect")[..., :frames]  # (B, E, T'), T' ≤ T
+    mel = _power(spec) @ _filters(c, batch.device)  # (B, T', M)
+    mel = torch.nn.functional.pad(mel, (0, 0, 0, frames - mel.shape[1]))  # (B, T, M): the silent frames' zeros
     log = mel.clamp(min=LOG_FLOOR).log10()
     peak = log.amax(dim=(1, 2), keepdim=True)  # (B, 1, 1)
     log = torch.maximum(log, peak - 8.0)
     return (log + 4.0) / 4.0
+
+
+def _heard(batch: Tensor, c: FeatureConfig) -> int:
+    """How many of the samples of ``batch`` the frames that read any non-zero sample need.
+
+    Whisper pads every input to 30 s with zeros, so a 1-s file's frames are nearly all of zeros
+    alone: their power is exactly 0 (the FFT of zeros), so :func:`_whisper` computes the STFT of
+    the first samples only and gives the rest 0 power, skipping 29/30 of a 1-s file's STFT (the
+    reflect padding of the shortened signal's end reflects zeros too: ``n_fft`` zeros are kept
+    after the last non-zero sample, more than the ``n_fft // 2`` it reflects). The same frames as
+    the whole STFT's up to float rounding (tested).
+
+    Shapes: batch (B, Y) -> an int ≤ Y.
+    """
+    loud = batch.ne(0).any(dim=0).nonzero()  # (P, 1) the samples non-zero in some row
+    last = int(loud[-1]) if loud.numel() else -1
+    hop = c.hop_length
+    return min(batch.shape[1], -(-(last + 1 + c.n_fft) // hop) * hop)  # a whole number of hops
 
 
 def whisper_log_mel(waveform: Tensor | np.ndarray, config: FeatureConfig, *, pad_seconds: float = 0.0) -> Tensor:

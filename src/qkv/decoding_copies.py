@@ -34,16 +34,20 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     in ``WideLinear``'s docstring; bench/mt_speed.py end to end). A weight tied to an embedding is
     copied (the embedding keeps its rows): more memory, by the vocabulary projection's size.
     Leave it off before :func:`int8_linears` or ``.to(bfloat16)`` (no gain measured in bfloat16).
+    With ``wide``, where oneDNN runs (:func:`qkv.layers.packable`), the layers that multiply many
+    rows at every call, the encoder's and cross-attention's Wk and Wv (which read the encoder
+    output), hold float32 weights packed for oneDNN instead (:func:`_pack_many_rows`).
     """
     import copy
 
     if isinstance(model, Ensemble):
         return Ensemble(tuple(for_decoding(m, wide=wide) for m in model.models))
 
+    import torch
     from torch import nn
 
     from qkv.blocks import DecoderBlock, EncoderBlock
-    from qkv.layers import FusedRMSNorm, WideLinear
+    from qkv.layers import FusedRMSNorm, WideLinear, packable
 
     fast = copy.deepcopy(model).eval()
     for module in fast.modules():
@@ -54,11 +58,48 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
         for name, child in list(parent.named_children()):
             if type(child) is nn.RMSNorm:
                 setattr(parent, name, FusedRMSNorm(child))
+    if wide and packable(torch.float32):
+        _pack_many_rows(fast)
     for parent in list(fast.modules()) if wide else []:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > child.in_features:
                 setattr(parent, name, WideLinear(child))
     return fast
+
+
+# The rows PackedLinear's float32 layout is chosen for: an encoder's products have a few hundred
+# (a batch of sentences) to thousands (Whisper: 1,500 a window); the layout oneDNN picks barely
+# changed between 64 and 6,000 rows (3,000-row products of Whisper tiny.en's shapes, one thread).
+MANY_ROWS = 512
+
+
+def _pack_many_rows(model: DecodingModel) -> None:
+    """In place: the ``nn.Linear`` layers of ``model.encoder`` and the cross-attentions' Wk and Wv
+    become float32 :class:`qkv.layers.PackedLinear` ones, and each encoder feed-forward computes
+    its activation inside its first product (:meth:`qkv.layers.FeedForward.pack_first`, ungated
+    activations). Their products have an encoder's rows (Whisper: 1,500 a window), compute-bound,
+    where oneDNN's kernel adds the bias and applies the activation inside the product instead of
+    in passes of their own over the output. The same outputs up to float rounding (tested).
+    Whisper tiny.en's encoder, same-process A/B, one thread, under contention: see the commit."""
+    from torch import nn
+
+    from qkv.blocks import DecoderBlock, EncoderBlock
+    from qkv.layers import POST_OPS, PackedLinear
+
+    encoder = getattr(model, "encoder", None)
+    for module in encoder.modules() if encoder is not None else ():
+        if isinstance(module, EncoderBlock) and module.ffn.w_13 is None and module.ffn.activation in POST_OPS:
+            module.ffn.pack_first(MANY_ROWS)
+    for parent in list(encoder.modules()) if encoder is not None else []:
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PackedLinear(child, dtype=child.weight.dtype, rows=MANY_ROWS))
+    for block in model.modules():
+        if isinstance(block, DecoderBlock) and block.cross_attn is not None:
+            for name in ("w_k", "w_v"):
+                child = getattr(block.cross_attn, name)
+                if type(child) is nn.Linear:
+                    setattr(block.cross_attn, name, PackedLinear(child, dtype=child.weight.dtype, rows=MANY_ROWS))
 
 
 def packed_linears(model: DecodingModel) -> DecodingModel:
@@ -131,6 +172,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     if isinstance(model, Ensemble):
         return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder, bf16=bf16) for m in model.models))
 
+    import torch
     from torch import nn
 
     from qkv.int8 import Bf16Linear, Bf32Linear, Int8Linear, NearTiesInFloat, native_bf16
@@ -146,6 +188,8 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
         return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
 
     quantized = copy.deepcopy(model).eval()
+    if float_decoder and not bf16 and packable(torch.float32):  # float32 throughout: as the float32 copy
+        _pack_many_rows(quantized)
     decoder = getattr(quantized, "decoder", None)
     in_decoder = set() if decoder is None else {id(m) for m in decoder.modules()}
     for parent in list(quantized.modules()):

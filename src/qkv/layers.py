@@ -8,7 +8,8 @@ interleaved, or in two halves) and :class:`InputEmbedding`, which turns token id
 into the vectors a stack reads (token embedding, optional √D scaling, absolute positional
 information, dropout), :class:`WideLinear`, a decoding copy of a widening ``nn.Linear`` whose
 weight is stored input-major for the CPU's matrix-vector kernels, and :class:`PackedLinear`, a
-bfloat16 decoding copy whose weight is held in oneDNN's packed layout.
+bfloat16 (or float32) decoding copy whose weight is held in oneDNN's packed layout, with the
+feed-forward's activation computed inside its product where asked.
 
 What is not here: relative position schemes that act inside attention (RoPE, ALiBi live in
 ``attention.py``), blocks (``blocks.py``). Shapes use the legend of ``attention.py``.
@@ -24,6 +25,8 @@ from torch import Tensor, nn
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu_tanh")
 GATED = ("swiglu", "geglu_tanh")  # the activations with a third (gate) matrix
+# The activations oneDNN computes inside a product (PackedLinear's post-ops): name -> (attr, algorithm).
+POST_OPS = {"relu": ("relu", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("sinusoidal", "sinusoidal_halves", "learned", "rope", "alibi", "none")
 
@@ -120,6 +123,7 @@ class FeedForward(nn.Module):
         self.w_2 = nn.Linear(d_ff, d_model, bias=bias)
         self.w_3 = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None
         self.w_13: nn.Linear | None = None  # [W1; W3] stacked, after fuse_gate (decoding)
+        self.activated = False  # w_1 computes act(W1·x) itself, after pack_first (decoding)
 
     def fuse_gate(self) -> None:
         """Stack W1 and W3 of a gated FFN into one projection ``w_13`` (they are removed): one
@@ -143,12 +147,25 @@ class FeedForward(nn.Module):
         self.w_1 = self.w_3 = None  # what forward reads: the stacked product
         self.w_13 = fused
 
+    def pack_first(self, rows: int) -> None:
+        """W1 and the activation as one product: ``w_1`` becomes a float32 :class:`PackedLinear`
+        that applies the activation inside the product (oneDNN's post-op), so the hidden layer
+        is written once instead of written, read and written again (the activation's own pass
+        over (B, T, F): Whisper tiny.en's encoder spent about 5% of its time in it). A decoding
+        fast path for products of many rows (an encoder's; ``rows``, the packing's hint); the same
+        outputs up to float rounding (tested). Ungated activations only (:data:`POST_OPS`).
+        """
+        if self.activation not in POST_OPS or type(self.w_1) is not nn.Linear:
+            raise ValueError(f"pack_first needs an ungated float nn.Linear W1 ({', '.join(POST_OPS)})")
+        self.w_1 = PackedLinear(self.w_1, dtype=torch.float32, rows=rows, activation=self.activation)
+        self.activated = True
+
     def forward(self, x: Tensor) -> Tensor:
         if self.w_13 is not None:
             h, gate = self.w_13(x).chunk(2, dim=-1)  # (B, T, F) each
         else:
             h, gate = self.w_1(x), None if self.w_3 is None else self.w_3(x)  # (B, T, F)
-        return self.w_2(self._activated(h, gate))  # (B, T, D)
+        return self.w_2(h if self.activated else self._activated(h, gate))  # (B, T, D)
 
     def _activated(self, h: Tensor, gate: Tensor | None) -> Tensor:
         """act(h), times ``gate`` (W3·x) for the gated activations. Shapes: (B, T, F) -> (B, T, F)."""
@@ -289,6 +306,12 @@ class WideLinear(nn.Module):
     only widening layers get this copy (``decoding_copies.for_decoding`` with ``wide``). Same outputs up to
     float rounding (tested). Inference only.
 
+    From :data:`PACKED_MIN_ROWS` rows (batched decoding, beam search) the product goes to a second
+    copy of the weight in oneDNN's packed layout (:class:`PackedLinear`, where :func:`packable`),
+    faster there: one thread, same-process A/B under contention, 512 -> 8,000 took 1.8 against
+    3.8 ms at 4 rows, 5.4 against 6.9 ms at 32; 512 -> 2,048 0.39 against 0.68 ms at 4 rows, 1.2
+    against 1.4 ms at 32 (at 2 rows the two were even). The weight is then held twice.
+
     Shapes: x (..., K) -> (..., N).
     """
 
@@ -298,8 +321,12 @@ class WideLinear(nn.Module):
         self.register_buffer("weight_t", linear.weight.detach().t().contiguous())  # (K, N)
         bias = None if linear.bias is None else linear.bias.detach().clone()
         self.register_buffer("bias", bias)  # (N,) or None
+        packs = packable(linear.weight.dtype) and linear.weight.device.type == "cpu"
+        self.many = PackedLinear(linear, dtype=linear.weight.dtype, rows=32) if packs else None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.many is not None and x.numel() >= PACKED_MIN_ROWS * self.in_features:
+            return self.many(x)  # (..., N)
         if self.bias is None:  # one operator (a transposed view and F.linear are two; a step has 60 such layers)
             return x @ self.weight_t  # (..., N)
         # F.linear of the transposed view is one product of x with Wᵀ (K, N), the bias added inside
@@ -311,6 +338,9 @@ class WideLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weight stored (K, N)"
 
 
+PACKED_MIN_ROWS = 4  # rows from which WideLinear's product goes to its packed copy
+
+
 def packable(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this PyTorch build and CPU run oneDNN's linear kernels in ``dtype`` (what
     :class:`PackedLinear` calls): oneDNN present, and for bfloat16 a CPU with bf16 support."""
@@ -319,10 +349,10 @@ def packable(dtype: torch.dtype = torch.bfloat16) -> bool:
     return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def _pack(weight: Tensor) -> Tensor:
-    """``weight`` reordered once into oneDNN's blocked layout for products of few rows (an opaque
-    mkldnn tensor). Shapes: (N, K) -> (N, K)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+def _pack(weight: Tensor, rows: int = 1) -> Tensor:
+    """``weight`` reordered once into oneDNN's blocked layout for products of about ``rows`` rows
+    (an opaque mkldnn tensor). Shapes: (N, K) -> (N, K)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
 
 class PackedLinear(nn.Module):
@@ -336,24 +366,36 @@ class PackedLinear(nn.Module):
     of summation (tested). CPU only (see :func:`packable`), inference only; a copy
     (``copy.deepcopy``, pickling) packs again.
 
+    In float32 (``dtype``) it serves the products of many rows (an encoder's, cross-attention's
+    keys and values: ``decoding_copies.for_decoding``), packed for about ``rows`` rows: oneDNN adds
+    the bias inside the product, where ``F.linear`` copies it into the output first and multiplies
+    into it (a pass over the output), and applies ``activation`` (one of :data:`POST_OPS`; None:
+    none) there too, as :meth:`FeedForward.pack_first` asks.
+
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, *, dtype: torch.dtype = torch.bfloat16) -> None:
+    def __init__(
+        self, linear: nn.Linear, *, dtype: torch.dtype = torch.bfloat16, rows: int = 1, activation: str | None = None
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = _pack(linear.weight.detach().to(dtype))  # (N, K), oneDNN's layout: not a buffer
+        self.rows = rows
+        self.packed = _pack(linear.weight.detach().to(dtype), rows)  # (N, K), oneDNN's layout: not a buffer
         self.dtype = dtype
         bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
         self.register_buffer("bias", bias)  # (N,) or None
+        self.activation = activation
+        self.post = POST_OPS[activation] if activation is not None else ("none", "")  # oneDNN's (attr, algorithm)
 
     def forward(self, x: Tensor) -> Tensor:
+        attr, algorithm = self.post
         if x.dtype == self.dtype:
             # The --bf16 copy's activations are bfloat16 already: its 37 products a step (base
             # translation model) would otherwise add 74 calls of ``to`` that copy nothing, a
             # quarter of the step's ~300 top-level operator calls (issue 49).
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # (..., N)
-        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, attr, [], algorithm)  # (..., N)
+        y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, attr, [], algorithm)
         return y.to(x.dtype)  # (..., N)
 
     def __getstate__(self) -> dict:
@@ -361,7 +403,11 @@ class PackedLinear(nn.Module):
         return self.__dict__ | {"packed": self.packed.to_dense()}
 
     def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state | {"packed": _pack(state["packed"])})
+        super().__setstate__(state | {"packed": _pack(state["packed"], state.get("rows", 1))})
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.packed.dtype} packed (oneDNN)"
+        then = f", then {self.activation}" if self.activation is not None else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, {self.packed.dtype} packed (oneDNN)"
+            f"{then}"
+        )
