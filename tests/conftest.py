@@ -29,11 +29,14 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per core, at most two; none (the files run here, as plain pytest runs
     them) when the arguments name one file or fewer, since xdist's --dist loadfile gives a
     file's tests to one worker (its module fixtures are built once) and a second would only idle.
-    (xdist's own count is psutil's physical cores: 1 on a 2-vCPU machine.)"""
+    (xdist's own count is psutil's physical cores: 1 on a 2-vCPU machine.) Its variable
+    PYTEST_XDIST_AUTO_NUM_WORKERS, where set, decides instead (xdist reads it)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     files = {str(arg).split("::")[0] for arg in config.args}
     if len(files) <= 1 and all(f.endswith(".py") for f in files):
         return 0
