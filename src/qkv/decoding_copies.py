@@ -175,17 +175,10 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     import torch
     from torch import nn
 
-    from qkv.int8 import Bf16Linear, Bf32Linear, Int8Linear, NearTiesInFloat, native_bf16
-    from qkv.layers import PackedLinear, WideLinear, packable
+    from qkv.int8 import Bf32Linear, Int8Linear, NearTiesInFloat, native_bf16
+    from qkv.layers import packable
 
     bf16 = native_bf16() if bf16 is None else bf16
-    packed = PackedLinear if packable() else Bf16Linear
-
-    def kept(child: nn.Linear, *, output: bool) -> nn.Module:
-        """A layer kept in float: bfloat16 (the output's near-ties in float32 where asked), or float32."""
-        if not bf16:
-            return WideLinear(child) if child.out_features > child.in_features else child
-        return NearTiesInFloat(child, packed(child)) if output and float_decoder else packed(child)
 
     quantized = copy.deepcopy(model).eval()
     if float_decoder and not bf16 and packable(torch.float32):  # float32 throughout: as the float32 copy
@@ -196,30 +189,47 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            if parent is quantized and name == "output":
-                setattr(parent, name, kept(child, output=True) if float_decoder else _vocabulary(child, kept))
+            if parent is quantized and name == "output" and float_decoder:
+                # a speech model's vocabulary: bfloat16 with float32 near-ties where native
+                layer = _float_layer(child, bf16=bf16)
+                setattr(parent, name, NearTiesInFloat(child, layer) if bf16 else layer)
+            elif parent is quantized and name == "output":
+                setattr(parent, name, _vocabulary(child, bf16=bf16))
             elif id(parent) in in_decoder and float_decoder:
-                setattr(parent, name, kept(child, output=False))
+                setattr(parent, name, _float_layer(child, bf16=bf16))
             elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
-                setattr(parent, name, Bf32Linear(child) if bf16 else kept(child, output=False))
+                setattr(parent, name, Bf32Linear(child) if bf16 else _float_layer(child, bf16=False))
             else:  # a text model: int8; its decoder's layers also keep float16 weights for one-row steps
                 setattr(parent, name, Int8Linear(child, bf16=bf16, row16=id(parent) in in_decoder))
     return quantized.requires_grad_(False)
 
 
-def _vocabulary(linear, kept):
+def _float_layer(linear, *, bf16: bool):
+    """A layer :func:`int8_linears` keeps in float: bfloat16 (packed for oneDNN where it runs,
+    :class:`qkv.layers.PackedLinear`, else :class:`qkv.int8.Bf16Linear`) where ``bf16``, else
+    float32 as the float32 decoding copy has it (widening layers transposed,
+    :class:`qkv.layers.WideLinear`)."""
+    from qkv.int8 import Bf16Linear
+    from qkv.layers import PackedLinear, WideLinear, packable
+
+    if bf16:
+        return PackedLinear(linear) if packable() else Bf16Linear(linear)
+    return WideLinear(linear) if linear.out_features > linear.in_features else linear
+
+
+def _vocabulary(linear, *, bf16: bool):
     """A text model's int8 vocabulary projection: at one row (a batch-1 decoding step, which reads
     this projection most) float16 weights in fbgemm's kernel (:class:`qkv.int8.Fp16Linear`, half
     float32's bytes) with the logits that could be the largest recomputed in float32
     (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is float32's); from two rows on the layer
-    as ``kept`` keeps it (packed bfloat16 where the CPU has bfloat16 arithmetic, else float32), both
+    as :func:`_float_layer` keeps it (packed bfloat16 where the CPU has bfloat16 arithmetic, else float32), both
     in :class:`qkv.int8.ByRows`. Why: SmolLM2-135M's 49152 × 576 at one row took fbgemm's float16
     kernel about half the CPU time of bfloat16 ``F.linear`` on an AVX2 CPU, and read it faster than
     packed bfloat16 where oneDNN runs bfloat16, but was slower from 40 rows on (docs/speed.md).
-    Weights beyond float16's range keep ``kept``'s layer for every row."""
+    Weights beyond float16's range keep :func:`_float_layer`'s layer for every row."""
     from qkv.int8 import FP16_SUBNORMAL_ERROR, ByRows, Fp16Linear, NearTiesInFloat, fp16_fits, fp16_product_error
 
-    many = kept(linear, output=False)
+    many = _float_layer(linear, bf16=bf16)
     if not fp16_fits(linear.weight):
         return many
     error = fp16_product_error(linear.in_features)
