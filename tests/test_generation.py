@@ -710,6 +710,65 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
             decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
 
 
+@pytest.mark.parametrize(
+    ("positions", "overrides"),
+    [
+        ("sinusoidal", {}),
+        ("learned", {"norm_first": False}),
+        ("rope", {"n_kv_heads": 1, "activation": "swiglu", "norm": "rmsnorm", "bias": False}),
+        (
+            "rope",
+            {
+                "qk_norm": True,
+                "sandwich_norm": True,
+                "rope_scaling": {"kind": "dynamic", "factor": 2.0, "original_max_len": 7},
+            },
+        ),
+        ("rope", {"sliding_window": 5, "sliding_blocks": [1], "local_rope_base": 100.0, "n_kv_heads": 1}),
+    ],
+)
+@pytest.mark.parametrize("copy_kind", ["model", "for_decoding", "int8"])
+def test_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy_kind: str) -> None:
+    """A step of prompts without padding over preallocated caches (what ``stream`` decodes: batch 1,
+    the chatbot's case) takes the one-row fast path (DecoderOnly.decode_row): every step's logits
+    equal ``decode``'s over concatenated caches within 1e-5 (a sliding window shorter than the
+    output, dynamic RoPE scaling, qk_norm, sandwich and post-norm, grouped-query heads, the decoding
+    copies), the same greedy tokens; the explicit attention path (qkv check), padded prompts and
+    ALiBi keep decode."""
+    model = make_do(positions, seed=21, n_layers=2, max_len=19, **overrides)
+    model = {"model": model, "for_decoding": for_decoding(model, wide=True), "int8": int8_linears(model)}[copy_kind]
+    prompts = _random_rows([4, 4], V, seed=21)
+    rows = []
+    fast = copy.copy(model)  # the same modules; its decode_row counts its calls
+    fast.decode_row = lambda *args, **kw: rows.append(1) or DecoderOnly.decode_row(model, *args, **kw)
+    with torch.no_grad():
+        a, state_a = decoder_for(model).start(prompts)  # (N, V)
+        b, state_b = a, decoder_for(fast).reserve(state_a, 12)
+        for _ in range(12):
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+            tokens = a.argmax(-1)  # (N,)
+            (a, state_a), (b, state_b) = (
+                decoder_for(model).step(state_a, tokens),
+                decoder_for(fast).step(state_b, tokens),
+            )
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    assert len(rows) == 12 and isinstance(state_b.cache[0][0], KVBuffer)
+    assert greedy(fast, prompts, max_new_tokens=12) == greedy(model, prompts, max_new_tokens=12) and len(rows) > 12
+    with torch.no_grad():
+        _, state = decoder_for(model).start(prompts)
+        state = decoder_for(model).reserve(state, 2)
+        assert model.decoder.rows_ready(state.cache)
+        with attention_path(model, "explicit"):
+            assert not model.decoder.rows_ready(state.cache)
+        assert not model.decoder.rows_ready(decoder_for(model).start(prompts)[1].cache)  # (k, v) tuples
+    with torch.enable_grad():
+        assert not model.decoder.rows_ready(state.cache)
+    alibi = make_do("alibi", seed=21)
+    with torch.no_grad():
+        _, state = decoder_for(alibi).start(prompts)
+        assert not alibi.decoder.rows_ready(decoder_for(alibi).reserve(state, 2).cache)
+
+
 def _same_steps(model, fast, prompts: list[list[int]], *, steps: int, atol: float = ATOL) -> None:
     """``fast`` (a decoding copy of ``model``) gives the same logits (within ``atol``) at every
     cached step, both fed ``model``'s choices."""

@@ -596,6 +596,26 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b * s, self.n_heads * self.head_dim)  # (B·S, H·K): heads concatenated
         return self.w_o(out.index_select(0, where))  # (N, D)
 
+    def forward_row(
+        self, x: Tensor, cache: KVBuffer, rotation: tuple[Tensor, Tensor] | None, window: int | None
+    ) -> tuple[Tensor, KVBuffer]:
+        """Self-attention of one new position per row that may see every cached key (a decoding
+        step, no mask), the newest ``window`` of them where given (a sliding-window layer: one query
+        row's window is a slice of the cache, no mask either): :meth:`forward`'s output and grown
+        cache without its choices, checks and mask plumbing, the fused kernel always. A decoding
+        fast path (``blocks.DecoderStack.forward_row``), tested equal to :meth:`forward`.
+
+        Shapes:
+            x: (B, 1, D); cache: a KVBuffer of P positions; rotation: RoPE's tables of the new
+            position ((B|1, 1, 1, K) twice), None without RoPE. returns (B, 1, D) and the buffer.
+        """
+        q, k, v = self._heads_self(self._projections(x), None, rotation)  # (B, H, 1, K), (B, G, 1, K) twice
+        k, v, cache = cache.append(k, v)  # (B, G, P + 1, K) each, written in place
+        if window is not None and k.shape[2] > window:
+            k, v = k[:, :, -window:], v[:, :, -window:]  # (B, G, window, K): the keys the window keeps
+        out = attention_fused(q, k, v, scale=self.scale)  # (B, H, 1, K)
+        return self.w_o(out.reshape(x.shape[0], 1, self.n_heads * self.head_dim)), cache  # (B, 1, D)
+
     def _project_context(self, context: Tensor, cache: KVCache | KVBuffer | None) -> KVCache:
         """Cross-attention's keys and values: ``context`` projected by Wk and Wv, or, given a
         cache, the ones an earlier call projected (the context is the same at every step).

@@ -327,6 +327,21 @@ class DecoderBlock(nn.Module):
             x = self.norm_3(x + self._ff_block(x))  # (B, T, D)
         return x, (self_cache, cross_cache), weights
 
+    def forward_row(
+        self, x: Tensor, cache: KVBuffer, rotation: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, KVBuffer]:
+        """:meth:`forward` of one new position per row in a block without cross-attention, in eval
+        mode (no dropout), every cached key in sight (:meth:`MultiHeadAttention.forward_row`).
+        Shapes: x (B, 1, D) -> (B, 1, D), and the grown buffer."""
+        if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
+            h, cache = self.self_attn.forward_row(self.norm_1(x), cache, rotation, self.window)  # (B, 1, D)
+            x = x + (h if self.post_norm_1 is None else self.post_norm_1(h))
+            h = self.ffn(self.norm_3(x))  # (B, 1, D)
+            return x + (h if self.post_norm_3 is None else self.post_norm_3(h)), cache
+        h, cache = self.self_attn.forward_row(x, cache, rotation, self.window)  # post-norm: Norm(x + Sublayer(x))
+        x = self.norm_1(x + h)  # (B, 1, D)
+        return self.norm_3(x + self.ffn(x)), cache
+
     def _sa_block(
         self,
         x: Tensor,
@@ -481,6 +496,40 @@ class DecoderStack(nn.Module):
             new_cache.append(block_cache)
             weights.append(w)
         return self.norm(x), new_cache, (weights if need_weights else None)
+
+    def rows_ready(self, cache: list[BlockCache] | None) -> bool:
+        """Whether :meth:`forward_row` can take the next step over ``cache``: preallocated
+        self-attention caches (:class:`KVBuffer`) and no cross-attention, eval mode, no gradients,
+        no autocast, softmax attention on its fused path (not forced explicit: ``qkv check``), no
+        ALiBi. Cheap enough to ask at every step."""
+        return (
+            bool(cache)
+            and not self.training
+            and not self.alibi
+            and not torch.is_grad_enabled()
+            and all(isinstance(self_kv, KVBuffer) and cross_kv is None for self_kv, cross_kv in cache)
+            and not torch.is_autocast_enabled(cache[0][0].k.device.type)
+            and all(
+                b.cross_attn is None and b.self_attn.normalization == "softmax" and b.self_attn.path != "explicit"
+                for b in self.blocks
+            )
+        )
+
+    def forward_row(self, x: Tensor, *, positions: Tensor, cache: list[BlockCache]) -> tuple[Tensor, list[BlockCache]]:
+        """:meth:`forward` of one new position per row (a decoding step) that may see every cached
+        position (no key mask: no row is padded), over preallocated caches, when :meth:`rows_ready`
+        says so: the same outputs up to float rounding (tested), with a fraction of the per-call work
+        (no masks to build or pass, no weights, no dropout, one call per block and sub-layer). A
+        one-row decoding step is bound by such work, not arithmetic (docs/speed.md).
+
+        Shapes: x (B, 1, D); positions (B, 1) or (1,). Returns (B, 1, D) and the grown cache.
+        """
+        rotations = self._rotations(positions, x)
+        grown = []
+        for block, (self_kv, _) in zip(self.blocks, cache, strict=True):
+            x, self_kv = block.forward_row(x, self_kv, rotations.get(block.self_attn.rope))  # (B, 1, D)
+            grown.append((self_kv, None))
+        return self.norm(x), grown
 
     def _rotations(self, positions: Tensor, x: Tensor) -> dict:
         """RoPE's tables of ``positions`` (:meth:`~qkv.attention.MultiHeadAttention.rotation`), once

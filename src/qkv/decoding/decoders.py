@@ -428,7 +428,10 @@ class DecoderOnlyDecoder:
         # A row past its cap keeps being fed, its output ignored; clamping its position keeps a
         # learned position table from being indexed past its end.
         positions = state.next_position.clamp(max=self.model.config.max_len - 1)[:, None]  # (N, 1)
-        out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
+        if key_mask is None and self.model.decoder.rows_ready(state.cache):  # no padding, caches grown in place
+            out = self.model.decode_row(tokens[:, None], positions=positions, cache=state.cache)
+        else:
+            out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
         return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + 1)  # (N, V)
 
     def feed(self, state: _Prompted, tokens: Tensor) -> tuple[Tensor, _Prompted]:

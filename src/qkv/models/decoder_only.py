@@ -135,6 +135,18 @@ class DecoderOnly(nn.Module):
         )  # (B, T, D)
         return DecoderOutput(self.output(x), cache, weights)  # (B, T, V)
 
+    def decode_row(self, tokens: Tensor, *, positions: Tensor, cache: list[BlockCache]) -> DecoderOutput:
+        """:meth:`decode` of one new token per row that sees every cached position (no row is
+        padded: no ``key_mask``), over preallocated caches (:class:`~qkv.kv_cache.KVBuffer`), where
+        ``self.decoder.rows_ready(cache)``: the decoding step's fast path
+        (:meth:`~qkv.blocks.DecoderStack.forward_row`), the same logits up to float rounding (tested).
+
+        Shapes: tokens (B, 1); positions (B, 1) or (1,). Returns logits (B, 1, V) and the cache.
+        """
+        x = self.embed(tokens, positions)  # (B, 1, D)
+        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (B, 1, D)
+        return DecoderOutput(self.output(x), cache, None)  # (B, 1, V)
+
     def forward(self, tokens: Tensor) -> Tensor:
         """Training logits for a batch of unpadded blocks. Shapes: (B, T) -> (B, T, V)."""
         return self.decode(tokens).logits  # (B, T, V)
