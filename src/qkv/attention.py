@@ -602,19 +602,27 @@ class MultiHeadAttention(nn.Module):
         """Self-attention of one new position per row that may see every cached key (a decoding
         step, no mask), the newest ``window`` of them where given (a sliding-window layer: one query
         row's window is a slice of the cache, no mask either): :meth:`forward`'s output and grown
-        cache without its choices, checks and mask plumbing, the fused kernel always. A decoding
-        fast path (``blocks.DecoderStack.forward_row``), tested equal to :meth:`forward`.
+        cache without its choices, checks and mask plumbing, the fused kernel always, on rows
+        (B, D) rather than (B, 1, D): a product of a 2-D input is one operator, of a 3-D one three
+        (a view in, ``mm``, a view out). A decoding fast path (``blocks.DecoderStack.forward_row``),
+        tested equal to :meth:`forward`.
 
         Shapes:
-            x: (B, 1, D); cache: a KVBuffer of P positions; rotation: RoPE's tables of the new
-            position ((B|1, 1, 1, K) twice), None without RoPE. returns (B, 1, D) and the buffer.
+            x: (B, D); cache: a KVBuffer of P positions; rotation: RoPE's tables of the new
+            position ((B|1, 1, 1, K) twice), None without RoPE. returns (B, D) and the buffer.
         """
-        q, k, v = self._heads_self(self._projections(x), None, rotation)  # (B, H, 1, K), (B, G, 1, K) twice
+        b, h, g = x.shape[0], self.n_heads, self.n_kv_heads
+        projected = self._projections(x)  # ((B, (H + 2G)·K),) or (B, H·K), (B, G·K), (B, G·K)
+        if len(projected) == 1 and self.q_norm is None:  # one row per head needs no transpose
+            qk, v = projected[0].view(b, h + 2 * g, 1, self.head_dim).split([h + g, g], dim=1)  # (B, H + G, 1, K), ...
+            q, k = self._rotate(qk, rotation).split([h, g], dim=1)  # (B, H, 1, K), (B, G, 1, K)
+        else:
+            q, k, v = self._heads_self(tuple(p[:, None] for p in projected), None, rotation)  # (B, H|G, 1, K)
         k, v, cache = cache.append(k, v)  # (B, G, P + 1, K) each, written in place
         if window is not None and k.shape[2] > window:
             k, v = k[:, :, -window:], v[:, :, -window:]  # (B, G, window, K): the keys the window keeps
         out = attention_fused(q, k, v, scale=self.scale)  # (B, H, 1, K)
-        return self.w_o(out.reshape(x.shape[0], 1, self.n_heads * self.head_dim)), cache  # (B, 1, D)
+        return self.w_o(out.reshape(b, h * self.head_dim)), cache  # (B, D): heads concatenated
 
     def _project_context(self, context: Tensor, cache: KVCache | KVBuffer | None) -> KVCache:
         """Cross-attention's keys and values: ``context`` projected by Wk and Wv, or, given a

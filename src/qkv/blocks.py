@@ -332,14 +332,14 @@ class DecoderBlock(nn.Module):
     ) -> tuple[Tensor, KVBuffer]:
         """:meth:`forward` of one new position per row in a block without cross-attention, in eval
         mode (no dropout), every cached key in sight (:meth:`MultiHeadAttention.forward_row`).
-        Shapes: x (B, 1, D) -> (B, 1, D), and the grown buffer."""
+        Shapes: x (B, D) -> (B, D), and the grown buffer."""
         if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
-            h, cache = self.self_attn.forward_row(self.norm_1(x), cache, rotation, self.window)  # (B, 1, D)
+            h, cache = self.self_attn.forward_row(self.norm_1(x), cache, rotation, self.window)  # (B, D)
             x = x + (h if self.post_norm_1 is None else self.post_norm_1(h))
-            h = self.ffn(self.norm_3(x))  # (B, 1, D)
+            h = self.ffn(self.norm_3(x))  # (B, D)
             return x + (h if self.post_norm_3 is None else self.post_norm_3(h)), cache
         h, cache = self.self_attn.forward_row(x, cache, rotation, self.window)  # post-norm: Norm(x + Sublayer(x))
-        x = self.norm_1(x + h)  # (B, 1, D)
+        x = self.norm_1(x + h)  # (B, D)
         return self.norm_3(x + self.ffn(x)), cache
 
     def _sa_block(
@@ -516,18 +516,19 @@ class DecoderStack(nn.Module):
         )
 
     def forward_row(self, x: Tensor, *, positions: Tensor, cache: list[BlockCache]) -> tuple[Tensor, list[BlockCache]]:
-        """:meth:`forward` of one new position per row (a decoding step) that may see every cached
-        position (no key mask: no row is padded), over preallocated caches, when :meth:`rows_ready`
-        says so: the same outputs up to float rounding (tested), with a fraction of the per-call work
-        (no masks to build or pass, no weights, no dropout, one call per block and sub-layer). A
-        one-row decoding step is bound by such work, not arithmetic (docs/speed.md).
+        """:meth:`forward` of one new position per row (a decoding step), as rows (B, D), that may
+        see every cached position (no key mask: no row is padded), over preallocated caches, when
+        :meth:`rows_ready` says so: the same outputs up to float rounding (tested), with less
+        per-call work (no masks to build or pass, no weights, no dropout, one call per block and
+        sub-layer, 2-D products). A one-row decoding step is bound by such work more than by
+        arithmetic (docs/speed.md).
 
-        Shapes: x (B, 1, D); positions (B, 1) or (1,). Returns (B, 1, D) and the grown cache.
+        Shapes: x (B, D); positions (B, 1). Returns (B, D) and the grown cache.
         """
-        rotations = self._rotations(positions, x)
+        rotations = self._rotations(positions, x)  # {rope: ((B, 1, 1, K), (B, 1, 1, K))}
         grown = []
         for block, (self_kv, _) in zip(self.blocks, cache, strict=True):
-            x, self_kv = block.forward_row(x, self_kv, rotations.get(block.self_attn.rope))  # (B, 1, D)
+            x, self_kv = block.forward_row(x, self_kv, rotations.get(block.self_attn.rope))  # (B, D)
             grown.append((self_kv, None))
         return self.norm(x), grown
 

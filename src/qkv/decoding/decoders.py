@@ -427,11 +427,11 @@ class DecoderOnlyDecoder:
             key_mask = torch.cat([key_mask, torch.ones_like(tokens[:, None], dtype=torch.bool)], dim=1)  # (N, P+1)
         # A row past its cap keeps being fed, its output ignored; clamping its position keeps a
         # learned position table from being indexed past its end.
-        positions = state.next_position.clamp(max=self.model.config.max_len - 1)[:, None]  # (N, 1)
+        positions = state.next_position.clamp(max=self.model.config.max_len - 1)  # (N,)
         if key_mask is None and self.model.decoder.rows_ready(state.cache):  # no padding, caches grown in place
-            out = self.model.decode_row(tokens[:, None], positions=positions, cache=state.cache)
-        else:
-            out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions, cache=state.cache)
+            out = self.model.decode_row(tokens, positions=positions, cache=state.cache)  # (N, V)
+            return out.logits, _Prompted(out.cache, None, state.next_position + 1)
+        out = self.model.decode(tokens[:, None], key_mask=key_mask, positions=positions[:, None], cache=state.cache)
         return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + 1)  # (N, V)
 
     def feed(self, state: _Prompted, tokens: Tensor) -> tuple[Tensor, _Prompted]:

@@ -141,11 +141,11 @@ class DecoderOnly(nn.Module):
         ``self.decoder.rows_ready(cache)``: the decoding step's fast path
         (:meth:`~qkv.blocks.DecoderStack.forward_row`), the same logits up to float rounding (tested).
 
-        Shapes: tokens (B, 1); positions (B, 1) or (1,). Returns logits (B, 1, V) and the cache.
+        Shapes: tokens (B,); positions (B,). Returns logits (B, V) and the cache.
         """
-        x = self.embed(tokens, positions)  # (B, 1, D)
-        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (B, 1, D)
-        return DecoderOutput(self.output(x), cache, None)  # (B, 1, V)
+        x = self.embed(tokens, positions)  # (B, D)
+        x, cache = self.decoder.forward_row(x, positions=positions[:, None], cache=cache)  # (B, D)
+        return DecoderOutput(self.output(x), cache, None)  # (B, V)
 
     def forward(self, tokens: Tensor) -> Tensor:
         """Training logits for a batch of unpadded blocks. Shapes: (B, T) -> (B, T, V)."""
