@@ -769,6 +769,25 @@ def test_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy
         assert not alibi.decoder.rows_ready(decoder_for(alibi).reserve(state, 2).cache)
 
 
+def test_decoder_only_logits_where_asked_equal_every_positions() -> None:
+    """DecoderOnly.decode(only=...) projects the positions asked for alone: their logits are the
+    full call's at those positions (row-major), and its cache is the full call's; a prompt's start
+    reads the last position's."""
+    model, prompts = make_do("rope", seed=23), _random_rows([5, 2], V, seed=23)
+    tokens, valid = (
+        torch.tensor([prompts[0], [PAD] * 3 + prompts[1]]),
+        torch.tensor([[True] * 5, [False] * 3 + [True] * 2]),
+    )
+    only = torch.tensor([[False, True, False, False, True], [False, False, False, False, True]])
+    with torch.no_grad():
+        full = model.decode(tokens, key_mask=valid, positions=(valid.cumsum(1) - 1).clamp(min=0))
+        some = model.decode(tokens, key_mask=valid, positions=(valid.cumsum(1) - 1).clamp(min=0), only=only)
+        torch.testing.assert_close(some.logits, full.logits[only], atol=ATOL, rtol=0)
+        for (a, _), (b, _) in zip(some.cache, full.cache, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        torch.testing.assert_close(decoder_for(model).start(prompts)[0], full.logits[:, -1], atol=ATOL, rtol=0)
+
+
 def _same_steps(model, fast, prompts: list[list[int]], *, steps: int, atol: float = ATOL) -> None:
     """``fast`` (a decoding copy of ``model``) gives the same logits (within ``atol``) at every
     cached step, both fed ``model``'s choices."""

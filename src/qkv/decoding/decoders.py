@@ -416,10 +416,11 @@ class DecoderOnlyDecoder:
         device = self.device
         prompt, valid = pad_rows(inputs, self.pad_id, left=True, device=device)  # (B, P)
         positions = (valid.long().cumsum(1) - 1).clamp(min=0)  # (B, P): each row counts from its first token
-        out = self.model.decode(prompt, key_mask=valid, positions=positions)
+        # The vocabulary projection at the last position alone (left padding: every row's last token).
+        out = self.model.decode(prompt, key_mask=valid, positions=positions, only=_last_positions(prompt))
         # Prompts of one length need no key mask, so the steps need no self-attention mask.
         state = _Prompted(out.cache, None if bool(valid.all()) else valid, valid.sum(1))
-        return out.logits[:, -1], state  # (B, V)
+        return out.logits, state  # (B, V)
 
     def step(self, state: _Prompted, tokens: Tensor) -> tuple[Tensor, _Prompted]:
         key_mask = state.key_mask
@@ -448,8 +449,10 @@ class DecoderOnlyDecoder:
             key_mask = torch.cat([key_mask, torch.ones_like(tokens, dtype=torch.bool)], dim=1)  # (N, P+L)
         ahead = torch.arange(length, device=tokens.device)  # (L,)
         positions = (state.next_position[:, None] + ahead).clamp(max=self.model.config.max_len - 1)  # (N, L)
-        out = self.model.decode(tokens, key_mask=key_mask, positions=positions, cache=state.cache)
-        return out.logits[:, -1], _Prompted(out.cache, key_mask, state.next_position + length)  # (N, V)
+        out = self.model.decode(
+            tokens, key_mask=key_mask, positions=positions, cache=state.cache, only=_last_positions(tokens)
+        )
+        return out.logits, _Prompted(out.cache, key_mask, state.next_position + length)  # (N, V)
 
     def reorder(self, state: _Prompted, rows: Tensor, *, within_inputs: bool = False) -> _Prompted:
         def pick(t: Tensor) -> Tensor:

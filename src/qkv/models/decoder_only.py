@@ -114,17 +114,22 @@ class DecoderOnly(nn.Module):
         positions: Tensor | None = None,
         cache: list[BlockCache] | None = None,
         need_weights: bool = False,
+        only: Tensor | None = None,
     ) -> DecoderOutput:
         """Logits for the next token at every new position, with an explicit KV cache.
 
         ``key_mask`` marks the real tokens among the cached and new ones (left padding of
         a batch of prompts is False); ``positions`` are the new tokens' positions (default:
         continuing the cache from 0). For left-padded rows pass ``cumsum(key_mask) - 1``
-        so every row counts its own positions from its first real token.
+        so every row counts its own positions from its first real token. With ``only`` (True
+        where a prediction is wanted) the vocabulary projection runs at those positions alone: a
+        prompt's decoding reads its last position's logits, and the projection of every position
+        of a 256-token prompt is SmolLM2-135M's largest product (256 x 576 x 49,152).
 
         Shapes:
-            tokens: (B, T); key_mask: (B, P + T) bool; positions: (B, T) or (T,).
-            returns logits (B, T, V), the cache, and optionally self-attention weights.
+            tokens: (B, T); key_mask: (B, P + T) bool; positions: (B, T) or (T,); only: (B, T) bool.
+            returns logits (B, T, V), or (N, V) with ``only`` (N = only.sum()), the cache, and
+            optionally self-attention weights.
         """
         if positions is None:
             past = cache_length(cache)
@@ -133,7 +138,9 @@ class DecoderOnly(nn.Module):
         x, cache, weights = self.decoder(
             x, positions=positions, key_mask=key_mask, cache=cache, need_weights=need_weights
         )  # (B, T, D)
-        return DecoderOutput(self.output(x), cache, weights)  # (B, T, V)
+        if only is not None:
+            x = x[only]  # (N, D)
+        return DecoderOutput(self.output(x), cache, weights)  # (B, T, V) or (N, V)
 
     def decode_row(self, tokens: Tensor, *, positions: Tensor, cache: list[BlockCache]) -> DecoderOutput:
         """:meth:`decode` of one new token per row that sees every cached position (no row is
