@@ -136,11 +136,14 @@ def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding)
     up = torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding, stride, padding=padding)
     x = torch.randn(2, 5, 11, generator=g)
     with torch.no_grad():
-        weight, bias, reach = polyphase(up.weight, up.bias, stride, padding)
-        phased = torch.nn.functional.conv1d(x, weight, bias, padding=reach)  # (B, s·out, T)
-        samples = phased.view(2, stride, 3, 11).permute(0, 2, 3, 1).reshape(2, 3, 11 * stride)
+        weight, bias, taps = polyphase(up.weight, up.bias, stride, padding)
+        phased = torch.nn.functional.conv1d(x, weight, bias, padding=taps - 1)  # (B, s·out, U)
+        frames = phased.shape[-1]
+        samples = phased.view(2, stride, 3, frames).permute(0, 2, 3, 1).reshape(2, 3, frames * stride)
+        samples = samples[..., padding : padding + 11 * stride]  # the waveform starts p samples in
         assert phases(up) == stride and samples.shape == up(x).shape
         assert float((samples - up(x)).abs().max()) <= 1e-5
+        assert taps == -(-(stride + 2 * padding) // stride)  # no frame whose taps are all zero
     assert phases(torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding + 1, stride, padding=padding)) == 0
 
 
