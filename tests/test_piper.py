@@ -128,6 +128,17 @@ def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weight
     assert float((changed - expected).abs().max()) <= 1e-5
 
 
+def test_generator_while_autograd_records_its_weights_equals_inference():
+    """Run while autograd records the generator's weights (not its input), the generator takes
+    the plain path throughout: the waveform is the inference path's at a length it pads."""
+    model = tiny_voice(seed=5)
+    z = torch.randn(1, 10, 23, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        fast = model.dec(z)
+    recorded = model.dec(z)
+    assert recorded.requires_grad and float((fast - recorded.detach()).abs().max()) <= 1e-5
+
+
 @pytest.mark.parametrize(("stride", "padding"), [(2, 1), (3, 2), (4, 2), (5, 0), (3, 4)])
 def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding):
     """The generator's fused path runs its upsamplings as plain convolutions, one set of output

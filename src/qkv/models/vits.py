@@ -528,16 +528,18 @@ class ResBlock(nn.Module):
         else:
             self.convs = nn.ModuleList(conv(d) for d in dilations)
 
-    def forward(self, x: Tensor, activated: Tensor | None = None, valid: int | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, activated: Tensor | None = None, valid: int | None = None, *, fused: bool = False
+    ) -> Tensor:
         """The block's output, a fresh tensor (``x`` is left as it is: the other blocks read it).
         ``activated``: lrelu(x) if the caller has it (the blocks of one upsampling share it).
+        ``fused``: the generator's fused path (its caller decides, for every block alike).
         ``valid``: on the fused path, the samples past it are padding (:class:`Generator`), kept
         zero between the convolutions (the block's output's are left to the caller).
         Shapes: x, activated (B, channels, 1, samples) channels-last (:func:`conv_rows`) -> the same."""
         pairs = list(
             zip(self.convs1, self.convs2, strict=True) if hasattr(self, "convs1") else ((c, None) for c in self.convs)
         )
-        fused = fusable(x)
         for i, (first, second) in enumerate(pairs):
             y = activated if i == 0 and activated is not None else F.leaky_relu(x, LRELU_SLOPE)
             last = first if second is None else second
@@ -602,7 +604,11 @@ class Generator(nn.Module):
         off the waveform: oneDNN makes (and compiles) a convolution for each new length, work on
         one thread that cost about as much as the generator's own arithmetic for a new
         sentence's length (measured on 2 busy cores), and padded lengths repeat."""
-        inplace, frames = fusable(z), z.shape[-1]
+        # oneDNN's fused operators record nothing: the plain path wherever autograd records the
+        # weights, and the same path for every block (a block deciding alone, from an input that
+        # required grad through conv_pre's weight, took the plain path on padded frames)
+        inplace = fusable(z) and not (torch.is_grad_enabled() and self.conv_pre.weight.requires_grad)
+        frames = z.shape[-1]
         # padding needs each upsampling's output to be rate × its input (HiFi-GAN's: k = rate + 2·padding)
         padded = inplace and self.pads()
         if padded:
@@ -619,9 +625,9 @@ class Generator(nn.Module):
             x = zero_tail(conv(up, F.leaky_relu(x, LRELU_SLOPE), scale), valid)
             activated = F.leaky_relu(x, LRELU_SLOPE)  # every block's first convolution reads it
             blocks = self.resblocks[i * self.kernels : (i + 1) * self.kernels]
-            total = blocks[0](x, activated, valid)
+            total = blocks[0](x, activated, valid, fused=inplace)
             for block in blocks[1:]:
-                total = total.add_(block(x, activated, valid)) if inplace else total + block(x, activated)
+                total = total.add_(block(x, activated, valid, fused=True)) if inplace else total + block(x, activated)
             # the blocks' mean: 1/kernels goes into the next convolution's weight instead of a
             # pass over the sum, as lrelu(t / k) = lrelu(t) / k (leaky ReLU is positively homogeneous)
             x, scale = zero_tail(total, valid), 1.0 / self.kernels
