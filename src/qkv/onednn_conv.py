@@ -269,8 +269,8 @@ def conv_taps(conv: nn.Conv1d, x: Tensor) -> Tensor:
     each product added into its rows of the output in place (no padded copy of ``x``). Why: on
     the voices' shapes it took less CPU than oneDNN's convolution of the same weights (the flow's
     192→384 kernel-5 at 300 frames: 3.0 against 3.6 ms on 1 thread, 3.4 against 3.8 ms on 2,
-    best of 40, contended machine; the encoder's 192↔768 kernel-3 at 100 phonemes and the
-    generator's 192→256 kernel-7 alike), and a new length makes no oneDNN convolution.
+    best of 40, contended machine; the generator's 192→256 kernel-7 alike), and a new length
+    makes no oneDNN convolution. Zero padding only (``padding_mode`` "zeros").
     Shapes: x (B, in, T) -> (B, out, T'), (B, T', out) in memory."""
     b, _, t = x.shape
     (k,), (d,), (p,) = conv.kernel_size, conv.dilation, conv.padding
@@ -290,7 +290,7 @@ def conv_taps(conv: nn.Conv1d, x: Tensor) -> Tensor:
     return out.transpose(1, 2)  # (B, out, T')
 
 
-def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
+def conv_frames(conv: nn.Conv1d, x: Tensor, *, taps: bool = False) -> Tensor:
     """``conv(x)``, where :func:`fusable`, as one oneDNN call on the :func:`packed_weight` with
     ``x`` seen as channels-last rows (:func:`conv_rows`). The plain 1-D call converted the
     layouts every time: the input to oneDNN's blocked layout, the weight, the output back (about
@@ -299,14 +299,17 @@ def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
     the element-wise steps read as it is. A kernel-1 convolution is a matrix product over the
     channels instead: oneDNN's 1×1 kernels want their weight blocked by the length, so one packed
     weight was re-laid out again at each other length (2.7 ms a call for 384×192 at 400 frames).
-    A wider stride-1 convolution of one group is :func:`conv_taps`' matrix products; what is left
-    for oneDNN here is the depthwise ones (the duration predictor's).
+    With ``taps``, a wider stride-1 convolution of one group is :func:`conv_taps`' matrix
+    products instead (the flow's and the generator's first: measured faster there; the text
+    encoder's feed-forward at phoneme lengths took more CPU that way in the whole voice on 2
+    threads, 4 runs of 4, contended, so it stays one oneDNN call).
     Shapes: x (B, channels, T) -> (B, out_channels, T')."""
     if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
         return conv(x)
     if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
-    if conv.groups == 1 and conv.stride == (1,) and conv.padding_mode == "zeros" and isinstance(conv.padding, tuple):
+    plain = conv.groups == 1 and conv.stride == (1,) and conv.padding_mode == "zeros"
+    if taps and plain and isinstance(conv.padding, tuple):
         return conv_taps(conv, x)  # (B, out_channels, T')
     rows = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T): no copy if it was
     return conv_rows_fused(conv, rows).squeeze(2)  # (B, out_channels, T')

@@ -464,7 +464,8 @@ class WaveNet(nn.Module):
         conditions = self.cond_layer(speaker).split(2 * c, dim=1) if speaker is not None else None
         out = torch.zeros_like(x)
         for i, (conv, res_skip) in enumerate(zip(self.in_layers, self.res_skip_layers, strict=True)):
-            h = conv_frames(conv, x) if conditions is None else conv_frames(conv, x) + conditions[i]
+            h = conv_frames(conv, x, taps=True)  # (B, 2·channels, T)
+            h = h if conditions is None else h + conditions[i]
             y = conv_frames(res_skip, gated(h))
             if i < len(self.in_layers) - 1:
                 x = (x + y[:, :c]) * mask
@@ -613,7 +614,7 @@ class Generator(nn.Module):
         padded = inplace and self.pads()
         if padded:
             z = F.pad(z, (0, padded_frames(frames) - frames))
-        x = conv_frames(self.conv_pre, z)
+        x = conv_frames(self.conv_pre, z, taps=True)
         if speaker is not None:
             x = x + self.cond(speaker)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T)
