@@ -638,12 +638,12 @@ def test_int8_linears_decode_like_float32(copy_model, lm_model, bf16: bool) -> N
     """A model with int8 linear layers (``--int8``) is a copy (the original keeps float32
     weights) and decodes the trained models' clear-margin outputs as float32 does: greedy and
     beam search, both families, with padding in the batch; its vocabulary projection from two
-    rows bfloat16, or float32 (``bf16=False``, a CPU without bfloat16 arithmetic)."""
+    rows bfloat16, or from 16 float32 (``bf16=False``, a CPU without bfloat16 arithmetic)."""
     for model, inputs in (copy_model, lm_model[:2]):
         quantized = int8_linears(model, bf16=bf16)
         assert all(p.dtype == torch.float32 for p in model.parameters())
         plain = [m for m in quantized.modules() if type(m) is torch.nn.Linear]  # every one replaced
-        many = quantized.output.many  # from two rows; one row: float16 with float32 near-ties
+        many = quantized.output.many  # more rows; fewer: float16 with float32 near-ties
         assert plain == ([] if bf16 or isinstance(many, WideLinear) else [many])
         assert greedy(quantized, inputs, max_new_tokens=8) == greedy(model, inputs, max_new_tokens=8)
         beams = beam_search(quantized, inputs, beam_size=3, max_new_tokens=8)
@@ -900,6 +900,36 @@ def test_wide_decoding_copy_equals_the_fused_one(tie_output: bool) -> None:
         assert all(m.ffn.activated for m in ed.encoder.blocks)  # W1 with the activation inside
         for block in ed.decoder.blocks:
             assert isinstance(block.cross_attn.w_k, PackedLinear) and isinstance(block.cross_attn.w_v, PackedLinear)
+
+
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_decoding_copies_share_no_tensor_with_their_model(tie_output: bool) -> None:
+    """The decoding copies (fused, wide, int8) hold none of the model's tensors and leave its
+    state as it was (their layers are made from the model's weights, not from a copy of them);
+    the wide copy holds a tied vocabulary once, the embedding reading the transposed projection's
+    rows, the same rows as the model's embedding (a vocabulary of 37 > d_model: a widening
+    projection), and decodes as the fused copy does."""
+    ed, do = (
+        make_ed(seed=5, tie_output=tie_output, tgt_vocab_size=37),
+        make_do("rope", seed=6, tie_output=tie_output, vocab_size=37),
+    )
+    for model in (ed, do):
+        before = {name: t.clone() for name, t in model.state_dict().items()}
+        theirs = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        for fast in (for_decoding(model), for_decoding(model, wide=True), int8_linears(for_decoding(model))):
+            ours = {t.untyped_storage().data_ptr() for t in [*fast.parameters(), *fast.buffers()]}
+            assert ours and not ours & theirs
+        assert all(torch.equal(model.state_dict()[name], t) for name, t in before.items())
+        wide = for_decoding(model, wide=True)
+        embedding, theirs_ = (
+            (wide.embed.token, model.embed.token)
+            if hasattr(wide, "embed")
+            else (wide.tgt_embed.token, model.tgt_embed.token)
+        )
+        same = embedding.weight.untyped_storage().data_ptr() == wide.output.weight_t.untyped_storage().data_ptr()
+        assert isinstance(wide.output, WideLinear) and same == tie_output
+        assert torch.equal(embedding.weight, theirs_.weight)
+        _decode_the_same(for_decoding(model), wide, _random_rows([3, 5, 1], SRC_V, seed=11), steps=5)
 
 
 @pytest.mark.skipif(not packable(), reason="this CPU or build has no oneDNN bfloat16 kernels")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from qkv.audio import FeatureConfig
-from qkv.decoding_copies import for_decoding, int8_linears
+from qkv.decoding_copies import VOCABULARY_MANY_ROWS, for_decoding, int8_linears
 from qkv.int8 import (
     ACTIVATION_LEVELS,
     BF16_PRODUCT_ERROR,
@@ -264,18 +264,18 @@ def _tiny_speech_model() -> SpeechEncoderDecoder:
 
 
 def test_int8_copy_without_bfloat16_keeps_the_output_in_float32() -> None:
-    """``bf16=False`` (a CPU that emulates bfloat16): the vocabulary projection is float32, its
-    logits the float32 model's up to summation order; the other linear layers int8, whose huge
-    products are float32 too."""
+    """``bf16=False`` (a CPU that emulates bfloat16): the vocabulary projection is float32 from
+    :data:`VOCABULARY_MANY_ROWS` rows, its logits the float32 model's up to summation order; the
+    other linear layers int8, whose huge products are float32 too."""
     model = _tiny_speech_model()
     quantized = int8_linears(for_decoding(model), bf16=False)
     layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
     assert layers and not any(m.huge_bf16 for m in layers)
     assert not any(isinstance(m, Bf16Linear) for m in quantized.modules())
-    h = torch.randn(5, 16)
+    h = torch.randn(VOCABULARY_MANY_ROWS, 16)
     assert torch.allclose(quantized.output(h), model.output(h), atol=1e-5)
-    one = h[:1]  # one row: float16 weights, the argmax float32's
-    assert torch.equal(quantized.output(one).argmax(-1), model.output(one).argmax(-1))
+    for few in (h[:1], h[:5]):  # fewer rows: float16 weights, the argmax float32's
+        assert torch.equal(quantized.output(few).argmax(-1), model.output(few).argmax(-1))
 
 
 @pytest.mark.parametrize("block", [5, 64])
@@ -378,9 +378,10 @@ def test_fp16_near_ties_in_float_keep_float32_argmax_where_float16_flips_it() ->
 
 def test_text_int8_copy_without_bf16_arithmetic_has_a_float16_vocabulary_with_float32_argmax(monkeypatch) -> None:
     """Without bfloat16 arithmetic (as on AVX2-only CPUs), a text model's int8 copy holds its
-    vocabulary projection at one row in float16 under float32 near-ties and from two rows in
-    float32, and greedy decoding (one row a step, then three) picks the tokens that the same copy
-    with a float32 vocabulary projection picks; with bfloat16 arithmetic, packed bfloat16 from two."""
+    vocabulary projection up to 15 rows in float16 under float32 near-ties and from 16 rows in
+    float32 (one copy: packed where oneDNN runs), and greedy decoding (one row a step, then three,
+    then 17) picks the tokens that the same copy with a float32 vocabulary projection picks; with
+    bfloat16 arithmetic, packed bfloat16 from two rows."""
     import qkv.layers
     from qkv.decoding import greedy
     from qkv.layers import PackedLinear, WideLinear
@@ -394,11 +395,14 @@ def test_text_int8_copy_without_bf16_arithmetic_has_a_float16_vocabulary_with_fl
         assert isinstance(int8_linears(model, bf16=True).output.many, PackedLinear)
     monkeypatch.setattr(qkv.layers, "packable", lambda dtype=torch.bfloat16: False)  # as on AVX2-only CPUs
     copy_ = int8_linears(model, bf16=False)
-    assert isinstance(copy_.output, ByRows) and isinstance(copy_.output.many, WideLinear)
+    many = PackedLinear if qkv.layers.packable(torch.float32) else nn.Linear  # 97 > 18: as _float_layer keeps it
+    assert isinstance(copy_.output, ByRows) and copy_.output.rows == VOCABULARY_MANY_ROWS
+    assert isinstance(copy_.output.many, WideLinear if many is nn.Linear else many)
     assert isinstance(copy_.output.one, NearTiesInFloat) and isinstance(copy_.output.one.fast, Fp16Linear)
     reference = copy.deepcopy(copy_)
     reference.output = model.output  # float32 logits, the rest the same int8 layers
-    for prompts in ([[5, 7, 11]], [[5, 7, 11], [2, 3, 13], [17, 19, 23]]):
+    seventeen = [[2 + i, 3 * i % 97, 5] for i in range(VOCABULARY_MANY_ROWS + 1)]
+    for prompts in ([[5, 7, 11]], [[5, 7, 11], [2, 3, 13], [17, 19, 23]], seventeen):
         with torch.no_grad():
             assert greedy(copy_, prompts, max_new_tokens=9) == greedy(reference, prompts, max_new_tokens=9)
 
@@ -413,6 +417,10 @@ def test_by_rows_sends_one_row_to_one_copy_and_more_to_the_other() -> None:
     for shape in [(2, 32), (1, 3, 32), (4, 1, 32)]:
         x = torch.randn(shape)
         assert torch.equal(layer(x), layer.many(x))
+    layer = ByRows(one, Bf16Linear(linear), rows=5)  # fewer than 5 rows to ``one``
+    for shape, to in [((4, 32), one), ((2, 2, 32), one), ((5, 32), layer.many), ((1, 7, 32), layer.many)]:
+        x = torch.randn(shape)
+        assert torch.equal(layer(x), to(x))
 
 
 def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> None:

@@ -32,14 +32,12 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     (:class:`qkv.layers.WideLinear`). A float32 decoding step on the CPU multiplies one row per
     hypothesis, and for those shapes the transposed layout is read about twice as fast (measured
     in ``WideLinear``'s docstring; bench/mt_speed.py end to end). A weight tied to an embedding is
-    copied (the embedding keeps its rows): more memory, by the vocabulary projection's size.
+    held once: the embedding reads its rows from the transposed copy (:func:`_widened`).
     Leave it off before :func:`int8_linears` or ``.to(bfloat16)`` (no gain measured in bfloat16).
     With ``wide``, where oneDNN runs (:func:`qkv.layers.packable`), the layers that multiply many
     rows at every call, the encoder's and cross-attention's Wk and Wv (which read the encoder
     output), hold float32 weights packed for oneDNN instead (:func:`_pack_many_rows`).
     """
-    import copy
-
     if isinstance(model, Ensemble):
         return Ensemble(tuple(for_decoding(m, wide=wide) for m in model.models))
 
@@ -47,9 +45,9 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     from torch import nn
 
     from qkv.blocks import DecoderBlock, EncoderBlock
-    from qkv.layers import FusedRMSNorm, WideLinear, packable
+    from qkv.layers import FusedRMSNorm, packable
 
-    fast = copy.deepcopy(model).eval()
+    fast, shared = _copy_for_replacing(model)
     for module in fast.modules():
         if isinstance(module, DecoderBlock | EncoderBlock):
             module.self_attn.fuse_qkv()
@@ -63,8 +61,65 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     for parent in list(fast.modules()) if wide else []:
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear) and child.out_features > child.in_features:
-                setattr(parent, name, WideLinear(child))
-    return fast
+                setattr(parent, name, _widened(child, fast))
+    return _unshare(fast, shared)
+
+
+def _copy_for_replacing(model):
+    """A deep copy of ``model`` (eval mode) whose ``nn.Linear`` layers hold, for now, ``model``'s
+    own weights and biases, and those tensors by id: the copy functions replace those layers
+    with layers of their own (stacked, transposed, packed, int8), so copying their weights first
+    would hold each once more while the copy is made, and the process keeps that peak (the
+    allocator keeps freed memory, ``qkv.memory``). Loading SmolLM2-135M for decoding (resident
+    MiB once the copies are made, the model given still held, 2026-12-07): float32 2,102 with a
+    deep copy, 1,776 without (the tied vocabulary held once too, :func:`_widened`); int8 2,717
+    against 2,189. :func:`_unshare` gives whatever is left shared its own copy, so ``model`` and
+    the copy never share a tensor."""
+    import copy
+
+    from torch import nn
+
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    shared = {id(t): t for m in linears for t in (m.weight, m.bias) if t is not None}
+    return copy.deepcopy(model, memo=dict(shared)).eval(), shared
+
+
+def _unshare(model: DecodingModel, shared: dict) -> DecodingModel:
+    """``model`` with every parameter or buffer that is one of ``shared``'s tensors (another
+    model's: :func:`_copy_for_replacing`) replaced by a copy of its own, one copy per tensor (so a
+    tied weight stays tied). In place; returns ``model``."""
+    from torch import nn
+
+    copies: dict = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, tensor in store.items():
+                if tensor is None or id(tensor) not in shared:
+                    continue
+                if id(tensor) not in copies:
+                    data = tensor.detach().clone()
+                    kept = nn.Parameter(data, tensor.requires_grad) if isinstance(tensor, nn.Parameter) else data
+                    copies[id(tensor)] = kept
+                store[name] = copies[id(tensor)]
+    return model
+
+
+def _widened(linear, model: DecodingModel):
+    """``linear`` as a :class:`qkv.layers.WideLinear`; an embedding of ``model`` tied to its weight
+    (a vocabulary projection's) then reads its rows from the transposed copy (a strided view,
+    no copy of its own). One copy of the vocabulary instead of two: SmolLM2-135M's 49152 × 576
+    is 108 MiB in float32. The price, a lookup gathering each row's K values 4·N bytes apart: one
+    thread, under contention, 2026-12-07, 8 against 24 us a token at one token, 0.15 against 3.5 ms
+    for a 256-token prompt (the prompt's products take hundreds of ms)."""
+    from torch import nn
+
+    from qkv.layers import WideLinear
+
+    wide = WideLinear(linear)
+    for module in model.modules():
+        if isinstance(module, nn.Embedding) and module.weight is linear.weight:
+            module.weight = nn.Parameter(wide.weight_t.t(), requires_grad=False)  # (V, D): a view of (D, V)
+    return wide
 
 
 # The rows PackedLinear's float32 layout is chosen for: an encoder's products have a few hundred
@@ -167,7 +222,6 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     batches. Outputs may differ slightly from float32: check with ``qkv evaluate``. Inference
     only (the copy has no gradients). An ensemble gives an ensemble of its members' copies.
     """
-    import copy
 
     if isinstance(model, Ensemble):
         return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder, bf16=bf16) for m in model.models))
@@ -180,7 +234,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
 
     bf16 = native_bf16() if bf16 is None else bf16
 
-    quantized = copy.deepcopy(model).eval()
+    quantized, shared = _copy_for_replacing(model)
     if float_decoder and not bf16 and packable(torch.float32):  # float32 throughout: as the float32 copy
         _pack_many_rows(quantized)
     decoder = getattr(quantized, "decoder", None)
@@ -191,7 +245,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
                 continue
             if parent is quantized and name == "output" and float_decoder:
                 # a speech model's vocabulary: bfloat16 with float32 near-ties where native
-                layer = _float_layer(child, bf16=bf16)
+                layer = _float_layer(child, bf16=bf16, model=quantized)
                 setattr(parent, name, NearTiesInFloat(child, layer) if bf16 else layer)
             elif parent is quantized and name == "output":
                 setattr(parent, name, _vocabulary(child, bf16=bf16))
@@ -201,37 +255,61 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
                 setattr(parent, name, Bf32Linear(child) if bf16 else _float_layer(child, bf16=False))
             else:  # a text model: int8; its decoder's layers also keep float16 weights for one-row steps
                 setattr(parent, name, Int8Linear(child, bf16=bf16, row16=id(parent) in in_decoder))
-    return quantized.requires_grad_(False)
+    return _unshare(quantized, shared).requires_grad_(False)
 
 
-def _float_layer(linear, *, bf16: bool):
+def _float_layer(linear, *, bf16: bool, model: DecodingModel | None = None):
     """A layer :func:`int8_linears` keeps in float: bfloat16 (packed for oneDNN where it runs,
     :class:`qkv.layers.PackedLinear`, else :class:`qkv.int8.Bf16Linear`) where ``bf16``, else
     float32 as the float32 decoding copy has it (widening layers transposed,
-    :class:`qkv.layers.WideLinear`)."""
+    :class:`qkv.layers.WideLinear`; with ``model``, an embedding of it tied to the weight reads
+    the transposed copy, :func:`_widened`)."""
     from qkv.int8 import Bf16Linear
     from qkv.layers import PackedLinear, WideLinear, packable
 
     if bf16:
         return PackedLinear(linear) if packable() else Bf16Linear(linear)
-    return WideLinear(linear) if linear.out_features > linear.in_features else linear
+    if linear.out_features <= linear.in_features:
+        return linear
+    return WideLinear(linear) if model is None else _widened(linear, model)
+
+
+# From this many rows on, a text model's int8 vocabulary projection without bfloat16 arithmetic
+# multiplies float32 weights packed for oneDNN rather than its float16 ones (fbgemm): per call, one
+# thread, same-process A/B under contention, 2026-12-07, float16 with its float32 near-ties against
+# the packed float32 product, SmolLM2-135M's 49152 x 576: 7.4 against 17.4 ms at 2 rows, 15.0
+# against 21.7 at 8, 44.8 against 36.3 at 32, 451 against 289 at 256 (a prompt's positions); the
+# base translation model's 8000 x 512: 4.0 against 5.7 ms at 8 rows, 7.0 against 6.3 at 32.
+VOCABULARY_MANY_ROWS = 16
 
 
 def _vocabulary(linear, *, bf16: bool):
-    """A text model's int8 vocabulary projection: at one row (a batch-1 decoding step, which reads
-    this projection most) float16 weights in fbgemm's kernel (:class:`qkv.int8.Fp16Linear`, half
-    float32's bytes) with the logits that could be the largest recomputed in float32
-    (:class:`qkv.int8.NearTiesInFloat`: each row's argmax is float32's); from two rows on the layer
-    as :func:`_float_layer` keeps it (packed bfloat16 where the CPU has bfloat16 arithmetic, else float32), both
-    in :class:`qkv.int8.ByRows`. Why: SmolLM2-135M's 49152 × 576 at one row took fbgemm's float16
-    kernel about half the CPU time of bfloat16 ``F.linear`` on an AVX2 CPU, and read it faster than
-    packed bfloat16 where oneDNN runs bfloat16, but was slower from 40 rows on (docs/speed.md).
+    """A text model's int8 vocabulary projection: float16 weights in fbgemm's kernel
+    (:class:`qkv.int8.Fp16Linear`, half float32's bytes) with the logits that could be the largest
+    recomputed in float32 (:class:`qkv.int8.NearTiesInFloat`, from the layer's own float32 weight,
+    often the tied embedding's rows: each row's argmax is float32's) for a batch-1 decoding step,
+    which reads this projection most, and from two rows on packed bfloat16 as :func:`_float_layer`
+    keeps it where the CPU has bfloat16 arithmetic (``bf16``), both in :class:`qkv.int8.ByRows`.
+    SmolLM2-135M's 49152 × 576 at one row took fbgemm's float16 kernel about half the CPU time of
+    bfloat16 ``F.linear`` on an AVX2 CPU, and read it faster than packed bfloat16 where oneDNN
+    runs bfloat16, but was slower from 40 rows on (docs/speed.md). Without bfloat16 arithmetic the
+    float16 layer takes fewer than :data:`VOCABULARY_MANY_ROWS` rows, where it was the faster, and
+    a widening projection's float32 weights packed for oneDNN the rest (:class:`qkv.layers.PackedLinear`;
+    without oneDNN, or narrowing, :func:`_float_layer`'s layer): one float32 copy, not
+    :class:`qkv.layers.WideLinear`'s two (its transposed one served one to three rows, which the
+    float16 layer takes now).
     Weights beyond float16's range keep :func:`_float_layer`'s layer for every row."""
-    from qkv.int8 import FP16_SUBNORMAL_ERROR, ByRows, Fp16Linear, NearTiesInFloat, fp16_fits, fp16_product_error
+    import torch
 
-    many = _float_layer(linear, bf16=bf16)
+    from qkv.int8 import FP16_SUBNORMAL_ERROR, ByRows, Fp16Linear, NearTiesInFloat, fp16_fits, fp16_product_error
+    from qkv.layers import PackedLinear, packable
+
     if not fp16_fits(linear.weight):
-        return many
+        return _float_layer(linear, bf16=bf16)
     error = fp16_product_error(linear.in_features)
     near = NearTiesInFloat(linear, Fp16Linear(linear), error=error, absolute=FP16_SUBNORMAL_ERROR)
-    return ByRows(near, many)
+    if bf16:
+        return ByRows(near, _float_layer(linear, bf16=True))
+    if linear.out_features > linear.in_features and packable(torch.float32):
+        return ByRows(near, PackedLinear(linear, dtype=torch.float32, rows=32), rows=VOCABULARY_MANY_ROWS)
+    return ByRows(near, _float_layer(linear, bf16=False), rows=VOCABULARY_MANY_ROWS)  # narrowing: the layer itself

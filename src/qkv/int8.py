@@ -380,17 +380,23 @@ class Fp16Linear(nn.Module):
 
 
 class ByRows(nn.Module):
-    """One row (a decoding step at batch 1) to ``one``, more rows to ``many``: two copies of one
-    layer, each where its kernel is the faster (the vocabulary projection of ``--int8`` where oneDNN
-    runs bfloat16: float16 weights at one row, bfloat16 packed ones from two). Both must compute
-    the same product (each within its own rounding). Shapes: x (..., K) -> (..., N)."""
+    """Fewer than ``rows`` rows (default: one row, a decoding step at batch 1) to ``one``, more
+    to ``many``: two copies of one layer, each where its kernel is the faster (the vocabulary
+    projection of ``--int8``: float16 weights at one row, bfloat16 packed ones from two where
+    oneDNN runs bfloat16; without it float16 ones up to 15 rows, float32 packed ones from 16:
+    ``decoding_copies._vocabulary``). Both must compute the same product (each within its own
+    rounding). Shapes: x (..., K) -> (..., N)."""
 
-    def __init__(self, one: nn.Module, many: nn.Module) -> None:
+    def __init__(self, one: nn.Module, many: nn.Module, *, rows: int = 2) -> None:
         super().__init__()
         self.one, self.many = one, many
+        self.rows = rows
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.one(x) if x.numel() == x.shape[-1] else self.many(x)  # (..., N)
+        return self.one(x) if x.numel() < self.rows * x.shape[-1] else self.many(x)  # (..., N)
+
+    def extra_repr(self) -> str:
+        return f"one below {self.rows} rows, many from it"
 
 
 # A bfloat16 product's error, relative to ‖x‖·‖w‖ (Cauchy–Schwarz: at least Σ|x||w|): the activations

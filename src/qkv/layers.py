@@ -312,6 +312,18 @@ class WideLinear(nn.Module):
     3.8 ms at 4 rows, 5.4 against 6.9 ms at 32; 512 -> 2,048 0.39 against 0.68 ms at 4 rows, 1.2
     against 1.4 ms at 32 (at 2 rows the two were even). The weight is then held twice.
 
+    Why twice: no one layout kept both speeds (2026-12-07, one thread, CPU time per call,
+    same-process A/B under contention, each weight streamed from memory). At one row the packed
+    copy alone took 1.6 to 1.9 times the transposed one's time (576 -> 3,072 1.33 against 0.70 ms,
+    576 -> 49,152 15.5 against 8.6, 512 -> 8,000 2.24 against 1.25, 384 -> 51,864 12.6 against
+    6.7), and ``F.linear`` on the plain (N, K) weight about as long (1.30, 15.8, 2.36 and 15.8 ms);
+    at 2 rows the transposed copy was as fast or faster (1.08 against 1.31 ms, 15.4 against 15.7,
+    2.15 against 2.74); from 4 rows its product (MKL's GEMM) took 1.5 to 5 times the packed one's
+    (576 -> 49,152 52.8 against 19.6 ms at 4 rows, 67.8 against 37.7 at 32; 512 -> 8,000 5.1
+    against 3.3 ms at 4 rows, 10.9 against 7.4 at 32). A tied vocabulary
+    projection's embedding reads its rows from this layer's transposed copy
+    (``decoding_copies._widened``), so that weight is held twice, not three times.
+
     Shapes: x (..., K) -> (..., N).
     """
 
