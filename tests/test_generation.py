@@ -693,21 +693,25 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
         with torch.no_grad():
             a, state_a = decoder_for(model).start(prompts)  # (N, V)
             state_b = decoder_for(model).reserve(state_a, 6)
-            b = a
-            for _ in range(6):
-                torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-                tokens = a.argmax(-1)  # (N,)
-                (a, state_a), (b, state_b) = (
-                    decoder_for(model).step(state_a, tokens),
-                    decoder_for(model).step(state_b, tokens),
-                )
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+            state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(model), state_b, a, 6)
         self_kv = state_b.cache[0][0]
         assert isinstance(self_kv, KVBuffer) and self_kv.length == state_a.cache[0][0][0].shape[2]
         assert cache_length(state_b.cache) == cache_length(state_a.cache)
         # Reordering rows (beam search) would read the shared buffers' old rows: refused.
         with pytest.raises(TypeError, match="cannot be reordered"):
             decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
+
+
+def _greedy_in_step(first, state_a, second, state_b, logits, steps: int):
+    """``steps`` greedy steps of two decoders fed the same tokens (the first's argmax), from the
+    same start ``logits``: every step's logits equal within ATOL. Returns both final states."""
+    a = b = logits  # (N, V)
+    for _ in range(steps):
+        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+        tokens = a.argmax(-1)  # (N,)
+        (a, state_a), (b, state_b) = first.step(state_a, tokens), second.step(state_b, tokens)
+    torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    return state_a, state_b
 
 
 @pytest.mark.parametrize(
@@ -743,15 +747,8 @@ def test_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy
     fast.decode_row = lambda *args, **kw: rows.append(1) or DecoderOnly.decode_row(model, *args, **kw)
     with torch.no_grad():
         a, state_a = decoder_for(model).start(prompts)  # (N, V)
-        b, state_b = a, decoder_for(fast).reserve(state_a, 12)
-        for _ in range(12):
-            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-            tokens = a.argmax(-1)  # (N,)
-            (a, state_a), (b, state_b) = (
-                decoder_for(model).step(state_a, tokens),
-                decoder_for(fast).step(state_b, tokens),
-            )
-        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+        state_b = decoder_for(fast).reserve(state_a, 12)
+        state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12)
     assert len(rows) == 12 and isinstance(state_b.cache[0][0], KVBuffer)
     assert greedy(fast, prompts, max_new_tokens=12) == greedy(model, prompts, max_new_tokens=12) and len(rows) > 12
     with torch.no_grad():
