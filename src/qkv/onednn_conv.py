@@ -187,6 +187,16 @@ def learn_layouts(jobs: Sequence[tuple[nn.Conv1d | nn.ConvTranspose1d, tuple[int
     return _learner().submit(learn)
 
 
+def _kept(conv: nn.Module, name: str, key: tuple, make):
+    """What ``make()`` returns, kept on ``conv`` under ``name`` (a plain attribute: neither
+    parameter nor buffer) while ``key`` (the weight's storage and version, and whatever else the
+    value depends on) is unchanged, made again when it changes."""
+    kept = conv.__dict__.get(name)
+    if kept is None or kept[0] != key:
+        kept = conv.__dict__[name] = (key, make())
+    return kept[1]
+
+
 def packed_weight(
     conv: nn.Conv1d | nn.ConvTranspose1d, input_size: tuple[int, ...], scale: float = 1.0
 ) -> tuple[Tensor, Tensor | None]:
@@ -201,10 +211,9 @@ def packed_weight(
     copy); a length whose layout was dropped packs it again (one re-layout, as at its first call)."""
     weight, bias = conv.weight, conv.bias
     key = (weight.data_ptr(), weight._version, scale, None if bias is None else (bias.data_ptr(), bias._version))
-    kept = conv.__dict__.get("_packed_weights")  # a plain attribute: neither parameter nor buffer
-    if kept is None or kept[0] != key:
-        kept = conv.__dict__["_packed_weights"] = (key, _run_form(conv, scale), OrderedDict())
-    _, (run, bias, transposed, geometry), packs = kept
+    (run, bias, transposed, geometry), packs = _kept(
+        conv, "_packed_weights", key, lambda: (_run_form(conv, scale), OrderedDict())
+    )
     layout = _weight_format(transposed, tuple(run.shape), geometry, tuple(input_size), torch.get_num_threads())
     if layout in packs:
         packs.move_to_end(layout)  # the most recently used last
@@ -257,10 +266,7 @@ def tap_weights(conv: nn.Conv1d) -> Tensor:
     Shapes: weight (out, in, k) -> (k, in, out)."""
     weight = conv.weight
     key = (weight.data_ptr(), weight._version)
-    kept = conv.__dict__.get("_tap_weights")  # a plain attribute: neither parameter nor buffer
-    if kept is None or kept[0] != key:
-        kept = conv.__dict__["_tap_weights"] = (key, weight.detach().permute(2, 1, 0).contiguous())
-    return kept[1]
+    return _kept(conv, "_tap_weights", key, lambda: weight.detach().permute(2, 1, 0).contiguous())
 
 
 def conv_taps(conv: nn.Conv1d, x: Tensor) -> Tensor:
