@@ -24,6 +24,11 @@ is the median (for a machine shared with other jobs).
     python bench/step_profile.py --no-record
     python bench/step_profile.py --also bf16 int8 --no-record     # the --bf16 and --int8 copies too
     python bench/step_profile.py --also bf16 int8 --rounds 5 --threads 1 --no-record   # on a busy machine
+    python bench/step_profile.py --also int8 --batch32 --no-record     # greedy at batch 32 too (issue 49)
+
+With ``--batch32``, greedy at batch 32 is profiled too (a step of many rows: the int8 copy's
+GEMM path, ``qkv.int8.Int8Linear``); the int8 layers' own operators around fbgemm's kernel
+(each row's max, the division, the scaling back) count as "other ops".
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--also", nargs="*", default=[], choices=["bf16", "int8"], help="also profile these copies")
     parser.add_argument("--rounds", type=int, default=1, help="alternate the layouts this many times; medians")
+    parser.add_argument("--batch32", action="store_true", help="also greedy at batch 32")
     parser.add_argument("--no-record", action="store_true")
     parser.add_argument("--notes", default="")
     args = parser.parse_args()
@@ -130,7 +136,8 @@ def main() -> None:
         layouts[f"{precision} copy"] = prepared(model, "encoder_decoder", **{precision: True})
         layouts[f"{precision} copy, F.linear"] = unpacked(model, precision)
     records = []
-    for batch, beam, what in ((1, 1, "greedy batch 1"), (8, 5, "beam 5 batch 8")):
+    cases = [(1, 1, "greedy batch 1"), (8, 5, "beam 5 batch 8")] + [(32, 1, "greedy batch 32")] * args.batch32
+    for batch, beam, what in cases:
         rounds = [{name: profiled(m, batch, beam) for name, m in layouts.items()} for _ in range(args.rounds)]
         rows = {
             name: {b: statistics.median(r[name][b] for r in rounds) for b in (*BUCKETS, "step")} for name in layouts
