@@ -219,7 +219,10 @@ class FusedRMSNorm(nn.RMSNorm):
     the direct call took about half the CPU time of ``nn.RMSNorm`` (about 25 against 50 µs, torch
     2.13, one thread, under contention, 2026-12-07), and :func:`rms_norm_row` two thirds of the
     direct call's (10.1 against 15.4 µs on (1, 576), medians, one thread, under contention,
-    2026-12-07). A decoding copy (``decoding_copies.for_decoding``); a norm with ``eps=None``, and
+    2026-12-07). Inside a SmolLM2-135M step, where the products between norms evict what they
+    touch, the same process alternating the two a step at a time: float32 copy 81.6 against 91.2 µs
+    a norm, the int8 copy (fbgemm's products, not MKL's) no different (92 against 92 µs). A
+    decoding copy (``decoding_copies.for_decoding``); a norm with ``eps=None``, and
     every norm while a graph is traced (``torch.compile``, ``torch.export``: neither traces the
     direct call), keep ``nn.RMSNorm``'s forward.
 
