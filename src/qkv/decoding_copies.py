@@ -21,7 +21,8 @@ def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
     with one stacked matrix product (:meth:`~qkv.attention.MultiHeadAttention.fuse_qkv`), which
     saves two calls per layer per token, and every gated feed-forward (SwiGLU, GEGLU) its W1 and
     W3 with one (:meth:`~qkv.layers.FeedForward.fuse_gate`), one call more; every RMSNorm calls
-    aten's kernel directly (:class:`qkv.layers.FusedRMSNorm`, the same bits in fewer Python calls).
+    aten's kernel directly, and one float32 row in four operators (:class:`qkv.layers.FusedRMSNorm`:
+    the same bits, or for one row the same up to float rounding, in fewer calls).
     Same outputs up to float rounding (tested equal);
     the copy is for decoding only (``save_model`` refuses it). ``model`` is not changed. Apply
     it before :func:`int8_linears`, which quantizes the stacked projection like any other.
