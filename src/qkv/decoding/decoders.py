@@ -232,6 +232,12 @@ class _EncoderDecoderBase:
         return out.logits[:, -1], _Sourced(out.cache, memory, src_mask)  # (B, V)
 
     def step(self, state: _Sourced, tokens: Tensor) -> tuple[Tensor, _Sourced]:
+        if state.src_mask is None and self.model.decoder.rows_ready(state.cache):  # no padding, caches grown in place
+            # The one-row step (decode_row): no masks, no memory (the cross-attention keys and
+            # values are the cache's), in inference mode as DecoderOnlyDecoder.step explains.
+            with torch.inference_mode():
+                out = self.model.decode_row(tokens, cache=state.cache)  # (N, V)
+            return out.logits, replace(state, cache=out.cache)
         out = self.model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
         return out.logits[:, -1], replace(state, cache=out.cache)  # (N, V)
 
