@@ -521,7 +521,7 @@ class DecoderStack(nn.Module):
             and not self.alibi
             and not torch.is_grad_enabled()
             and all(
-                isinstance(self_kv, KVBuffer) and _cross_ready(b, cross_kv, self_kv)
+                isinstance(self_kv, KVBuffer) and _cross_ready(b, cross_kv, self_kv.k.shape[0])
                 for b, (self_kv, cross_kv) in zip(self.blocks, cache, strict=True)
             )
             and not torch.is_autocast_enabled(cache[0][0].k.device.type)
@@ -584,14 +584,14 @@ def _fused(attention: MultiHeadAttention) -> bool:
     return attention.normalization == "softmax" and attention.path != "explicit"
 
 
-def _cross_ready(block: DecoderBlock, cross_kv: KVCache | None, self_kv: KVCache | KVBuffer) -> bool:
-    """Whether ``block``'s cross-attention cache suits :meth:`DecoderBlock.forward_row`: none in a
-    block without cross-attention; else keys and values already projected, one row per row of the
-    self-attention cache (beam search's caches share an input's among its beams; its steps keep
+def _cross_ready(block: DecoderBlock, cross_kv: KVCache | None, rows: int) -> bool:
+    """Whether ``block``'s cross-attention cache suits :meth:`DecoderBlock.forward_row` for ``rows``
+    rows: none in a block without cross-attention; else keys and values already projected, a row of
+    them for each row (beam search's caches share an input's among its beams; its steps keep
     :meth:`DecoderBlock.forward`)."""
     if block.cross_attn is None or cross_kv is None:
         return block.cross_attn is None and cross_kv is None
-    return isinstance(self_kv, KVBuffer) and cross_kv[0].shape[0] == self_kv.k.shape[0]
+    return cross_kv[0].shape[0] == rows
 
 
 def _final_norm(config: BlockConfig) -> nn.Module:
