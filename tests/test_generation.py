@@ -766,6 +766,57 @@ def test_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy
         assert not alibi.decoder.rows_ready(decoder_for(alibi).reserve(state, 2).cache)
 
 
+@pytest.mark.parametrize(
+    ("positions", "overrides"),
+    [
+        ("sinusoidal", {}),
+        ("learned", {"norm_first": False}),
+        ("rope", {"n_kv_heads": 1, "activation": "swiglu", "norm": "rmsnorm", "bias": False}),
+        ("rope", {"qk_norm": True, "sandwich_norm": True, "output_bias": True}),
+    ],
+)
+@pytest.mark.parametrize("copy_kind", ["model", "for_decoding", "int8"])
+def test_encoder_decoder_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy_kind: str) -> None:
+    """An encoder-decoder's step over sources without padding (batch 1, or rows of one length) and
+    preallocated caches takes the one-row fast path (EncoderDecoder.decode_row, cross-attention to
+    the keys and values its start cached): every step's logits equal ``decode``'s over concatenated
+    caches within 1e-5 (post-norm, learned, RoPE, grouped-query heads, qk_norm and sandwich norms,
+    the decoding copies), the same greedy tokens; padded sources, beam search's caches, the
+    explicit attention path (qkv check) and ALiBi keep decode."""
+    model = make_ed(positions, seed=22, max_len=19, **overrides)
+    model = {"model": model, "for_decoding": for_decoding(model, wide=True), "int8": int8_linears(model)}[copy_kind]
+    rows = []
+    fast = copy.copy(model)  # the same modules; its decode_row counts its calls
+    fast.decode_row = lambda *args, **kw: rows.append(1) or EncoderDecoder.decode_row(model, *args, **kw)
+    for sources in (_random_rows([5], SRC_V, seed=22), _random_rows([4, 4], SRC_V, seed=23)):
+        rows.clear()
+        with torch.no_grad():
+            a, state_a = decoder_for(model).start(sources)  # (N, V)
+            state_b = decoder_for(fast).reserve(state_a, 12)
+            state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12)
+        assert len(rows) == 12 and isinstance(state_b.cache[0][0], KVBuffer)
+        # The cross-attention keys and values start cached: the same tensors, never projected nor copied again.
+        assert all(x is y for x, y in zip(state_b.cache[0][1], state_a.cache[0][1], strict=True))
+        assert greedy(fast, sources, max_new_tokens=12) == greedy(model, sources, max_new_tokens=12)
+        assert len(rows) > 12
+    rows.clear()
+    padded = _random_rows([5, 3], SRC_V, seed=24)
+    assert greedy(fast, padded, max_new_tokens=4) == greedy(model, padded, max_new_tokens=4) and not rows
+    assert beam_search(fast, sources, beam_size=2, max_new_tokens=4) and not rows
+    with torch.no_grad():
+        _, state = decoder_for(model).start(sources)
+        ready = decoder_for(model).reserve(state, 2)
+        assert model.decoder.rows_ready(ready.cache) and not model.decoder.rows_ready(state.cache)
+        with attention_path(model, "explicit"):
+            assert not model.decoder.rows_ready(ready.cache)
+        shared = decoder_for(model).reorder(state, torch.tensor([0, 0, 1, 1]), within_inputs=True)  # beams
+        assert not model.decoder.rows_ready(decoder_for(model).reserve(shared, 2).cache)
+    alibi = make_ed("alibi", seed=22)
+    with torch.no_grad():
+        _, state = decoder_for(alibi).start(sources)
+        assert not alibi.decoder.rows_ready(decoder_for(alibi).reserve(state, 2).cache)
+
+
 def test_decoder_only_logits_where_asked_equal_every_positions() -> None:
     """DecoderOnly.decode(only=...) projects the positions asked for alone: their logits are the
     full call's at those positions (row-major), and its cache is the full call's; a prompt's start

@@ -9,6 +9,7 @@ CTC prefix scores are checked against a sum over every alignment (V^T paths, T â
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -26,10 +27,11 @@ from qkv.decoding import (
     LanguageModelScore,
     beam_search,
     ctc_greedy,
+    decoder_for,
     greedy,
     joint_scorers,
 )
-from qkv.decoding_copies import for_decoding
+from qkv.decoding_copies import for_decoding, int8_linears
 from qkv.ensemble import Ensemble
 from qkv.losses import ctc_loss, seq2seq_batch, speech_loss
 from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
@@ -272,6 +274,45 @@ def test_cached_decoding_equals_a_full_pass(frontend: str) -> None:
             weights.append(out.attention[-1])
     assert (torch.cat(steps, dim=1) - full.logits).abs().max() <= ATOL
     assert (torch.cat(weights, dim=2) - full.attention[-1]).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize(
+    ("frontend", "overrides"), [("whisper", {"norm_first": True}), ("conv2d", {"norm_first": False})]
+)
+@pytest.mark.parametrize("copy_kind", ["model", "for_decoding", "int8", "int8 float32"])
+def test_row_step_equals_the_explicit_step(frontend: str, overrides: dict, copy_kind: str) -> None:
+    """A step over one utterance (or utterances of one length) and preallocated caches takes the
+    one-row fast path (SpeechEncoderDecoder.decode_row: cross-attention to the keys and values
+    the start projected, no masks): every step's logits equal ``decode``'s over concatenated caches
+    within 1e-5, for a Whisper-like model (no key biases, learned positions, pre-norm) and a
+    post-norm one, and for the decoding copies speech gets (int8: its float decoder, bfloat16
+    where native, and float32); padded utterances keep decode."""
+    model = make_model(frontend, seed=7, **overrides)
+    model = {
+        "model": model,
+        "for_decoding": for_decoding(model, wide=True),
+        "int8": int8_linears(model, float_decoder=True),
+        "int8 float32": int8_linears(model, float_decoder=True, bf16=False),
+    }[copy_kind]
+    rows = []
+    fast = copy.copy(model)  # the same modules; its decode_row counts its calls
+    fast.decode_row = lambda *args, **kw: rows.append(1) or SpeechEncoderDecoder.decode_row(model, *args, **kw)
+    for inputs in (_features([29], seed=7), _features([23, 23], seed=8)):
+        rows.clear()
+        with torch.no_grad():
+            a, state_a = decoder_for(model).start(inputs)  # (N, V)
+            b, state_b = a, decoder_for(fast).reserve(state_a, 12)
+            for _ in range(12):
+                torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+                tokens = a.argmax(-1)  # (N,)
+                a, state_a = decoder_for(model).step(state_a, tokens)
+                b, state_b = decoder_for(fast).step(state_b, tokens)
+            torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+        assert len(rows) == 12
+        assert greedy(fast, inputs, max_new_tokens=12) == greedy(model, inputs, max_new_tokens=12)
+    rows.clear()
+    padded = _features([29, 17], seed=9)
+    assert greedy(fast, padded, max_new_tokens=4) == greedy(model, padded, max_new_tokens=4) and not rows
 
 
 @pytest.mark.parametrize("frontend", ["conv2d", "whisper"])

@@ -624,6 +624,24 @@ class MultiHeadAttention(nn.Module):
         out = attention_fused(q, k, v, scale=self.scale)  # (B, H, 1, K)
         return self.w_o(out.reshape(b, h * self.head_dim)), cache  # (B, D): heads concatenated
 
+    def forward_row_cross(self, x: Tensor, cache: KVCache) -> Tensor:
+        """Cross-attention of one new position per row to the keys and values an earlier call
+        projected from the encoder output (``cache``, one row of them per query row), every source
+        position in sight (no mask: no source is padded): :meth:`forward`'s output with a context
+        cache, without its checks, mask plumbing and weights, on rows (B, D). The keys and values
+        are read as they are, never projected nor copied again. A decoding fast path
+        (``blocks.DecoderStack.forward_row``), tested equal to :meth:`forward`.
+
+        Shapes:
+            x: (B, D); cache: (B, G, S, K) twice. returns (B, D).
+        """
+        b, h = x.shape[0], self.n_heads
+        q = self.w_q(x).view(b, h, 1, self.head_dim)  # (B, H, 1, K): one position, so no transpose
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        out = attention_fused(q, *cache, scale=self.scale)  # (B, H, 1, K)
+        return self.w_o(out.reshape(b, h * self.head_dim))  # (B, D): heads concatenated
+
     def _project_context(self, context: Tensor, cache: KVCache | KVBuffer | None) -> KVCache:
         """Cross-attention's keys and values: ``context`` projected by Wk and Wv, or, given a
         cache, the ones an earlier call projected (the context is the same at every step).

@@ -328,19 +328,30 @@ class DecoderBlock(nn.Module):
         return x, (self_cache, cross_cache), weights
 
     def forward_row(
-        self, x: Tensor, cache: KVBuffer, rotation: tuple[Tensor, Tensor] | None
+        self, x: Tensor, cache: KVBuffer, rotation: tuple[Tensor, Tensor] | None, cross: KVCache | None = None
     ) -> tuple[Tensor, KVBuffer]:
-        """:meth:`forward` of one new position per row in a block without cross-attention, in eval
-        mode (no dropout), every cached key in sight (:meth:`MultiHeadAttention.forward_row`).
-        Shapes: x (B, D) -> (B, D), and the grown buffer."""
+        """:meth:`forward` of one new position per row, in eval mode (no dropout), every cached key
+        in sight (:meth:`MultiHeadAttention.forward_row`) and, in a block with cross-attention,
+        every source position (``cross``: its keys and values cached by an earlier call,
+        :meth:`MultiHeadAttention.forward_row_cross`). Shapes: x (B, D) -> (B, D), and the grown buffer."""
         if self.norm_first:  # pre-norm: x + Sublayer(Norm(x))
             h, cache = self.self_attn.forward_row(self.norm_1(x), cache, rotation, self.window)  # (B, D)
             x = x + (h if self.post_norm_1 is None else self.post_norm_1(h))
+            if cross is not None:
+                x = x + self._ca_row(self.norm_2(x), cross)  # (B, D)
             h = self.ffn(self.norm_3(x))  # (B, D)
             return x + (h if self.post_norm_3 is None else self.post_norm_3(h)), cache
         h, cache = self.self_attn.forward_row(x, cache, rotation, self.window)  # post-norm: Norm(x + Sublayer(x))
         x = self.norm_1(x + h)  # (B, D)
+        if cross is not None:
+            x = self.norm_2(x + self._ca_row(x, cross))  # (B, D)
         return self.norm_3(x + self.ffn(x)), cache
+
+    def _ca_row(self, x: Tensor, cross: KVCache) -> Tensor:
+        """:meth:`_ca_block` of one position per row over cached keys and values, no mask, in eval
+        mode. Shapes: (B, D) -> (B, D)."""
+        h = self.cross_attn.forward_row_cross(x, cross)  # (B, D)
+        return h if self.post_norm_2 is None else self.post_norm_2(h)
 
     def _sa_block(
         self,
@@ -499,37 +510,40 @@ class DecoderStack(nn.Module):
 
     def rows_ready(self, cache: list[BlockCache] | None) -> bool:
         """Whether :meth:`forward_row` can take the next step over ``cache``: preallocated
-        self-attention caches (:class:`KVBuffer`) and no cross-attention, eval mode, no gradients,
-        no autocast, softmax attention on its fused path (not forced explicit: ``qkv check``), no
-        ALiBi. Cheap enough to ask at every step."""
+        self-attention caches (:class:`KVBuffer`) and, in blocks with cross-attention, its keys
+        and values cached with one row per row (not shared by an input's beams), eval mode, no
+        gradients, no autocast, softmax attention on its fused path (not forced explicit: ``qkv
+        check``), no ALiBi. Whether a source is padded the stack cannot know: its caller asks
+        that. Cheap enough to ask at every step."""
         return (
             bool(cache)
             and not self.training
             and not self.alibi
             and not torch.is_grad_enabled()
-            and all(isinstance(self_kv, KVBuffer) and cross_kv is None for self_kv, cross_kv in cache)
-            and not torch.is_autocast_enabled(cache[0][0].k.device.type)
             and all(
-                b.cross_attn is None and b.self_attn.normalization == "softmax" and b.self_attn.path != "explicit"
-                for b in self.blocks
+                isinstance(self_kv, KVBuffer) and _cross_ready(b, cross_kv, self_kv.k.shape[0])
+                for b, (self_kv, cross_kv) in zip(self.blocks, cache, strict=True)
             )
+            and not torch.is_autocast_enabled(cache[0][0].k.device.type)
+            and all(_fused(b.self_attn) and (b.cross_attn is None or _fused(b.cross_attn)) for b in self.blocks)
         )
 
     def forward_row(self, x: Tensor, *, positions: Tensor, cache: list[BlockCache]) -> tuple[Tensor, list[BlockCache]]:
         """:meth:`forward` of one new position per row (a decoding step), as rows (B, D), that may
-        see every cached position (no key mask: no row is padded), over preallocated caches, when
-        :meth:`rows_ready` says so: the same outputs up to float rounding (tested), with less
-        per-call work (no masks to build or pass, no weights, no dropout, one call per block and
-        sub-layer, 2-D products). A one-row decoding step is bound by such work more than by
-        arithmetic (docs/speed.md).
+        see every cached position (no key mask: no row is padded) and, with cross-attention, every
+        source position (no memory mask: no source is padded; its keys and values are the cache's,
+        projected once by the first call), over preallocated caches, when :meth:`rows_ready` says
+        so: the same outputs up to float rounding (tested), with less per-call work (no masks to
+        build or pass, no weights, no dropout, one call per block and sub-layer, 2-D products). A
+        one-row decoding step is bound by such work more than by arithmetic (docs/speed.md).
 
-        Shapes: x (B, D); positions (B, 1). Returns (B, D) and the grown cache.
+        Shapes: x (B, D); positions (B, 1), or (1,) for every row. Returns (B, D) and the grown cache.
         """
         rotations = self._rotations(positions, x)  # {rope: ((B, 1, 1, K), (B, 1, 1, K))}
         grown = []
-        for block, (self_kv, _) in zip(self.blocks, cache, strict=True):
-            x, self_kv = block.forward_row(x, self_kv, rotations.get(block.self_attn.rope))  # (B, D)
-            grown.append((self_kv, None))
+        for block, (self_kv, cross_kv) in zip(self.blocks, cache, strict=True):
+            x, self_kv = block.forward_row(x, self_kv, rotations.get(block.self_attn.rope), cross_kv)  # (B, D)
+            grown.append((self_kv, cross_kv))
         return self.norm(x), grown
 
     def _rotations(self, positions: Tensor, x: Tensor) -> dict:
@@ -562,6 +576,22 @@ class DecoderStack(nn.Module):
         if key_mask is not None:
             mask = mask & padding_mask(key_mask)  # (B, 1, T, S_self)
         return mask
+
+
+def _fused(attention: MultiHeadAttention) -> bool:
+    """Whether ``attention`` takes the fused kernel, as the one-row step always does: softmax, and
+    the explicit path not forced (``qkv check`` compares the two)."""
+    return attention.normalization == "softmax" and attention.path != "explicit"
+
+
+def _cross_ready(block: DecoderBlock, cross_kv: KVCache | None, rows: int) -> bool:
+    """Whether ``block``'s cross-attention cache suits :meth:`DecoderBlock.forward_row` for ``rows``
+    rows: none in a block without cross-attention; else keys and values already projected, a row of
+    them for each row (beam search's caches share an input's among its beams; its steps keep
+    :meth:`DecoderBlock.forward`)."""
+    if block.cross_attn is None or cross_kv is None:
+        return block.cross_attn is None and cross_kv is None
+    return cross_kv[0].shape[0] == rows
 
 
 def _final_norm(config: BlockConfig) -> nn.Module:

@@ -199,7 +199,12 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     bfloat16 with its near-ties in float32 (:class:`qkv.int8.NearTiesInFloat`: each row's argmax
     is float32's), and the encoder's (every layer outside the decoder) float32 weights whose
     products run in bfloat16 with float32 outputs (:class:`qkv.int8.Bf32Linear`); where ``bf16``
-    is False, all float32 as the float32 copy has them (widening ones transposed, below). Why
+    is False, all float32 as the float32 copy has them (widening ones transposed, below) but the
+    vocabulary projection, which is a text model's (:func:`_vocabulary`: float16 below
+    :data:`VOCABULARY_MANY_ROWS` rows, its near-ties in float32, so the argmax is still float32's):
+    the step's largest product, read in half float32's bytes (Whisper tiny.en's 384 x 51,864, one
+    row, one thread, same-process A/B under contention, 2026-12-07: 4.8 against 6.1 ms a call, the
+    same greedy tokens and transcripts). Why
     the decoder (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike;
     docs/speech.md): int8 decoder layers with a bfloat16 vocabulary kept
     float32's words on 272, float32 ones on 283, bfloat16 ones with float32 near-ties on 285,
@@ -244,11 +249,10 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
         for name, child in list(parent.named_children()):
             if not isinstance(child, nn.Linear):
                 continue
-            if parent is quantized and name == "output" and float_decoder:
-                # a speech model's vocabulary: bfloat16 with float32 near-ties where native
-                layer = _float_layer(child, bf16=bf16, model=quantized)
-                setattr(parent, name, NearTiesInFloat(child, layer) if bf16 else layer)
-            elif parent is quantized and name == "output":
+            if parent is quantized and name == "output" and float_decoder and bf16:
+                # a speech model's vocabulary where bfloat16 is native: bfloat16 with float32 near-ties
+                setattr(parent, name, NearTiesInFloat(child, _float_layer(child, bf16=True)))
+            elif parent is quantized and name == "output":  # a text model's, or a speech one's without bfloat16
                 setattr(parent, name, _vocabulary(child, bf16=bf16))
             elif id(parent) in in_decoder and float_decoder:
                 setattr(parent, name, _float_layer(child, bf16=bf16))
@@ -285,7 +289,8 @@ VOCABULARY_MANY_ROWS = 16
 
 
 def _vocabulary(linear, *, bf16: bool):
-    """A text model's int8 vocabulary projection: float16 weights in fbgemm's kernel
+    """A text model's int8 vocabulary projection (a speech model's too where ``bf16`` is False: its
+    float decoder is float32 there, :func:`int8_linears`): float16 weights in fbgemm's kernel
     (:class:`qkv.int8.Fp16Linear`, half float32's bytes) with the logits that could be the largest
     recomputed in float32 (:class:`qkv.int8.NearTiesInFloat`, from the layer's own float32 weight,
     often the tied embedding's rows: each row's argmax is float32's) for a batch-1 decoding step,

@@ -232,6 +232,16 @@ class _EncoderDecoderBase:
         return out.logits[:, -1], _Sourced(out.cache, memory, src_mask)  # (B, V)
 
     def step(self, state: _Sourced, tokens: Tensor) -> tuple[Tensor, _Sourced]:
+        if state.src_mask is None and self.model.decoder.rows_ready(state.cache):  # no padding, caches grown in place
+            # The one-row step (decode_row): no masks, no memory (the cross-attention keys and
+            # values are the cache's), in inference mode as DecoderOnlyDecoder.step explains. CPU
+            # time, 1 thread, same-process interleaved A/B under contention, 2026-12-07: Whisper
+            # tiny.en's int8 copy, a 30-s window, 14.4 against 15.3 ms a step (medians of 10);
+            # bench/mt_speed.py's base model, greedy batch 1, 80.6 against 73.0 new tokens a CPU
+            # second in int8, 63.7 against 60.5 in fp32; the same tokens.
+            with torch.inference_mode():
+                out = self.model.decode_row(tokens, cache=state.cache)  # (N, V)
+            return out.logits, replace(state, cache=out.cache)
         out = self.model.decode(tokens[:, None], state.memory, src_mask=state.src_mask, cache=state.cache)
         return out.logits[:, -1], replace(state, cache=out.cache)  # (N, V)
 

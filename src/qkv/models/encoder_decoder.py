@@ -141,6 +141,20 @@ class EncoderDecoder(nn.Module):
             x = x[only]  # (N, D)
         return DecoderOutput(self.output(x), cache, weights)  # (B, T, V) or (N, V)
 
+    def decode_row(self, tokens: Tensor, *, cache: list[BlockCache]) -> DecoderOutput:
+        """:meth:`decode` of one new token per row after ``cache``'s positions, over a source
+        without padding (``src_mask`` None) whose cross-attention keys and values the cache holds,
+        where ``self.decoder.rows_ready(cache)``: the decoding step's fast path
+        (:meth:`~qkv.blocks.DecoderStack.forward_row`), the same logits up to float rounding (tested).
+
+        Shapes: tokens (N,). Returns logits (N, V) and the cache.
+        """
+        past = cache_length(cache)
+        positions = torch.arange(past, past + 1, device=tokens.device)  # (1,): every row's
+        x = self.tgt_embed(tokens, positions)  # (N, D)
+        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (N, D)
+        return DecoderOutput(self.output(x), cache, None)  # (N, V)
+
     def forward(self, src: Tensor, tgt: Tensor, *, only: Tensor | None = None) -> Tensor:
         """Teacher-forced logits, at every target position or where ``only`` is True.
 

@@ -392,6 +392,19 @@ class SpeechEncoderDecoder(nn.Module):
             x = x[only]  # (N, D)
         return DecoderOutput(self.output(x), cache, weights)  # (B, L, V) or (N, V)
 
+    def decode_row(self, tokens: Tensor, *, cache: list[BlockCache]) -> DecoderOutput:
+        """:meth:`decode` of one new token per row over frames without padding: exactly
+        :meth:`~qkv.models.encoder_decoder.EncoderDecoder.decode_row` (where
+        ``self.decoder.rows_ready(cache)``; the cross-attention keys and values in ``cache``).
+
+        Shapes: tokens (N,). Returns logits (N, V) and the cache.
+        """
+        past = cache_length(cache)
+        positions = torch.arange(past, past + 1, device=tokens.device)  # (1,): every row's
+        x = self.embed(tokens, positions)  # (N, D)
+        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (N, D)
+        return DecoderOutput(self.output(x), cache, None)  # (N, V)
+
     def forward(self, features: Tensor, valid: Tensor | None, tgt: Tensor, *, only: Tensor | None = None) -> Tensor:
         """Teacher-forced logits, at every target position or where ``only`` is True.
 
