@@ -163,10 +163,11 @@ class Int8Linear(nn.Module):
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None, row16: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None, row16: bool = False, row8: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.huge_bf16 = native_bf16() if bf16 is None else bf16
+        self.row8 = row8  # one row: fbgemm's int8 kernel as it is, no outlier check (smoothed inputs)
         # one row: the float weights in float16 (fbgemm's kernel), where asked and where they fit float16
         self.row16 = _packed_fp16(linear) if row16 and fp16_fits(linear.weight) else None
         q, scale = quantize_channels(linear.weight)
@@ -190,7 +191,7 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             return "explicit"
         if rows == 1:
-            return "int8 row" if self.row16 is None else "fp16 row"
+            return "int8 row" if self.row16 is None or self.row8 else "fp16 row"
         if self.row16 is not None and x.dim() >= 3 and x.shape[-2] > 1:  # (B, T, K): T positions of a prompt
             return "fp16 GEMM"
         if rows >= MANY_ROWS:
@@ -198,8 +199,11 @@ class Int8Linear(nn.Module):
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.row16 is not None and x.numel() == self.in_features and x.device.type == "cpu":
-            return fp16_product(x, self.row16)  # "fp16 row" (path) without choosing: a batch-1 step's every call
+        if x.numel() == self.in_features and x.device.type == "cpu" and x.dtype == torch.float32:
+            if self.row8:  # "int8 row" (path) of smoothed inputs without choosing: a batch-1 step's every call
+                return _INT8_ROW(x, self.packed, ACTIVATION_LEVELS < 255)  # (..., N)
+            if self.row16 is not None:  # "fp16 row" (path) without choosing
+                return _FP16_PRODUCT(x, self.row16)  # (..., N)
         path = self.path(x)
         if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
             return fp16_product(x, self.row16)  # (..., N)
@@ -225,7 +229,7 @@ class Int8Linear(nn.Module):
         calls, a quarter of its down projection's, one to a few features each) are left out of it
         and multiplied in float32 (LLM.int8(), section 3.2). Shapes: x (..., K) one row -> (..., N)."""
         reduce_range = ACTIVATION_LEVELS < 255
-        if float(torch.linalg.vector_norm(x, float("inf"))) <= OUTLIER:  # max |x|: one reduction
+        if self.row8 or float(torch.linalg.vector_norm(x, float("inf"))) <= OUTLIER:  # max |x|: one reduction
             return torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range)  # (..., N)
         row = x.reshape(1, self.in_features)  # (1, K)
         loud = (row.abs() > OUTLIER).nonzero()[:, 1]  # (L,) outlier features
@@ -352,6 +356,7 @@ def fp16_product(x: Tensor, packed) -> Tensor:
 # The kernel's one overload, called as such: calling the op by its name first checks its arguments
 # in Python for the overload to take (``OpOverloadPacket``), several µs of a batch-1 step's 121 calls.
 _FP16_PRODUCT = torch.ops.quantized.linear_dynamic_fp16.default
+_INT8_ROW = torch.ops.quantized.linear_dynamic.default  # the same for fbgemm's int8 kernel (one row, ``row8``)
 
 
 class Fp16Linear(nn.Module):
