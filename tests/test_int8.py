@@ -230,14 +230,16 @@ def _tiny_decoder_only(loud: int) -> DecoderOnly:
     return model
 
 
-def test_smoothing_keeps_the_function_and_narrows_every_products_inputs() -> None:
-    """smooth_activations (SmoothQuant folded into the norms, V's and W3's rows) computes the same
-    logits up to float rounding, leaves its model unchanged, and every linear layer's inputs have
-    a smaller largest |x| than before (the outlier channel's weight took it)."""
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_smoothing_keeps_the_function_and_narrows_every_products_inputs(calibrated: bool) -> None:
+    """smooth_activations (SmoothQuant folded into the norms, V's and W3's rows), calibrated on
+    random ids or on given ones, computes the same logits up to float rounding, leaves its model
+    unchanged, and every linear layer's inputs have a smaller largest |x| than before (the outlier
+    channel's weight took it)."""
     model = for_decoding(_tiny_decoder_only(loud=5))
     before = copy.deepcopy(model.state_dict())
-    smooth = smooth_activations(model)
     tokens = torch.randint(23, (2, 11), generator=torch.Generator().manual_seed(1))  # (B, T)
+    smooth = smooth_activations(model, tokens[:1, :7] if calibrated else None)
 
     def reach(m: nn.Module) -> dict[str, float]:
         seen: dict[str, float] = {}

@@ -22,7 +22,11 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   contention, 2026-12-07; weights warm in cache): 79 against the int8 row's 99 us at 576 → 960,
   58 against 84 at 576 → 576, 140 against 169 at 576 → 3,072, 97 against 115 at 1,536 → 576,
   and the int8 row's outlier path cost about 200 us more (a sixth of its calls). The price is
-  memory: the float16 copy besides the int8 weights, three bytes a weight instead of one.
+  memory: the float16 copy besides the int8 weights, three bytes a weight instead of one. With
+  ``row8`` (opt-in: ``decoding_copies.int8_linears(int8_rows=True)``, the model smoothed first so
+  that no outlier channel sets a row's range) a text decoder's one row takes the int8 kernel as
+  it is, with no outlier check: about a quarter less CPU time than the float16 row, and further
+  from float32's tokens (measured there).
 * 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
@@ -153,7 +157,10 @@ class Int8Linear(nn.Module):
     less CPU time than the explicit product (256 rows, one thread, contended: 5.1 against 10.2 ms at
     576 → 960, 17.2 against 20.7 at 576 → 3,072, 8.6 against 12.3 at 1,536 → 576). Steps of
     several hypotheses (x (B, 1, K)) keep the int8 paths. Weights beyond float16's range keep the
-    int8 ones everywhere. Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
+    int8 ones everywhere. With ``row8`` (inputs smoothed: ``decoding_copies.smooth_activations``)
+    one row takes fbgemm's int8 kernel as it is, float16 weights or not, and no outlier check:
+    within half a quantization step per activation of :func:`int8_linear` (tested). Other calls
+    keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. ``bf16``: whether huge products run in bfloat16 (None: where
@@ -181,8 +188,8 @@ class Int8Linear(nn.Module):
     def path(self, x: Tensor) -> str:
         """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "fp16 row"
         (``row16``: the float16 weights) or "int8 row" (int8 activations on the row's own range,
-        outliers apart); with ``row16``, several positions of a sequence (x (B, T, K), T > 1: a
-        prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
+        outliers apart; with ``row8`` nothing apart, float16 weights or not); with ``row16``,
+        several positions of a sequence (x (B, T, K), T > 1: a prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
         :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
         one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
         call), or "explicit" where bfloat16 is not this layer's (``huge_bf16``); other rows
