@@ -143,6 +143,11 @@ def packed_weights(q: Tensor, scale: Tensor, bias: Tensor | None = None):
     return torch.ops.quantized.linear_prepack(weight, bias)
 
 
+# fbgemm's int8 GEMM called as its one overload (as :data:`_FP16_PRODUCT`): the packet would check its
+# arguments in Python first, on every call of every many-rows step.
+_INT8_PRODUCT = torch.ops.quantized.linear_dynamic.default
+
+
 class Int8Linear(nn.Module):
     """An ``nn.Linear`` with int8 weights (per-output-channel scales).
 
@@ -208,7 +213,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.numel() == self.in_features and x.device.type == "cpu" and x.dtype == torch.float32:
             if self.row8:  # "int8 row" (path) of smoothed inputs without choosing: a batch-1 step's every call
-                return _INT8_ROW(x, self.packed, ACTIVATION_LEVELS < 255)  # (..., N)
+                return _INT8_PRODUCT(x, self.packed, ACTIVATION_LEVELS < 255)  # (..., N)
             if self.row16 is not None:  # "fp16 row" (path) without choosing
                 return _FP16_PRODUCT(x, self.row16)  # (..., N)
         path = self.path(x)
@@ -363,7 +368,6 @@ def fp16_product(x: Tensor, packed) -> Tensor:
 # The kernel's one overload, called as such: calling the op by its name first checks its arguments
 # in Python for the overload to take (``OpOverloadPacket``), several µs of a batch-1 step's 121 calls.
 _FP16_PRODUCT = torch.ops.quantized.linear_dynamic_fp16.default
-_INT8_ROW = torch.ops.quantized.linear_dynamic.default  # the same for fbgemm's int8 kernel (one row, ``row8``)
 
 
 class Fp16Linear(nn.Module):
