@@ -7,7 +7,9 @@ the CPU has no bfloat16 arithmetic); the copy replaces every linear layer, the e
 included, and keeps the vocabulary projection in bfloat16, or in float32 without bfloat16
 arithmetic; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's near-ties in
 float32 (or both float32) (found block by block as a whole
-comparison finds them; the argmax is float32's where bfloat16 alone flips it). Slow: on the real
+comparison finds them; the argmax is float32's where bfloat16 alone flips it). Opt-in int8 rows:
+SmoothQuant's folding keeps a decoder-only model's function and narrows every product's inputs,
+and a smoothed layer's one row is the int8 kernel's within half an activation step. Slow: on the real
 Whisper tiny.en, int8 transcripts equal float32's on at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
