@@ -176,8 +176,10 @@ def measure(engine: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     family, precision = engine.split()
     if family == "qkv":
-        windows = prompt_ids(args.model_dir, args.agree_prompts + CALIBRATION, args.prompt_tokens)
-        run = qkv_engine(args.model_dir, precision, windows[args.agree_prompts :])
+        calibration = []  # int8-rows: the windows after the drift prompts'
+        if precision == "int8-rows":
+            calibration = prompt_ids(args.model_dir, args.agree_prompts + CALIBRATION, args.prompt_tokens)
+        run = qkv_engine(args.model_dir, precision, calibration[args.agree_prompts :])
     elif family == "transformers":
         run = hf_engine(args.gguf, precision)
     else:
