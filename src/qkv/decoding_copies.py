@@ -191,11 +191,10 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
 # prompts x 64 one-row steps teacher-forced on fp32's tokens, int8 rows (no outlier columns), calibrated on
 # text: 98.2% of fp32's top-1 at 0.5, 98.1% at 0.75; 96.6% unsmoothed.
 SMOOTHING = 0.5
-# The token ids (B, T) the scales are calibrated on when none are given: random ones (seeded). Text does
-# better (SmolLM2-135M, a step's 120 products: 3 with a feature beyond the outlier threshold and max |x|
-# 11.7 after random ids, none and 4.4 after text, 16 and 30.0 unsmoothed; teacher-forced about alike, 97.4%
-# and 98.3% after two draws of random ids, 98.2% after text; free-running 49.6% against 71.0%, see
-# int8_linears): pass text's ids where there are some (``calibration``).
+# The token ids (B, T) the scales are calibrated on when none are given: random ones (seeded). Text leaves
+# fewer outliers (SmolLM2-135M, a step's 120 products: 3 with a feature beyond the outlier threshold and
+# max |x| 11.7 after random ids, none and 4.4 after text, 16 and 30.0 unsmoothed), and the tokens did not
+# tell the two apart (see int8_linears): pass text's ids where there are some (``calibration``).
 CALIBRATION_SHAPE = (4, 128)
 
 
@@ -336,17 +335,17 @@ def int8_linears(
     fbgemm's int8 × int8 kernel, the row quantized on its own range, one call), the model smoothed
     first (:func:`smooth_activations`, on ``calibration``'s token ids (B, T), by default random ones)
     so that no outlier channel sets the row's range; prompts keep the float16 weights. Faster, and
-    further from float32. SmolLM2-135M, one thread, the machine under contention, 2026-12-07: a
-    step's 120 products took about a fifth less CPU time than the float16 rows (medians of 20
-    rounds alternating in one process, real activations, the weights of all 30 layers cycled: 20.9
-    against 26.7 ms); greedy at batch 1 on 20 prompts of 256 tokens of the docs, 64 tokens each,
-    smoothed on 8 other windows of the docs, the output kept fp32's token at 71.0% of positions
-    (64.5% before the first difference; teacher-forced, 98.2% of fp32's top-1), smoothed on the
-    default random ids 49.6% (45.1%; 98.3%), where the float16 rows keep 100.0% teacher-forced
-    (all of the tokens free-running in bench/chat_speed.py's records) and llama.cpp's Q8_0 of the
-    same weights kept 60.2% (51.4%; teacher-forced 98.5%): about Q8_0's teacher-forced agreement,
-    and free-running figures of 20 prompts that differ by a fifth at the same teacher-forced one.
-    Off by default: issue 46's drift target is 90%.
+    as far from float32 as llama.cpp's Q8_0, far further than the float16 rows. SmolLM2-135M, one
+    thread, the machine under contention, 2026-12-07: a step's 120 products took about a fifth less
+    CPU time than the float16 rows (medians of 20 rounds alternating in one process, real
+    activations, the weights of all 30 layers cycled: 20.9 against 26.7 ms). Greedy at batch 1 on
+    40 prompts of 256 tokens of the docs, 64 tokens each, against fp32: smoothed on 8 other windows
+    of the docs, 52.8% of fp32's tokens kept (47.6% of each output before the first difference;
+    teacher-forced on fp32's tokens, 97.9% of its top-1), on the default random ids 50.7% (44.8%;
+    97.8%), llama.cpp's Q8_0 of the same weights 48.7% (40.9%; 98.0%), the float16 rows all of
+    them (teacher-forced 100.0% on the first 20; bench/chat_speed.py's records). Free-running
+    figures are noisy: the text-smoothed copy kept 71.0% on the first 20 prompts, 34.5% on the
+    next 20. Off by default: issue 46's drift target is 90%.
 
     Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;

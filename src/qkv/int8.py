@@ -25,7 +25,7 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   memory: the float16 copy besides the int8 weights, three bytes a weight instead of one. With
   ``row8`` (opt-in: ``decoding_copies.int8_linears(int8_rows=True)``, the model smoothed first so
   that no outlier channel sets a row's range) a text decoder's one row takes the int8 kernel as
-  it is, with no outlier check: about a quarter less CPU time than the float16 row, and further
+  it is, with no outlier check: about a fifth less CPU time than the float16 row, and further
   from float32's tokens (measured there).
 * 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
