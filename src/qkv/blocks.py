@@ -578,6 +578,23 @@ class DecoderStack(nn.Module):
         return mask
 
 
+def decode_row(
+    embed: nn.Module, decoder: DecoderStack, output: nn.Module, tokens: Tensor, cache: list[BlockCache]
+) -> DecoderOutput:
+    """An encoder–decoder model's one-row step (its ``decode_row``: text and speech alike): one new
+    token per row after ``cache``'s positions, embedded by ``embed`` (tokens, positions), through
+    :meth:`DecoderStack.forward_row` (every row at the same position: no source or row is padded)
+    and ``output``, the vocabulary projection.
+
+    Shapes: tokens (N,). Returns logits (N, V) and the cache.
+    """
+    past = cache_length(cache)
+    positions = torch.arange(past, past + 1, device=tokens.device)  # (1,): every row's
+    x = embed(tokens, positions)  # (N, D)
+    x, cache = decoder.forward_row(x, positions=positions, cache=cache)  # (N, D)
+    return DecoderOutput(output(x), cache, None)  # (N, V)
+
+
 def _fused(attention: MultiHeadAttention) -> bool:
     """Whether ``attention`` takes the fused kernel, as the one-row step always does: softmax, and
     the explicit path not forced (``qkv check`` compares the two)."""

@@ -25,6 +25,7 @@ from qkv.blocks import (
     EncoderStack,
     cache_length,
     check_fields,
+    decode_row,
 )
 from qkv.layers import InputEmbedding
 
@@ -149,11 +150,7 @@ class EncoderDecoder(nn.Module):
 
         Shapes: tokens (N,). Returns logits (N, V) and the cache.
         """
-        past = cache_length(cache)
-        positions = torch.arange(past, past + 1, device=tokens.device)  # (1,): every row's
-        x = self.tgt_embed(tokens, positions)  # (N, D)
-        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (N, D)
-        return DecoderOutput(self.output(x), cache, None)  # (N, V)
+        return decode_row(self.tgt_embed, self.decoder, self.output, tokens, cache)  # (N, V)
 
     def forward(self, src: Tensor, tgt: Tensor, *, only: Tensor | None = None) -> Tensor:
         """Teacher-forced logits, at every target position or where ``only`` is True.

@@ -34,7 +34,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv.audio import FeatureConfig
-from qkv.blocks import BlockCache, BlockConfig, DecoderOutput, DecoderStack, EncoderStack, cache_length, check_fields
+from qkv.blocks import (
+    BlockCache,
+    BlockConfig,
+    DecoderOutput,
+    DecoderStack,
+    EncoderStack,
+    cache_length,
+    check_fields,
+    decode_row,
+)
 from qkv.layers import Dropout, InputEmbedding, exporting, sinusoidal_encoding
 
 FRONTENDS = ("conv2d", "whisper")
@@ -399,11 +408,7 @@ class SpeechEncoderDecoder(nn.Module):
 
         Shapes: tokens (N,). Returns logits (N, V) and the cache.
         """
-        past = cache_length(cache)
-        positions = torch.arange(past, past + 1, device=tokens.device)  # (1,): every row's
-        x = self.embed(tokens, positions)  # (N, D)
-        x, cache = self.decoder.forward_row(x, positions=positions, cache=cache)  # (N, D)
-        return DecoderOutput(self.output(x), cache, None)  # (N, V)
+        return decode_row(self.embed, self.decoder, self.output, tokens, cache)  # (N, V)
 
     def forward(self, features: Tensor, valid: Tensor | None, tgt: Tensor, *, only: Tensor | None = None) -> Tensor:
         """Teacher-forced logits, at every target position or where ``only`` is True.
