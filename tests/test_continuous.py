@@ -6,7 +6,7 @@ group of rows decoded in a :class:`~qkv.decoding.Continuous` decoding gets, step
 logits and greedy tokens it gets decoded alone (``decoding.stream``), while groups join at
 later steps (longer and shorter prompts than the running cache) and leave early (at their cap,
 or by the caller); a model that cannot regroup rows is refused. Through the real server on a
-socket and the real ``openai`` client: two streamed chats started 0.2 s apart, the second
+socket and the real ``openai`` client: two streamed chats, the second sent once the first streams, the second
 joining the first's running batch, both equal their answers asked alone.
 """
 
@@ -118,7 +118,7 @@ def test_a_model_that_cannot_regroup_is_refused() -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``qkv serve`` of a random language model wide enough (a step takes a millisecond or more)
-    and answers long enough (300 tokens) that a request sent 0.2 s after another finds it decoding."""
+    and answers long enough (300 tokens) that a request sent once another streams finds it decoding."""
     root = tmp_path_factory.mktemp("continuous")
     tokenizer = Tokenizer.train_char_level([CHARACTERS + "abcdefghijklmnopqrstuvwxyz:|?_"])
     tokenizer.save(root / FILE)
@@ -143,13 +143,17 @@ def joined_pairs(server: Server) -> int:
 
 
 def test_a_chat_joins_a_running_batch_and_both_answer_as_alone(server) -> None:
-    """A long chat, and a short one sent 0.2 s later: the short one joins the long one's batch,
-    ends (its stream closed) while the long one goes on, and both answer as they do alone."""
+    """A long chat, and a short one sent once the long one's first piece has streamed (it is
+    decoding: a fixed delay raced its 300 steps on a loaded machine): the short one joins the long
+    one's batch, ends (its stream closed) while the long one goes on, and both answer as they do alone."""
     openai = pytest.importorskip("openai", reason="needs the openai client (pip install -e .[dev])")
     asks = (("Hello there, über 北京?", 300), ("A dog runs", 40))
 
-    async def chat(client, question: str, tokens: int, *, after: float = 0.0) -> tuple[str, str | None, float]:
-        await asyncio.sleep(after)
+    async def chat(
+        client, question: str, tokens: int, *, after: asyncio.Event | None = None, started: asyncio.Event | None = None
+    ) -> tuple[str, str | None, float]:
+        if after is not None:
+            await after.wait()
         chunks = await client.chat.completions.create(
             model="talk",
             messages=[{"role": "user", "content": question}],
@@ -161,12 +165,17 @@ def test_a_chat_joins_a_running_batch_and_both_answer_as_alone(server) -> None:
         async for chunk in chunks:
             text += chunk.choices[0].delta.content or ""
             finish = chunk.choices[0].finish_reason or finish
+            if started is not None and text:
+                started.set()
         return text, finish, time.monotonic()
 
     async def run() -> tuple[list, list]:
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0) as client:
             solo = [await chat(client, q, n) for q, n in asks]
-            together = await asyncio.gather(chat(client, *asks[0]), chat(client, *asks[1], after=0.2))
+            decoding = asyncio.Event()  # set by the long chat's first streamed piece
+            together = await asyncio.gather(
+                chat(client, *asks[0], started=decoding), chat(client, *asks[1], after=decoding)
+            )
             return solo, list(together)
 
     before = joined_pairs(server)
