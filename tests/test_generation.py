@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lockstep import greedy_in_step
 from qkv.attention import attention_path
 from qkv.blocks import cache_length
 from qkv.checkpoint import save_model
@@ -693,25 +694,13 @@ def test_growable_cache_equals_concatenated_cache(positions: str) -> None:
         with torch.no_grad():
             a, state_a = decoder_for(model).start(prompts)  # (N, V)
             state_b = decoder_for(model).reserve(state_a, 6)
-            state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(model), state_b, a, 6)
+            state_a, state_b = greedy_in_step(decoder_for(model), state_a, decoder_for(model), state_b, a, 6, atol=ATOL)
         self_kv = state_b.cache[0][0]
         assert isinstance(self_kv, KVBuffer) and self_kv.length == state_a.cache[0][0][0].shape[2]
         assert cache_length(state_b.cache) == cache_length(state_a.cache)
         # Reordering rows (beam search) would read the shared buffers' old rows: refused.
         with pytest.raises(TypeError, match="cannot be reordered"):
             decoder_for(model).reorder(state_b, torch.tensor([1, 0, 2]))
-
-
-def _greedy_in_step(first, state_a, second, state_b, logits, steps: int):
-    """``steps`` greedy steps of two decoders fed the same tokens (the first's argmax), from the
-    same start ``logits``: every step's logits equal within ATOL. Returns both final states."""
-    a = b = logits  # (N, V)
-    for _ in range(steps):
-        torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-        tokens = a.argmax(-1)  # (N,)
-        (a, state_a), (b, state_b) = first.step(state_a, tokens), second.step(state_b, tokens)
-    torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-    return state_a, state_b
 
 
 @pytest.mark.parametrize(
@@ -748,7 +737,7 @@ def test_row_step_equals_the_explicit_step(positions: str, overrides: dict, copy
     with torch.no_grad():
         a, state_a = decoder_for(model).start(prompts)  # (N, V)
         state_b = decoder_for(fast).reserve(state_a, 12)
-        state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12)
+        state_a, state_b = greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12, atol=ATOL)
     assert len(rows) == 12 and isinstance(state_b.cache[0][0], KVBuffer)
     assert greedy(fast, prompts, max_new_tokens=12) == greedy(model, prompts, max_new_tokens=12) and len(rows) > 12
     with torch.no_grad():
@@ -793,7 +782,7 @@ def test_encoder_decoder_row_step_equals_the_explicit_step(positions: str, overr
         with torch.no_grad():
             a, state_a = decoder_for(model).start(sources)  # (N, V)
             state_b = decoder_for(fast).reserve(state_a, 12)
-            state_a, state_b = _greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12)
+            state_a, state_b = greedy_in_step(decoder_for(model), state_a, decoder_for(fast), state_b, a, 12, atol=ATOL)
         assert len(rows) == 12 and isinstance(state_b.cache[0][0], KVBuffer)
         # The cross-attention keys and values start cached: the same tensors, never projected nor copied again.
         assert all(x is y for x, y in zip(state_b.cache[0][1], state_a.cache[0][1], strict=True))

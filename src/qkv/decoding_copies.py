@@ -263,20 +263,17 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     return _unshare(quantized, shared).requires_grad_(False)
 
 
-def _float_layer(linear, *, bf16: bool, model: DecodingModel | None = None):
+def _float_layer(linear, *, bf16: bool):
     """A layer :func:`int8_linears` keeps in float: bfloat16 (packed for oneDNN where it runs,
     :class:`qkv.layers.PackedLinear`, else :class:`qkv.int8.Bf16Linear`) where ``bf16``, else
     float32 as the float32 decoding copy has it (widening layers transposed,
-    :class:`qkv.layers.WideLinear`; with ``model``, an embedding of it tied to the weight reads
-    the transposed copy, :func:`_widened`)."""
+    :class:`qkv.layers.WideLinear`)."""
     from qkv.int8 import Bf16Linear
     from qkv.layers import PackedLinear, WideLinear, packable
 
     if bf16:
         return PackedLinear(linear) if packable() else Bf16Linear(linear)
-    if linear.out_features <= linear.in_features:
-        return linear
-    return WideLinear(linear) if model is None else _widened(linear, model)
+    return WideLinear(linear) if linear.out_features > linear.in_features else linear
 
 
 # From this many rows on, a text model's int8 vocabulary projection without bfloat16 arithmetic
@@ -318,4 +315,4 @@ def _vocabulary(linear, *, bf16: bool):
         return ByRows(near, _float_layer(linear, bf16=True))
     if linear.out_features > linear.in_features and packable(torch.float32):
         return ByRows(near, PackedLinear(linear, dtype=torch.float32, rows=32), rows=VOCABULARY_MANY_ROWS)
-    return ByRows(near, _float_layer(linear, bf16=False), rows=VOCABULARY_MANY_ROWS)  # narrowing: the layer itself
+    return ByRows(near, _float_layer(linear, bf16=False), rows=VOCABULARY_MANY_ROWS)  # no oneDNN, or narrowing
