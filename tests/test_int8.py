@@ -6,8 +6,9 @@ path on both sides of each threshold (huge products: bfloat16, or float32's exac
 the CPU has no bfloat16 arithmetic); the copy replaces every linear layer, the encoder's
 included, and keeps the vocabulary projection in bfloat16, or in float32 without bfloat16
 arithmetic; a speech model's copy keeps its decoder in bfloat16 and the vocabulary's near-ties in
-float32 (or its decoder float32 and its vocabulary float16, near-ties float32) (found block by block as a whole
-comparison finds them; the argmax is float32's where bfloat16 alone flips it). Slow: on the real
+float32 (or its decoder float32 with float16 weights at one row, and its vocabulary float16,
+near-ties float32) (found block by block as a whole comparison finds them; the argmax is
+float32's where bfloat16 alone flips it). Slow: on the real
 Whisper tiny.en, int8 transcripts equal float32's on at least 95% of FSDD test files (greedy)."""
 
 from __future__ import annotations
@@ -437,19 +438,35 @@ def test_speech_int8_copy_keeps_the_decoder_in_bf16_and_near_ties_in_float() -> 
     assert torch.equal(copy_.output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
 
 
-def test_speech_int8_copy_without_bfloat16_is_float32_but_its_vocabulary() -> None:
+def test_speech_int8_copy_without_bfloat16_is_float32_but_its_one_row_products() -> None:
     """``float_decoder`` on a CPU without bfloat16 arithmetic: every layer float32 (the encoder's as
     the float32 copy holds them: int8 weights there cost Whisper's words and, dequantized for each
-    of its 1,500-row products, bought no time), so the encoder's outputs are float32's; but the
-    vocabulary projection, a step's largest product, is a text model's (float16 weights with their
-    near-ties in float32 below :data:`VOCABULARY_MANY_ROWS` rows): each row's argmax is float32's
-    and every logit within float16's rounding of it, at one row, a few and many."""
+    of its 1,500-row products, bought no time), so the encoder's outputs are float32's; but one row
+    (a batch-1 decoding step, which reads every weight once) takes float16 weights: the decoder's
+    layers fbgemm's float16 kernel (float32 activations and sums), from two rows on the float32
+    copy's own layers (the same outputs); the vocabulary projection a text model's (float16 weights
+    with their near-ties in float32 below :data:`VOCABULARY_MANY_ROWS` rows): each row's argmax is
+    float32's and every logit within float16's rounding of it, at one row, a few and many."""
     model = _tiny_speech_model()
     float_ = int8_linears(for_decoding(model), float_decoder=True, bf16=False)
     fp32 = for_decoding(model, wide=True)  # what qkv.load gives float32 decoding on the CPU
     assert not any(isinstance(m, Int8Linear | Bf16Linear | Bf32Linear) for m in float_.modules())
-    outside = [type(m) for name, m in float_.named_modules() if not name.startswith("output")]
-    assert outside == [type(m) for name, m in fp32.named_modules() if not name.startswith("output")]
+    theirs = dict(fp32.named_modules())
+    rows = {n: m for n, m in float_.named_modules() if isinstance(m, ByRows) and not n.startswith("output")}
+    # cross-attention's Wk and Wv read the encoder output (many rows): packed for them where oneDNN runs
+    cross_kv = 0 if packable(torch.float32) else 2
+    assert len(rows) == 6 + cross_kv and all(n.startswith("decoder.") for n in rows)  # Q/K/V, O, cross Q, O, W1, W2
+    assert all(isinstance(m.one, Fp16Linear) and type(m.many) is type(theirs[n]) for n, m in rows.items())
+    outside = [(n, type(m)) for n, m in float_.named_modules() if not n.startswith(("output", *rows))]
+    assert outside == [(n, type(m)) for n, m in fp32.named_modules() if not n.startswith(("output", *rows))]
+    with torch.no_grad():
+        for name, layer in rows.items():
+            linear, k = theirs[name], layer.one.in_features
+            one, three = torch.randn(1, k) * 4, torch.randn(1, 3, k)
+            assert torch.equal(layer(one), layer.one(one)) and torch.equal(layer(three), linear(three))
+            weight = linear.weight_t.T if isinstance(linear, WideLinear) else linear.weight  # (N, K)
+            bound = fp16_product_error(k) * (one.abs() @ weight.abs().T) + FP16_SUBNORMAL_ERROR * one.abs().sum()
+            assert bool(((layer(one) - linear(one)).abs() <= bound + 1e-6).all())
     output = float_.output
     assert isinstance(output, ByRows) and output.rows == VOCABULARY_MANY_ROWS
     assert isinstance(output.one, NearTiesInFloat) and isinstance(output.one.fast, Fp16Linear)
@@ -462,6 +479,17 @@ def test_speech_int8_copy_without_bfloat16_is_float32_but_its_vocabulary() -> No
             h = torch.randn(rows, 16)
             assert torch.equal(output(h).argmax(dim=-1), model.output(h).argmax(dim=-1))
             torch.testing.assert_close(output(h), model.output(h), atol=16 * fp16_product_error(16), rtol=0)
+
+
+def test_speech_decoder_weights_beyond_float16_keep_float32_at_one_row() -> None:
+    """A decoder layer with a weight beyond float16's range keeps its float32 layer for every row
+    (fbgemm's packing would saturate it); the others still take float16 weights at one row."""
+    model = _tiny_speech_model()
+    with torch.no_grad():
+        model.decoder.blocks[0].ffn.w_2.weight[0, 0] = 1e5
+    float_ = int8_linears(for_decoding(model), float_decoder=True, bf16=False)
+    assert type(float_.decoder.blocks[0].ffn.w_2) is nn.Linear
+    assert isinstance(float_.decoder.blocks[0].ffn.w_1, ByRows)
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -204,7 +204,13 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
     :data:`VOCABULARY_MANY_ROWS` rows, its near-ties in float32, so the argmax is still float32's):
     the step's largest product, read in half float32's bytes (Whisper tiny.en's 384 x 51,864, one
     row, one thread, same-process A/B under contention, 2026-12-07: 4.8 against 6.1 ms a call, the
-    same greedy tokens and transcripts). Why
+    same greedy tokens and transcripts), and the decoder's layers at one row, which take float16
+    weights too (:func:`_decoder_layer`: fbgemm's float16 kernel, float32 activations and sums;
+    from two rows on the float32 layers). Whisper's published weights are float16 values, so
+    their float16 copy is exact and only the order of summation differs: on the real steps of a
+    minute of joined speech, one thread, each step run on both copies in turn (contended,
+    2026-12-08), 15.6 against 16.5 ms a step (median), the same argmax at every step, logits
+    within 3.2e-5. Why
     the decoder (Whisper tiny.en, 300 FSDD test files, greedy, the int8 encoder's outputs alike;
     docs/speech.md): int8 decoder layers with a bfloat16 vocabulary kept
     float32's words on 272, float32 ones on 283, bfloat16 ones with float32 near-ties on 285,
@@ -255,7 +261,7 @@ def int8_linears(model: DecodingModel, *, float_decoder: bool = False, bf16: boo
             elif parent is quantized and name == "output":  # a text model's, or a speech one's without bfloat16
                 setattr(parent, name, _vocabulary(child, bf16=bf16))
             elif id(parent) in in_decoder and float_decoder:
-                setattr(parent, name, _float_layer(child, bf16=bf16))
+                setattr(parent, name, _float_layer(child, bf16=bf16) if bf16 else _decoder_layer(child))
             elif float_decoder:  # a speech model's encoder: float32 weights, bfloat16 products where native
                 setattr(parent, name, Bf32Linear(child) if bf16 else _float_layer(child, bf16=False))
             else:  # a text model: int8; its decoder's layers also keep float16 weights for one-row steps
@@ -274,6 +280,18 @@ def _float_layer(linear, *, bf16: bool):
     if bf16:
         return PackedLinear(linear) if packable() else Bf16Linear(linear)
     return WideLinear(linear) if linear.out_features > linear.in_features else linear
+
+
+def _decoder_layer(linear):
+    """A speech model's decoder layer where the CPU has no bfloat16 arithmetic (:func:`int8_linears`
+    with ``float_decoder``): float16 weights in fbgemm's kernel at one row (:class:`qkv.int8.Fp16Linear`:
+    float32 activations and sums, half float32's bytes; a batch-1 step reads every weight once), and
+    :func:`_float_layer`'s float32 layer from two rows on (beam search, batched long-form, a prompt),
+    both in :class:`qkv.int8.ByRows`. Weights beyond float16's range keep the float32 layer for every row."""
+    from qkv.int8 import ByRows, Fp16Linear, fp16_fits
+
+    float_ = _float_layer(linear, bf16=False)
+    return ByRows(Fp16Linear(linear), float_) if fp16_fits(linear.weight) else float_
 
 
 # From this many rows on, a text model's int8 vocabulary projection without bfloat16 arithmetic

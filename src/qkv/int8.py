@@ -396,8 +396,9 @@ class ByRows(nn.Module):
     to ``many``: two copies of one layer, each where its kernel is the faster (the vocabulary
     projection of ``--int8``: float16 weights at one row, bfloat16 packed ones from two where
     oneDNN runs bfloat16; without it float16 ones up to 15 rows, float32 packed ones from 16:
-    ``decoding_copies._vocabulary``). Both must compute the same product (each within its own
-    rounding). Shapes: x (..., K) -> (..., N)."""
+    ``decoding_copies._vocabulary``; a speech decoder's layers without bfloat16 arithmetic: float16
+    weights at one row, float32 from two, ``decoding_copies._decoder_layer``). Both must compute
+    the same product (each within its own rounding). Shapes: x (..., K) -> (..., N)."""
 
     def __init__(self, one: nn.Module, many: nn.Module, *, rows: int = 2) -> None:
         super().__init__()
