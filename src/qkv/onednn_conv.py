@@ -4,7 +4,9 @@ oneDNN's blocked format once per weight version (:func:`packed_weight`), and one
 also adds a residual or applies a leaky ReLU as it writes its output (:func:`conv_rows_fused`,
 :func:`conv_frames`), where :func:`fusable` says the path may be taken (float32 on the CPU,
 autograd not recording), and :func:`learn_layouts`, which learns the weight layouts of lengths
-coming on a thread of its own.
+coming on a thread of its own. Two kinds of convolution skip oneDNN where it was measured slower:
+stride-1 ones of one group as matrix products per tap (:func:`conv_taps`), depthwise ones as
+multiply-adds per tap (:func:`conv_depthwise`).
 
 Why a module of its own: it is how the convolutions run, not what the model is; every function
 here equals PyTorch's plain convolution to float rounding (``tests/test_piper.py``). What is not
@@ -344,7 +346,8 @@ def conv_frames(conv: nn.Conv1d, x: Tensor, *, taps: bool = False) -> Tensor:
     With ``taps``, a wider stride-1 convolution of one group is :func:`conv_taps`' matrix
     products instead (the flow's and the generator's first: measured faster there; the text
     encoder's feed-forward at phoneme lengths took more CPU that way in the whole voice on 2
-    threads, 4 runs of 4, contended, so it stays one oneDNN call).
+    threads, 4 runs of 4, contended, so it stays one oneDNN call). A :func:`depthwise` convolution
+    is always :func:`conv_depthwise`'s multiply-adds.
     Shapes: x (B, channels, T) -> (B, out_channels, T')."""
     if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
         return conv(x)
