@@ -158,6 +158,13 @@ def test_polyphase_runs_a_transposed_convolution_as_a_plain_one(stride, padding)
     assert phases(torch.nn.ConvTranspose1d(5, 3, stride + 2 * padding + 1, stride, padding=padding)) == 0
 
 
+def _short_and_long_inputs(conv: torch.nn.Conv1d, g: torch.Generator) -> list[torch.Tensor]:
+    """Batches of two for ``conv``: as few frames as give one output frame, two more, and 13."""
+    kernel, dilation, padding = conv.kernel_size[0], conv.dilation[0], conv.padding[0]
+    shortest = max(1, dilation * (kernel - 1) - 2 * padding + 1)  # one output frame
+    return [torch.randn(2, conv.in_channels, frames, generator=g) for frames in (shortest, shortest + 2, 13)]
+
+
 @pytest.mark.parametrize(
     ("kernel", "dilation", "padding", "bias"), [(5, 1, 2, True), (3, 2, 2, False), (7, 1, 5, True), (4, 3, 1, True)]
 )
@@ -168,9 +175,7 @@ def test_conv_taps_equal_the_convolution(kernel, dilation, padding, bias):
     g = torch.Generator().manual_seed(kernel)
     conv = torch.nn.Conv1d(7, 11, kernel, padding=padding, dilation=dilation, bias=bias)
     with torch.no_grad():
-        shortest = max(1, dilation * (kernel - 1) - 2 * padding + 1)  # one output frame
-        for frames in (shortest, shortest + 2, 13):
-            x = torch.randn(2, 7, frames, generator=g)
+        for x in _short_and_long_inputs(conv, g):
             got, want = conv_taps(conv, x), conv(x)
             assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5
             conv.weight.mul_(-1)  # a new weight version: the kept per-tap copy follows it
@@ -188,9 +193,7 @@ def test_depthwise_convolutions_as_multiply_adds_equal_the_convolution(kernel, d
     conv = torch.nn.Conv1d(7, 7, kernel, groups=7, padding=padding, dilation=dilation, bias=bias)
     assert depthwise(conv) and not depthwise(torch.nn.Conv1d(7, 7, kernel, padding=padding))
     with torch.no_grad():
-        shortest = max(1, dilation * (kernel - 1) - 2 * padding + 1)  # one output frame
-        for frames in (shortest, shortest + 2, 13):
-            x = torch.randn(2, 7, frames, generator=g)
+        for x in _short_and_long_inputs(conv, g):
             got, want = conv_depthwise(conv, x), conv(x)
             assert got.shape == want.shape and float((got - want).abs().max()) <= 1e-5
             assert float((conv_frames(conv, x) - want).abs().max()) <= 1e-5
